@@ -1,0 +1,29 @@
+# Two commands for a new user: `make demo` and `make test`. Both build .venv first if needed.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: venv demo test bench clean
+
+venv: $(STAMP)
+
+# Rebuilt when the dependency list or the pins change. The constraints file keeps torch on the
+# local CPU wheel (an unpinned torch would pull several GB of CUDA packages).
+$(STAMP): pyproject.toml constraints.txt
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "p2pnode needs Python >= 3.11; run: make PYTHON=python3.11 ...")'
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
+	@touch $@
+
+demo: venv
+	$(BIN)/p2pnode protocol-demo --out demo-out
+
+test: venv
+	$(BIN)/python -m pytest
+
+bench: venv
+	$(BIN)/p2pnode bench protocol
+
+clean:
+	rm -rf $(VENV) demo-out bench-out .pytest_cache .hypothesis *.egg-info

@@ -1,0 +1,1 @@
+"""Benchmarks that print ratios measured within one run (this machine is noisy)."""

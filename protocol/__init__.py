@@ -1,0 +1,76 @@
+"""p2pnode wire protocol: typed, signed msgpack frames. Sans-IO: bytes in, typed messages out.
+
+This package performs no I/O, reads no clock and imports neither torch, trio nor zmq; the
+daemon (p2pnode/) owns sockets and time and passes both in. The format is specified in
+docs/protocol.md.
+"""
+
+from .envelope import (
+    DOMAIN_TAG,
+    HEADER_MAX_BYTES,
+    PROTOCOL_VERSION,
+    SIGNATURE_SIZE,
+    Decoder,
+    Encoder,
+    Envelope,
+    check_network_id,
+    seal_raw,
+)
+from .errors import ProtocolError, Reason
+from .identity import NODE_ID_LENGTH, Identity, node_id
+from .limits import DEFAULT_LIMITS, KiB, Limits, MiB
+from .messages import (
+    BODY_TYPES,
+    PUBLIC_KEY_SIZE,
+    Body,
+    Bye,
+    Head,
+    Hello,
+    MessageType,
+    Model,
+    Peers,
+    Ping,
+    Pong,
+    Prototypes,
+    Score,
+)
+from .replay import ReplayGuard, SequenceCounter, SequenceExhausted
+from .tensors import WIRE_DTYPES
+
+__all__ = [
+    "BODY_TYPES",
+    "DEFAULT_LIMITS",
+    "DOMAIN_TAG",
+    "HEADER_MAX_BYTES",
+    "NODE_ID_LENGTH",
+    "PROTOCOL_VERSION",
+    "PUBLIC_KEY_SIZE",
+    "SIGNATURE_SIZE",
+    "WIRE_DTYPES",
+    "Body",
+    "Bye",
+    "Decoder",
+    "Encoder",
+    "Envelope",
+    "Head",
+    "Hello",
+    "Identity",
+    "KiB",
+    "Limits",
+    "MessageType",
+    "MiB",
+    "Model",
+    "Peers",
+    "Ping",
+    "Pong",
+    "ProtocolError",
+    "Prototypes",
+    "Reason",
+    "ReplayGuard",
+    "Score",
+    "SequenceCounter",
+    "SequenceExhausted",
+    "check_network_id",
+    "node_id",
+    "seal_raw",
+]

@@ -1,0 +1,266 @@
+"""Typed message bodies for the whole system.
+
+Each body is a frozen dataclass whose fields are declared once with `wire(codec)`; on the wire
+a body is a msgpack map with exactly those keys (no key missing, none extra, none repeated).
+Cross-field rules (a head's bias matches its weight, one count per prototype) live in `check`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeVar
+
+import numpy as np
+
+from .errors import ProtocolError, Reason
+from .schema import Blob, Choice, Codec, ListOf, Nullable, Real, Tensor, TensorMap, Text, UInt, malformed
+
+if TYPE_CHECKING:
+    from .limits import Limits
+
+__all__ = [
+    "MessageType",
+    "Body",
+    "Hello",
+    "Peers",
+    "Ping",
+    "Pong",
+    "Bye",
+    "Prototypes",
+    "Head",
+    "Score",
+    "Model",
+    "BODY_TYPES",
+    "PUBLIC_KEY_SIZE",
+]
+
+PUBLIC_KEY_SIZE = 32  # Ed25519 raw public key
+
+
+class MessageType(str, enum.Enum):
+    HELLO = "HELLO"
+    PEERS = "PEERS"
+    PING = "PING"
+    PONG = "PONG"
+    BYE = "BYE"
+    PROTOTYPES = "PROTOTYPES"
+    HEAD = "HEAD"
+    SCORE = "SCORE"
+    MODEL = "MODEL"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Field(NamedTuple):
+    name: str
+    codec: Codec
+    path: str  # "TYPE.name", where errors say the problem is
+
+
+def wire(codec: Codec) -> Any:
+    """Declare a body field and its wire codec."""
+    return dataclasses.field(metadata={"wire": codec})
+
+
+class Body:
+    """Base of all message bodies: wire conversion, field-wise equality, compact repr."""
+
+    TYPE: ClassVar[MessageType]
+    FIELDS: ClassVar[tuple[Field, ...]]
+    _KEYS: ClassVar[frozenset[str]]
+
+    def check(self, limits: Limits) -> None:
+        """Rules that span several fields; raise ProtocolError. Runs on encode and decode."""
+
+    def to_wire(self, limits: Limits) -> dict[str, Any]:
+        obj = {f.name: f.codec.encode(getattr(self, f.name), limits, f.path) for f in self.FIELDS}
+        self.check(limits)
+        return obj
+
+    @classmethod
+    def from_wire(cls, obj: Any, limits: Limits) -> Body:
+        name = cls.TYPE.value
+        if type(obj) is not dict:
+            raise malformed(name, f"body must be a map, got {type(obj).__name__}")
+        if obj.keys() != cls._KEYS:
+            missing = sorted(cls._KEYS - obj.keys())
+            extra = sorted(map(repr, obj.keys() - cls._KEYS))
+            raise malformed(name, f"missing fields {missing}, unexpected fields {extra}")
+        body = cls(**{f.name: f.codec.decode(obj[f.name], limits, f.path) for f in cls.FIELDS})
+        body.check(limits)
+        return body
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return all(_same(getattr(self, f.name), getattr(other, f.name)) for f in self.FIELDS)
+
+    __hash__ = None  # type: ignore[assignment]  # bodies may hold arrays
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{f.name}={_short(getattr(self, f.name))}" for f in self.FIELDS)
+        return f"{type(self).__name__}({parts})"
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return (
+            isinstance(a, np.ndarray)
+            and isinstance(b, np.ndarray)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and bool(np.array_equal(a, b))
+        )
+    if isinstance(a, dict) and isinstance(b, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    return a == b
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, np.ndarray):
+        return f"<{value.dtype.name}{list(value.shape)}>"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {_short(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, tuple) and any(isinstance(v, bytes) for v in value):
+        return "(" + ", ".join(map(_short, value)) + ")"
+    if isinstance(value, bytes) and len(value) > 16:
+        return f"<{len(value)} bytes>"
+    return repr(value)
+
+
+BODY_TYPES: dict[MessageType, type[Body]] = {}
+_B = TypeVar("_B", bound=type)
+
+
+def body(kind: MessageType) -> Callable[[_B], _B]:
+    """Make a class a registered, frozen message body of type `kind`."""
+
+    def register(cls: _B) -> _B:
+        cls = dataclasses.dataclass(frozen=True, eq=False, repr=False)(cls)
+        cls.TYPE = kind
+        cls.FIELDS = tuple(Field(f.name, f.metadata["wire"], f"{kind.value}.{f.name}") for f in dataclasses.fields(cls))
+        cls._KEYS = frozenset(f.name for f in cls.FIELDS)
+        BODY_TYPES[kind] = cls
+        return cls
+
+    return register
+
+
+# --- field vocabulary -----------------------------------------------------------------------
+
+TOKEN = Text(max_len=64, pattern=r"[a-z0-9][a-z0-9._:-]*")
+PARAM_NAME = Text(max_len=256, pattern=r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
+
+
+def _port_in_range(address: str) -> str | None:
+    port = int(address.rsplit(":", 1)[1])
+    return None if 1 <= port <= 65535 else f"port {port} outside 1..65535"
+
+
+# ZeroMQ TCP endpoint another node can connect to: host name, IPv4 or bracketed IPv6, and port.
+TCP_ADDRESS = Text(
+    max_len=256,
+    pattern=r"tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?):[0-9]{1,5}",
+    rule=_port_in_range,
+)
+MAX_CLASSES = 4096
+MAX_RELAYED_HELLOS = 64
+
+
+def _hello_frame_limit(limits: Limits) -> int:
+    return limits.max_frame_bytes_for(MessageType.HELLO)
+
+
+# --- bodies ---------------------------------------------------------------------------------
+
+
+@body(MessageType.HELLO)
+class Hello(Body):
+    """Who I am and where to reach me; signed, so it binds node key ↔ address ↔ capabilities."""
+
+    address: str = wire(TCP_ADDRESS)
+    capabilities: tuple[str, ...] = wire(ListOf(TOKEN, max_len=32, unique=True))
+    dataset_size: int = wire(UInt(64))
+    protocol_versions: tuple[int, ...] = wire(ListOf(UInt(8), min_len=1, max_len=16, unique=True))
+
+
+@body(MessageType.PEERS)
+class Peers(Body):
+    """Peer exchange: other nodes' own signed HELLO frames, relayed verbatim so the receiver can
+    verify each key ↔ address binding itself instead of trusting the relay."""
+
+    hellos: tuple[bytes, ...] = wire(
+        ListOf(
+            Blob(max_len=_hello_frame_limit, what="a complete signed HELLO frame, within the HELLO size bound"),
+            max_len=MAX_RELAYED_HELLOS,
+        )
+    )
+
+
+@body(MessageType.PING)
+class Ping(Body):
+    nonce: int = wire(UInt(64))
+
+
+@body(MessageType.PONG)
+class Pong(Body):
+    nonce: int = wire(UInt(64))  # the PING's nonce, echoed
+
+
+@body(MessageType.BYE)
+class Bye(Body):
+    reason: str = wire(TOKEN)
+
+
+@body(MessageType.PROTOTYPES)
+class Prototypes(Body):
+    """Class prototypes ξ: row r is the prototype of class classes[r], from counts[r] samples."""
+
+    classes: tuple[int, ...] = wire(ListOf(UInt(16), max_len=MAX_CLASSES, unique=True))
+    counts: tuple[int, ...] = wire(ListOf(UInt(32), max_len=MAX_CLASSES))
+    prototypes: np.ndarray = wire(Tensor(rank=2))
+
+    def check(self, limits: Limits) -> None:
+        rows = self.prototypes.shape[0]
+        if not rows == len(self.classes) == len(self.counts):
+            raise ProtocolError(
+                Reason.BAD_TENSOR,
+                f"PROTOTYPES: {rows} prototype rows, {len(self.classes)} classes, {len(self.counts)} counts",
+            )
+
+
+@body(MessageType.HEAD)
+class Head(Body):
+    """A linear classifier head: logits = weight @ z + bias, weight is (classes × latent)."""
+
+    weight: np.ndarray = wire(Tensor(rank=2))
+    bias: np.ndarray | None = wire(Nullable(Tensor(rank=1)))
+
+    def check(self, limits: Limits) -> None:
+        if self.bias is not None and self.bias.shape[0] != self.weight.shape[0]:
+            raise ProtocolError(
+                Reason.BAD_TENSOR, f"HEAD: bias has {self.bias.shape[0]} entries, weight {self.weight.shape[0]} rows"
+            )
+
+
+@body(MessageType.SCORE)
+class Score(Body):
+    """A score about another node's published payload: `value` is log P(D_me | θ_subject) for
+    kind "log_likelihood" (SCooL's E-step input, over `samples` of my samples) or a similarity."""
+
+    kind: str = wire(Choice("log_likelihood", "similarity"))
+    subject: bytes = wire(Blob(size=PUBLIC_KEY_SIZE, what="public key of the node whose payload was scored"))
+    subject_seq: int = wire(UInt(64))  # sequence number of the frame that carried that payload
+    value: float = wire(Real())
+    samples: int = wire(UInt(32))
+
+
+@body(MessageType.MODEL)
+class Model(Body):
+    """Named parameters (or their deltas) of a homogeneous model, in state-dict order."""
+
+    kind: str = wire(Choice("params", "delta"))
+    tensors: dict[str, np.ndarray] = wire(TensorMap(PARAM_NAME, Tensor(kinds="fiub"), max_len=4096))

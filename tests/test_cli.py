@@ -1,0 +1,47 @@
+import json
+
+import pytest
+
+from p2pnode.cli import main
+
+
+def test_help_and_version(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and "p2pnode" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0
+
+
+@pytest.mark.parametrize("argv", [[], ["frobnicate"], ["keygen"], ["bench"], ["bench", "protocol", "--trials", "0"], ["bench", "protocol", "--sizes", "x"]])
+def test_usage_errors_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert "usage:" in capsys.readouterr().err
+
+
+def test_bench_protocol_json(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert main(["bench", "protocol", "--json", "--quick", "--sizes", "1024", "4096", "--out", str(out)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report == json.loads(out.read_text())
+    assert [r["payload_bytes"] for r in report["results"]] == [1024, 4096]
+    for result in report["results"]:
+        for key in ("encode_per_s", "decode_per_s", "sign_per_s", "verify_per_s"):
+            assert result[key] > 0
+        # The envelope does strictly more work than bare sign + verify of the same bytes.
+        assert result["encode_us"] + result["decode_us"] > 0.5 * (result["sign_us"] + result["verify_us"])
+        assert result["frame_bytes"] > result["payload_bytes"]
+
+
+def test_protocol_demo_runs_and_refuses_every_attack(tmp_path, capsys):
+    assert main(["protocol-demo", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "ACCEPTED (bug)" not in out
+    for reason in ("replay", "bad_signature", "stale", "wrong_network", "not_allowed", "too_large", "bad_tensor", "malformed", "unsupported_version", "unknown_type"):
+        assert f"rejected, {reason}:" in out
+    # A second run reuses the keys it made.
+    assert main(["protocol-demo", "--out", str(tmp_path)]) == 0
+    assert "loaded" in capsys.readouterr().out

@@ -1,0 +1,51 @@
+"""docs/protocol.md stays in step with the code: body tables, reasons, limits, test vectors."""
+
+import re
+from pathlib import Path
+
+from protocol import BODY_TYPES, DEFAULT_LIMITS, DOMAIN_TAG, HEADER_MAX_BYTES, MessageType, Reason
+
+from . import vectors
+
+SPEC = (Path(__file__).resolve().parent.parent / "docs" / "protocol.md").read_text()
+
+
+def body_table(kind: MessageType) -> str:
+    rows = [f"| `{f.name}` | {f.codec.describe().replace('|', chr(92) + '|')} |" for f in BODY_TYPES[kind].FIELDS]
+    return "\n".join(["| field | wire type and rule |", "|---|---|", *rows])
+
+
+def test_every_body_table_matches_the_schema():
+    for kind in MessageType:
+        assert f"### {kind.value}\n\n{body_table(kind)}\n" in SPEC, f"docs/protocol.md table for {kind.value} is out of date"
+
+
+def test_every_reason_and_type_is_documented():
+    for reason in Reason:
+        assert f"| `{reason.value}` |" in SPEC
+    assert " ".join(kind.value for kind in MessageType) in SPEC
+
+
+def test_constants_match():
+    assert " ".join(f"{b:02X}" for b in DOMAIN_TAG) in SPEC
+    assert f"first {HEADER_MAX_BYTES} bytes" in SPEC
+    assert DEFAULT_LIMITS.max_frame_bytes == 64 * 2**20 and "| whole frame (also `ZMQ_MAXMSGSIZE`) | 64 MiB |" in SPEC
+    for kind, text in ((MessageType.HELLO, "4 KiB"), (MessageType.PEERS, "320 KiB"), (MessageType.PROTOTYPES, "4 MiB"), (MessageType.MODEL, "64 MiB")):
+        assert f"{text} |" in SPEC and DEFAULT_LIMITS.max_frame_bytes_for(kind) == int(text.split()[0]) * (1024 if "KiB" in text else 2**20)
+
+
+def _hex_blocks() -> list[str]:
+    """The test-vector code blocks, annotations (after two or more spaces) removed."""
+    blocks = re.findall(r"```\n(.*?)```", SPEC.split("## 11. Test vectors")[1], flags=re.S)
+    return ["".join(re.split(r"\s{2,}", line.strip())[0].replace(" ", "") for line in block.splitlines()) for block in blocks]
+
+
+def test_documented_vectors_are_the_tested_ones():
+    assert _hex_blocks() == [vectors.PING_FRAME, vectors.PROTOTYPES_FRAME]
+    assert vectors.PUBLIC_KEY in SPEC and vectors.NODE_ID in SPEC
+
+
+def test_readme_python_example_runs():
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    (example,) = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
+    exec(compile(example, "README.md", "exec"), {})

@@ -1,0 +1,177 @@
+"""Message bodies: field rules of each type, checked through signed frames."""
+
+import numpy as np
+import pytest
+
+from protocol import (
+    BODY_TYPES,
+    DEFAULT_LIMITS,
+    Bye,
+    Head,
+    Hello,
+    MessageType,
+    Model,
+    Peers,
+    Ping,
+    ProtocolError,
+    Prototypes,
+    Reason,
+    Score,
+    seal_raw,
+)
+from protocol.tensors import encode_tensor
+
+from .conftest import NETWORK, NOW_US
+
+
+def wire_tensor(array):
+    obj = encode_tensor(np.asarray(array), DEFAULT_LIMITS)
+    return {**obj, "data": bytes(obj["data"])}
+
+
+VALID = {
+    "HELLO": {"address": "tcp://127.0.0.1:7000", "capabilities": ["mapl"], "dataset_size": 100, "protocol_versions": [1]},
+    "PEERS": {"hellos": []},
+    "PING": {"nonce": 1},
+    "PONG": {"nonce": 1},
+    "BYE": {"reason": "shutdown"},
+    "PROTOTYPES": {"classes": [0, 1], "counts": [3, 4], "prototypes": wire_tensor(np.ones((2, 4), np.float32))},
+    "HEAD": {"weight": wire_tensor(np.ones((3, 4), np.float32)), "bias": wire_tensor(np.zeros(3, np.float32))},
+    "SCORE": {"kind": "log_likelihood", "subject": b"\x01" * 32, "subject_seq": 5, "value": -0.5, "samples": 10},
+    "MODEL": {"kind": "params", "tensors": {"fc.weight": wire_tensor(np.ones((2, 2), np.float32)), "bn.num_batches_tracked": wire_tensor(np.array(7, np.int64))}},
+}
+
+
+def seal(identity, kind, body):
+    return seal_raw(identity, [1, NETWORK, kind, identity.public_key, 1, NOW_US, 0, body])
+
+
+def outcome(decoder, identity, kind, body):
+    try:
+        return decoder.decode(seal(identity, kind, body)).body
+    except ProtocolError as exc:
+        return exc.reason
+
+
+def test_every_type_has_a_valid_example(alice, decoder):
+    assert set(VALID) == {kind.value for kind in MessageType} == {kind.value for kind in BODY_TYPES}
+    for kind, body in VALID.items():
+        decoded = outcome(decoder, alice, kind, body)
+        assert isinstance(decoded, BODY_TYPES[MessageType(kind)]), (kind, decoded)
+
+
+@pytest.mark.parametrize("kind", sorted(VALID))
+def test_missing_and_extra_fields_are_refused(alice, decoder, kind):
+    body = VALID[kind]
+    for field in body:
+        assert outcome(decoder, alice, kind, {k: v for k, v in body.items() if k != field}) is Reason.MALFORMED
+    assert outcome(decoder, alice, kind, {**body, "comment": "hi"}) is Reason.MALFORMED
+
+
+BAD_FIELDS = [
+    ("HELLO", "address", "udp://127.0.0.1:7000"),
+    ("HELLO", "address", "tcp://127.0.0.1"),
+    ("HELLO", "address", "tcp://127.0.0.1:0"),
+    ("HELLO", "address", "tcp://127.0.0.1:70000"),
+    ("HELLO", "address", "tcp://bad host:7000"),
+    ("HELLO", "address", "tcp://" + "a" * 300 + ":7000"),
+    ("HELLO", "capabilities", ["mapl", "mapl"]),
+    ("HELLO", "capabilities", ["Not A Token"]),
+    ("HELLO", "capabilities", ["x"] * 33),
+    ("HELLO", "dataset_size", -1),
+    ("HELLO", "dataset_size", True),
+    ("HELLO", "dataset_size", 1.0),
+    ("HELLO", "protocol_versions", []),
+    ("HELLO", "protocol_versions", [256]),
+    ("PEERS", "hellos", ["not bin"]),
+    ("PEERS", "hellos", [b"x" * 5000]),  # longer than a HELLO frame may be
+    ("PEERS", "hellos", [b"x"] * 65),
+    ("PING", "nonce", -5),
+    ("PING", "nonce", "5"),
+    ("BYE", "reason", ""),
+    ("BYE", "reason", "x" * 65),
+    ("SCORE", "kind", "loss"),
+    ("SCORE", "subject", b"\x01" * 31),
+    ("SCORE", "value", float("nan")),
+    ("SCORE", "value", float("inf")),
+    ("SCORE", "value", 3),  # an integer where a float belongs
+    ("SCORE", "samples", 2**32),
+    ("MODEL", "kind", "grads"),
+    ("MODEL", "tensors", {"bad name!": wire_tensor(np.ones(2, np.float32))}),
+    ("MODEL", "tensors", [wire_tensor(np.ones(2, np.float32))]),
+    ("PROTOTYPES", "classes", [0, 0]),
+    ("PROTOTYPES", "classes", [0, 70000]),
+]
+
+
+@pytest.mark.parametrize("kind, field, value", BAD_FIELDS)
+def test_bad_field_values_are_refused(alice, decoder, kind, field, value):
+    assert outcome(decoder, alice, kind, {**VALID[kind], field: value}) is Reason.MALFORMED
+
+
+BAD_TENSORS = [
+    ("PROTOTYPES", "prototypes", wire_tensor(np.ones((3, 4), np.float32))),  # 3 rows, 2 classes
+    ("PROTOTYPES", "prototypes", wire_tensor(np.ones(8, np.float32))),  # rank 1
+    ("PROTOTYPES", "prototypes", wire_tensor(np.ones((2, 4), np.int32))),  # not float
+    ("PROTOTYPES", "counts", [3]),  # one count for two prototypes
+    ("HEAD", "bias", wire_tensor(np.zeros(4, np.float32))),  # 4 entries, 3 rows
+    ("HEAD", "weight", wire_tensor(np.ones((3, 4, 1), np.float32))),
+    ("HEAD", "bias", "none"),  # anything in a tensor field that is not a tensor
+    ("MODEL", "tensors", {"w": {"dtype": "float32", "shape": [1], "data": np.array([np.nan], np.float32).tobytes()}}),
+]
+
+
+@pytest.mark.parametrize("kind, field, value", BAD_TENSORS)
+def test_inconsistent_tensors_are_refused(alice, decoder, kind, field, value):
+    assert outcome(decoder, alice, kind, {**VALID[kind], field: value}) is Reason.BAD_TENSOR
+
+
+def test_head_without_bias(alice, decoder):
+    body = outcome(decoder, alice, "HEAD", {**VALID["HEAD"], "bias": None})
+    assert isinstance(body, Head) and body.bias is None
+
+
+def test_ipv6_and_host_names_are_valid_addresses(alice, decoder):
+    for address in ("tcp://[::1]:7000", "tcp://node-7.lab.example:65535", "tcp://10.1.2.3:1"):
+        assert isinstance(outcome(decoder, alice, "HELLO", {**VALID["HELLO"], "address": address}), Hello)
+
+
+def test_model_keeps_parameter_order_and_dtypes(alice, encoder, decoder):
+    tensors = {"z.weight": np.ones((2, 2), np.float32), "a.running_mean": np.zeros(2, np.float64), "a.num_batches_tracked": np.array(3, np.int64)}
+    body = decoder.decode(encoder.encode(Model(kind="delta", tensors=tensors), seq=1, timestamp_us=NOW_US, round=0)).body
+    assert list(body.tensors) == list(tensors)
+    assert [t.dtype for t in body.tensors.values()] == [np.float32, np.float64, np.int64]
+
+
+def test_peers_relay_signed_hellos_verbatim(alice, bob, encoder, decoder):
+    from protocol import Encoder
+
+    hello = Encoder(bob, NETWORK).encode(
+        Hello(address="tcp://10.0.0.2:7000", capabilities=(), dataset_size=5, protocol_versions=(1,)), seq=1, timestamp_us=NOW_US, round=0
+    )
+    relayed = decoder.decode(encoder.encode(Peers(hellos=(hello,)), seq=2, timestamp_us=NOW_US, round=0))
+    inner = decoder.decode(relayed.body.hellos[0])
+    assert relayed.sender == alice.public_key and inner.sender == bob.public_key
+    assert inner.body.address == "tcp://10.0.0.2:7000"
+
+
+def test_encoding_checks_the_same_rules(encoder):
+    cases = [
+        Hello(address="tcp://x:0", capabilities=(), dataset_size=1, protocol_versions=(1,)),
+        Bye(reason="Shut Down"),
+        Ping(nonce=-1),
+        Prototypes(classes=(1, 2), counts=(1,), prototypes=np.ones((2, 2), np.float32)),
+        Score(kind="similarity", subject=b"x" * 32, subject_seq=1, value=float("nan"), samples=0),
+        Model(kind="params", tensors={"w": [1.0, 2.0]}),
+    ]
+    for body in cases:
+        with pytest.raises(ProtocolError):
+            encoder.encode(body, seq=1, timestamp_us=NOW_US, round=0)
+
+
+def test_bodies_compare_by_value_and_print_compactly():
+    a = Head(weight=np.ones((2, 3), np.float32), bias=None)
+    assert a == Head(weight=np.ones((2, 3), np.float32), bias=None)
+    assert a != Head(weight=np.ones((2, 3), np.float64), bias=None)
+    assert a != Head(weight=np.zeros((2, 3), np.float32), bias=None)
+    assert repr(a) == "Head(weight=<float32[2, 3]>, bias=None)"

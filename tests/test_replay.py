@@ -1,0 +1,144 @@
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from protocol import ProtocolError, Reason, ReplayGuard, SequenceCounter, SequenceExhausted
+
+NOW = 1_700_000_000_000_000
+A, B, C = b"a" * 32, b"b" * 32, b"c" * 32
+
+
+def reason(guard, sender, seq, ts=NOW, now=NOW):
+    try:
+        guard.admit(sender, seq, ts, now)
+    except ProtocolError as exc:
+        return exc.reason
+    return None
+
+
+def test_a_repeat_is_a_replay_and_senders_are_independent():
+    guard = ReplayGuard()
+    assert reason(guard, A, 10) is None
+    assert reason(guard, A, 10) is Reason.REPLAY
+    assert reason(guard, B, 10) is None
+    assert reason(guard, A, 11) is None
+
+
+def test_reordering_within_the_window_is_accepted_once():
+    guard = ReplayGuard(window=8)
+    for seq in (100, 104, 101, 103, 97):
+        assert reason(guard, A, seq) is None, seq
+    for seq in (100, 104, 101, 103, 97):
+        assert reason(guard, A, seq) is Reason.REPLAY, seq
+    assert reason(guard, A, 96) is Reason.REPLAY  # below the window: can no longer be told apart
+    assert reason(guard, A, 102) is None
+
+
+def test_a_jump_far_ahead_moves_the_window():
+    guard = ReplayGuard(window=8)
+    guard.admit(A, 5, NOW, NOW)
+    guard.admit(A, 5_000, NOW, NOW)
+    assert reason(guard, A, 4_995) is None
+    assert reason(guard, A, 5) is Reason.REPLAY
+
+
+@given(st.lists(st.integers(0, 200), max_size=300), st.integers(1, 64))
+def test_guard_matches_a_reference_model(seqs, window):
+    guard, accepted = ReplayGuard(window=window), set()
+    for seq in seqs:
+        expected_ok = seq not in accepted and (not accepted or seq > max(accepted) - window)
+        assert (reason(guard, A, seq) is None) == expected_ok
+        if expected_ok:
+            accepted.add(seq)
+
+
+def test_timestamps_outside_the_skew_bound_are_stale():
+    guard = ReplayGuard(max_skew_us=5_000_000)
+    assert reason(guard, A, 1, ts=NOW - 6_000_000) is Reason.STALE
+    assert reason(guard, A, 2, ts=NOW + 6_000_000) is Reason.STALE
+    assert reason(guard, A, 3, ts=NOW - 5_000_000) is None
+    # A stale frame is not recorded: the same numbers stay usable for fresh frames.
+    assert reason(guard, A, 1) is None
+
+
+def test_eviction_never_reopens_a_window_for_replay():
+    guard = ReplayGuard(max_senders=2)
+    guard.admit(A, 1, NOW, NOW)
+    guard.admit(B, 1, NOW + 10, NOW + 10)
+    guard.admit(C, 1, NOW + 20, NOW + 20)  # evicts A, the least recently seen
+    assert len(guard) == 2
+    # A's old frame comes back: A has no window any more, but its timestamp is not newer
+    # than what was evicted, so it is still refused.
+    assert reason(guard, A, 1, ts=NOW, now=NOW + 30) is Reason.REPLAY
+    # A fresh frame from A (newer than the eviction horizon) is accepted.
+    assert reason(guard, A, 2, ts=NOW + 40, now=NOW + 40) is None
+
+
+def test_guard_rejects_bad_configuration():
+    for kwargs in (dict(window=0), dict(max_skew_us=-1), dict(max_senders=1.5)):
+        with pytest.raises(ValueError):
+            ReplayGuard(**kwargs)
+
+
+def _started(persisted, now, block=100):
+    counter = SequenceCounter(persisted=persisted, now_us=now, block=block)
+    counter.confirm_reservation(counter.propose_reservation())
+    return counter
+
+
+def test_no_number_is_used_before_its_reservation_is_confirmed():
+    counter = SequenceCounter(persisted=0, now_us=1000, block=10)
+    with pytest.raises(SequenceExhausted):
+        counter.next()
+    limit = counter.propose_reservation()
+    with pytest.raises(SequenceExhausted):  # proposed is not persisted
+        counter.next()
+    counter.confirm_reservation(limit)
+    assert [counter.next() for _ in range(10)] == list(range(1000, 1010))
+    with pytest.raises(SequenceExhausted):
+        counter.next()
+
+
+def test_reservation_is_asked_for_when_half_the_block_is_used():
+    counter = _started(0, 0, block=10)
+    for _ in range(4):
+        counter.next()
+        assert not counter.needs_reservation
+    counter.next()
+    assert counter.needs_reservation
+    counter.confirm_reservation(counter.propose_reservation())
+    assert not counter.needs_reservation and counter.reserved_until == 15
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 500), st.integers(-10**6, 10**6)), min_size=1, max_size=8),
+    st.integers(1, 64),
+)
+def test_numbers_never_repeat_across_restarts(runs, block):
+    """Each run sends some frames and persists reservations; the clock may jump backwards
+    between restarts. No sequence number may ever come out twice."""
+    persisted, clock, used = 0, 10**9, set()
+    for sent, clock_jump in runs:
+        clock = max(0, clock + clock_jump)
+        counter = SequenceCounter(persisted=persisted, now_us=clock, block=block)
+        for _ in range(sent):
+            if counter.needs_reservation:
+                persisted = counter.propose_reservation()  # the durable write
+                counter.confirm_reservation(persisted)
+            seq = counter.next()
+            assert seq not in used
+            used.add(seq)
+        # crash here: only `persisted` survives
+
+
+def test_a_lost_state_file_is_covered_by_the_clock():
+    first = _started(0, 5_000)
+    used = [first.next() for _ in range(10)]
+    restarted = _started(0, 6_000)  # state file lost, clock moved on
+    assert restarted.next() > max(used)
+
+
+def test_counter_rejects_bad_arguments():
+    for kwargs in (dict(persisted=-1, now_us=0), dict(persisted=0, now_us=0, block=0), dict(persisted=0.5, now_us=0)):
+        with pytest.raises(ValueError):
+            SequenceCounter(**kwargs)

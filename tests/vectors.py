@@ -1,0 +1,41 @@
+"""Wire test vectors, also listed in docs/protocol.md.
+
+Key: Ed25519 private key bytes 01 02 03 ... 20 (hex). Network "test", timestamp_us
+1_700_000_000_000_000, round 3. Ed25519 signatures are deterministic, so the frames are exact.
+"""
+
+PRIVATE_KEY_SEED = 1  # tests.conftest.fixed_identity(1): bytes 0x01..0x20
+PUBLIC_KEY = "79b5562e8fe654f94078b112e8a98ba7901f853ae695bed7e0e3910bad049664"
+NODE_ID = "29a72a2391e2ae35"
+
+# PING {nonce: 9}, seq 7
+PING_FRAME = (
+    "ad7032706e6f64652e6672616d65"  # tag: msgpack str "p2pnode.frame"
+    "98"  # array of 8
+    "01"  # version 1
+    "a474657374"  # network "test"
+    "a450494e47"  # type "PING"
+    "c420" + PUBLIC_KEY  # sender: bin 32
+    + "07"  # seq 7
+    "cf00060a24181e4000"  # timestamp_us, uint64
+    "03"  # round 3
+    "81a56e6f6e636509"  # body {"nonce": 9}
+    "382b23661f847c8dc472a7aa2026bd45dae3638c7815794eab631dce3e2eb293"  # signature
+    "38640ba8804bb1a6a987fb0c191912d2a095ba594a8a5a145df79e4d122e8f09"
+)
+
+# PROTOTYPES {classes: [3], counts: [25], prototypes: float32 [[0.5, -1.0]]}, seq 8
+PROTOTYPES_FRAME = (
+    "ad7032706e6f64652e6672616d65" "98" "01" "a474657374"
+    "aa50524f544f5459504553"  # type "PROTOTYPES"
+    "c420" + PUBLIC_KEY + "08" "cf00060a24181e4000" "03"
+    "83"  # body: map of 3
+    "a7636c6173736573" "9103"  # "classes": [3]
+    "a6636f756e7473" "9119"  # "counts": [25]
+    "aa70726f746f7479706573"  # "prototypes":
+    "83" "a56474797065" "a7666c6f61743332"  # {"dtype": "float32",
+    "a57368617065" "920102"  # "shape": [1, 2],
+    "a464617461" "c408" "0000003f" "000080bf"  # "data": bin 8 = 0.5, -1.0 little-endian}
+    "54689c46cf459a901e87b74932dd4a06985545fd2d57701c5f4e17d17824c7cb"  # signature
+    "98bf220c5f53c4d4468f0ff94f0230a39482a2649fd8c0bdd3e6f8a2830dbf03"
+)
