@@ -24,6 +24,7 @@ test: venv
 
 bench: venv
 	$(BIN)/p2pnode bench protocol
+	$(BIN)/p2pnode bench transport
 
 clean:
 	rm -rf $(VENV) demo-out bench-out .pytest_cache .hypothesis *.egg-info

@@ -1,6 +1,7 @@
 """The `p2pnode` command line.
 
-Exit codes: 0 success, 1 the command failed (the message says why and what to do), 2 bad usage.
+Exit codes: 0 success; 1 the command failed (the message says why and what to do); 2 bad usage
+or an invalid configuration file.
 """
 
 from __future__ import annotations
@@ -16,7 +17,69 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 class CommandError(Exception):
-    """A failure the user can act on; printed as `p2pnode: error: <message>`, exit code 1."""
+    """A failure the user can act on; printed as `p2pnode: error: <message>`."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _config(path: str, *, load_identity: bool = True):
+    from .config import ConfigError, load_config
+
+    try:
+        return load_config(path, load_identity=load_identity)
+    except ConfigError as exc:
+        raise CommandError(str(exc), EXIT_USAGE) from None
+
+
+def _start(args: argparse.Namespace) -> int:
+    from .logs import configure_logging
+    from .node import NodeStartError
+    from .runner import run_until_signalled
+
+    config = _config(args.config)
+    configure_logging(config.log, config.identity.node_id)
+    try:
+        run_until_signalled(config)
+    except NodeStartError as exc:
+        raise CommandError(str(exc)) from None
+    return EXIT_OK
+
+
+def _ask(config_path: str, command: str):
+    """Send one command to the node of `config_path`; returns (config, answer)."""
+    from .control import ControlError, request
+
+    config = _config(config_path, load_identity=False)
+    try:
+        answer = request(config.control_socket, command)
+    except ControlError as exc:
+        raise CommandError(str(exc)) from None
+    if not answer.get("ok"):
+        raise CommandError(f"the node refused: {answer.get('error')}")
+    return config, answer
+
+
+def _status(args: argparse.Namespace) -> int:
+    from .status import format_status
+
+    _, answer = _ask(args.config, "status")
+    print(json.dumps(answer["status"], indent=2) if args.json else format_status(answer["status"]))
+    return EXIT_OK
+
+
+def _stop(args: argparse.Namespace) -> int:
+    import time
+
+    config, _ = _ask(args.config, "stop")
+    deadline = time.monotonic() + args.timeout
+    while config.control_socket.exists():  # removed by the node as it exits
+        if time.monotonic() > deadline:
+            raise CommandError(f"the node accepted the stop but is still running after {args.timeout:g} s")
+        time.sleep(0.05)
+    print("stopped", file=sys.stderr)
+    return EXIT_OK
 
 
 def _keygen(args: argparse.Namespace) -> int:
@@ -46,15 +109,13 @@ def _keyinfo(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from .bench import protocol as bench
+    from .bench import adapters, protocol, transport
 
+    bench = {"protocol": protocol, "transport": transport, "adapters": adapters}[args.bench]
     sizes = tuple(args.sizes) if args.sizes else bench.DEFAULT_SIZES
-    if args.quick:
-        report = bench.run(sizes, trials=3, target_seconds=0.02)
-    else:
-        report = bench.run(sizes, trials=args.trials, target_seconds=args.seconds)
-    text = json.dumps(report, indent=2) if args.json else bench.format_table(report)
-    print(text)
+    trials, seconds = (2, args.quick_seconds) if args.quick else (args.trials, args.seconds)
+    report = bench.run(sizes, trials=trials, seconds=seconds)
+    print(json.dumps(report, indent=2) if args.json else bench.format_table(report))
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     return EXIT_OK
@@ -66,24 +127,30 @@ def _demo(args: argparse.Namespace) -> int:
     return run(Path(args.out))
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+def _testnet(args: argparse.Namespace) -> int:
+    from testnet.discovery import run_discovery_testnet
+
+    code, _ = run_discovery_testnet(Path(args.out), args.nodes, args.duration, exit_on_mesh=args.exit_on_mesh)
+    return code
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
-    return value
+def _positive(convert, what: str):
+    """An argparse type: `convert(text)`, which must be > 0."""
+
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a positive {what}, got {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"expected a positive {what}, got {text}")
+        return value
+
+    return parse
+
+
+_positive_int = _positive(int, "integer")
+_positive_float = _positive(float, "number")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,6 +159,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"p2pnode {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    start = commands.add_parser("start", help="run a node in the foreground until SIGINT/SIGTERM or `p2pnode stop`")
+    start.add_argument("--config", required=True, metavar="TOML", help="node configuration (docs/config.md)")
+    start.set_defaults(run=_start)
+
+    status = commands.add_parser("status", help="ask a running node for its status")
+    status.add_argument("--config", required=True, metavar="TOML")
+    status.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    status.set_defaults(run=_status)
+
+    stop = commands.add_parser("stop", help="ask a running node to shut down, and wait until it has")
+    stop.add_argument("--config", required=True, metavar="TOML")
+    stop.add_argument("--timeout", type=_positive_float, default=10.0, help="seconds to wait for the node to exit (default 10)")
+    stop.set_defaults(run=_stop)
+
+    testnet = commands.add_parser("testnet", help="launch N daemons on this machine and check they converge")
+    testnet.add_argument("--nodes", type=_positive_int, required=True, help="number of daemons")
+    testnet.add_argument("--algorithm", choices=["none"], default="none", help="learning algorithm (none: discovery only)")
+    testnet.add_argument("--duration", type=_positive_float, required=True, metavar="S", help="seconds to run")
+    testnet.add_argument("--out", required=True, metavar="DIR", help="keys, configs, logs and report.json go here")
+    testnet.add_argument("--exit-on-mesh", action="store_true", help="stop as soon as every node knows all others")
+    testnet.set_defaults(run=_testnet)
 
     keygen = commands.add_parser("keygen", help="create a node key (Ed25519, PEM, mode 0600) and print its node id")
     keygen.add_argument("--out", required=True, metavar="PATH", help="key file to create")
@@ -104,16 +193,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="run a benchmark")
     benches = bench.add_subparsers(dest="bench", metavar="BENCHMARK", required=True)
-    protocol = benches.add_parser(
-        "protocol", help="signed-envelope encode/decode rate next to bare Ed25519 sign/verify"
-    )
-    protocol.add_argument("--json", action="store_true", help="print the report as JSON")
-    protocol.add_argument("--out", metavar="FILE", help="also write the JSON report to FILE")
-    protocol.add_argument("--sizes", type=_positive_int, nargs="+", metavar="BYTES", help="payload sizes (default: 1 KiB, 20 KiB, 200 KiB)")
-    protocol.add_argument("--trials", type=_positive_int, default=9, help="interleaved trials per candidate (default 9)")
-    protocol.add_argument("--seconds", type=_positive_float, default=0.1, help="seconds per measurement (default 0.1)")
-    protocol.add_argument("--quick", action="store_true", help="a few seconds in all; for smoke tests, not for numbers")
-    protocol.set_defaults(run=_bench)
+    for name, summary, trials, seconds, quick_seconds in (
+        ("protocol", "signed-envelope encode/decode rate next to bare Ed25519 sign/verify", 9, 0.1, 0.02),
+        ("transport", "signed messages between two transports under trio, next to blocking pyzmq", 3, 1.0, 0.2),
+        ("adapters", "raw frames through each trio-ZeroMQ integration, next to blocking pyzmq", 3, 0.5, 0.1),
+    ):
+        command = benches.add_parser(name, help=summary)
+        command.add_argument("--json", action="store_true", help="print the report as JSON")
+        command.add_argument("--out", metavar="FILE", help="also write the JSON report to FILE")
+        command.add_argument("--sizes", type=_positive_int, nargs="+", metavar="BYTES", help="payload sizes (default: 1 KiB, 20 KiB, 200 KiB)")
+        command.add_argument("--trials", type=_positive_int, default=trials, help=f"interleaved trials per candidate (default {trials})")
+        command.add_argument("--seconds", type=_positive_float, default=seconds, help=f"seconds per measurement (default {seconds:g})")
+        command.add_argument("--quick", action="store_true", help="a few seconds in all; for smoke tests, not for numbers")
+        command.set_defaults(run=_bench, quick_seconds=quick_seconds)
 
     demo = commands.add_parser(
         "protocol-demo", help="two identities exchange every message type; tampered frames get rejected"
@@ -130,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.run(args)
     except CommandError as exc:
         print(f"p2pnode: error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        return exc.exit_code
     except KeyboardInterrupt:
         print("p2pnode: interrupted", file=sys.stderr)
         return 130

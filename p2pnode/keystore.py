@@ -12,6 +12,8 @@ from pathlib import Path
 
 from protocol import Identity
 
+from .files import write_atomically
+
 __all__ = ["KeyFileError", "write_key", "load_key", "KEY_FILE_MODE"]
 
 KEY_FILE_MODE = 0o600
@@ -30,25 +32,12 @@ def write_key(path: str | os.PathLike, identity: Identity, *, overwrite: bool = 
     if path.exists() and not overwrite:
         raise KeyFileError(f"{path} already exists; refusing to replace a key (pass --force to overwrite it)")
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, KEY_FILE_MODE)
-        with os.fdopen(fd, "wb") as handle:
-            os.fchmod(handle.fileno(), KEY_FILE_MODE)  # the umask may have cleared bits, never set them
-            handle.write(identity.to_pem())
-            handle.flush()
-            os.fsync(handle.fileno())
-        if overwrite:
-            os.replace(temporary, path)
-        else:
-            os.link(temporary, path)  # atomic, and fails if someone created `path` meanwhile
-    except FileExistsError:
+        write_atomically(path, identity.to_pem(), mode=KEY_FILE_MODE, overwrite=overwrite)
+    except FileExistsError:  # someone created it between our check and the link
         raise KeyFileError(f"{path} already exists; refusing to replace a key (pass --force to overwrite it)") from None
     except OSError as exc:
         raise KeyFileError(f"cannot write key file {path}: {exc.strerror or exc}") from None
-    finally:
-        temporary.unlink(missing_ok=True)
-    _fsync_directory(path.parent)
     return path
 
 
@@ -78,16 +67,3 @@ def load_key(path: str | os.PathLike) -> Identity:
         return Identity.from_pem(data)
     except ValueError as exc:
         raise KeyFileError(f"key file {path} is not usable: {exc}") from None
-
-
-def _fsync_directory(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some file systems refuse fsync on directories; the data itself is synced
-    finally:
-        os.close(fd)

@@ -156,6 +156,6 @@ def run(out: Path) -> int:
     print(f"\n3) bob's rejection counters: {dict(sorted(bob_in.rejections.items()))}")
 
     print("\n4) protocol benchmark, quick run (numbers: `make bench`, results in BENCHMARKS.md)")
-    print("   " + bench.format_table(bench.run(trials=3, target_seconds=0.02)).replace("\n", "\n   "))
+    print("   " + bench.format_table(bench.run(trials=3, seconds=0.02)).replace("\n", "\n   "))
     print(f"\nKeys are in {keys}. Next: the daemon (issue #3), then MAPL over the network (issue #5).")
     return 0

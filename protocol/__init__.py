@@ -21,6 +21,7 @@ from .identity import NODE_ID_LENGTH, Identity, node_id
 from .limits import DEFAULT_LIMITS, KiB, Limits, MiB
 from .messages import (
     BODY_TYPES,
+    MAX_RELAYED_HELLOS,
     PUBLIC_KEY_SIZE,
     Body,
     Bye,
@@ -42,6 +43,7 @@ __all__ = [
     "DEFAULT_LIMITS",
     "DOMAIN_TAG",
     "HEADER_MAX_BYTES",
+    "MAX_RELAYED_HELLOS",
     "NODE_ID_LENGTH",
     "PROTOCOL_VERSION",
     "PUBLIC_KEY_SIZE",

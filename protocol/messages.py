@@ -33,6 +33,7 @@ __all__ = [
     "Score",
     "Model",
     "BODY_TYPES",
+    "MAX_RELAYED_HELLOS",
     "PUBLIC_KEY_SIZE",
 ]
 
@@ -93,6 +94,10 @@ class Body:
         body.check(limits)
         return body
 
+    def payload_bytes(self) -> int:
+        """Bytes of tensor data and relayed frames this body carries: what signing it costs."""
+        return sum(_payload_bytes(getattr(self, f.name)) for f in self.FIELDS)
+
     def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):
             return NotImplemented
@@ -103,6 +108,18 @@ class Body:
     def __repr__(self) -> str:
         parts = ", ".join(f"{f.name}={_short(getattr(self, f.name))}" for f in self.FIELDS)
         return f"{type(self).__name__}({parts})"
+
+
+def _payload_bytes(value: Any) -> int:
+    if isinstance(value, np.ndarray):
+        return value.nbytes
+    if isinstance(value, bytes):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(map(_payload_bytes, value.values()))
+    if isinstance(value, tuple):
+        return sum(map(_payload_bytes, value))
+    return 0
 
 
 def _same(a: Any, b: Any) -> bool:

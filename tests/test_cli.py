@@ -45,3 +45,12 @@ def test_protocol_demo_runs_and_refuses_every_attack(tmp_path, capsys):
     # A second run reuses the keys it made.
     assert main(["protocol-demo", "--out", str(tmp_path)]) == 0
     assert "loaded" in capsys.readouterr().out
+
+
+def test_bench_transport_json(capsys):
+    assert main(["bench", "transport", "--json", "--quick", "--sizes", "2048"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    (result,) = report["results"]
+    assert result["payload_bytes"] == 2048 and result["trio_per_s"] > 0 and result["blocking_per_s"] > 0
+    assert result["ratio"] == round(result["trio_per_s"] / result["blocking_per_s"], 3)
+    assert report["goal_met"] is None  # 20 KiB was not measured

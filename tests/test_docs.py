@@ -36,7 +36,7 @@ def test_constants_match():
 
 def _hex_blocks() -> list[str]:
     """The test-vector code blocks, annotations (after two or more spaces) removed."""
-    blocks = re.findall(r"```\n(.*?)```", SPEC.split("## 11. Test vectors")[1], flags=re.S)
+    blocks = re.findall(r"```\n(.*?)```", SPEC.split("## 12. Test vectors")[1], flags=re.S)
     return ["".join(re.split(r"\s{2,}", line.strip())[0].replace(" ", "") for line in block.splitlines()) for block in blocks]
 
 

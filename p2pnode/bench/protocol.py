@@ -73,17 +73,17 @@ def measure_size(payload_bytes: int, *, trials: int, target_seconds: float, seed
     }
 
 
-def run(sizes=DEFAULT_SIZES, *, trials: int = 9, target_seconds: float = 0.1) -> dict:
+def run(sizes=DEFAULT_SIZES, *, trials: int = 9, seconds: float = 0.1) -> dict:
     return {
         "benchmark": "protocol",
         "goal": f"overhead = (encode + decode) / (sign + verify) - 1 <= {GOAL_OVERHEAD}",
-        "method": f"median of {trials} interleaved trials of ~{target_seconds} s each, one process",
+        "method": f"median of {trials} interleaved trials of ~{seconds} s each, one process",
         "machine": {
             "python": platform.python_version(),
             "platform": platform.platform(),
             "cpus": os.cpu_count(),
         },
-        "results": [measure_size(size, trials=trials, target_seconds=target_seconds) for size in sizes],
+        "results": [measure_size(size, trials=trials, target_seconds=seconds) for size in sizes],
     }
 
 

@@ -1,0 +1,184 @@
+"""`p2pnode bench transport`: signed messages between two nodes' transports, against a tight
+loop of blocking pyzmq doing the same signing and checking, measured in the same run.
+
+trio side: node A signs as the node does (signing.py: on the event loop, in a worker thread
+for large payloads) and sends on its DEALER (waiting, not
+dropping, when the queue is full, so no message is lost); node B's real receive path
+(inbound.py: batches, verify threads, replay guard) takes them. Blocking side: one thread signs
+and sends, another receives, decodes and checks, over the same kind of socket pair.
+Ratio = trio msg/s ÷ blocking msg/s; the goal is ≥ 0.7 at 20 KB.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import threading
+import time
+from dataclasses import replace
+
+import numpy as np
+import trio
+import zmq
+
+from protocol import Decoder, Encoder, Identity, Model, ReplayGuard, SequenceCounter
+
+from ..config import TransportSettings
+from ..inbound import Inbound
+from ..metrics import Metrics
+from ..signing import encode
+from ..transport import Transport
+from ..zmqtrio import send_waiting
+
+DEFAULT_SIZES = (1024, 20 * 1024, 200 * 1024)
+GOAL_RATIO_20K = 0.7
+_NETWORK = "bench"
+
+
+def _clock_us() -> int:
+    return time.time_ns() // 1000
+
+
+def _body(size: int) -> Model:
+    return Model(kind="params", tensors={"w": np.random.default_rng(size).standard_normal(size // 4, dtype=np.float32)})
+
+
+def _counter() -> SequenceCounter:
+    counter = SequenceCounter(persisted=0, now_us=_clock_us(), block=1 << 40)
+    counter.confirm_reservation(counter.propose_reservation())
+    return counter
+
+
+def _settings(verify_threads: int) -> TransportSettings:
+    # No flood limit in a benchmark, and the same socket queue on both sides.
+    return replace(TransportSettings(), rate_per_connection=1e9, burst_per_connection=1_000_000, verify_threads=verify_threads)
+
+
+def run_trio(size: int, count: int, verify_threads: int = 2) -> float:
+    """Messages per second through two transports under trio."""
+    body = _body(size)
+    sender_identity = Identity.generate()
+    settings = _settings(verify_threads)
+
+    async def main() -> float:
+        receiver = Transport(settings, 64 << 20)
+        sender = Transport(settings, 64 << 20)
+        endpoint = receiver.bind("tcp://127.0.0.1:0")
+        sender.dial(endpoint)
+        inbound = Inbound(receiver, Decoder(_NETWORK), ReplayGuard(), Metrics(), settings, _clock_us)
+        encoder, counter = Encoder(sender_identity, _NETWORK), _counter()
+        done = trio.Event()
+        received = 0
+
+        async def handle(envelope, frame):
+            nonlocal received
+            received += 1
+            if received == count:
+                done.set()
+            return None
+
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(inbound.run, handle)
+                socket = sender.outbound[endpoint]
+                await _wait_connected(socket)
+                started = time.perf_counter()
+                for _ in range(count):
+                    frame = await encode(
+                        encoder, body, seq=counter.next(), timestamp_us=_clock_us(), round=0,
+                        threshold=settings.sign_in_thread_bytes,
+                    )
+                    await send_waiting(socket, frame)
+                await done.wait()
+                elapsed = time.perf_counter() - started
+                nursery.cancel_scope.cancel()
+        finally:
+            await sender.close()
+            await receiver.close()
+        return count / elapsed
+
+    return trio.run(main)
+
+
+async def _wait_connected(socket: zmq.Socket) -> None:
+    while not socket.getsockopt(zmq.EVENTS) & zmq.POLLOUT:
+        await trio.sleep(0.005)
+
+
+def run_blocking(size: int, count: int) -> float:
+    """Messages per second, blocking pyzmq: a signing sender thread, a checking receiver thread."""
+    body = _body(size)
+    identity = Identity.generate()
+    context = zmq.Context()
+    router, dealer = context.socket(zmq.ROUTER), context.socket(zmq.DEALER)
+    for socket in (router, dealer):
+        socket.setsockopt(zmq.LINGER, 0)
+    router.setsockopt(zmq.RCVHWM, TransportSettings().recv_hwm)
+    dealer.setsockopt(zmq.SNDHWM, TransportSettings().send_hwm)
+    router.bind("tcp://127.0.0.1:0")
+    dealer.connect(router.getsockopt_string(zmq.LAST_ENDPOINT))
+    encoder, counter, decoder, guard = Encoder(identity, _NETWORK), _counter(), Decoder(_NETWORK), ReplayGuard()
+    while not dealer.getsockopt(zmq.EVENTS) & zmq.POLLOUT:
+        time.sleep(0.005)
+
+    def send() -> None:
+        for _ in range(count):
+            dealer.send(encoder.encode(body, seq=counter.next(), timestamp_us=_clock_us(), round=0))
+
+    thread = threading.Thread(target=send)
+    started = time.perf_counter()
+    thread.start()
+    for _ in range(count):
+        _, frame = router.recv_multipart()
+        envelope = decoder.decode(frame)
+        guard.admit(envelope.sender, envelope.seq, envelope.timestamp_us, _clock_us())
+    elapsed = time.perf_counter() - started
+    thread.join()
+    router.close()
+    dealer.close()
+    context.term()
+    return count / elapsed
+
+
+def run(sizes=DEFAULT_SIZES, *, trials: int = 3, seconds: float = 1.0, verify_threads: int = 2) -> dict:
+    results = []
+    for size in sizes:
+        # Calibrate the message count so one trial takes about `seconds`.
+        probe = max(50, int(2e6 / size))
+        count = max(200, int(run_blocking(size, probe) * seconds))
+        trio_rates, blocking_rates = [], []
+        for _ in range(trials):  # interleaved
+            blocking_rates.append(run_blocking(size, count))
+            trio_rates.append(run_trio(size, count, verify_threads))
+        trio_rate, blocking_rate = statistics.median(trio_rates), statistics.median(blocking_rates)
+        results.append(
+            {
+                "payload_bytes": size,
+                "messages": count,
+                "trio_per_s": round(trio_rate, 1),
+                "blocking_per_s": round(blocking_rate, 1),
+                "ratio": round(trio_rate / blocking_rate, 3),
+                "trio_trials": [round(r, 1) for r in trio_rates],
+                "blocking_trials": [round(r, 1) for r in blocking_rates],
+            }
+        )
+    twenty = next((r for r in results if r["payload_bytes"] == 20 * 1024), None)
+    return {
+        "benchmark": "transport",
+        "goal": f"ratio >= {GOAL_RATIO_20K} at 20 KiB",
+        "goal_met": None if twenty is None else twenty["ratio"] >= GOAL_RATIO_20K,
+        "method": f"median of {trials} interleaved trials of ~{seconds:g} s; signed MODEL frames, loopback TCP, verify_threads={verify_threads}",
+        "adapter": "p2pnode.zmqtrio (ZMQ_FD + ZMQ_EVENTS, NOBLOCK)",
+        "machine": {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count()},
+        "results": results,
+    }
+
+
+def format_table(report: dict) -> str:
+    lines = [f"{'payload':>9} {'messages':>9} {'trio msg/s':>11} {'blocking msg/s':>15} {'ratio':>7}"]
+    for r in report["results"]:
+        lines.append(f"{r['payload_bytes']:>9} {r['messages']:>9} {r['trio_per_s']:>11.0f} {r['blocking_per_s']:>15.0f} {r['ratio']:>7.2f}")
+    met = {True: "met", False: "NOT met", None: "not measured"}[report["goal_met"]]
+    lines.append(f"goal {report['goal']}: {met}. {report['method']}")
+    return "\n".join(lines)

@@ -1,0 +1,512 @@
+"""Node configuration: a TOML file, checked completely before anything starts.
+
+Each setting is declared once, as a dataclass field with its kind, default and documentation;
+loading, validation, error messages and docs/config.md all come from those declarations. Every
+problem names its field (`[discovery].max_peers: ...`); all problems are reported at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import ipaddress
+import math
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from protocol import DEFAULT_LIMITS, Identity, Limits, MessageType, check_network_id
+
+from .keystore import KeyFileError, load_key
+
+__all__ = [
+    "ConfigError",
+    "Config",
+    "NodeSettings",
+    "DiscoverySettings",
+    "BeaconSettings",
+    "SecuritySettings",
+    "TransportSettings",
+    "LimitSettings",
+    "LogSettings",
+    "load_config",
+    "reference_markdown",
+    "CONTROL_SOCKET_NAME",
+]
+
+CONTROL_SOCKET_NAME = "control.sock"
+_MAX_UNIX_SOCKET_PATH = 107  # sun_path is 108 bytes on Linux, one for the terminating NUL
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; `problems` holds one line per problem."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = problems
+        super().__init__(f"invalid configuration {source}:\n" + "\n".join(f"  {p}" for p in problems))
+
+
+class Invalid(ValueError):
+    """Raised by a kind's parse(); the message completes "[section].key: ..."."""
+
+
+# --- kinds of values ------------------------------------------------------------------------
+
+
+class Kind:
+    def parse(self, value: Any, base: Path) -> Any:
+        raise NotImplementedError
+
+    def resolve_default(self, default: Any, base: Path) -> Any:
+        """The value a missing key takes (paths are made relative to the config file)."""
+        return default
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+
+def _type_name(value: Any) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list", dict: "a table"}.get(
+        type(value), type(value).__name__
+    )
+
+
+class Integer(Kind):
+    def __init__(self, low: int, high: int) -> None:
+        self.low, self.high = low, high
+
+    def parse(self, value, base):
+        if type(value) is not int:
+            raise Invalid(f"expected an integer, got {_type_name(value)}")
+        if not self.low <= value <= self.high:
+            raise Invalid(f"must be between {self.low} and {self.high}, got {value}")
+        return value
+
+    def describe(self):
+        return f"integer, {self.low} to {self.high}"
+
+
+class Number(Kind):
+    def __init__(self, low: float, high: float) -> None:
+        self.low, self.high = low, high
+
+    def parse(self, value, base):
+        if type(value) not in (int, float):
+            raise Invalid(f"expected a number, got {_type_name(value)}")
+        if not (math.isfinite(value) and self.low <= value <= self.high):
+            raise Invalid(f"must be between {self.low:g} and {self.high:g}, got {value}")
+        return float(value)
+
+    def describe(self):
+        return f"number, {self.low:g} to {self.high:g}"
+
+
+class Flag(Kind):
+    def parse(self, value, base):
+        if type(value) is not bool:
+            raise Invalid(f"expected true or false, got {_type_name(value)}")
+        return value
+
+    def describe(self):
+        return "true or false"
+
+
+class Text(Kind):
+    def __init__(self, pattern: str | None = None, choices: tuple[str, ...] = (), what: str = "string") -> None:
+        self.pattern = re.compile(pattern) if pattern else None
+        self.choices = choices
+        self.what = what
+
+    def parse(self, value, base):
+        if type(value) is not str:
+            raise Invalid(f"expected {self.what}, got {_type_name(value)}")
+        if self.choices and value not in self.choices:
+            raise Invalid(f"must be one of {', '.join(map(repr, self.choices))}, got {value!r}")
+        if self.pattern and not self.pattern.fullmatch(value):
+            raise Invalid(f"{value!r} is not {self.what}")
+        return value
+
+    def describe(self):
+        if self.choices:
+            return "one of " + ", ".join(f'`"{c}"`' for c in self.choices)
+        return self.what
+
+
+class FilePath(Kind):
+    """A path; relative paths are taken from the directory of the config file."""
+
+    def parse(self, value, base):
+        if type(value) is not str or not value:
+            raise Invalid(f"expected a path, got {_type_name(value)}")
+        path = Path(value).expanduser()
+        return path if path.is_absolute() else (base / path)
+
+    def resolve_default(self, default, base):
+        return None if default is None else self.parse(str(default), base)
+
+    def describe(self):
+        return "path (relative to the config file's directory)"
+
+
+class Endpoint(Kind):
+    """A ZeroMQ TCP endpoint `tcp://HOST:PORT`."""
+
+    _FORM = re.compile(r"tcp://(\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]]+):([0-9]{1,5})")
+
+    def __init__(self, bind: bool) -> None:
+        self.bind = bind  # binding allows "*" and port 0; advertising needs a reachable address
+
+    def parse(self, value, base):
+        if type(value) is not str:
+            raise Invalid(f"expected an address like \"tcp://127.0.0.1:7000\", got {_type_name(value)}")
+        match = self._FORM.fullmatch(value)
+        if not match:
+            raise Invalid(f"{value!r} is not an address of the form tcp://HOST:PORT")
+        host, port = match.group(1), int(match.group(2))
+        if port > 65535 or (port == 0 and not self.bind):
+            raise Invalid(f"port {port} is not a usable port")
+        if self.bind and host != "*":
+            try:
+                ipaddress.ip_address(host.strip("[]"))
+            except ValueError:
+                if host != "localhost":
+                    raise Invalid(f"bind to an IP address or \"*\", not the host name {host!r}") from None
+        if not self.bind and (host in ("*", "0.0.0.0", "[::]")):
+            raise Invalid(f"{value!r} cannot be dialled by peers; give this node's reachable address")
+        return value
+
+    def describe(self):
+        return "`tcp://IP:PORT` to bind (`*` for all interfaces, port 0 for any)" if self.bind else "`tcp://HOST:PORT` peers can dial"
+
+
+class ListOf(Kind):
+    def __init__(self, item: Kind, max_len: int, unique: bool = True) -> None:
+        self.item, self.max_len, self.unique = item, max_len, unique
+
+    def parse(self, value, base):
+        if type(value) is not list:
+            raise Invalid(f"expected a list, got {_type_name(value)}")
+        if len(value) > self.max_len:
+            raise Invalid(f"at most {self.max_len} entries, got {len(value)}")
+        items = []
+        for index, entry in enumerate(value):
+            try:
+                items.append(self.item.parse(entry, base))
+            except Invalid as exc:
+                raise Invalid(f"entry {index + 1}: {exc}") from None
+        if self.unique and len(set(items)) != len(items):
+            raise Invalid("entries repeat")
+        return tuple(items)
+
+    def describe(self):
+        return f"list of at most {self.max_len} × {self.item.describe()}"
+
+
+class PublicKey(Kind):
+    def parse(self, value, base):
+        if type(value) is not str or not re.fullmatch(r"[0-9a-fA-F]{64}", value):
+            raise Invalid(f"expected 64 hex digits of an Ed25519 public key (p2pnode keyinfo), got {value!r}")
+        return bytes.fromhex(value)
+
+    def describe(self):
+        return "64 hex digits (an Ed25519 public key, as `p2pnode keyinfo` prints it)"
+
+
+class FrameSizes(Kind):
+    """A table from message type to a size bound in bytes."""
+
+    def parse(self, value, base):
+        if type(value) is not dict:
+            raise Invalid(f"expected a table like {{ MODEL = 67108864 }}, got {_type_name(value)}")
+        sizes = {}
+        for name, size in value.items():
+            try:
+                kind = MessageType(name)
+            except ValueError:
+                raise Invalid(f"unknown message type {name!r} (known: {' '.join(t.value for t in MessageType)})") from None
+            sizes[kind] = Integer(1, 1 << 40).parse(size, base)
+        return sizes
+
+    def describe(self):
+        return "table of message type → bytes, e.g. `{ MODEL = 16777216 }`"
+
+
+_REQUIRED = dataclasses.MISSING
+
+
+def option(kind: Kind, default: Any = _REQUIRED, doc: str = "") -> Any:
+    """Declare a setting: its kind, its default (none: required) and one line of documentation."""
+    if isinstance(default, dict):  # a fresh (empty) table per instance
+        return field(default_factory=lambda: dict(default), metadata={"kind": kind, "doc": doc})
+    return field(default=default, metadata={"kind": kind, "doc": doc})
+
+
+def _is_required(spec: dataclasses.Field) -> bool:
+    return spec.default is _REQUIRED and spec.default_factory is _REQUIRED
+
+
+def _default(spec: dataclasses.Field) -> Any:
+    return spec.default_factory() if spec.default_factory is not _REQUIRED else spec.default
+
+
+# --- sections -------------------------------------------------------------------------------
+
+_TOKEN = r"[a-z0-9][a-z0-9._:-]{0,63}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeSettings:
+    key: Path = option(FilePath(), doc="Ed25519 key file of this node (`p2pnode keygen --out PATH`), mode 0600")
+    data_dir: Path = option(FilePath(), Path("data"), "state, lock and control socket; created with mode 0700")
+    network: str = option(Text(r"[a-z0-9][a-z0-9._-]{0,63}", what="a network id ([a-z0-9._-], 1-64 characters)"), "p2pnode", "network id; frames of other networks are refused")
+    listen: str = option(Endpoint(bind=True), doc="address the inbound socket binds")
+    advertise: str | None = option(Endpoint(bind=False), None, "address peers dial, sent in HELLO; default: the address `listen` bound (required when `listen` binds all interfaces)")
+    capabilities: tuple[str, ...] = option(ListOf(Text(_TOKEN, what="a capability token"), 32), (), "capability tokens announced in HELLO")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiscoverySettings:
+    bootstrap: tuple[str, ...] = option(ListOf(Endpoint(bind=False), 256), (), "peers to contact at start; retried with backoff until they answer, and again whenever they are lost")
+    max_peers: int = option(Integer(1, 4096), 64, "peer table bound; newcomers beyond it are refused")
+    ping_interval_s: float = option(Number(0.05, 3600), 1.0, "PING each peer this often; PONG gives the round-trip time")
+    peer_timeout_s: float = option(Number(0.2, 86400), 5.0, "a peer silent this long is evicted; must exceed 2 × ping_interval_s")
+    exchange_interval_s: float = option(Number(0.05, 3600), 2.0, "send PEERS (peer exchange) to `gossip_fanout` random peers this often")
+    gossip_fanout: int = option(Integer(1, 64), 2, "peers that get each periodic PEERS")
+    hello_refresh_s: float = option(Number(1, 86400), 300.0, "re-sign this node's HELLO this often, so relayed copies stay fresh")
+    hello_max_age_s: float = option(Number(2, 86400 * 7), 900.0, "ignore relayed HELLOs older than this; must exceed hello_refresh_s")
+    dial_retry_initial_s: float = option(Number(0.01, 60), 0.05, "first retry of an unanswered HELLO; doubles per attempt")
+    dial_retry_max_s: float = option(Number(0.1, 3600), 5.0, "longest wait between HELLO retries")
+    dial_attempts: int = option(Integer(1, 10_000), 20, "give up on an address learned from peers after this many unanswered HELLOs (bootstrap addresses are retried forever)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BeaconSettings:
+    enabled: bool = option(Flag(), False, "announce and discover nodes on the LAN by UDP multicast (for nodes without bootstrap peers)")
+    group: str = option(Text(what="an IPv4 multicast address"), "239.255.70.70", "multicast group")
+    port: int = option(Integer(1, 65535), 47474, "UDP port of the beacon")
+    interface: str = option(Text(what="an IPv4 address"), "0.0.0.0", "local interface address for multicast (0.0.0.0: the system's choice)")
+    interval_s: float = option(Number(0.1, 3600), 5.0, "send a beacon this often")
+    ttl: int = option(Integer(0, 255), 1, "multicast TTL; 1 keeps beacons on the local network")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SecuritySettings:
+    allowlist: tuple[bytes, ...] | None = option(ListOf(PublicKey(), 4096), None, "if set, only frames signed by these keys are accepted (others: `not_allowed`); omit to accept any key")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransportSettings:
+    send_hwm: int = option(Integer(1, 1_000_000), 100, "frames queued per outbound peer socket; beyond it sends are dropped and counted")
+    recv_hwm: int = option(Integer(1, 1_000_000), 1000, "frames queued on the inbound socket before ZeroMQ pushes back")
+    linger_ms: int = option(Integer(0, 60_000), 500, "on shutdown, wait at most this long to flush BYE and other queued frames")
+    heartbeat_ivl_ms: int = option(Integer(0, 3_600_000), 1000, "ZMTP heartbeat interval (0: off)")
+    heartbeat_timeout_ms: int = option(Integer(0, 3_600_000), 3000, "drop a connection whose heartbeats stop for this long")
+    reconnect_ivl_ms: int = option(Integer(1, 3_600_000), 100, "first reconnect delay of an outbound socket")
+    reconnect_ivl_max_ms: int = option(Integer(0, 3_600_000), 5000, "reconnect delay cap (exponential backoff)")
+    handshake_ivl_ms: int = option(Integer(0, 3_600_000), 5000, "abandon a ZMTP handshake after this long")
+    verify_threads: int = option(Integer(1, 64), 2, "worker threads that check signatures (Ed25519 releases the GIL)")
+    sign_in_thread_bytes: int = option(Integer(0, 1 << 40), 65536, "payloads at least this large are signed in a worker thread; smaller ones on the event loop, where a thread hand-off would cost more than it saves")
+    verify_batch: int = option(Integer(1, 4096), 64, "frames handed to a verify thread at once")
+    verify_batch_bytes: int = option(Integer(1024, 1 << 31), 262144, "a batch closes once it holds this many bytes (a single larger frame still forms a batch); bounds memory and keeps large frames fast")
+    verify_queue: int = option(Integer(1, 4096), 16, "batches waiting for a verify thread; when full, the node stops reading and ZeroMQ pushes back")
+    rate_per_connection: float = option(Number(1, 1e9), 5000.0, "inbound frames per second allowed per connection; excess is dropped and counted (`rate_limited`)")
+    burst_per_connection: int = option(Integer(1, 1_000_000), 1000, "token-bucket burst for the rate above")
+    max_clock_skew_s: float = option(Number(0.1, 86400), 60.0, "frames whose timestamp is further from this node's clock are `stale`")
+    replay_window: int = option(Integer(1, 1 << 20), 1024, "sequence numbers remembered per sender for replay detection")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LimitSettings:
+    max_frame_bytes: int = option(Integer(1024, 1 << 31), DEFAULT_LIMITS.max_frame_bytes, "largest frame of any type (also ZMQ_MAXMSGSIZE)")
+    frame_bytes: Mapping[MessageType, int] = option(FrameSizes(), {}, "per-type bounds overriding the defaults of docs/protocol.md §6")
+    max_str_len: int = option(Integer(1, 1 << 20), DEFAULT_LIMITS.max_str_len, "longest msgpack string")
+    max_array_len: int = option(Integer(1, 1 << 24), DEFAULT_LIMITS.max_array_len, "longest msgpack array")
+    max_map_len: int = option(Integer(1, 1 << 24), DEFAULT_LIMITS.max_map_len, "largest msgpack map")
+    max_tensor_rank: int = option(Integer(1, 32), DEFAULT_LIMITS.max_tensor_rank, "most tensor dimensions")
+    max_tensor_elements: int = option(Integer(1, 1 << 34), DEFAULT_LIMITS.max_tensor_elements, "most elements in one tensor")
+    max_tensor_norm: float = option(Number(1e-9, 1e300), DEFAULT_LIMITS.max_tensor_norm, "largest L2 norm of one received tensor")
+
+    def limits(self) -> Limits:
+        by_type = dict(DEFAULT_LIMITS.frame_bytes_by_type)
+        by_type.update(self.frame_bytes)
+        return Limits(
+            max_frame_bytes=self.max_frame_bytes,
+            frame_bytes_by_type=by_type,
+            max_str_len=self.max_str_len,
+            max_array_len=self.max_array_len,
+            max_map_len=self.max_map_len,
+            max_tensor_rank=self.max_tensor_rank,
+            max_tensor_elements=self.max_tensor_elements,
+            max_tensor_norm=self.max_tensor_norm,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class LogSettings:
+    level: str = option(Text(choices=("debug", "info", "warning", "error")), "info", "least severe level written")
+    format: str = option(Text(choices=("text", "json")), "text", "`json`: one JSON object per line")
+    file: Path | None = option(FilePath(), None, "append logs to this file instead of standard error")
+
+
+_SECTIONS: dict[str, type] = {
+    "node": NodeSettings,
+    "discovery": DiscoverySettings,
+    "beacon": BeaconSettings,
+    "security": SecuritySettings,
+    "transport": TransportSettings,
+    "limits": LimitSettings,
+    "log": LogSettings,
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    source: Path
+    node: NodeSettings
+    discovery: DiscoverySettings
+    beacon: BeaconSettings
+    security: SecuritySettings
+    transport: TransportSettings
+    limits: LimitSettings
+    log: LogSettings
+    identity: Identity | None = None  # loaded from node.key by load_config
+
+    @property
+    def control_socket(self) -> Path:
+        return self.node.data_dir / CONTROL_SOCKET_NAME
+
+
+# --- loading --------------------------------------------------------------------------------
+
+
+def _unknown(key: str, known: list[str], what: str = "key") -> str:
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(known)})"
+    return f"unknown {what}{hint}"
+
+
+def _parse_section(name: str, cls: type, table: Any, base: Path, problems: list[str]) -> Any:
+    if not isinstance(table, dict):
+        problems.append(f"[{name}]: expected a table, got {_type_name(table)}")
+        table = {}
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in table:
+        if key not in fields:
+            problems.append(f"[{name}].{key}: {_unknown(key, list(fields))}")
+    values = {}
+    for key, spec in fields.items():
+        if key not in table:
+            if _is_required(spec):
+                problems.append(f"[{name}].{key}: required ({spec.metadata['kind'].describe()})")
+            else:
+                values[key] = spec.metadata["kind"].resolve_default(_default(spec), base)
+            continue
+        try:
+            values[key] = spec.metadata["kind"].parse(table[key], base)
+        except Invalid as exc:
+            problems.append(f"[{name}].{key}: {exc}")
+    try:
+        return cls(**values)
+    except TypeError:
+        return None  # a required value is missing; already reported
+
+
+def _cross_checks(config: Config) -> list[str]:
+    problems = []
+    d = config.discovery
+    if d.peer_timeout_s <= 2 * d.ping_interval_s:
+        problems.append(f"[discovery].peer_timeout_s: must exceed 2 × ping_interval_s ({2 * d.ping_interval_s:g}), got {d.peer_timeout_s:g}")
+    if d.hello_max_age_s <= d.hello_refresh_s:
+        problems.append(f"[discovery].hello_max_age_s: must exceed hello_refresh_s ({d.hello_refresh_s:g}), got {d.hello_max_age_s:g}")
+    if d.dial_retry_max_s < d.dial_retry_initial_s:
+        problems.append("[discovery].dial_retry_max_s: must not be below dial_retry_initial_s")
+    node = config.node
+    wildcard = node.listen.startswith(("tcp://*:", "tcp://0.0.0.0:", "tcp://[::]:"))
+    if node.advertise is None and wildcard:
+        problems.append(f"[node].advertise: required when listen binds all interfaces ({node.listen}): say how peers reach this node")
+    socket_path = str(config.control_socket)
+    if len(socket_path.encode()) > _MAX_UNIX_SOCKET_PATH:
+        problems.append(f"[node].data_dir: path too long for the control socket ({socket_path!r} has more than {_MAX_UNIX_SOCKET_PATH} bytes)")
+    beacon = config.beacon
+    try:
+        if not ipaddress.IPv4Address(beacon.group).is_multicast:
+            problems.append(f"[beacon].group: {beacon.group} is not a multicast address (224.0.0.0/4)")
+    except ValueError:
+        problems.append(f"[beacon].group: {beacon.group!r} is not an IPv4 address")
+    try:
+        ipaddress.IPv4Address(beacon.interface)
+    except ValueError:
+        problems.append(f"[beacon].interface: {beacon.interface!r} is not an IPv4 address")
+    if config.security.allowlist == ():
+        problems.append("[security].allowlist: an empty list would refuse every peer; omit the key to accept any key")
+    limits = config.limits
+    for kind, size in limits.frame_bytes.items():
+        if size > limits.max_frame_bytes:
+            problems.append(f"[limits].frame_bytes: {kind.value} bound {size} exceeds max_frame_bytes {limits.max_frame_bytes}")
+    try:
+        check_network_id(node.network)
+    except ValueError as exc:
+        problems.append(f"[node].network: {exc}")
+    return problems
+
+
+def load_config(path: str | Path, *, load_identity: bool = True) -> Config:
+    """Read, check and return a node configuration; ConfigError lists every problem found."""
+    path = Path(path)
+    source = str(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(source, ["file not found"]) from None
+    except OSError as exc:
+        raise ConfigError(source, [f"cannot read: {exc.strerror or exc}"]) from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(source, [f"not valid TOML: {exc}"]) from None
+
+    base = path.resolve().parent
+    problems: list[str] = []
+    for name in raw:
+        if name not in _SECTIONS:
+            problems.append(f"[{name}]: {_unknown(name, list(_SECTIONS), 'section')}")
+    sections = {name: _parse_section(name, cls, raw.get(name, {}), base, problems) for name, cls in _SECTIONS.items()}
+    if problems:
+        raise ConfigError(source, problems)
+    config = Config(source=path, **sections)
+    problems = _cross_checks(config)
+    identity = None
+    if load_identity:
+        try:
+            identity = load_key(config.node.key)
+        except KeyFileError as exc:
+            problems.append(f"[node].key: {exc}")
+    if problems:
+        raise ConfigError(source, problems)
+    return dataclasses.replace(config, identity=identity)
+
+
+def reference_markdown() -> str:
+    """The settings reference of docs/config.md, generated from the declarations above."""
+    lines = []
+    for name, cls in _SECTIONS.items():
+        lines += [f"### [{name}]", "", "| key | value | default | meaning |", "|---|---|---|---|"]
+        for spec in dataclasses.fields(cls):
+            default = "*required*" if _is_required(spec) else _toml_literal(_default(spec))
+            lines.append(f"| `{spec.name}` | {spec.metadata['kind'].describe()} | {default} | {spec.metadata['doc']} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml_literal(value: Any) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, (str, Path)):
+        return f'`"{value}"`'
+    if isinstance(value, (tuple, Mapping)) and not value:
+        return "`[]`" if isinstance(value, tuple) else "`{}`"
+    return f"`{value}`"

@@ -1,0 +1,36 @@
+"""Crash-safe file writes: after a crash at any moment a file holds its old or its new
+content, never a mix, and never a half-written key."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["write_atomically"]
+
+
+def write_atomically(path: Path, data: bytes, *, mode: int = 0o600, overwrite: bool = True) -> None:
+    """Write a temporary file (fsync'ed, `mode` regardless of the umask), then move it into
+    place: rename when `overwrite`, else link, which fails with FileExistsError if `path` exists.
+    The directory is fsync'ed too, so the new name survives a power cut."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        with os.fdopen(fd, "wb") as handle:
+            os.fchmod(handle.fileno(), mode)  # the umask may have cleared bits
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if overwrite:
+            os.replace(temporary, path)
+        else:
+            os.link(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    except OSError:
+        pass  # some file systems refuse fsync on directories; the file itself is synced
+    finally:
+        os.close(directory)

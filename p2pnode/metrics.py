@@ -1,0 +1,56 @@
+"""Counters the node keeps about its traffic, shown by `p2pnode status`."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+__all__ = ["Metrics", "RATE_LIMITED", "UNKNOWN_PEER", "MULTIPART"]
+
+# Refusals decided by the daemon rather than by protocol/ (those use protocol.Reason values).
+RATE_LIMITED = "rate_limited"  # over the per-connection inbound rate
+UNKNOWN_PEER = "unknown_peer"  # a message that needs an admitted peer, from a sender that is not one
+MULTIPART = "malformed"  # a multipart ZeroMQ message: not a p2pnode frame
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.messages_in: Counter[str] = Counter()
+        self.bytes_in: Counter[str] = Counter()
+        self.messages_out: Counter[str] = Counter()
+        self.bytes_out: Counter[str] = Counter()
+        self.rejections: Counter[str] = Counter()
+        self.rejected_bytes = 0
+        self.send_dropped: Counter[str] = Counter()  # by message type: peer queue full or not connected
+
+    def received(self, kind: str, size: int) -> None:
+        self.messages_in[kind] += 1
+        self.bytes_in[kind] += size
+
+    def sent(self, kind: str, size: int) -> None:
+        self.messages_out[kind] += 1
+        self.bytes_out[kind] += size
+
+    def rejected(self, reason: str, size: int) -> None:
+        self.rejections[reason] += 1
+        self.rejected_bytes += size
+
+    def snapshot(self) -> dict:
+        kinds = sorted(set(self.messages_in) | set(self.messages_out))
+        return {
+            "messages_in": sum(self.messages_in.values()),
+            "bytes_in": sum(self.bytes_in.values()),
+            "messages_out": sum(self.messages_out.values()),
+            "bytes_out": sum(self.bytes_out.values()),
+            "by_type": {
+                kind: {
+                    "messages_in": self.messages_in[kind],
+                    "bytes_in": self.bytes_in[kind],
+                    "messages_out": self.messages_out[kind],
+                    "bytes_out": self.bytes_out[kind],
+                }
+                for kind in kinds
+            },
+            "rejections": dict(sorted(self.rejections.items())),
+            "rejected_bytes": self.rejected_bytes,
+            "send_dropped": dict(sorted(self.send_dropped.items())),
+        }

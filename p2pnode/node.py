@@ -1,0 +1,330 @@
+"""The daemon: one node's lifecycle, and the glue between its parts.
+
+    Node.run: lock the data directory ─► reserve sequence numbers ─► bind ─► serve control
+              ─► receive (inbound.py) / maintain peers (peers.py) / beacon ─► BYE, close
+
+The node owns all I/O and time; discovery decisions come from `Membership` as actions, learning
+(later issues) plugs into `on_payload`. Everything runs in one trio nursery: cancelling it stops
+every task, and `run` returns only after the sockets are closed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import time
+from collections.abc import Awaitable, Callable
+
+import trio
+
+from protocol import (
+    PROTOCOL_VERSION,
+    Body,
+    Decoder,
+    Encoder,
+    Envelope,
+    Hello,
+    MessageType,
+    Peers,
+    ProtocolError,
+    ReplayGuard,
+    SequenceCounter,
+    SequenceExhausted,
+)
+
+from .beacon import run_beacon
+from .config import Config
+from .control import serve_control
+from .inbound import Inbound, decode_all
+from .metrics import UNKNOWN_PEER, Metrics
+from .peers import DISCOVERY_TYPES, Action, Dial, Hangup, Membership, Send, SendHello
+from .state import DataDir, DataDirError
+from .transport import Transport, TransportError
+
+__all__ = ["Node", "NodeStartError", "wall_clock_us"]
+
+log = logging.getLogger("p2pnode.node")
+
+
+def wall_clock_us() -> int:
+    return time.time_ns() // 1000
+
+
+class NodeStartError(Exception):
+    """The node could not start; nothing is left running. The message names the culprit."""
+
+
+class Node:
+    def __init__(self, config: Config, *, clock_us: Callable[[], int] = wall_clock_us, seed: int | None = None) -> None:
+        if config.identity is None:
+            raise ValueError("the config has no identity: load it with load_config(..., load_identity=True)")
+        self.config = config
+        self.identity = config.identity
+        self.clock_us = clock_us
+        self.rng = random.Random(seed)
+        limits = config.limits.limits()
+        allow = frozenset(config.security.allowlist) if config.security.allowlist is not None else None
+        self.encoder = Encoder(self.identity, config.node.network, limits)
+        self.decoder = Decoder(config.node.network, limits, allowed_senders=allow)
+        self.guard = ReplayGuard(
+            window=config.transport.replay_window,
+            max_skew_us=int(config.transport.max_clock_skew_s * 1e6),
+            max_senders=max(4096, 4 * config.discovery.max_peers),
+        )
+        self.metrics = Metrics()
+        self.transport = Transport(config.transport, limits.max_frame_bytes)
+        self.inbound = Inbound(self.transport, self.decoder, self.guard, self.metrics, config.transport, clock_us)
+        self.membership: Membership | None = None
+        self.address: str | None = None  # what peers dial: [node].advertise, or the bound endpoint
+        self.round = 0
+        # Learning algorithms (later issues) receive PROTOTYPES, HEAD, SCORE and MODEL here.
+        self.on_payload: Callable[[Envelope], Awaitable[None]] | None = None
+        self._counter: SequenceCounter | None = None
+        self._data_dir: DataDir | None = None
+        self._nursery: trio.Nursery | None = None
+        self._reserving = False
+        self._stop = trio.Event()
+        self._started_at = 0.0
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Run until `request_stop()` or cancellation; raises NodeStartError if it cannot start,
+        after undoing whatever it had set up."""
+        config = self.config
+        with self._locked_data_dir() as data_dir:
+            self._counter = self._start_sequence(data_dir)
+            try:
+                try:
+                    endpoint = self.transport.bind(config.node.listen)
+                except TransportError as exc:
+                    raise NodeStartError(f"[node].listen: {exc}") from None
+                self.address = config.node.advertise or endpoint
+                self._started_at = trio.current_time()
+                self.membership = Membership(self.identity.public_key, config.discovery, rng=self.rng, now=self._started_at)
+                self.membership.set_own_hello(self._hello_frame())
+                start_error: NodeStartError | None = None
+                async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
+                    try:
+                        await nursery.start(serve_control, config.control_socket, self._control)
+                    except OSError as exc:
+                        start_error = NodeStartError(f"[node].data_dir: cannot open the control socket: {exc.strerror or exc}")
+                        nursery.cancel_scope.cancel()
+                    else:
+                        nursery.start_soon(self.inbound.run, self._handle)
+                        nursery.start_soon(self._maintain)
+                        if config.beacon.enabled:
+                            nursery.start_soon(self._beacon)
+                        log.info("node %s listening on %s, advertising %s", self.identity.node_id, endpoint, self.address)
+                        task_status.started(self)
+                        await self._stop.wait()
+                        nursery.cancel_scope.cancel()
+                if start_error is not None:
+                    raise start_error
+            finally:
+                self._nursery = None
+                with trio.CancelScope(shield=True):
+                    if self.membership is not None and self.address is not None:
+                        self._execute(self.membership.goodbye())
+                    await self.transport.close()
+                log.info("node %s stopped", self.identity.node_id)
+
+    @contextlib.contextmanager
+    def _locked_data_dir(self):
+        try:
+            data_dir = DataDir(self.config.node.data_dir).__enter__()
+        except DataDirError as exc:
+            raise NodeStartError(f"[node].data_dir: {exc}") from None
+        self._data_dir = data_dir
+        try:
+            yield data_dir
+        finally:
+            self._data_dir = None
+            data_dir.__exit__(None, None, None)
+
+    def _start_sequence(self, data_dir: DataDir) -> SequenceCounter:
+        try:
+            state = data_dir.load_state()
+        except DataDirError as exc:
+            raise NodeStartError(f"[node].data_dir: {exc}") from None
+        persisted = state.get("seq_reserved", 0)
+        if type(persisted) is not int or persisted < 0:
+            raise NodeStartError(f"[node].data_dir: state file holds an invalid seq_reserved {persisted!r}")
+        counter = SequenceCounter(persisted=persisted, now_us=self.clock_us())
+        self._persist_reservation(counter)  # before the first frame goes out
+        return counter
+
+    def _persist_reservation(self, counter: SequenceCounter) -> None:
+        assert self._data_dir is not None
+        limit = counter.propose_reservation()
+        state = self._data_dir.load_state()
+        state["seq_reserved"] = limit
+        self._data_dir.save_state(state)
+        counter.confirm_reservation(limit)
+
+    async def _extend_reservation(self) -> None:
+        try:
+            await trio.to_thread.run_sync(self._persist_reservation, self._counter)
+        except (OSError, DataDirError) as exc:
+            log.error("cannot persist the sequence reservation: %s", exc)
+        finally:
+            self._reserving = False
+
+    # --- sending -------------------------------------------------------------------------
+
+    def _encode(self, body: Body) -> bytes | None:
+        counter = self._counter
+        assert counter is not None
+        try:
+            seq = counter.next()
+        except SequenceExhausted as exc:
+            log.error("not sending %s: %s", body.TYPE.value, exc)
+            return None
+        if counter.needs_reservation and not self._reserving and self._nursery is not None:
+            self._reserving = True
+            self._nursery.start_soon(self._extend_reservation)
+        return self.encoder.encode(body, seq=seq, timestamp_us=self.clock_us(), round=self.round)
+
+    def send(self, addresses: tuple[str, ...], body: Body) -> int:
+        """Sign `body` once and queue it for each address; returns how many took it."""
+        frame = self._encode(body)
+        if frame is None:
+            return 0
+        kind = body.TYPE.value
+        delivered = 0
+        for address in addresses:
+            if self.transport.send(address, frame):
+                self.metrics.sent(kind, len(frame))
+                delivered += 1
+            else:
+                self.metrics.send_dropped[kind] += 1
+        return delivered
+
+    def _hello_body(self) -> Hello:
+        return Hello(
+            address=self.address,
+            capabilities=self.config.node.capabilities,
+            dataset_size=0,
+            protocol_versions=(PROTOCOL_VERSION,),
+        )
+
+    def _hello_frame(self) -> bytes:
+        frame = self._encode(self._hello_body())
+        assert frame is not None
+        return frame
+
+    def _execute(self, actions: list[Action]) -> None:
+        membership = self.membership
+        for action in actions:
+            if isinstance(action, Send):
+                self.send(action.addresses, action.body)
+            elif isinstance(action, Dial):
+                try:
+                    self.transport.dial(action.address)
+                except TransportError as exc:
+                    log.warning("%s", exc)
+            elif isinstance(action, Hangup):
+                self.transport.hangup(action.address)
+            elif isinstance(action, SendHello):
+                sent = self.send((action.address,), self._hello_body()) == 1
+                self._execute(membership.hello_sent(action.address, sent, trio.current_time()))
+
+    # --- receiving -----------------------------------------------------------------------
+
+    async def _handle(self, envelope: Envelope, frame: bytes) -> str | None:
+        membership = self.membership
+        now = trio.current_time()
+        if envelope.type in DISCOVERY_TYPES:
+            relayed = await self._verify_relayed(envelope.body) if envelope.type is MessageType.PEERS else []
+            actions, refusal = membership.on_message(envelope, frame, now, self.clock_us(), relayed)
+            self._execute(actions)
+            return refusal
+        if not membership.on_frame(envelope.sender, now):
+            return UNKNOWN_PEER  # learning payloads are taken from admitted peers only
+        if self.on_payload is not None:
+            await self.on_payload(envelope)
+        return None
+
+    async def _verify_relayed(self, peers: Peers) -> list[tuple[Envelope, bytes]]:
+        """Check the HELLO frames inside a PEERS in a worker thread; skip those already known."""
+        known = {peer.hello for peer in self.membership.peers.values()}
+        known.add(self.membership.own_hello)
+        fresh = [frame for frame in dict.fromkeys(peers.hellos) if frame not in known]
+        if not fresh:
+            return []
+        results = await trio.to_thread.run_sync(decode_all, self.decoder, fresh, limiter=self.inbound.verify_limiter)
+        relayed = []
+        for frame, result in zip(fresh, results):
+            if isinstance(result, ProtocolError):
+                self.metrics.rejected(f"relayed_{result.reason.value}", len(frame))
+            elif result.type is not MessageType.HELLO:
+                self.metrics.rejected("relayed_not_hello", len(frame))
+            else:
+                relayed.append((result, frame))
+        return relayed
+
+    # --- periodic work -------------------------------------------------------------------
+
+    async def _maintain(self) -> None:
+        discovery = self.config.discovery
+        period = min(max(discovery.dial_retry_initial_s, 0.01), 0.25, discovery.ping_interval_s / 4)
+        next_refresh = trio.current_time() + discovery.hello_refresh_s
+        while True:
+            now = trio.current_time()
+            if now >= next_refresh:
+                self.membership.set_own_hello(self._hello_frame())
+                next_refresh = now + discovery.hello_refresh_s
+            self._execute(self.membership.tick(now))
+            await trio.sleep(period)
+
+    async def _beacon(self) -> None:
+        async def heard(datagram: bytes) -> None:
+            (result,) = await trio.to_thread.run_sync(decode_all, self.decoder, [datagram], limiter=self.inbound.verify_limiter)
+            if isinstance(result, ProtocolError):
+                self.metrics.rejected(f"beacon_{result.reason.value}", len(datagram))
+            elif result.type is MessageType.HELLO:
+                self._execute(self.membership.on_announced(result, datagram, trio.current_time(), self.clock_us()))
+
+        def dropped(reason: str, size: int) -> None:
+            self.metrics.rejected(reason, size)
+
+        limit = self.config.limits.limits().max_frame_bytes_for(MessageType.HELLO)
+        await run_beacon(self.config.beacon, limit, self._hello_frame, heard, dropped)
+
+    # --- status and control --------------------------------------------------------------
+
+    def status(self) -> dict:
+        now = trio.current_time()
+        membership = self.membership
+        return {
+            "node_id": self.identity.node_id,
+            "public_key": self.identity.public_key.hex(),
+            "network": self.config.node.network,
+            "address": self.address,
+            "listen": self.transport.endpoint,
+            "pid": os.getpid(),
+            "uptime_s": round(now - self._started_at, 3),
+            "round": self.round,
+            "peer_count": len(membership.peers),
+            "max_peers": self.config.discovery.max_peers,
+            "peers": membership.snapshot(now),
+            "dialing": sorted(membership.dialing),
+            "membership": dict(sorted(membership.counts.items())),
+            "traffic": self.metrics.snapshot(),
+        }
+
+    async def _control(self, request: dict) -> dict:
+        command = request.get("command")
+        if command == "status":
+            return {"ok": True, "status": self.status()}
+        if command == "stop":
+            log.info("stop requested through the control socket")
+            self.request_stop()
+            return {"ok": True}
+        return {"ok": False, "error": f"unknown command {command!r} (known: status, stop)"}

@@ -1,0 +1,32 @@
+"""The readable form of a node's status (`p2pnode status` without --json)."""
+
+from __future__ import annotations
+
+__all__ = ["format_status"]
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} s"
+
+
+def format_status(status: dict) -> str:
+    lines = [
+        f"node {status['node_id']}  {status['address']}  network {status['network']}  "
+        f"up {_seconds(status['uptime_s'])}  round {status['round']}  pid {status['pid']}",
+        f"peers {status['peer_count']}/{status['max_peers']}" + (f"  dialing {len(status['dialing'])}" if status["dialing"] else ""),
+    ]
+    if status["peers"]:
+        lines.append(f"  {'node id':<18}{'address':<28}{'last seen':>10}{'rtt':>10}")
+        for peer in status["peers"]:
+            rtt = "-" if peer["rtt_ms"] is None else f"{peer['rtt_ms']:.2f} ms"
+            lines.append(f"  {peer['node_id']:<18}{peer['address']:<28}{_seconds(peer['last_seen_s']):>10}{rtt:>10}")
+    traffic = status["traffic"]
+    lines.append(f"traffic  {'in msgs':>9}{'in bytes':>12}{'out msgs':>10}{'out bytes':>12}")
+    for kind, row in traffic["by_type"].items():
+        lines.append(f"  {kind:<10}{row['messages_in']:>7}{row['bytes_in']:>12}{row['messages_out']:>10}{row['bytes_out']:>12}")
+    lines.append(f"  {'total':<10}{traffic['messages_in']:>7}{traffic['bytes_in']:>12}{traffic['messages_out']:>10}{traffic['bytes_out']:>12}")
+    rejections = traffic["rejections"]
+    lines.append("rejections: " + (", ".join(f"{reason} {count}" for reason, count in rejections.items()) if rejections else "none"))
+    if traffic["send_dropped"]:
+        lines.append("sends dropped: " + ", ".join(f"{kind} {count}" for kind, count in traffic["send_dropped"].items()))
+    return "\n".join(lines)

@@ -1,0 +1,125 @@
+"""ZeroMQ sockets of one node: an inbound ROUTER, and one outbound DEALER per peer address.
+
+Frames flow one way on each connection: a node sends only on its DEALERs and receives only on
+its ROUTER, so each pair of peers holds two TCP connections and neither side ever waits on the
+other. Sends never wait either: an outbound socket with IMMEDIATE=1 refuses frames while it is
+not connected or while its queue (SNDHWM) is full, and the frame is dropped and counted. The
+round protocol tolerates loss (deadlines, re-publishing), which a blocked event loop would not.
+
+All socket options are set before bind/connect (ZMQ_MAXMSGSIZE set later does not apply). Every
+call happens on the trio thread: ZeroMQ sockets are not thread-safe.
+"""
+
+from __future__ import annotations
+
+import trio
+import zmq
+
+from .config import TransportSettings
+from .zmqtrio import receive_batch
+
+__all__ = ["Transport", "TransportError"]
+
+# DEALERs never receive: a peer that pushes frames at one is cut off at this size, and at most
+# one such frame is held.
+_OUTBOUND_MAX_INBOUND_BYTES = 1024
+
+
+class TransportError(Exception):
+    """A socket could not be set up (bad or busy address); the message says which and why."""
+
+
+class Transport:
+    def __init__(self, settings: TransportSettings, max_frame_bytes: int) -> None:
+        self.settings = settings
+        self.max_frame_bytes = max_frame_bytes
+        self.context: zmq.Context | None = None  # created on first use: nothing to clean up before
+        self.inbound: zmq.Socket | None = None
+        self.outbound: dict[str, zmq.Socket] = {}
+        self.endpoint: str | None = None
+
+    def _context(self) -> zmq.Context:
+        if self.context is None:
+            self.context = zmq.Context(io_threads=1)
+        return self.context
+
+    def _heartbeats(self, socket: zmq.Socket) -> None:
+        s = self.settings
+        socket.setsockopt(zmq.HEARTBEAT_IVL, s.heartbeat_ivl_ms)
+        socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, s.heartbeat_timeout_ms)
+        socket.setsockopt(zmq.HEARTBEAT_TTL, s.heartbeat_timeout_ms)
+        socket.setsockopt(zmq.HANDSHAKE_IVL, s.handshake_ivl_ms)
+
+    def bind(self, endpoint: str) -> str:
+        """Open the inbound socket; returns the endpoint actually bound (port 0 resolved)."""
+        socket = self._context().socket(zmq.ROUTER)
+        socket.setsockopt(zmq.MAXMSGSIZE, self.max_frame_bytes)
+        socket.setsockopt(zmq.RCVHWM, self.settings.recv_hwm)
+        socket.setsockopt(zmq.SNDHWM, 1)  # never sends
+        socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # were it to send, unknown peers raise, not vanish
+        socket.setsockopt(zmq.LINGER, 0)
+        self._heartbeats(socket)
+        try:
+            socket.bind(endpoint)
+        except zmq.ZMQError as exc:
+            socket.close(linger=0)
+            raise TransportError(f"cannot bind {endpoint}: {exc.strerror}") from None
+        self.inbound = socket
+        self.endpoint = socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        return self.endpoint
+
+    def dial(self, address: str) -> None:
+        """Open the outbound socket to `address` if not open yet; ZeroMQ connects and
+        reconnects in the background (RECONNECT_IVL doubling up to RECONNECT_IVL_MAX)."""
+        if address in self.outbound:
+            return
+        s = self.settings
+        socket = self._context().socket(zmq.DEALER)
+        socket.setsockopt(zmq.SNDHWM, s.send_hwm)
+        socket.setsockopt(zmq.IMMEDIATE, 1)
+        socket.setsockopt(zmq.LINGER, s.linger_ms)
+        socket.setsockopt(zmq.RECONNECT_IVL, s.reconnect_ivl_ms)
+        socket.setsockopt(zmq.RECONNECT_IVL_MAX, s.reconnect_ivl_max_ms)
+        socket.setsockopt(zmq.RCVHWM, 1)
+        socket.setsockopt(zmq.MAXMSGSIZE, _OUTBOUND_MAX_INBOUND_BYTES)
+        self._heartbeats(socket)
+        try:
+            socket.connect(address)
+        except zmq.ZMQError as exc:  # e.g. a host name that does not resolve
+            socket.close(linger=0)
+            raise TransportError(f"cannot connect to {address}: {exc.strerror}") from None
+        self.outbound[address] = socket
+
+    def hangup(self, address: str) -> None:
+        socket = self.outbound.pop(address, None)
+        if socket is not None:
+            socket.close(linger=0)
+
+    def send(self, address: str, frame: bytes) -> bool:
+        """Queue `frame` for `address` without waiting; False if it was dropped."""
+        socket = self.outbound.get(address)
+        if socket is None:
+            return False
+        try:
+            socket.send(frame, zmq.NOBLOCK)
+        except zmq.Again:  # not connected, or the peer's queue is full
+            return False
+        return True
+
+    async def receive(self, max_messages: int, max_bytes: int) -> list[list[bytes]]:
+        """Wait for inbound messages; each is [routing id, frame, ...more parts if malformed]."""
+        assert self.inbound is not None, "bind() first"
+        return await receive_batch(self.inbound, max_messages, max_bytes)
+
+    async def close(self) -> None:
+        """Close every socket; outbound frames already queued (a BYE) get up to linger_ms."""
+        for address in list(self.outbound):
+            self.outbound.pop(address).close()  # keeps each socket's LINGER
+        if self.inbound is not None:
+            trio.lowlevel.notify_closing(self.inbound.getsockopt(zmq.FD))  # wakes a waiting receiver
+            self.inbound.close(linger=0)
+            self.inbound = None
+        if self.context is not None:
+            with trio.CancelScope(shield=True):
+                # term() returns once queued frames are out or LINGER expired: bounded by linger_ms.
+                await trio.to_thread.run_sync(self.context.term)

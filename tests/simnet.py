@@ -1,0 +1,139 @@
+"""An in-memory network for `Membership`: real identities, real signed frames, real decoding
+and replay checks, simulated time and links. Discovery logic runs exactly as in the daemon
+(the same `Membership.on_message`), without sockets or waiting."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+from dataclasses import dataclass, replace
+
+from p2pnode.config import DiscoverySettings
+from p2pnode.inbound import decode_all
+from p2pnode.peers import Dial, Hangup, Membership, Send, SendHello
+from protocol import PROTOCOL_VERSION, Decoder, Encoder, Hello, MessageType, ProtocolError, ReplayGuard
+
+from .conftest import fixed_identity
+
+NETWORK = "sim"
+EPOCH_US = 1_700_000_000_000_000
+TICK = 0.05
+
+
+@dataclass
+class SimNode:
+    index: int
+    address: str
+    membership: Membership
+    encoder: Encoder
+    seq: itertools.count
+    connections: set  # addresses with an open outbound connection
+    guard: ReplayGuard
+    up: bool = True
+
+    @property
+    def key(self) -> bytes:
+        return self.encoder.identity.public_key
+
+
+class SimNet:
+    def __init__(self, latency: float = 0.002, connect_delay: float = 0.01) -> None:
+        self.now = 0.0
+        self.latency, self.connect_delay = latency, connect_delay
+        self.nodes: dict[str, SimNode] = {}
+        self.decoder = Decoder(NETWORK)
+        self._queue: list = []
+        self._order = itertools.count()
+        self._connected_at: dict[tuple[str, str], float] = {}
+        self.delivered = 0
+
+    def now_us(self) -> int:
+        return EPOCH_US + int(self.now * 1e6)
+
+    def add(self, index: int, bootstrap: list[str] = (), seed_identity: int | None = None, **settings) -> SimNode:
+        address = f"tcp://10.0.0.{index}:7000"
+        identity = fixed_identity(100 + (index if seed_identity is None else seed_identity))
+        config = replace(DiscoverySettings(), bootstrap=tuple(bootstrap), **settings)
+        node = SimNode(
+            index, address, Membership(identity.public_key, config, rng=random.Random(index), now=self.now),
+            Encoder(identity, NETWORK), itertools.count(self.now_us()), set(), ReplayGuard(),
+        )
+        node.membership.set_own_hello(self._frame(node, self._hello(node)))
+        self.nodes[address] = node
+        return node
+
+    def _hello(self, node: SimNode) -> Hello:
+        return Hello(address=node.address, capabilities=(), dataset_size=0, protocol_versions=(PROTOCOL_VERSION,))
+
+    def _frame(self, node: SimNode, body) -> bytes:
+        return node.encoder.encode(body, seq=next(node.seq), timestamp_us=self.now_us(), round=0)
+
+    def kill(self, node: SimNode) -> None:
+        """Like kill -9: no BYE, its connections just stop answering."""
+        node.up = False
+
+    def _send(self, node: SimNode, address: str, frame: bytes) -> bool:
+        target = self.nodes.get(address)
+        connected = address in node.connections and self.now >= self._connected_at.get((node.address, address), 0)
+        if not connected or target is None or not target.up:
+            return False
+        heapq.heappush(self._queue, (self.now + self.latency, next(self._order), address, frame))
+        return True
+
+    def execute(self, node: SimNode, actions) -> None:
+        for action in actions:
+            if isinstance(action, Dial):
+                if action.address not in node.connections:
+                    node.connections.add(action.address)
+                    self._connected_at[(node.address, action.address)] = self.now + self.connect_delay
+            elif isinstance(action, Hangup):
+                node.connections.discard(action.address)
+            elif isinstance(action, SendHello):
+                ok = self._send(node, action.address, self._frame(node, self._hello(node)))
+                self.execute(node, node.membership.hello_sent(action.address, ok, self.now))
+            elif isinstance(action, Send):
+                frame = self._frame(node, action.body)
+                for address in action.addresses:
+                    self._send(node, address, frame)
+
+    def _deliver(self, address: str, frame: bytes) -> None:
+        node = self.nodes[address]
+        if not node.up:
+            return
+        envelope = self.decoder.decode(frame)
+        node.guard.admit(envelope.sender, envelope.seq, envelope.timestamp_us, self.now_us())
+        relayed = []
+        if envelope.type is MessageType.PEERS:
+            for hello, raw in zip(decode_all(self.decoder, list(envelope.body.hellos)), envelope.body.hellos):
+                if not isinstance(hello, ProtocolError) and hello.type is MessageType.HELLO:
+                    relayed.append((hello, raw))
+        actions, _ = node.membership.on_message(envelope, frame, self.now, self.now_us(), relayed)
+        self.delivered += 1
+        self.execute(node, actions)
+
+    def run(self, seconds: float) -> None:
+        end = self.now + seconds
+        next_tick = self.now
+        while self.now < end:
+            if self._queue and self._queue[0][0] <= next_tick:
+                self.now, _, address, frame = heapq.heappop(self._queue)
+                self._deliver(address, frame)
+            else:
+                self.now = next_tick
+                for node in list(self.nodes.values()):
+                    if node.up:
+                        self.execute(node, node.membership.tick(self.now))
+                next_tick += TICK
+
+    def run_until(self, condition, timeout: float) -> float:
+        start = self.now
+        while not condition():
+            if self.now - start > timeout:
+                raise AssertionError(f"condition not reached within {timeout} simulated seconds")
+            self.run(TICK)
+        return self.now - start
+
+    def full_mesh(self) -> bool:
+        up = [n for n in self.nodes.values() if n.up]
+        return all(set(n.membership.peers) == {m.key for m in up if m is not n} for n in up)

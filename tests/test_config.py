@@ -1,0 +1,107 @@
+import os
+from pathlib import Path
+
+import pytest
+
+from p2pnode.config import ConfigError, load_config, reference_markdown
+from p2pnode.keystore import write_key
+from protocol import Identity, MessageType
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def home(tmp_path):
+    write_key(tmp_path / "node.pem", Identity.generate())
+    return tmp_path
+
+
+def config(home: Path, text: str, name: str = "node.toml") -> Path:
+    path = home / name
+    path.write_text(text)
+    return path
+
+
+MINIMAL = '[node]\nkey = "node.pem"\nlisten = "tcp://127.0.0.1:7000"\n'
+
+
+def problems(path: Path) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    return caught.value.problems
+
+
+def test_minimal_config_and_defaults(home):
+    loaded = load_config(config(home, MINIMAL))
+    assert loaded.node.data_dir == home / "data"  # relative to the config file, not the cwd
+    assert loaded.node.key == home / "node.pem" and loaded.identity is not None
+    assert loaded.discovery.max_peers == 64 and loaded.discovery.bootstrap == ()
+    assert loaded.security.allowlist is None
+    assert loaded.control_socket == home / "data" / "control.sock"
+    assert loaded.limits.limits().max_frame_bytes_for(MessageType.HELLO) == 4096
+
+
+def test_every_problem_is_reported_with_its_field(home):
+    found = problems(config(home, MINIMAL + '''
+[discovery]
+max_peer = 3
+max_peers = 0
+ping_interval_s = "fast"
+bootstrap = ["tcp://10.0.0.1:7001", "udp://x:1"]
+[transport]
+verify_threads = 2.5
+[gossip]
+x = 1
+'''))
+    assert "[discovery].max_peer: unknown key (did you mean 'max_peers'?)" in found
+    assert "[discovery].max_peers: must be between 1 and 4096, got 0" in found
+    assert "[discovery].ping_interval_s: expected a number, got a string" in found
+    assert "[discovery].bootstrap: entry 2: 'udp://x:1' is not an address of the form tcp://HOST:PORT" in found
+    assert "[transport].verify_threads: expected an integer, got a number" in found
+    assert any(p.startswith("[gossip]: unknown section") for p in found)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ('[node]\nlisten = "tcp://127.0.0.1:7000"\n', "[node].key: required"),
+        ('[node]\nkey = "node.pem"\n', "[node].listen: required"),
+        (MINIMAL.replace("127.0.0.1:7000", "127.0.0.1:70000"), "[node].listen: port 70000 is not a usable port"),
+        (MINIMAL.replace("127.0.0.1", "example.org"), "[node].listen: bind to an IP address"),
+        (MINIMAL.replace("127.0.0.1", "*"), "[node].advertise: required when listen binds all interfaces"),
+        (MINIMAL + 'advertise = "tcp://0.0.0.0:7000"\n', "[node].advertise: 'tcp://0.0.0.0:7000' cannot be dialled"),
+        (MINIMAL + 'network = "Main Net"\n', "[node].network: 'Main Net' is not a network id"),
+        (MINIMAL + "[discovery]\nping_interval_s = 3\npeer_timeout_s = 5\n", "[discovery].peer_timeout_s: must exceed 2 × ping_interval_s"),
+        (MINIMAL + "[security]\nallowlist = []\n", "[security].allowlist: an empty list would refuse every peer"),
+        (MINIMAL + '[security]\nallowlist = ["abc"]\n', "[security].allowlist: entry 1: expected 64 hex digits"),
+        (MINIMAL + "[limits]\nframe_bytes = { GOSSIP = 10 }\n", "[limits].frame_bytes: unknown message type 'GOSSIP'"),
+        (MINIMAL + "[limits]\nmax_frame_bytes = 2048\nframe_bytes = { MODEL = 4096 }\n", "[limits].frame_bytes: MODEL bound 4096 exceeds max_frame_bytes 2048"),
+        (MINIMAL + '[beacon]\ngroup = "10.0.0.1"\n', "[beacon].group: 10.0.0.1 is not a multicast address"),
+        (MINIMAL + '[log]\nlevel = "loud"\n', "[log].level: must be one of 'debug', 'info', 'warning', 'error', got 'loud'"),
+        (MINIMAL + '[node]\nkey = "x"\n', "not valid TOML"),
+        (MINIMAL.replace('"node.pem"', '"missing.pem"'), "p2pnode keygen --out"),
+    ],
+)
+def test_documented_messages(home, text, expected):
+    found = problems(config(home, text))
+    assert any(expected in problem for problem in found), found
+
+
+def test_group_readable_key_is_refused(home):
+    os.chmod(home / "node.pem", 0o640)
+    (found,) = problems(config(home, MINIMAL))
+    assert found.startswith("[node].key: key file") and "chmod 600" in found
+
+
+def test_data_dir_too_long_for_a_unix_socket(home):
+    found = problems(config(home, MINIMAL + f'data_dir = "{"d" * 120}"\n'))
+    assert any(p.startswith("[node].data_dir: path too long for the control socket") for p in found)
+
+
+def test_missing_file():
+    with pytest.raises(ConfigError, match="file not found"):
+        load_config("/nonexistent/node.toml")
+
+
+def test_docs_list_every_setting():
+    assert reference_markdown() in (ROOT / "docs" / "config.md").read_text(), "regenerate docs/config.md from reference_markdown()"

@@ -1,0 +1,197 @@
+"""Real daemons, real sockets, in this process (pytest-trio)."""
+
+import threading
+
+import msgpack
+import numpy as np
+import pytest
+import trio
+import zmq
+
+from p2pnode.cli import main as cli
+from p2pnode.config import load_config
+from p2pnode.node import Node, NodeStartError
+from p2pnode.zmqtrio import send_waiting
+from protocol import Encoder, Identity, Model, Peers, Ping, seal_raw
+
+from .daemon import free_udp_port, full_mesh, ring_configs, start_nodes, wait_until, write_config
+
+
+async def test_three_nodes_with_one_bootstrap_each_reach_a_full_mesh(tmp_path):
+    configs = ring_configs(tmp_path, 3)
+    async with trio.open_nursery() as nursery:
+        nodes = await start_nodes(nursery, configs)
+        took = await wait_until(lambda: full_mesh(nodes), timeout=10)
+        # Liveness keeps it: every peer answered a PING and has a round-trip time.
+        await wait_until(lambda: all(p.rtt_s is not None for n in nodes for p in n.membership.peers.values()), timeout=5)
+        status = nodes[0].status()
+        # A PING may overtake the PEERS that completes a handshake (verify threads finish out of
+        # order) and be ignored as `unknown_peer`; nothing else may be refused.
+        assert status["peer_count"] == 2 and set(status["traffic"]["rejections"]) <= {"unknown_peer"}
+        assert {"HELLO", "PEERS", "PING", "PONG"} <= set(status["traffic"]["by_type"])
+        for node in nodes:
+            node.request_stop()
+    assert took < 5
+
+
+class Attacker:
+    """A raw DEALER aimed at a node's inbound socket, sending whatever it likes."""
+
+    def __init__(self, address: str) -> None:
+        self.context = zmq.Context()
+        self.socket = self.context.socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.connect(address)
+
+    async def send(self, *parts: bytes) -> None:
+        if len(parts) == 1:
+            await send_waiting(self.socket, parts[0])
+        else:
+            self.socket.send_multipart(parts)
+
+    def close(self) -> None:
+        self.socket.close()
+        self.context.term()
+
+
+async def test_hostile_frames_are_refused_and_counted_while_honest_peers_carry_on(tmp_path, clock_us=None):
+    a_config, b_config = ring_configs(tmp_path, 2, transport={"rate_per_connection": 200.0, "burst_per_connection": 100})
+    async with trio.open_nursery() as nursery:
+        a, b = await start_nodes(nursery, [a_config, b_config])
+        await wait_until(lambda: full_mesh([a, b]), timeout=10)
+        pings_before = a.metrics.messages_in["PING"]
+        mallory = Identity.generate()
+        encoder = Encoder(mallory, "test")
+        now = a.clock_us()
+        attacker = Attacker(a.address)
+        try:
+            valid = encoder.encode(Peers(hellos=()), seq=1, timestamp_us=now, round=0)
+            forged = bytearray(encoder.encode(Ping(nonce=1), seq=2, timestamp_us=now, round=0))
+            forged[-1] ^= 1
+            oversize = encoder.encode(Model(kind="params", tensors={"w": np.zeros(2000, np.float32)}), seq=3, timestamp_us=now, round=0)
+            frames = [
+                valid,  # accepted (an empty PEERS)
+                valid,  # the same frame again: replay
+                bytes(forged),  # bad_signature
+                seal_raw(mallory, [1, "test", "PING", mallory.public_key, 4, now, 0, {"nonce": 1, "x": 2}]),  # malformed
+                b"\x00garbage",  # malformed
+                encoder.encode(Ping(nonce=1), seq=5, timestamp_us=now - 3_600_000_000, round=0),  # stale
+                encoder.encode(Ping(nonce=1), seq=6, timestamp_us=now, round=0),  # unknown_peer
+                Encoder(mallory, "other").encode(Ping(nonce=1), seq=7, timestamp_us=now, round=0),  # wrong_network
+            ]
+            for frame in frames:
+                await attacker.send(frame)
+            await attacker.send(b"id", b"two parts")  # multipart: malformed
+            # A frame over the per-type bound (PING's 1 KiB) with a valid signature: too_large.
+            await attacker.send(seal_raw(mallory, [1, "test", "PING", mallory.public_key, 8, now, 0, {"nonce": 1, "pad": b"x" * 2000}]))
+            await wait_until(lambda: sum(a.metrics.rejections.values()) >= 9, timeout=5)
+            expected = {"replay": 1, "bad_signature": 1, "malformed": 3, "stale": 1, "unknown_peer": 1, "wrong_network": 1, "too_large": 1}
+            assert {k: a.metrics.rejections[k] for k in expected} == expected
+            assert a.metrics.messages_in["PEERS"] >= 1
+            # A flood over the per-connection rate is cut, the node stays responsive.
+            for seq in range(100, 600):
+                await attacker.send(encoder.encode(Ping(nonce=seq), seq=seq, timestamp_us=now, round=0))
+            await wait_until(lambda: a.metrics.rejections["rate_limited"] > 0, timeout=5)
+            # The honest peer kept exchanging the whole time.
+            await wait_until(lambda: a.metrics.messages_in["PING"] > pings_before + 5, timeout=5)
+            assert full_mesh([a, b])
+            # A frame beyond ZMQ_MAXMSGSIZE never reaches the node: ZeroMQ drops the connection.
+        finally:
+            attacker.close()
+        a.request_stop()
+        b.request_stop()
+
+
+async def test_a_node_off_the_allowlist_gets_nothing_through(tmp_path):
+    a_id, b_id = Identity.generate(), Identity.generate()
+    configs = ring_configs(tmp_path, 2)  # a and b, configured before the allowlist is known
+    allow = {"allowlist": [a_id.public_key.hex(), b_id.public_key.hex()]}
+    from testnet.cluster import free_ports
+
+    port_a, port_b, port_c = free_ports(3)
+    addr = lambda p: f"tcp://127.0.0.1:{p}"  # noqa: E731
+    a = load_config(write_config(tmp_path / "a", addr(port_a), [addr(port_b)], identity=a_id, security=allow))
+    b = load_config(write_config(tmp_path / "b", addr(port_b), [addr(port_a)], identity=b_id, security=allow))
+    c = load_config(write_config(tmp_path / "c", addr(port_c), [addr(port_a)]))
+    del configs
+    async with trio.open_nursery() as nursery:
+        na, nb, nc = await start_nodes(nursery, [a, b, c])
+        await wait_until(lambda: full_mesh([na, nb]), timeout=10)
+        await wait_until(lambda: na.metrics.rejections["not_allowed"] >= 3, timeout=10)
+        await trio.sleep(1.0)
+        assert nc.identity.public_key not in na.membership.peers and nc.identity.public_key not in nb.membership.peers
+        assert not nc.membership.peers  # c never hears back
+        for node in (na, nb, nc):
+            node.request_stop()
+
+
+async def test_lan_beacon_finds_peers_without_bootstrap(tmp_path):
+    from testnet.cluster import free_ports
+
+    beacon = {"enabled": True, "interface": "127.0.0.1", "port": free_udp_port(), "interval_s": 0.2}
+    ports = free_ports(3)
+    configs = [load_config(write_config(tmp_path / f"n{i}", f"tcp://127.0.0.1:{p}", beacon=beacon)) for i, p in enumerate(ports)]
+    async with trio.open_nursery() as nursery:
+        nodes = await start_nodes(nursery, configs)
+        await wait_until(lambda: full_mesh(nodes), timeout=10)
+        for node in nodes:
+            node.request_stop()
+
+
+async def test_a_data_directory_serves_one_node_only(tmp_path):
+    (config,) = ring_configs(tmp_path, 1)
+    async with trio.open_nursery() as nursery:
+        first = await nursery.start(Node(config).run)
+        with pytest.raises(NodeStartError, match=r"\[node\].data_dir: another p2pnode \(pid \d+\)"):
+            await Node(config).run()
+        first.request_stop()
+
+
+async def test_busy_address_is_a_start_error_and_leaves_nothing_behind(tmp_path):
+    (config,) = ring_configs(tmp_path, 1)
+    context = zmq.Context()
+    blocker = context.socket(zmq.ROUTER)
+    blocker.bind(config.node.listen)
+    try:
+        with pytest.raises(NodeStartError, match=r"\[node\].listen: cannot bind .*Address already in use"):
+            await Node(config).run()
+    finally:
+        blocker.close(linger=0)
+        context.term()
+    assert not config.control_socket.exists()
+    async with trio.open_nursery() as nursery:  # the lock was released: the same node starts now
+        node = await nursery.start(Node(config).run)
+        node.request_stop()
+
+
+async def test_status_and_stop_through_the_cli_and_a_clean_exit(tmp_path, capsys):
+    configs = ring_configs(tmp_path, 2)
+    baseline = {t.name for t in threading.enumerate()}
+    async with trio.open_nursery() as nursery:
+        a, b = await start_nodes(nursery, configs)
+        await wait_until(lambda: full_mesh([a, b]), timeout=10)
+        assert await trio.to_thread.run_sync(cli, ["status", "--config", str(configs[0].source)]) == 0
+        table = capsys.readouterr().out
+        assert a.identity.node_id in table and b.identity.node_id in table and "rejections: none" in table
+        assert await trio.to_thread.run_sync(cli, ["stop", "--config", str(configs[0].source)]) == 0
+        await wait_until(lambda: b.membership.counts["evicted_bye"] == 1, timeout=2)  # a said BYE
+        b.request_stop()
+    assert a.transport.context.closed and b.transport.context.closed
+    assert not configs[0].control_socket.exists()
+    leftover = {t.name for t in threading.enumerate()} - baseline
+    assert all(name.startswith("Trio thread") for name in leftover), leftover  # only trio's idle thread cache
+
+
+async def test_control_socket_answers_bad_requests(tmp_path):
+    (config,) = ring_configs(tmp_path, 1)
+    async with trio.open_nursery() as nursery:
+        node = await nursery.start(Node(config).run)
+        stream = await trio.open_unix_socket(str(config.control_socket))
+        async with stream:
+            await stream.send_all(b'{"command": "dance"}\n')
+            assert b"unknown command" in await stream.receive_some(4096)
+        stream = await trio.open_unix_socket(str(config.control_socket))
+        async with stream:
+            await stream.send_all(b"[1, 2]\n")
+            assert b"bad request" in await stream.receive_some(4096)
+        node.request_stop()

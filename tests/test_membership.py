@@ -1,0 +1,128 @@
+"""Discovery rules, on the simulated network of tests/simnet.py (real frames, simulated time)."""
+
+import pytest
+
+from protocol import Bye, Hello, Ping, PROTOCOL_VERSION, Encoder
+
+from .simnet import NETWORK, SimNet
+
+
+def ring(net: SimNet, count: int, **settings):
+    addresses = [f"tcp://10.0.0.{i}:7000" for i in range(count)]
+    return [net.add(i, [addresses[(i + 1) % count]], **settings) for i in range(count)]
+
+
+@pytest.mark.parametrize("count", [2, 3, 8, 30])
+def test_a_ring_of_single_bootstraps_becomes_a_full_mesh(count):
+    net = SimNet()
+    ring(net, count)
+    took = net.run_until(net.full_mesh, timeout=10)
+    assert took < 3.0
+    net.run(5)  # and it stays one: pings keep everyone alive
+    assert net.full_mesh()
+
+
+def test_handshake_is_hello_then_peers_and_never_loops():
+    net = SimNet()
+    a, b = net.add(0, ["tcp://10.0.0.1:7000"]), net.add(1)
+    net.run_until(net.full_mesh, timeout=2)
+    net.run(3)
+    # Only a's dial needed HELLOs (one per retry until connected); b never sent one.
+    assert a.membership.counts["admitted"] == b.membership.counts["admitted"] == 1
+    assert not b.membership.dialing and not a.membership.dialing
+
+
+def test_table_never_exceeds_max_peers():
+    net = SimNet()
+    nodes = ring(net, 10, max_peers=3)
+    net.run(5)
+    assert all(len(n.membership.peers) <= 3 for n in nodes)
+    assert sum(n.membership.counts["refused_full"] for n in nodes) > 0
+
+
+def test_a_killed_peer_is_evicted_in_time_and_readmitted_after_restart():
+    net = SimNet()
+    nodes = ring(net, 4, ping_interval_s=0.5, peer_timeout_s=1.5)
+    net.run_until(net.full_mesh, timeout=5)
+    victim = nodes[2]
+    net.kill(victim)
+    took = net.run_until(lambda: all(victim.key not in n.membership.peers for n in nodes if n.up), timeout=5)
+    assert 1.5 <= took <= 1.5 + 0.5 + 0.1  # timeout, plus at most one ping interval of last_seen age
+    # Restart with the same key (its sequence numbers continue above the old ones).
+    del net.nodes[victim.address]
+    reborn = net.add(2, [nodes[3].address], seed_identity=2)
+    assert reborn.key == victim.key
+    net.run_until(net.full_mesh, timeout=5)
+
+
+def test_bye_evicts_at_once():
+    net = SimNet()
+    a, b, c = ring(net, 3)
+    net.run_until(net.full_mesh, timeout=5)
+    net.execute(b, b.membership.goodbye())
+    net.kill(b)
+    net.run(0.1)
+    assert b.key not in a.membership.peers and b.key not in c.membership.peers
+    assert a.membership.counts["evicted_bye"] == 1
+
+
+def test_a_bootstrap_that_is_down_at_start_is_retried_until_it_comes_up():
+    net = SimNet()
+    a = net.add(0, ["tcp://10.0.0.1:7000"])
+    net.run(3)
+    assert not a.membership.peers and "tcp://10.0.0.1:7000" in a.membership.dialing
+    net.add(1)
+    net.run_until(net.full_mesh, timeout=6)  # retries are backed off to at most dial_retry_max_s
+
+
+def test_a_learned_address_that_never_answers_is_given_up():
+    net = SimNet()
+    b = net.add(1)
+    ghost = net.add(2, [b.address])
+    net.run_until(net.full_mesh, timeout=2)
+    net.kill(ghost)  # b keeps it as a peer until peer_timeout_s, and relays its HELLO
+    a = net.add(0, [b.address], dial_attempts=3, dial_retry_max_s=0.2)
+    net.run(3)
+    assert ghost.key not in a.membership.peers and ghost.address not in a.membership.dialing
+    assert a.membership.counts["gave_up"] == 1
+
+
+def test_stale_relayed_hellos_are_ignored():
+    net = SimNet()
+    a = net.add(0)
+    old = net.add(5)
+    frame = old.membership.own_hello
+    net.now += 901  # older than hello_max_age_s (900)
+    assert a.membership.on_announced(net.decoder.decode(frame), frame, net.now, net.now_us()) == []
+    assert a.membership.counts["stale_hello"] == 1
+
+
+def test_own_address_in_bootstrap_is_dropped():
+    net = SimNet()
+    a = net.add(0, ["tcp://10.0.0.0:7000", "tcp://10.0.0.1:7000"])
+    net.add(1)
+    net.run(2)
+    assert "tcp://10.0.0.0:7000" not in a.membership.dialing
+    assert len(a.membership.peers) == 1
+
+
+def test_pong_gives_rtt_and_repeated_hellos_are_answered_sparingly():
+    net = SimNet(latency=0.004)
+    a, b = ring(net, 2)
+    net.run_until(net.full_mesh, timeout=2)
+    net.run(2)
+    assert 0.007 <= a.membership.peers[b.key].rtt_s <= 0.009  # two legs of 4 ms
+    hello = net.decoder.decode(Encoder(b.encoder.identity, NETWORK).encode(
+        Hello(address=b.address, capabilities=(), dataset_size=0, protocol_versions=(PROTOCOL_VERSION,)),
+        seq=10**18, timestamp_us=net.now_us(), round=0))
+    answers = [a.membership.on_hello(hello, b"", net.now) for _ in range(5)]
+    assert sum(bool(x) for x in answers) <= 1
+
+
+def test_ping_pong_bye_from_strangers_are_refused():
+    net = SimNet()
+    a, stranger = net.add(0), net.add(9)
+    for body in (Ping(nonce=1), Bye(reason="x")):
+        envelope = net.decoder.decode(net._frame(stranger, body))
+        actions, refusal = a.membership.on_message(envelope, b"", net.now, net.now_us())
+        assert actions == [] and refusal == "unknown_peer"

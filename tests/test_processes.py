@@ -1,0 +1,153 @@
+"""Daemons as separate processes: kill -9, SIGTERM, exit codes, the testnet launcher."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from testnet.cluster import Cluster
+
+from .daemon import FAST_DISCOVERY, write_config
+
+P2PNODE = [sys.executable, "-m", "p2pnode"]
+
+
+def wait_for(condition, timeout: float, interval: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"not within {timeout} s")
+
+
+def peer_ids(cluster: Cluster, spec) -> set[str] | None:
+    status = cluster.status(spec)
+    return None if status is None else {p["node_id"] for p in status["peers"]}
+
+
+def test_killed_peer_is_evicted_within_the_timeout_and_readmitted_on_restart(tmp_path):
+    with Cluster.prepare(tmp_path, 3, discovery=FAST_DISCOVERY) as cluster:
+        cluster.start_all()
+        ids = {spec.node_id for spec in cluster.specs}
+        wait_for(lambda: all(peer_ids(cluster, s) == ids - {s.node_id} for s in cluster.specs), timeout=30)
+        victim, others = cluster.specs[1], [cluster.specs[0], cluster.specs[2]]
+        cluster.kill(victim, signal.SIGKILL)  # no BYE: only silence tells
+        killed_at = time.monotonic()
+        wait_for(lambda: all(victim.node_id not in peer_ids(cluster, s) for s in others), timeout=10, interval=0.05)
+        evicted_after = time.monotonic() - killed_at
+        # peer_timeout_s = 1.0; a peer is last heard at most one ping interval (0.2 s) before it dies.
+        assert evicted_after < 1.0 + 0.2 + 1.0, evicted_after  # + polling slack on a busy machine
+        for spec in others:
+            assert cluster.status(spec)["membership"]["evicted_timeout"] == 1
+        cluster.start(victim)  # same key, same data directory
+        wait_for(lambda: all(peer_ids(cluster, s) == ids - {s.node_id} for s in cluster.specs), timeout=30)
+        status = cluster.status(others[0])
+        assert "replay" not in status["traffic"]["rejections"]  # the restarted node never reused a seq
+
+
+def test_sigterm_stops_a_node_cleanly_within_a_bound(tmp_path):
+    with Cluster.prepare(tmp_path, 2, discovery=FAST_DISCOVERY) as cluster:
+        cluster.start_all()
+        a, b = cluster.specs
+        wait_for(lambda: peer_ids(cluster, a) == {b.node_id} and peer_ids(cluster, b) == {a.node_id}, timeout=30)
+        started = time.monotonic()
+        a.process.send_signal(signal.SIGTERM)
+        assert a.process.wait(timeout=5) == 0
+        assert time.monotonic() - started < 2.0
+        assert not a.control_socket.exists()
+        log = a.log_path.read_text()
+        assert "SIGTERM received: shutting down" in log and "stopped" in log and "Traceback" not in log
+        status = wait_for(lambda: (s := cluster.status(b)) and s["peer_count"] == 0 and s, timeout=2)
+        assert status["membership"]["evicted_bye"] == 1  # told, not timed out
+
+
+def test_config_errors_exit_2_with_the_documented_messages(tmp_path):
+    path = write_config(tmp_path, "tcp://127.0.0.1:1")
+    path.write_text(path.read_text() + "\n[transport]\nverify_thread = 3\nlinger_ms = -1\n")
+    result = subprocess.run([*P2PNODE, "start", "--config", str(path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert f"p2pnode: error: invalid configuration {path}:" in result.stderr
+    assert "[transport].verify_thread: unknown key (did you mean 'verify_threads'?)" in result.stderr
+    assert "[transport].linger_ms: must be between 0 and 60000, got -1" in result.stderr
+    assert not (tmp_path / "data").exists()  # nothing half-started
+
+
+def test_an_address_in_use_exits_1_naming_the_field(tmp_path):
+    with Cluster.prepare(tmp_path / "running", 1) as cluster:
+        cluster.start_all()
+        (spec,) = cluster.specs
+        wait_for(lambda: cluster.status(spec), timeout=30)
+        path = write_config(tmp_path / "second", spec.address)
+        result = subprocess.run([*P2PNODE, "start", "--config", str(path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "[node].listen: cannot bind" in result.stderr and "Address already in use" in result.stderr
+
+
+def test_status_of_a_node_that_is_not_running(tmp_path):
+    path = write_config(tmp_path, "tcp://127.0.0.1:1")
+    result = subprocess.run([*P2PNODE, "status", "--config", str(path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "no node is running with this configuration" in result.stderr
+
+
+def test_testnet_reaches_a_full_mesh_and_reports(tmp_path):
+    out = tmp_path / "net"
+    result = subprocess.run(
+        [*P2PNODE, "testnet", "--nodes", "5", "--algorithm", "none", "--duration", "30", "--out", str(out), "--exit-on-mesh"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "full mesh in" in result.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["algorithm"] == "none" and report["nodes"] == 5
+    assert report["discovery"]["peer_counts"] == [4] * 5
+    assert 0 < report["discovery"]["full_mesh_s"] <= 30
+    comm = report["comm"]
+    assert comm["messages"] == sum(t["messages"] for t in comm["by_type"].values()) > 0
+    assert comm["bytes"] == sum(t["bytes"] for t in comm["by_type"].values()) > 0
+    assert {"HELLO", "PEERS"} <= set(comm["by_type"])
+    assert report["node_exit_codes"] == [0] * 5
+
+
+def _daemon_pids(out: Path) -> list[int]:
+    pids = []
+    for lock in out.glob("node*/data/node.lock"):
+        text = lock.read_text().strip()
+        if text:
+            pids.append(int(text))
+    return pids
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
+def test_testnet_leaves_no_orphans(tmp_path, how):
+    out = tmp_path / "net"
+    with subprocess.Popen(
+        [*P2PNODE, "testnet", "--nodes", "3", "--duration", "60", "--out", str(out)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    ) as launcher:
+        try:
+            pids = wait_for(lambda: len(p := _daemon_pids(out)) == 3 and p, timeout=30)
+            launcher.send_signal(how)
+            _, stderr = launcher.communicate(timeout=30)
+            wait_for(lambda: not any(_running(pid) for pid in pids), timeout=15)
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
+    if how == signal.SIGINT:
+        assert launcher.returncode == 130
+        assert "interrupted: stopping every node" in stderr
+        assert json.loads((out / "report.json").read_text())["node_exit_codes"] == [0, 0, 0]
