@@ -32,9 +32,11 @@ async def run_beacon(
     max_bytes: int,
     make_hello: Callable[[], bytes],
     on_datagram: Callable[[bytes], Awaitable[None]],
-    on_dropped: Callable[[str, int], None],
+    on_refused: Callable[[str, int], None],
+    on_send_failed: Callable[[], None],
 ) -> None:
-    """Send `make_hello()` every interval and pass each heard datagram to `on_datagram`."""
+    """Send `make_hello()` every interval and pass each heard datagram to `on_datagram`;
+    datagrams dropped unread go to `on_refused(reason, size)`."""
     listener = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sender = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     with listener, sender:
@@ -50,8 +52,8 @@ async def run_beacon(
             while True:
                 try:
                     await sender.sendto(make_hello(), (settings.group, settings.port))
-                except OSError as exc:  # no route to the group (interface down): try again later
-                    on_dropped(f"beacon_send_{exc.errno}", 0)
+                except OSError:  # no route to the group (interface down): try again later
+                    on_send_failed()
                 await trio.sleep(settings.interval_s)
 
         async def listen() -> None:
@@ -59,9 +61,9 @@ async def run_beacon(
             while True:
                 data, (host, _) = await listener.recvfrom(max_bytes + 1)
                 if len(data) > max_bytes:
-                    on_dropped("beacon_too_large", len(data))
+                    on_refused("beacon_too_large", len(data))
                 elif not buckets.allow(host.encode(), trio.current_time()):
-                    on_dropped("beacon_rate_limited", len(data))
+                    on_refused("beacon_rate_limited", len(data))
                 else:
                     await on_datagram(data)
 

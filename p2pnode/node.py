@@ -291,11 +291,11 @@ class Node:
             elif result.type is MessageType.HELLO:
                 self._execute(self.membership.on_announced(result, datagram, trio.current_time(), self.clock_us()))
 
-        def dropped(reason: str, size: int) -> None:
-            self.metrics.rejected(reason, size)
+        def send_failed() -> None:
+            self.metrics.send_dropped["BEACON"] += 1
 
         limit = self.config.limits.limits().max_frame_bytes_for(MessageType.HELLO)
-        await run_beacon(self.config.beacon, limit, self._hello_frame, heard, dropped)
+        await run_beacon(self.config.beacon, limit, self._hello_frame, heard, self.metrics.rejected, send_failed)
 
     # --- status and control --------------------------------------------------------------
 

@@ -57,6 +57,7 @@ class NodeSpec:
     address: str
     settings: dict  # the TOML document, as a dict
     node_id: str = ""
+    prefix: tuple[str, ...] = ()  # run the daemon under this, e.g. ("ip", "netns", "exec", "host1")
     process: subprocess.Popen | None = field(default=None, repr=False)
 
     @property
@@ -117,7 +118,7 @@ class Cluster:
         log = open(spec.log_path, "ab")
         try:
             spec.process = subprocess.Popen(
-                [sys.executable, "-m", "p2pnode", "start", "--config", str(spec.config_path)],
+                [*spec.prefix, sys.executable, "-m", "p2pnode", "start", "--config", str(spec.config_path)],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -1,0 +1,96 @@
+"""Daemons on separate network hosts: two Linux network namespaces joined by a veth pair.
+
+Real TCP between hosts (not loopback), multicast beacons across a link, and a link that goes
+down for longer than the peer timeout and comes back. Needs `ip netns` (root); skipped where
+namespaces cannot be created. The addresses are private to namespaces this test makes itself.
+"""
+
+import os
+import shutil
+import subprocess
+import time
+import uuid
+
+import pytest
+
+from protocol import Identity
+from testnet.cluster import Cluster, NodeSpec
+
+from .daemon import free_udp_port, write_config
+from .test_processes import peer_ids, wait_for
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
+
+
+def _namespaces_work() -> bool:
+    if shutil.which("ip") is None or os.geteuid() != 0:
+        return False
+    probe = f"p2pprobe{uuid.uuid4().hex[:6]}"
+    try:
+        _ip("netns", "add", probe)
+    except (subprocess.CalledProcessError, OSError):
+        return False
+    _ip("netns", "del", probe)
+    return True
+
+
+pytestmark = pytest.mark.skipif(not _namespaces_work(), reason="needs root and `ip netns` to create test hosts")
+
+
+@pytest.fixture
+def two_hosts():
+    """Two namespaces, 10.77.x.1 and 10.77.x.2, on one veth link; removed afterwards."""
+    tag = uuid.uuid4().hex[:6]
+    subnet = int(tag, 16) % 250 + 1
+    a, b = f"p2pa{tag}", f"p2pb{tag}"
+    link_a, link_b = f"va{tag}", f"vb{tag}"
+    _ip("netns", "add", a)
+    _ip("netns", "add", b)
+    try:
+        _ip("link", "add", link_a, "type", "veth", "peer", "name", link_b)
+        _ip("link", "set", link_a, "netns", a)
+        _ip("link", "set", link_b, "netns", b)
+        for ns, link, host in ((a, link_a, 1), (b, link_b, 2)):
+            _ip("-n", ns, "addr", "add", f"10.77.{subnet}.{host}/24", "dev", link)
+            _ip("-n", ns, "link", "set", link, "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+        yield {"a": (a, link_a, f"10.77.{subnet}.1"), "b": (b, link_b, f"10.77.{subnet}.2")}
+    finally:
+        for ns in (a, b):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
+
+
+def _spec(tmp_path, name, namespace, address, **sections) -> NodeSpec:
+    identity = Identity.generate()
+    path = write_config(tmp_path / name, address, identity=identity, **sections)
+    return NodeSpec(0, path.parent, address, {}, identity.node_id, prefix=("ip", "netns", "exec", namespace))
+
+
+def test_nodes_on_two_hosts_peer_over_tcp_and_beacon_and_survive_a_link_outage(tmp_path, two_hosts):
+    (ns_a, _, ip_a), (ns_b, link_b, ip_b) = two_hosts["a"], two_hosts["b"]
+    beacon = {"enabled": True, "interval_s": 0.3, "port": free_udp_port()}
+    a = _spec(tmp_path, "a", ns_a, f"tcp://{ip_a}:7000")
+    b = _spec(tmp_path, "b", ns_b, f"tcp://{ip_b}:7000", discovery={"bootstrap": [f"tcp://{ip_a}:7000"]})
+    c = _spec(tmp_path, "c", ns_a, f"tcp://{ip_a}:7001", beacon={**beacon, "interface": ip_a})
+    d = _spec(tmp_path, "d", ns_b, f"tcp://{ip_b}:7001", beacon={**beacon, "interface": ip_b})
+    pairs = ((a, b), (b, a), (c, d), (d, c))
+
+    def connected() -> bool:
+        return all(peer_ids(cluster, x) == {y.node_id} for x, y in pairs)
+
+    with Cluster([a, b, c, d]) as cluster:
+        cluster.start_all()
+        wait_for(connected, timeout=30)  # a-b by bootstrap over TCP, c-d by multicast beacon
+
+        _ip("-n", ns_b, "link", "set", link_b, "down")
+        wait_for(lambda: all(peer_ids(cluster, x) == set() for x, _ in pairs), timeout=10)  # peer_timeout_s = 1
+        _ip("-n", ns_b, "link", "set", link_b, "up")
+        restored = time.monotonic()
+        wait_for(connected, timeout=20)
+        assert time.monotonic() - restored < 10  # bootstrap retries back off to dial_retry_max_s (0.5 s)
+        for spec in (a, b, c, d):
+            status = cluster.status(spec)
+            assert status["membership"]["evicted_timeout"] >= 1
+            assert not set(status["traffic"]["rejections"]) - {"unknown_peer"}
