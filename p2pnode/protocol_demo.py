@@ -1,8 +1,8 @@
 """`p2pnode protocol-demo`: the smallest real thing the project does today.
 
 Two identities with keys on disk exchange one signed frame of every message type, then a third
-party and a few broken frames are refused, each with its reason. There is no daemon and no
-learning yet (issues #3-#5): the tensors here are random numbers of the shapes MAPL will send.
+party and a few broken frames are refused, each with its reason. There is no learning yet
+(issues #4-#5): the tensors here are random numbers of the shapes MAPL will send.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class _Sender:
     def __init__(self, identity: Identity, network: str = NETWORK) -> None:
         self.encoder = Encoder(identity, network)
         self.counter = SequenceCounter(persisted=0, now_us=_clock_us())
-        # The daemon persists each reservation before using it (issue #3); the demo keeps it in memory.
+        # The daemon persists each reservation (state.json) before using it; the demo keeps it in memory.
         self.counter.confirm_reservation(self.counter.propose_reservation())
 
     def frame(self, body, *, round: int = 1, timestamp_us: int | None = None) -> bytes:
@@ -89,7 +89,7 @@ class _Receiver:
 
 def run(out: Path) -> int:
     print("p2pnode protocol demo: signed msgpack frames between two node identities.")
-    print("There is no daemon or learning yet (issues #3-#5); tensors are random, of MAPL's shapes.\n")
+    print("There is no learning yet (issues #4-#5); tensors are random, of MAPL's shapes.\n")
     try:
         keys = out / "keys"
         alice, alice_state = _identity(keys, "alice")
@@ -157,5 +157,5 @@ def run(out: Path) -> int:
 
     print("\n4) protocol benchmark, quick run (numbers: `make bench`, results in BENCHMARKS.md)")
     print("   " + bench.format_table(bench.run(trials=3, seconds=0.02)).replace("\n", "\n   "))
-    print(f"\nKeys are in {keys}. Next: the daemon (issue #3), then MAPL over the network (issue #5).")
+    print(f"\nKeys are in {keys}. Real daemons finding each other: p2pnode testnet --nodes 10 --duration 20 --out DIR")
     return 0
