@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -226,3 +227,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("p2pnode: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `p2pnode status | head`: the reader left, which is not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
