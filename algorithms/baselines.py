@@ -1,0 +1,176 @@
+"""Baselines that users compare MAPL against.
+
+- FedProto-style prototype averaging (`fedproto`): each node publishes the class means of its
+  latent features; every node averages them over all peers (weighted by sample counts) and adds
+  a regulariser pulling its features of class k to the network's prototype of k. No graph.
+- DFedAvgM (Sun et al. 2022): local SGD with momentum, then uniform averaging of the whole model
+  with all peers. Needs one backbone everywhere; learns one model per cluster of nobody.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from protocol.messages import Body, MessageType, Model, Prototypes
+
+from .models import ModelSpec, make_model
+from .payloads import average_states, check_model, check_prototypes, shared_state, to_numpy
+from .seam import Algorithm, Evaluation, LocalReport, NeighbourView, NodeSetup, Outbound, PayloadRejected
+from .training import LocalTrainer, TrainingConfig, evaluate_model, seeded_generator
+
+__all__ = ["FedProtoConfig", "FedProto", "DFedAvgMConfig", "DFedAvgM"]
+
+
+def _build_model(setup: NodeSetup, latent_dim: int, projection_dim: int):
+    data = setup.data
+    spec = ModelSpec(backbone=setup.backbone, image_shape=tuple(data.train_images.shape[1:]),
+                     num_classes=data.num_classes, latent_dim=latent_dim, projection_dim=projection_dim)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(setup.seed)
+        return spec, make_model(spec)
+
+
+class _AllPeersUniform(Algorithm):
+    """Talks to every peer and weighs everyone alike: W is all-to-all uniform, self included."""
+
+    view: NeighbourView
+
+    def set_peers(self, peers) -> None:
+        super().set_peers(peers)
+        self.view.set_peers(self.peers)
+
+    def weights(self) -> dict[str, float]:
+        uniform = 1.0 / (len(self.peers) + 1)
+        return {node: uniform for node in (self.node_id, *self.peers)}
+
+
+@dataclass(frozen=True)
+class FedProtoConfig:
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    latent_dim: int = 128
+    prototype_weight: float = 1.0  # λ of FedProto's regulariser
+    max_staleness: int = 1
+
+
+class FedProto(_AllPeersUniform):
+    name = "fedproto"
+    config_type = FedProtoConfig
+
+    def __init__(self, setup: NodeSetup, config: FedProtoConfig | None = None) -> None:
+        super().__init__(setup)
+        self.config = config = config or FedProtoConfig()
+        self.data = setup.data
+        self.spec, self.model = _build_model(setup, config.latent_dim, 1)
+        self.trainer = LocalTrainer(self.model, self.data.train_images, self.data.train_labels, config.training,
+                                    seeded_generator(setup.seed, 1))
+        self.view = NeighbourView(config.max_staleness)
+        self.global_prototypes: dict[int, torch.Tensor] = {}
+
+    def _loss(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        latent = self.model.latent(images)
+        ce = F.cross_entropy(self.model.head(latent), labels)
+        known = [i for i, label in enumerate(labels.tolist()) if label in self.global_prototypes]
+        if known:
+            targets = torch.stack([self.global_prototypes[int(labels[i])] for i in known])
+            proto = F.mse_loss(latent[known], targets)
+        else:
+            proto = latent.sum() * 0.0
+        return ce + self.config.prototype_weight * proto, {"cross_entropy": ce.item(), "prototype": proto.item()}
+
+    def local_step(self, round: int) -> LocalReport:
+        return self.trainer.run(self._loss)
+
+    @torch.no_grad()
+    def _class_means(self) -> tuple[tuple[int, ...], tuple[int, ...], np.ndarray]:
+        self.model.eval()
+        latent = self.model.latent(self.data.train_images)
+        self.model.train()
+        classes = self.data.own_classes
+        labels = self.data.train_labels
+        means = torch.stack([latent[labels == k].mean(0) for k in classes])
+        counts = tuple(int((labels == k).sum()) for k in classes)
+        return classes, counts, to_numpy(means)
+
+    def publish(self, round: int) -> list[Outbound]:
+        classes, counts, means = self._class_means()
+        self._own = Prototypes(classes=classes, counts=counts, prototypes=means)
+        return [Outbound(to=self.peers, body=self._own)] if self.peers else []
+
+    def receive(self, peer: str, round: int, body: Body) -> None:
+        if not isinstance(body, Prototypes):
+            raise PayloadRejected("unexpected_type", f"{self.name} takes no {body.TYPE.value} payloads")
+        check_prototypes(body, self.spec.num_classes, self.spec.latent_dim, all_classes=False)
+        self.view.put(peer, round, body)
+
+    def end_round(self, round: int) -> None:
+        sums: dict[int, np.ndarray] = {}
+        totals: dict[int, int] = {}
+        for body in [self._own, *self.view.fresh(MessageType.PROTOTYPES, round).values()]:
+            for k, n, row in zip(body.classes, body.counts, body.prototypes):
+                sums[k] = sums.get(k, 0.0) + n * row.astype(np.float64)
+                totals[k] = totals.get(k, 0) + n
+        self.global_prototypes = {k: torch.from_numpy((sums[k] / totals[k]).astype(np.float32))
+                                  for k in sums if totals[k] > 0}
+
+    def evaluate(self) -> Evaluation:
+        return evaluate_model(self.model.classify, self.model, self.data)
+
+
+@dataclass(frozen=True)
+class DFedAvgMConfig:
+    training: TrainingConfig = field(
+        default_factory=lambda: TrainingConfig(optimizer="sgd", learning_rate=0.01, momentum=0.9))
+    latent_dim: int = 128
+    max_staleness: int = 1
+
+
+class DFedAvgM(_AllPeersUniform):
+    name = "dfedavgm"
+    homogeneous = True
+    config_type = DFedAvgMConfig
+
+    def __init__(self, setup: NodeSetup, config: DFedAvgMConfig | None = None) -> None:
+        super().__init__(setup)
+        self.config = config = config or DFedAvgMConfig()
+        self.data = setup.data
+        # One initial model for everyone, as decentralised averaging assumes.
+        self.spec, self.model = _build_model(
+            NodeSetup(setup.node_id, setup.data, setup.backbone, setup.shared_seed, setup.shared_seed),
+            config.latent_dim, 1)
+        self.trainer = LocalTrainer(self.model, self.data.train_images, self.data.train_labels, config.training,
+                                    seeded_generator(setup.seed, 1))
+        self.view = NeighbourView(config.max_staleness)
+
+    def _state(self) -> dict[str, torch.Tensor]:
+        return shared_state({"backbone": self.model.backbone, "head": self.model.head})
+
+    def _loss(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        loss = F.cross_entropy(self.model.classify(images), labels)
+        return loss, {"cross_entropy": loss.item()}
+
+    def local_step(self, round: int) -> LocalReport:
+        return self.trainer.run(self._loss)
+
+    def publish(self, round: int) -> list[Outbound]:
+        if not self.peers:
+            return []
+        body = Model(kind="params", tensors={k: to_numpy(v) for k, v in self._state().items()})
+        return [Outbound(to=self.peers, body=body)]
+
+    def receive(self, peer: str, round: int, body: Body) -> None:
+        if not isinstance(body, Model):
+            raise PayloadRejected("unexpected_type", f"{self.name} takes no {body.TYPE.value} payloads")
+        check_model(body, self._state())
+        self.view.put(peer, round, body)
+
+    def end_round(self, round: int) -> None:
+        models = self.view.fresh(MessageType.MODEL, round)
+        weight = 1.0 / (len(models) + 1)
+        average_states(self._state(), weight, [(weight, body.tensors) for body in models.values()])
+
+    def evaluate(self) -> Evaluation:
+        return evaluate_model(self.model.classify, self.model, self.data)

@@ -1,0 +1,9 @@
+"""Names of what can be chosen, importable without torch (the command line parses with these).
+
+tests/test_learning.py checks that they match the registries in `registry` and `models`.
+"""
+
+ALGORITHM_NAMES = ("local", "oracle", "fedproto", "mapl", "mapl-nocgl", "mapl+", "dfedavgm")
+CPU_BACKBONES = ("convnet", "resnet", "mobilenet", "mlp")
+GPU_BACKBONES = ("resnet18", "shufflenet", "googlenet", "alexnet")
+BACKBONES = CPU_BACKBONES + GPU_BACKBONES

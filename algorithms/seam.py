@@ -1,0 +1,190 @@
+"""The one interface every algorithm offers to whoever drives it: the simulator or the daemon.
+
+A round, as the driver runs it (DESIGN.md §3):
+
+    report = algo.local_step(round)            # heavy: may run in a worker thread
+    for out in algo.publish(round): send out.body to each of out.to
+    algo.receive(peer, round, body)            # for each payload that arrives; may raise PayloadRejected
+    algo.end_round(round)                      # graph step and aggregation from what arrived
+    algo.evaluate()
+
+Payloads are `protocol` message bodies (numpy arrays), never torch objects or pickles, so what
+the simulator counts is exactly what the daemon puts on the wire. An algorithm never sees a
+socket or a clock: rounds are numbers the driver hands in, and staleness is counted in rounds.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from protocol.messages import Body, MessageType
+
+__all__ = [
+    "LocalData",
+    "NodeSetup",
+    "Outbound",
+    "LocalReport",
+    "Evaluation",
+    "PayloadRejected",
+    "NeighbourView",
+    "Algorithm",
+]
+
+
+@dataclass(frozen=True)
+class LocalData:
+    """A node's own data: training shard and test split, as tensors."""
+
+    train_images: torch.Tensor  # float32, N×C×H×W
+    train_labels: torch.Tensor  # int64, N
+    test_images: torch.Tensor
+    test_labels: torch.Tensor
+    num_classes: int
+
+    def __post_init__(self) -> None:
+        if len(self.train_images) != len(self.train_labels) or len(self.test_images) != len(self.test_labels):
+            raise ValueError("images and labels differ in length")
+        if len(self.train_labels) == 0:
+            raise ValueError("a node needs at least one training sample")
+
+    @property
+    def class_counts(self) -> np.ndarray:
+        """Training samples per class, for all `num_classes` classes."""
+        return np.bincount(self.train_labels.numpy(), minlength=self.num_classes)
+
+    @property
+    def own_classes(self) -> tuple[int, ...]:
+        return tuple(int(k) for k in np.flatnonzero(self.class_counts))
+
+
+@dataclass(frozen=True)
+class NodeSetup:
+    """Everything an algorithm instance is built from."""
+
+    node_id: str
+    data: LocalData
+    backbone: str
+    seed: int  # this node's own randomness (initialisation, batches, augmentation)
+    shared_seed: int = 0  # the same on every node: where the algorithm wants a common initialisation
+
+
+@dataclass(frozen=True)
+class Outbound:
+    """Send `body` to every peer in `to`."""
+
+    to: tuple[str, ...]
+    body: Body
+
+
+@dataclass(frozen=True)
+class LocalReport:
+    loss: float
+    parts: Mapping[str, float] = field(default_factory=dict)
+    steps: int = 0
+    samples: int = 0
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    correct: int
+    total: int
+    own_class_correct: int = 0  # the prediction restricted to the node's own classes
+    loss: float = float("nan")
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.total if self.total else 0.0
+
+    @property
+    def own_class_accuracy(self) -> float:
+        return self.own_class_correct / self.total if self.total else 0.0
+
+
+class PayloadRejected(Exception):
+    """A neighbour's payload that this algorithm will not use; `reason` is a short token to count."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+class NeighbourView:
+    """The freshest payload of each type from each current peer, with the round it belongs to.
+
+    Bounded by construction: one entry per (peer, message type), and only for peers the driver
+    declared. A payload for a round older than the one held is ignored (reordering is harmless).
+    """
+
+    def __init__(self, max_staleness: int) -> None:
+        if max_staleness < 0:
+            raise ValueError(f"max_staleness must be ≥ 0, got {max_staleness}")
+        self.max_staleness = max_staleness
+        self.peers: tuple[str, ...] = ()
+        self._latest: dict[tuple[str, MessageType], tuple[int, Body]] = {}
+
+    def set_peers(self, peers: Iterable[str]) -> None:
+        self.peers = tuple(sorted(set(peers)))
+        known = set(self.peers)
+        self._latest = {key: value for key, value in self._latest.items() if key[0] in known}
+
+    def put(self, peer: str, round: int, body: Body) -> None:
+        if peer not in self.peers:
+            raise PayloadRejected("not_a_peer", f"{peer} is not among this node's peers")
+        key = (peer, body.TYPE)
+        held = self._latest.get(key)
+        if held is None or held[0] <= round:
+            self._latest[key] = (round, body)
+
+    def fresh(self, kind: MessageType, round: int) -> dict[str, Body]:
+        """Payloads of `kind` from rounds within `max_staleness` of `round`, by peer."""
+        return {
+            peer: body
+            for (peer, k), (r, body) in self._latest.items()
+            if k == kind and 0 <= round - r <= self.max_staleness
+        }
+
+    def latest(self, kind: MessageType) -> dict[str, Body]:
+        return {peer: body for (peer, k), (_, body) in self._latest.items() if k == kind}
+
+
+class Algorithm(abc.ABC):
+    """One node's side of a decentralised learning algorithm."""
+
+    name: ClassVar[str]
+    config_type: ClassVar[type]  # a frozen dataclass of hyper-parameters; its defaults are the presets
+    homogeneous: ClassVar[bool] = False  # True: every node must run the same backbone
+
+    def __init__(self, setup: NodeSetup) -> None:
+        self.node_id = setup.node_id
+        self.setup = setup
+        self.peers: tuple[str, ...] = ()
+
+    def set_peers(self, peers: Iterable[str]) -> None:
+        """The candidate peers (from discovery); payloads from others are rejected."""
+        self.peers = tuple(sorted(set(peers) - {self.node_id}))
+
+    @abc.abstractmethod
+    def local_step(self, round: int) -> LocalReport: ...
+
+    def publish(self, round: int) -> list[Outbound]:
+        return []
+
+    def receive(self, peer: str, round: int, body: Body) -> None:
+        raise PayloadRejected("unexpected_type", f"{self.name} takes no {body.TYPE.value} payloads")
+
+    def end_round(self, round: int) -> None:
+        return None
+
+    @abc.abstractmethod
+    def evaluate(self) -> Evaluation: ...
+
+    def weights(self) -> dict[str, float]:
+        """This node's row of the collaboration matrix, itself included; sums to 1."""
+        return {self.node_id: 1.0}

@@ -1,0 +1,124 @@
+"""Local training machinery shared by the algorithms: seeded batches, optimisers, evaluation."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .seam import Evaluation, LocalData, LocalReport
+
+__all__ = ["TrainingConfig", "LocalTrainer", "evaluate_model", "seeded_generator"]
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """The local optimiser: E epochs over the node's shard per round, in minibatches."""
+
+    local_epochs: int = 1
+    batch_size: int = 32
+    optimizer: str = "adam"  # "adam" | "sgd"
+    learning_rate: float = 1e-3
+    momentum: float = 0.9  # sgd only
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.local_epochs < 1 or self.batch_size < 1:
+            raise ValueError("training.local_epochs and training.batch_size must be ≥ 1")
+        if self.optimizer not in ("adam", "sgd"):
+            raise ValueError(f"training.optimizer must be 'adam' or 'sgd', got {self.optimizer!r}")
+        if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
+            raise ValueError(f"training.learning_rate must be > 0, got {self.learning_rate}")
+        if not (0 <= self.momentum < 1 and self.weight_decay >= 0):
+            raise ValueError("training.momentum must be in [0, 1) and training.weight_decay ≥ 0")
+
+
+def seeded_generator(*seed: int) -> torch.Generator:
+    """A torch generator from a tuple of ints (e.g. run seed, node index, purpose)."""
+    value = 0
+    for part in seed:
+        value = (value * 1_000_003 + int(part)) % (2**63 - 1)
+    return torch.Generator().manual_seed(value)
+
+
+def _make_optimizer(parameters, config: TrainingConfig) -> torch.optim.Optimizer:
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(parameters, lr=config.learning_rate, momentum=config.momentum,
+                               weight_decay=config.weight_decay)
+    return torch.optim.Adam(parameters, lr=config.learning_rate, weight_decay=config.weight_decay)
+
+
+class LocalTrainer:
+    """Runs `local_epochs` epochs of a loss over shuffled minibatches of the node's shard.
+
+    The optimiser (and its moments) lives as long as the node, not just one round.
+    """
+
+    def __init__(self, model: nn.Module, images: torch.Tensor, labels: torch.Tensor, config: TrainingConfig,
+                 generator: torch.Generator) -> None:
+        self.model = model
+        self.images = images
+        self.labels = labels
+        self.config = config
+        self.generator = generator
+        self.optimizer = _make_optimizer(model.parameters(), config)
+
+    def batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        order = torch.randperm(len(self.labels), generator=self.generator)
+        size = self.config.batch_size
+        # A last batch of one sample would break BatchNorm; fold it into the previous one.
+        starts = list(range(0, len(order), size))
+        if len(starts) > 1 and len(order) - starts[-1] < 2:
+            starts.pop()
+        for index, start in enumerate(starts):
+            end = starts[index + 1] if index + 1 < len(starts) else len(order)
+            chosen = order[start:end]
+            yield self.images[chosen], self.labels[chosen]
+
+    def run(self, loss_of_batch: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict[str, float]]]
+            ) -> LocalReport:
+        self.model.train()
+        total, steps, samples = 0.0, 0, 0
+        parts: dict[str, float] = {}
+        for _ in range(self.config.local_epochs):
+            for images, labels in self.batches():
+                loss, batch_parts = loss_of_batch(images, labels)
+                if not torch.isfinite(loss):
+                    raise FloatingPointError(f"local loss became {loss.item()}; lower training.learning_rate")
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                self.optimizer.step()
+                total += loss.item()
+                for key, value in batch_parts.items():
+                    parts[key] = parts.get(key, 0.0) + value
+                steps += 1
+                samples += len(labels)
+        return LocalReport(loss=total / steps, parts={k: v / steps for k, v in parts.items()}, steps=steps,
+                           samples=samples)
+
+
+@torch.no_grad()
+def evaluate_model(classify: Callable[[torch.Tensor], torch.Tensor], model: nn.Module, data: LocalData,
+                   batch_size: int = 512) -> Evaluation:
+    """Accuracy on the node's own test split; also restricted to its own classes (SCooL's measure)."""
+    was_training = model.training
+    model.eval()
+    own = torch.zeros(data.num_classes, dtype=torch.bool)
+    own[list(data.own_classes)] = True
+    correct = own_correct = 0
+    loss = 0.0
+    for start in range(0, len(data.test_labels), batch_size):
+        images = data.test_images[start:start + batch_size]
+        labels = data.test_labels[start:start + batch_size]
+        logits = classify(images)
+        loss += F.cross_entropy(logits, labels, reduction="sum").item()
+        correct += (logits.argmax(1) == labels).sum().item()
+        own_correct += (logits.masked_fill(~own, -math.inf).argmax(1) == labels).sum().item()
+    model.train(was_training)
+    total = len(data.test_labels)
+    return Evaluation(correct=correct, total=total, own_class_correct=own_correct,
+                      loss=loss / total if total else float("nan"))

@@ -1,0 +1,207 @@
+"""Losses, the algorithm seam, payload checks, the registry, and an end-to-end simulation."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from algorithms import catalog, models
+from algorithms.datasets import load_dataset
+from algorithms.losses import prototype_alignment, prototype_uniformity, supervised_contrastive
+from algorithms.partitions import PartitionSpec, make_partition
+from algorithms.registry import ALGORITHMS, ConfigOverrideError, apply_overrides, default_config, make_algorithm
+from algorithms.seam import NeighbourView, NodeSetup, PayloadRejected
+from protocol.messages import Head, Model, Ping, Prototypes
+from testnet.simulator import SimulationSpec, node_data, run_simulation
+
+
+def test_supervised_contrastive_on_a_hand_computed_case():
+    # Two orthogonal unit vectors per class: cosines are 1 within a pair... here we pick
+    # projections whose cosines we know: a=(1,0), a'=(1,0), b=(0,1), b'=(0,1).
+    z = torch.tensor([[1.0, 0.0], [2.0, 0.0], [0.0, 1.0], [0.0, 3.0]])  # norms differ: loss normalises
+    labels = torch.tensor([0, 0, 1, 1])
+    t = 0.5
+    # Anchor 0: positive cosine 1 (its pair), negatives cosine 0 (two of them).
+    expected = -math.log(math.exp(1 / t) / (math.exp(1 / t) + 2 * math.exp(0)))
+    assert supervised_contrastive(z, labels, t).item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_supervised_contrastive_ignores_anchors_without_positives_and_is_finite_at_tiny_temperature():
+    z = torch.randn(5, 8)
+    labels = torch.tensor([0, 0, 1, 2, 3])
+    loss = supervised_contrastive(z, labels, 1e-3)
+    assert torch.isfinite(loss)
+    only_pair = supervised_contrastive(z[:2], labels[:2], 1e-3)
+    assert only_pair.item() == pytest.approx(0.0, abs=1e-6)  # the positive is the only other sample
+
+
+def test_prototype_losses_on_hand_computed_cases():
+    prototypes = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+    p = torch.tensor([[3.0, 0.0]])
+    # cosines (1, 0) / τ=1 → −log(e / (e + 1))
+    assert prototype_alignment(p, torch.tensor([0]), prototypes, 1.0).item() == pytest.approx(
+        -math.log(math.e / (math.e + 1)), rel=1e-6)
+    # Two orthogonal prototypes: each sees exp(0/τ) = 1 from the other.
+    assert prototype_uniformity(prototypes, 0.1).item() == pytest.approx(1.0)
+    opposite = torch.tensor([[1.0, 0.0], [-1.0, 0.0]])
+    assert prototype_uniformity(opposite, 0.5).item() == pytest.approx(math.exp(-2))
+
+
+def test_catalog_matches_the_registries():
+    assert catalog.ALGORITHM_NAMES == tuple(ALGORITHMS)
+    assert catalog.CPU_BACKBONES == models.CPU_BACKBONES
+    assert catalog.BACKBONES == models.BACKBONES
+
+
+def test_overrides_parse_validate_and_name_the_key():
+    config = apply_overrides(default_config("mapl"), {"graph.l2_weight": "2.5", "warmup_rounds": "3",
+                                                       "training.optimizer": "sgd", "shared_head_init": "yes"})
+    assert (config.graph.l2_weight, config.warmup_rounds, config.training.optimizer) == (2.5, 3, "sgd")
+    for bad, words in (({"graph.nope": "1"}, "no setting 'nope'"), ({"graph": "1"}, "is a section"),
+                       ({"warmup_rounds": "x"}, "not a valid int"), ({"graph.steps": "0"}, "graph.steps"),
+                       ({"training.optimizer": "rmsprop"}, "optimizer")):
+        with pytest.raises(ConfigOverrideError, match=words):
+            apply_overrides(default_config("mapl"), bad)
+
+
+@pytest.fixture(scope="module")
+def digits_nodes():
+    dataset = load_dataset("digits")
+    partition = make_partition(dataset, PartitionSpec(scenario="1", nodes=4, samples_per_class=10,
+                                                      test_per_class=5))
+    return dataset, partition
+
+
+def make_node(name, digits_nodes, index=0, backbone="convnet"):
+    dataset, partition = digits_nodes
+    setup = NodeSetup(node_id=f"n{index}", data=node_data(dataset, partition, index, pooled=False),
+                      backbone=backbone, seed=index)
+    node = make_algorithm(name, setup)
+    node.set_peers(["n0", "n1", "n2", "n3"])
+    return node
+
+
+def test_mapl_rejects_payloads_of_the_wrong_shape_type_or_sender(digits_nodes):
+    node = make_node("mapl", digits_nodes)
+    k, dim, latent = node.spec.num_classes, node.spec.projection_dim, node.spec.latent_dim
+    good = Prototypes(classes=tuple(range(k)), counts=(1,) * k, prototypes=np.zeros((k, dim), np.float32))
+    node.receive("n1", 0, good)
+    cases = [
+        ("n1", Prototypes(classes=tuple(range(k)), counts=(1,) * k, prototypes=np.zeros((k, dim + 1), np.float32)),
+         "bad_shape"),
+        ("n1", Prototypes(classes=(0, 1), counts=(1, 1), prototypes=np.zeros((2, dim), np.float32)), "bad_shape"),
+        ("n1", Prototypes(classes=(k,), counts=(1,), prototypes=np.zeros((1, dim), np.float32)), "bad_class"),
+        ("n1", Head(weight=np.zeros((k, latent + 1), np.float32), bias=np.zeros(k, np.float32)), "bad_shape"),
+        ("n1", Head(weight=np.zeros((k, latent), np.float32), bias=None), "bad_shape"),
+        ("n1", Model(kind="params", tensors={}), "unexpected_type"),
+        ("n1", Ping(nonce=1), "unexpected_type"),
+        ("stranger", good, "not_a_peer"),
+    ]
+    for sender, body, reason in cases:
+        with pytest.raises(PayloadRejected) as caught:
+            node.receive(sender, 0, body)
+        assert caught.value.reason == reason, (body, caught.value)
+
+
+def test_neighbour_view_keeps_the_freshest_payload_within_staleness():
+    view = NeighbourView(max_staleness=1)
+    view.set_peers(["a", "b"])
+    old = Prototypes(classes=(0,), counts=(1,), prototypes=np.zeros((1, 2), np.float32))
+    new = Prototypes(classes=(0,), counts=(2,), prototypes=np.ones((1, 2), np.float32))
+    view.put("a", 5, new)
+    view.put("a", 3, old)  # late and older: ignored
+    assert view.fresh(Prototypes.TYPE, 6)["a"] is new
+    assert view.fresh(Prototypes.TYPE, 7) == {}  # two rounds old
+    view.set_peers(["b"])  # a left: its payloads go with it
+    assert view.latest(Prototypes.TYPE) == {}
+    with pytest.raises(ValueError):
+        NeighbourView(-1)
+
+
+def test_dfedavgm_averages_models_exactly(digits_nodes):
+    a = make_node("dfedavgm", digits_nodes, 0)
+    b = make_node("dfedavgm", digits_nodes, 1)
+    a.local_step(0)
+    b.local_step(0)
+    (out_a,) = a.publish(0)
+    (out_b,) = b.publish(0)
+    before = {k: v.clone() for k, v in a._state().items()}
+    a.receive("n1", 0, out_b.body)
+    a.end_round(0)
+    for name, tensor in a._state().items():
+        expected = (before[name] + torch.tensor(out_b.body.tensors[name])) / 2
+        torch.testing.assert_close(tensor, expected)
+
+
+def test_mapl_aggregates_prototypes_with_its_weights(digits_nodes):
+    node = make_node("mapl", digits_nodes)
+    k, dim = node.spec.num_classes, node.spec.projection_dim
+    own = node.model.prototypes.detach().clone()
+    peer_rows = np.full((k, dim), 0.5, np.float32)
+    node.receive("n1", 0, Prototypes(classes=tuple(range(k)), counts=(1,) * k, prototypes=peer_rows))
+    node.end_round(0)
+    # Only n1 arrived: weights 1/4 (self) and 1/4 (n1) renormalise to 1/2 each.
+    torch.testing.assert_close(node.model.prototypes.detach(), (own + torch.tensor(peer_rows)) / 2)
+
+
+def test_homogeneous_algorithms_refuse_mixed_backbones():
+    with pytest.raises(ValueError, match="one backbone"):
+        SimulationSpec(algorithm="dfedavgm", backbones=("convnet", "mlp")).node_backbones()
+
+
+def test_simulate_on_digits_learns_and_recovers_two_clusters(tmp_path):
+    from p2pnode.cli import main
+
+    out = tmp_path / "sim"
+    code = main(["simulate", "--algorithm", "mapl", "--dataset", "digits", "--nodes", "4", "--rounds", "12",
+                 "--samples-per-class", "20", "--set", "warmup_rounds=4", "--threads", "1", "--out", str(out)])
+    assert code == 0
+    report = json.loads((out / "report.json").read_text())
+    for key in ("algorithm", "dataset", "scenario", "nodes", "rounds", "seed", "wall_s"):
+        assert key in report
+    assert report["accuracy"]["mean"] > 0.6  # 5 classes per node: chance is 0.2
+    assert all(0 <= a <= 1 for a in report["accuracy"]["per_node"])
+    assert len(report["accuracy"]["per_round"]) == 12
+    w = np.array(report["graph"]["W"])
+    np.testing.assert_allclose(w.sum(axis=1), 1)
+    assert w.min() >= 0
+    assert report["graph"]["within_cluster_mass"] >= 0.9
+    assert report["comm"]["by_type"]["PROTOTYPES"]["messages"] > 0 and report["comm"]["by_type"]["HEAD"]["bytes"] > 0
+    assert report["comm"]["bytes"] == sum(t["bytes"] for t in report["comm"]["by_type"].values())
+    assert report["rejections"] == {}
+    for png in ("graph.png", "accuracy.png", "bytes.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("algorithm", ["local", "oracle", "fedproto", "mapl-nocgl", "mapl+", "dfedavgm"])
+def test_every_algorithm_runs_through_the_simulator(algorithm):
+    spec = SimulationSpec(algorithm=algorithm, dataset="digits", scenario="1", nodes=4, rounds=2,
+                          samples_per_class=5, test_per_class=3, overrides={"training.batch_size": "16"})
+    report = run_simulation(spec)
+    assert 0 <= report["accuracy"]["mean"] <= 1
+    np.testing.assert_allclose(np.array(report["graph"]["W"]).sum(axis=1), 1)
+    communicates = algorithm not in ("local", "oracle")
+    assert (report["comm"]["messages"] > 0) == communicates
+    if algorithm == "local":
+        np.testing.assert_allclose(report["graph"]["W"], np.eye(4))
+
+
+def test_simulation_is_deterministic():
+    spec = SimulationSpec(algorithm="mapl", dataset="digits", nodes=3, rounds=2, samples_per_class=5,
+                          test_per_class=3, overrides={"warmup_rounds": "1"})
+    first, second = run_simulation(spec), run_simulation(spec)
+    assert first["accuracy"] == second["accuracy"]
+    assert first["graph"]["W"] == second["graph"]["W"]
+    assert first["comm"] == second["comm"]
+
+
+def test_local_loss_is_finite_and_decreases(digits_nodes):
+    node = make_node("local", digits_nodes)
+    first = node.local_step(0).loss
+    for round in range(1, 6):
+        last = node.local_step(round).loss
+    assert math.isfinite(first) and last < first
+    assert F.softmax(node.model.classify(node.data.test_images), 1).shape[1] == 10
