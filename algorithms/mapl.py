@@ -136,7 +136,6 @@ class Mapl(_PmlNode):
         self.w: dict[str, float] = {self.node_id: 1.0}
         self.graph_learned = False
         self.explore_rng = np.random.default_rng([setup.seed, 2])
-        self.missing: dict[str, int] = {}
 
     # -- peers and weights ------------------------------------------------------------------
 

@@ -165,6 +165,8 @@ class Algorithm(abc.ABC):
         self.node_id = setup.node_id
         self.setup = setup
         self.peers: tuple[str, ...] = ()
+        # Neighbours whose payload for a round had not arrived by its end, counted per peer.
+        self.missing: dict[str, int] = {}
 
     def set_peers(self, peers: Iterable[str]) -> None:
         """The candidate peers (from discovery); payloads from others are rejected."""

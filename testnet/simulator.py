@@ -207,7 +207,7 @@ def run_simulation(spec: SimulationSpec, progress: Callable[[RoundResult], None]
             "bytes_cumulative_per_round": per_round["bytes"],
         },
         "rejections": dict(rejections),
-        "missing_payloads": int(sum(sum(getattr(node, "missing", {}).values()) for node in nodes)),
+        "missing_payloads": int(sum(sum(node.missing.values()) for node in nodes)),
         "wall_s": time.perf_counter() - started,
         "local_step_s_per_node_round": step_seconds / (spec.nodes * spec.rounds),
     }
