@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -46,6 +47,9 @@ class _AllPeersUniform(Algorithm):
     def weights(self) -> dict[str, float]:
         uniform = 1.0 / (len(self.peers) + 1)
         return {node: uniform for node in (self.node_id, *self.peers)}
+
+    def expected(self, round: int) -> tuple[str, ...]:
+        return self.peers
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,13 @@ class FedProto(_AllPeersUniform):
     def evaluate(self) -> Evaluation:
         return evaluate_model(self.model.classify, self.model, self.data)
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"trainer": self.trainer.state_dict(), "global_prototypes": dict(self.global_prototypes)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.trainer.load_state_dict(state["trainer"])
+        self.global_prototypes = {int(k): v for k, v in state["global_prototypes"].items()}
+
 
 @dataclass(frozen=True)
 class DFedAvgMConfig:
@@ -174,3 +185,9 @@ class DFedAvgM(_AllPeersUniform):
 
     def evaluate(self) -> Evaluation:
         return evaluate_model(self.model.classify, self.model, self.data)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"trainer": self.trainer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.trainer.load_state_dict(state["trainer"])

@@ -42,7 +42,7 @@ class GraphConfig:
 
     mu_similarity: float = 20.0  # μ1 (code: 0.5)
     mu_regulariser: float = 0.1  # μ2
-    l2_weight: float = 10.0  # β (code: a config value)
+    l2_weight: float = 15.0  # β (code: a config value)
     epsilon: float = 1e-6  # ε inside log(deg + ε)
     steps: int = 50  # E_g projected steps per round (code: 1)
     optimizer: str = "gradient"  # "gradient" (projected gradient) | "adam" (the code's)

@@ -3,8 +3,8 @@ plus a learned collaboration graph. Also its no-communication relatives, Local a
 
 Per round: a PML local step (supervised contrastive + cross-entropy + sample-to-prototype +
 prototype uniformity, on two augmented views), then prototypes go to the current neighbours;
-after warm-up the classifier head goes too and CGL updates the weight vector from head
-similarity. Prototypes are aggregated with those weights every round, warm-up included:
+after warm-up the classifier head rides along every `head_every` rounds (in the same PROTOTYPES
+frame) and CGL updates the weight vector from head similarity. Prototypes are aggregated with those weights every round, warm-up included:
 ξ_i ← w_ii ξ_i + Σ_j w_ij ξ_j. Only heads and prototypes cross between nodes; MAPL+ (same
 backbone everywhere) also averages backbone and projector with the learned weights.
 """
@@ -12,6 +12,7 @@ backbone everywhere) also averages backbone and projector with the learned weigh
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -47,6 +48,10 @@ class MaplConfig:
     max_staleness: int = 1  # rounds a payload stays usable
     explore_every: int = 5  # after warm-up, every k rounds also publish to a few non-neighbours
     explore_peers: int = 1  # ... this many; 0 disables exploration
+    # After warm-up the head rides on the prototypes every k rounds (and always to an explored
+    # peer); a head stays usable for k − 1 + max_staleness rounds. Heads drift slowly, and this
+    # keeps the head's bytes from doubling every message.
+    head_every: int = 5
     shared_head_init: bool = True  # every node starts from the same head (seeded by the network)
 
     def __post_init__(self) -> None:
@@ -58,8 +63,10 @@ class MaplConfig:
         if self.graph.similarity != "cosine" and not self.shared_head_init:
             raise ValueError(f"graph.similarity={self.graph.similarity} compares head updates since a common "
                              "start: it needs shared_head_init=true")
-        if self.warmup_rounds < 0 or self.max_staleness < 0 or self.explore_every < 1 or self.explore_peers < 0:
-            raise ValueError("warmup_rounds, max_staleness, explore_peers must be ≥ 0 and explore_every ≥ 1")
+        if self.warmup_rounds < 0 or self.max_staleness < 0 or self.explore_peers < 0:
+            raise ValueError("warmup_rounds, max_staleness and explore_peers must be ≥ 0")
+        if self.explore_every < 1 or self.head_every < 1:
+            raise ValueError("explore_every and head_every must be ≥ 1")
 
 
 class _PmlNode(Algorithm):
@@ -110,6 +117,12 @@ class _PmlNode(Algorithm):
     def evaluate(self) -> Evaluation:
         return evaluate_model(self.model.classify, self.model, self.data)
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"trainer": self.trainer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.trainer.load_state_dict(state["trainer"])
+
 
 class Local(_PmlNode):
     """No communication at all: the floor every collaborative method must beat."""
@@ -159,33 +172,65 @@ class Mapl(_PmlNode):
     def _graph_phase(self, round: int) -> bool:
         return self.learn_graph and round >= self.config.warmup_rounds
 
+    def expected(self, round: int) -> tuple[str, ...]:
+        """Before the graph phase everyone sends to everyone. Afterwards a peer sends only if it
+        gave us weight, which we cannot see: wait for the neighbours that sent last round."""
+        if not self._graph_phase(round) or not self._graph_phase(round - 1):
+            return self.peers
+        neighbours = set(self.neighbours())
+        return tuple(p for p in self.view.senders(MessageType.PROTOTYPES, round - 1) if p in neighbours)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "w": dict(self.w), "graph_learned": self.graph_learned,
+                "graph_moments": [dict(self.graph.first_moment), dict(self.graph.second_moment)],
+                "graph_step_count": self.graph.step_count, "explore_rng": self.explore_rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        try:
+            self.w = {str(k): float(v) for k, v in state["w"].items()}
+            self.graph_learned = bool(state["graph_learned"])
+            first, second = state["graph_moments"]
+            self.graph.first_moment, self.graph.second_moment = dict(first), dict(second)
+            self.graph.step_count = int(state["graph_step_count"])
+            self.explore_rng.bit_generator.state = state["explore_rng"]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"the saved graph state does not fit: {exc}") from None
+
     # -- publish and receive ----------------------------------------------------------------
 
-    def _targets(self, round: int) -> tuple[str, ...]:
+    def _targets(self, round: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(neighbours, explored non-neighbours) this round's payloads go to."""
         if not self._graph_phase(round):
-            return self.peers
-        targets = set(self.neighbours())
+            return self.peers, ()
+        neighbours = self.neighbours()
         cfg = self.config
-        outsiders = sorted(set(self.peers) - targets)
-        if cfg.explore_peers and outsiders and (round - cfg.warmup_rounds) % cfg.explore_every == 0:
-            # Without this a zero weight is final: a peer we no longer hear from is never re-scored.
-            chosen = self.explore_rng.choice(len(outsiders), size=min(cfg.explore_peers, len(outsiders)),
-                                             replace=False)
-            targets.update(outsiders[i] for i in chosen)
-        return tuple(sorted(targets))
+        outsiders = sorted(set(self.peers) - set(neighbours))
+        if not (cfg.explore_peers and outsiders and (round - cfg.warmup_rounds) % cfg.explore_every == 0):
+            return neighbours, ()
+        # Without this a zero weight is final: a peer we no longer hear from is never re-scored.
+        chosen = self.explore_rng.choice(len(outsiders), size=min(cfg.explore_peers, len(outsiders)), replace=False)
+        return neighbours, tuple(sorted(outsiders[i] for i in chosen))
 
     def publish(self, round: int) -> list[Outbound]:
-        to = self._targets(round)
-        if not to:
-            return []
-        bodies: list[Body] = [Prototypes(classes=tuple(range(self.spec.num_classes)), counts=self.class_counts,
-                                         prototypes=to_numpy(self.model.prototypes))]
-        if self._graph_phase(round):
-            head = self.model.head
-            bodies.append(Head(weight=to_numpy(head.weight), bias=to_numpy(head.bias)))
-        if self.share_backbone:
-            bodies.append(Model(kind="params", tensors={k: to_numpy(v) for k, v in self._shared().items()}))
-        return [Outbound(to=to, body=body) for body in bodies]
+        neighbours, explored = self._targets(round)
+        graph_phase = self._graph_phase(round)
+        head_round = graph_phase and (round - self.config.warmup_rounds) % self.config.head_every == 0
+
+        def prototypes(with_head: bool) -> Prototypes:
+            return Prototypes(classes=tuple(range(self.spec.num_classes)), counts=self.class_counts,
+                              prototypes=to_numpy(self.model.prototypes),
+                              head=to_numpy(self.model.head.weight) if with_head else None)
+
+        # An explored peer always gets the head: without it, it cannot score us.
+        with_head = (*neighbours, *explored) if head_round else explored
+        without_head = () if head_round else neighbours
+        out = [Outbound(to=tuple(sorted(to)), body=prototypes(head)) for to, head in
+               ((with_head, True), (without_head, False)) if to]
+        if self.share_backbone and (neighbours or explored):
+            out.append(Outbound(to=tuple(sorted((*neighbours, *explored))), body=Model(
+                kind="params", tensors={k: to_numpy(v) for k, v in self._shared().items()})))
+        return out
 
     def _shared(self) -> dict[str, torch.Tensor]:
         return shared_state({"backbone": self.model.backbone, "projector": self.model.projector})
@@ -193,8 +238,11 @@ class Mapl(_PmlNode):
     def receive(self, peer: str, round: int, body: Body) -> None:
         if isinstance(body, Prototypes):
             check_prototypes(body, self.spec.num_classes, self.spec.projection_dim, all_classes=True)
-        elif isinstance(body, Head) and self.learn_graph:
-            check_head(body, self.model.head)
+            if body.head is not None and self.learn_graph:
+                head = Head(weight=body.head, bias=None)
+                check_head(head, self.model.head, with_bias=False)
+                # Kept apart from the prototypes: a later head-less message must not hide it.
+                self.view.put(peer, round, head)
         elif isinstance(body, Model) and self.share_backbone:
             check_model(body, self._shared())
         else:
@@ -236,10 +284,15 @@ class Mapl(_PmlNode):
                 self.missing[peer] = self.missing.get(peer, 0) + 1
 
     def _graph_step(self, round: int) -> None:
-        heads = self.view.fresh(MessageType.HEAD, round)
+        cfg = self.config
+        heads = self.view.fresh(MessageType.HEAD, round, cfg.head_every - 1 + cfg.max_staleness)
+        if not heads and self.graph_learned:
+            # No evidence this round (e.g. the node was down or jumped ahead): keep the graph
+            # rather than fall back to talking to no one, which nobody could undo.
+            return
         candidates = [self.node_id, *sorted(heads)]
         own_head = to_numpy(self.model.head.weight)
-        measure = self.config.graph.similarity
+        measure = cfg.graph.similarity
         similarity = np.array([1.0] + [head_similarity(own_head, heads[p].weight, measure, self.initial_head)
                                        for p in candidates[1:]])
         sizes = self._dataset_sizes(candidates)

@@ -40,11 +40,12 @@ def check_prototypes(body: Prototypes, num_classes: int, dim: int, *, all_classe
         raise PayloadRejected("bad_shape", f"expected prototypes of all {num_classes} classes, got {rows}")
 
 
-def check_head(body: Head, head: nn.Linear) -> None:
+def check_head(body: Head, head: nn.Linear, *, with_bias: bool = True) -> None:
+    """A peer's head must have our head's shape; `with_bias=False` for a weight sent alone."""
     expected = tuple(head.weight.shape)
     if body.weight.shape != expected:
         raise PayloadRejected("bad_shape", f"head weight {body.weight.shape}, expected {expected}")
-    if (body.bias is None) != (head.bias is None):
+    if with_bias and (body.bias is None) != (head.bias is None):
         raise PayloadRejected("bad_shape", "head bias present on one side only")
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -142,16 +142,21 @@ class NeighbourView:
         if held is None or held[0] <= round:
             self._latest[key] = (round, body)
 
-    def fresh(self, kind: MessageType, round: int) -> dict[str, Body]:
-        """Payloads of `kind` from rounds within `max_staleness` of `round`, by peer."""
+    def fresh(self, kind: MessageType, round: int, max_staleness: int | None = None) -> dict[str, Body]:
+        """Payloads of `kind` from rounds within `max_staleness` (default: the view's) of `round`."""
+        bound = self.max_staleness if max_staleness is None else max_staleness
         return {
             peer: body
             for (peer, k), (r, body) in self._latest.items()
-            if k == kind and 0 <= round - r <= self.max_staleness
+            if k == kind and 0 <= round - r <= bound
         }
 
     def latest(self, kind: MessageType) -> dict[str, Body]:
         return {peer: body for (peer, k), (_, body) in self._latest.items() if k == kind}
+
+    def senders(self, kind: MessageType, round: int) -> tuple[str, ...]:
+        """Peers whose latest payload of `kind` is for exactly `round`."""
+        return tuple(sorted(peer for (peer, k), (r, _) in self._latest.items() if k == kind and r == round))
 
 
 class Algorithm(abc.ABC):
@@ -181,11 +186,24 @@ class Algorithm(abc.ABC):
     def receive(self, peer: str, round: int, body: Body) -> None:
         raise PayloadRejected("unexpected_type", f"{self.name} takes no {body.TYPE.value} payloads")
 
+    def expected(self, round: int) -> tuple[str, ...]:
+        """Peers whose payloads for `round` are worth waiting for before `end_round` (a driver
+        waits for them up to its deadline). Nothing, for an algorithm that does not listen."""
+        return ()
+
     def end_round(self, round: int) -> None:
         return None
 
     @abc.abstractmethod
     def evaluate(self) -> Evaluation: ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a restarted node needs to continue: tensors, numbers, strings, and lists
+        and dicts of them only, so a checkpoint loads with torch.load(weights_only=True)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned; raises ValueError if it does not fit this node."""
 
     def weights(self) -> dict[str, float]:
         """This node's row of the collaboration matrix, itself included; sums to 1."""

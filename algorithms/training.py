@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -66,6 +67,18 @@ class LocalTrainer:
         self.config = config
         self.generator = generator
         self.optimizer = _make_optimizer(model.parameters(), config)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.generator.set_state(state["generator"])
+        except (KeyError, RuntimeError, ValueError, TypeError) as exc:
+            raise ValueError(f"the saved training state does not fit this model: {exc}") from None
 
     def batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         order = torch.randperm(len(self.labels), generator=self.generator)

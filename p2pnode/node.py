@@ -38,7 +38,9 @@ from .beacon import run_beacon
 from .config import Config
 from .control import serve_control
 from .inbound import Inbound, decode_all
-from .metrics import UNKNOWN_PEER, Metrics
+from .learning import CHECKPOINT_NAME, CheckpointError, RoundDriver, build_algorithm
+from .metrics import NOT_LEARNING, UNKNOWN_PEER, Metrics
+from .prometheus import render_for, serve_prometheus
 from .peers import DISCOVERY_TYPES, Action, Dial, Hangup, Membership, Send, SendHello
 from .state import DataDir, DataDirError
 from .transport import Transport, TransportError
@@ -79,8 +81,10 @@ class Node:
         self.membership: Membership | None = None
         self.address: str | None = None  # what peers dial: [node].advertise, or the bound endpoint
         self.round = 0
-        # Learning algorithms (later issues) receive PROTOTYPES, HEAD, SCORE and MODEL here.
+        # The round driver (learning.py) takes PROTOTYPES, HEAD, SCORE and MODEL here.
         self.on_payload: Callable[[Envelope], Awaitable[None]] | None = None
+        self.driver: RoundDriver | None = None
+        self.metrics_port: int | None = None  # where Prometheus metrics are served, if they are
         self._counter: SequenceCounter | None = None
         self._data_dir: DataDir | None = None
         self._nursery: trio.Nursery | None = None
@@ -108,19 +112,18 @@ class Node:
                 self._started_at = trio.current_time()
                 self.membership = Membership(self.identity.public_key, config.discovery, rng=self.rng, now=self._started_at)
                 self.membership.set_own_hello(self._hello_frame())
-                start_error: NodeStartError | None = None
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
-                    try:
-                        await nursery.start(serve_control, config.control_socket, self._control)
-                    except OSError as exc:
-                        start_error = NodeStartError(f"[node].data_dir: cannot open the control socket: {exc.strerror or exc}")
+                    start_error = await self._start_services(nursery)
+                    if start_error is not None:
                         nursery.cancel_scope.cancel()
                     else:
                         nursery.start_soon(self.inbound.run, self._handle)
                         nursery.start_soon(self._maintain)
                         if config.beacon.enabled:
                             nursery.start_soon(self._beacon)
+                        if config.algorithm.name != "none":
+                            nursery.start_soon(self._learn, data_dir)
                         log.info("node %s listening on %s, advertising %s", self.identity.node_id, endpoint, self.address)
                         task_status.started(self)
                         await self._stop.wait()
@@ -134,6 +137,20 @@ class Node:
                         self._execute(self.membership.goodbye())
                     await self.transport.close()
                 log.info("node %s stopped", self.identity.node_id)
+
+    async def _start_services(self, nursery: trio.Nursery) -> NodeStartError | None:
+        """The local endpoints: the control socket and, if configured, Prometheus metrics."""
+        config = self.config
+        try:
+            await nursery.start(serve_control, config.control_socket, self._control)
+        except OSError as exc:
+            return NodeStartError(f"[node].data_dir: cannot open the control socket: {exc.strerror or exc}")
+        if config.metrics.host_port is not None:
+            try:
+                self.metrics_port = await nursery.start(serve_prometheus, *config.metrics.host_port, render_for(self))
+            except OSError as exc:
+                return NodeStartError(f"[metrics].listen: cannot listen on {config.metrics.listen}: {exc.strerror or exc}")
+        return None
 
     @contextlib.contextmanager
     def _locked_data_dir(self):
@@ -197,10 +214,11 @@ class Node:
         if frame is None:
             return 0
         kind = body.TYPE.value
+        payload = body.payload_bytes()
         delivered = 0
         for address in addresses:
             if self.transport.send(address, frame):
-                self.metrics.sent(kind, len(frame))
+                self.metrics.sent(kind, len(frame), payload)
                 delivered += 1
             else:
                 self.metrics.send_dropped[kind] += 1
@@ -247,8 +265,9 @@ class Node:
             return refusal
         if not membership.on_frame(envelope.sender, now):
             return UNKNOWN_PEER  # learning payloads are taken from admitted peers only
-        if self.on_payload is not None:
-            await self.on_payload(envelope)
+        if self.on_payload is None:
+            return NOT_LEARNING
+        await self.on_payload(envelope)
         return None
 
     async def _verify_relayed(self, peers: Peers) -> list[tuple[Envelope, bytes]]:
@@ -268,6 +287,29 @@ class Node:
             else:
                 relayed.append((result, frame))
         return relayed
+
+    # --- learning ------------------------------------------------------------------------
+
+    async def _learn(self, data_dir: DataDir) -> None:
+        """Build the algorithm (data and model load in a worker thread while discovery runs),
+        resume from the checkpoint, then drive the rounds; the node keeps serving afterwards."""
+        driver = RoundDriver(self, data_dir.path / CHECKPOINT_NAME)
+        self.driver = driver
+        self.on_payload = driver.on_payload  # queue (bounded) what faster peers send meanwhile
+        try:
+            algorithm = await trio.to_thread.run_sync(build_algorithm, self.config, self.identity.node_id)
+        except Exception as exc:  # a dataset root or device problem: the node cannot do its job
+            raise NodeStartError(f"[data]/[model]/[algorithm]: cannot set up learning: {exc}") from exc
+        driver.attach(algorithm)
+        try:
+            driver.resume()
+        except CheckpointError as exc:
+            raise NodeStartError(f"[node].data_dir: {exc}") from None
+        try:
+            await driver.run()
+        except Exception as exc:  # e.g. a diverging loss: stop learning, keep serving, say why
+            driver.phase = f"failed: {type(exc).__name__}: {exc}"
+            log.exception("learning stopped in round %d", driver.round)
 
     # --- periodic work -------------------------------------------------------------------
 
@@ -317,6 +359,8 @@ class Node:
             "dialing": sorted(membership.dialing),
             "membership": dict(sorted(membership.counts.items())),
             "traffic": self.metrics.snapshot(),
+            "learning": None if self.driver is None else self.driver.status(),
+            "metrics_port": self.metrics_port,
         }
 
     async def _control(self, request: dict) -> dict:

@@ -36,4 +36,7 @@ def run_until_signalled(config: Config) -> None:
     try:
         trio.run(_serve, Node(config))
     except* NodeStartError as group:
-        raise group.exceptions[0] from None
+        first = group
+        while isinstance(first, BaseExceptionGroup):  # nurseries nest their groups
+            first = first.exceptions[0]
+        raise first from None

@@ -61,9 +61,14 @@ class Field(NamedTuple):
     path: str  # "TYPE.name", where errors say the problem is
 
 
-def wire(codec: Codec) -> Any:
-    """Declare a body field and its wire codec."""
-    return dataclasses.field(metadata={"wire": codec})
+_REQUIRED: Any = dataclasses.MISSING
+
+
+def wire(codec: Codec, default: Any = _REQUIRED) -> Any:
+    """Declare a body field and its wire codec. A default only spares Python callers the
+    argument: on the wire every field is always present (nil for an absent nullable one), so
+    each body has exactly one encoding."""
+    return dataclasses.field(default=default, metadata={"wire": codec})
 
 
 class Body:
@@ -234,11 +239,17 @@ class Bye(Body):
 
 @body(MessageType.PROTOTYPES)
 class Prototypes(Body):
-    """Class prototypes ξ: row r is the prototype of class classes[r], from counts[r] samples."""
+    """Class prototypes ξ: row r is the prototype of class classes[r], from counts[r] samples.
+
+    `head` optionally carries the sender's classifier-head weight (one row per class of its
+    model) in the same frame, so an algorithm that shares both (MAPL) costs one message per
+    neighbour per round, not two.
+    """
 
     classes: tuple[int, ...] = wire(ListOf(UInt(16), max_len=MAX_CLASSES, unique=True))
     counts: tuple[int, ...] = wire(ListOf(UInt(32), max_len=MAX_CLASSES))
     prototypes: np.ndarray = wire(Tensor(rank=2))
+    head: np.ndarray | None = wire(Nullable(Tensor(rank=2)), default=None)
 
     def check(self, limits: Limits) -> None:
         rows = self.prototypes.shape[0]
@@ -246,6 +257,10 @@ class Prototypes(Body):
             raise ProtocolError(
                 Reason.BAD_TENSOR,
                 f"PROTOTYPES: {rows} prototype rows, {len(self.classes)} classes, {len(self.counts)} counts",
+            )
+        if self.head is not None and self.classes and max(self.classes) >= self.head.shape[0]:
+            raise ProtocolError(
+                Reason.BAD_TENSOR, f"PROTOTYPES: class {max(self.classes)} but the head has {self.head.shape[0]} rows"
             )
 
 

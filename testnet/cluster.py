@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,9 +88,10 @@ class Cluster:
         network: str = "testnet",
         host: str = "127.0.0.1",
         discovery: dict | None = None,
-        extra: dict | None = None,
+        extra: dict | Callable[[int], dict] | None = None,
     ) -> Cluster:
-        """Write a key and a config per node under `out`. Node i knows only node i+1 (a ring)."""
+        """Write a key and a config per node under `out`. Node i knows only node i+1 (a ring).
+        `extra` adds sections: one table for all nodes, or a function of the node index."""
         ports = free_ports(count, host)
         addresses = [f"tcp://{host}:{port}" for port in ports]
         specs = []
@@ -101,7 +103,7 @@ class Cluster:
             settings = {
                 "node": {"key": "key.pem", "data_dir": "data", "network": network, "listen": address},
                 "discovery": {"bootstrap": [addresses[(index + 1) % count]] if count > 1 else [], **(discovery or {})},
-                **(extra or {}),
+                **((extra(index) if callable(extra) else extra) or {}),
             }
             spec = NodeSpec(index, directory, address, settings, identity.node_id)
             spec.config_path.write_text(tomli_w.dumps(settings))

@@ -29,6 +29,28 @@ def gap_share(method: float, local: float, oracle: float) -> float | None:
     return None if abs(gap) < 1e-9 else (method - local) / gap
 
 
+def run_header(kind: str, spec, partition, ids: list[str], backbones: list[str], config: dict) -> dict[str, Any]:
+    """The fields that say what was run; the simulator and the learning testnet share them."""
+    clusters = sorted({shard.cluster for shard in partition.shards})
+    return {
+        "kind": kind,
+        "algorithm": spec.algorithm,
+        "dataset": spec.dataset,
+        "scenario": spec.scenario,
+        "clusters": len(clusters),
+        "nodes": spec.nodes,
+        "rounds": spec.rounds,
+        "seed": spec.seed,
+        "samples_per_class": partition.samples_per_class,
+        "test_per_class": partition.test_per_class,
+        "partition_notes": list(partition.notes),
+        "node_ids": ids,
+        "backbones": backbones,
+        "node_classes": [list(shard.classes) for shard in partition.shards],
+        "config": config,
+    }
+
+
 def write_report(report: dict[str, Any], out: Path) -> list[Path]:
     """Write report.json and the PNGs into `out` (created); returns the paths written."""
     missing = [key for key in REQUIRED_KEYS if key not in report]
@@ -91,6 +113,8 @@ def _save(fig, path: Path, plt) -> Path:
 def summary_line(report: dict[str, Any]) -> str:
     acc = report["accuracy"]
     graph = report["graph"]
+    if acc["mean"] is None:
+        return f"{report['algorithm']}: no node reported an accuracy"
     return (f"{report['algorithm']}: accuracy {acc['mean'] * 100:.1f} ± {acc['std'] * 100:.1f} %, "
             f"within-cluster mass {graph['within_cluster_mass']:.3f}, L1 to truth {graph['l1_to_truth']:.3f}, "
             f"{report['comm']['messages']} messages, {report['comm']['bytes'] / 2**20:.1f} MiB, "

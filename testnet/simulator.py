@@ -20,16 +20,19 @@ import numpy as np
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from algorithms.datasets import Dataset, load_dataset
+from algorithms.datasets import load_dataset
 from algorithms.graph import l1_to_truth, within_cluster_mass
 from algorithms.models import CPU_BACKBONES
-from algorithms.partitions import Partition, PartitionSpec, make_partition
+from algorithms.partitions import PartitionSpec, make_partition
 from algorithms.registry import ALGORITHMS, apply_overrides, config_as_dict, default_config, make_algorithm
-from algorithms.seam import Algorithm, LocalData, NodeSetup, PayloadRejected
+from algorithms.seam import Algorithm, PayloadRejected
+from algorithms.setup import node_setup
 from protocol.envelope import Decoder, Encoder
 from protocol.identity import Identity
 
-__all__ = ["SimulationSpec", "RoundResult", "run_simulation", "node_data"]
+from .report import run_header
+
+__all__ = ["SimulationSpec", "RoundResult", "run_simulation", "simulation_identity"]
 
 NETWORK = "p2pnode-sim"
 HOMOGENEOUS_DEFAULT = ("convnet",)
@@ -74,21 +77,7 @@ class RoundResult:
     elapsed_s: float
 
 
-def node_data(dataset: Dataset, partition: Partition, node: int, *, pooled: bool) -> LocalData:
-    """A node's tensors: its training shard (or its cluster's pooled shard) and its own test split."""
-    shard = partition.shards[node]
-    train_idx = partition.cluster_train_indices(shard.cluster) if pooled else shard.train_indices
-    test_pool = dataset.train if shard.test_from_train_pool else dataset.test
-    return LocalData(
-        train_images=torch.tensor(dataset.train.images[train_idx]),
-        train_labels=torch.tensor(dataset.train.labels[train_idx]),
-        test_images=torch.tensor(test_pool.images[shard.test_indices]),
-        test_labels=torch.tensor(test_pool.labels[shard.test_indices]),
-        num_classes=dataset.num_classes,
-    )
-
-
-def _identity(seed: int, node: int) -> Identity:
+def simulation_identity(seed: int, node: int) -> Identity:
     secret = hashlib.sha256(f"p2pnode-sim/{seed}/{node}".encode()).digest()
     return Identity(Ed25519PrivateKey.from_private_bytes(secret))
 
@@ -103,13 +92,13 @@ def run_simulation(spec: SimulationSpec, progress: Callable[[RoundResult], None]
         scenario=spec.scenario, nodes=spec.nodes, clusters=spec.clusters,
         samples_per_class=spec.samples_per_class, test_per_class=spec.test_per_class, seed=spec.seed))
     backbones = spec.node_backbones()
-    identities = [_identity(spec.seed, i) for i in range(spec.nodes)]
+    identities = [simulation_identity(spec.seed, i) for i in range(spec.nodes)]
     ids = [identity.node_id for identity in identities]
     index = {node_id: i for i, node_id in enumerate(ids)}
     nodes: list[Algorithm] = []
     for i in range(spec.nodes):
-        setup = NodeSetup(node_id=ids[i], data=node_data(dataset, partition, i, pooled=info.pooled_training_data),
-                          backbone=backbones[i], seed=spec.seed * 1_000_003 + i, shared_seed=spec.seed)
+        setup = node_setup(ids[i], dataset, partition, i, backbone=backbones[i], seed=spec.seed,
+                           pooled=info.pooled_training_data)
         node = make_algorithm(spec.algorithm, setup, config)
         node.set_peers(ids)
         nodes.append(node)
@@ -163,21 +152,7 @@ def run_simulation(spec: SimulationSpec, progress: Callable[[RoundResult], None]
     accuracies = np.array([e.accuracy for e in evaluations])
     own_class = np.array([e.own_class_accuracy for e in evaluations])
     return {
-        "kind": "simulation",
-        "algorithm": spec.algorithm,
-        "dataset": spec.dataset,
-        "scenario": spec.scenario,
-        "clusters": int(len(set(clusters.tolist()))),
-        "nodes": spec.nodes,
-        "rounds": spec.rounds,
-        "seed": spec.seed,
-        "samples_per_class": partition.samples_per_class,
-        "test_per_class": partition.test_per_class,
-        "partition_notes": list(partition.notes),
-        "node_ids": ids,
-        "backbones": backbones,
-        "node_classes": [list(shard.classes) for shard in partition.shards],
-        "config": config_as_dict(config),
+        **run_header("simulation", spec, partition, ids, backbones, config_as_dict(config)),
         "accuracy": {
             "mean": float(accuracies.mean()),
             "std": float(accuracies.std()),

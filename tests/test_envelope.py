@@ -272,7 +272,7 @@ def test_bad_signature_on_an_invalid_public_key(alice, decoder):
 
 def test_bad_tensor_in_a_signed_frame(alice, decoder):
     nan = np.array([[np.nan, 1.0]], np.float32)
-    body = {"classes": [0], "counts": [1], "prototypes": {"dtype": "float32", "shape": [1, 2], "data": nan.tobytes()}}
+    body = {"classes": [0], "counts": [1], "prototypes": {"dtype": "float32", "shape": [1, 2], "data": nan.tobytes()}, "head": None}
     refused(decoder, seal_raw(alice, ping_envelope(alice, type="PROTOTYPES", body=body)), Reason.BAD_TENSOR)
 
 

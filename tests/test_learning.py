@@ -15,7 +15,8 @@ from algorithms.partitions import PartitionSpec, make_partition
 from algorithms.registry import ALGORITHMS, ConfigOverrideError, apply_overrides, default_config, make_algorithm
 from algorithms.seam import NeighbourView, NodeSetup, PayloadRejected
 from protocol.messages import Head, Model, Ping, Prototypes
-from testnet.simulator import SimulationSpec, node_data, run_simulation
+from algorithms.setup import node_data
+from testnet.simulator import SimulationSpec, run_simulation
 
 
 def test_supervised_contrastive_on_a_hand_computed_case():
@@ -94,8 +95,9 @@ def test_mapl_rejects_payloads_of_the_wrong_shape_type_or_sender(digits_nodes):
          "bad_shape"),
         ("n1", Prototypes(classes=(0, 1), counts=(1, 1), prototypes=np.zeros((2, dim), np.float32)), "bad_shape"),
         ("n1", Prototypes(classes=(k,), counts=(1,), prototypes=np.zeros((1, dim), np.float32)), "bad_class"),
-        ("n1", Head(weight=np.zeros((k, latent + 1), np.float32), bias=np.zeros(k, np.float32)), "bad_shape"),
-        ("n1", Head(weight=np.zeros((k, latent), np.float32), bias=None), "bad_shape"),
+        ("n1", Prototypes(classes=tuple(range(k)), counts=(1,) * k, prototypes=np.zeros((k, dim), np.float32),
+                          head=np.zeros((k, latent + 1), np.float32)), "bad_shape"),
+        ("n1", Head(weight=np.zeros((k, latent), np.float32), bias=np.zeros(k, np.float32)), "unexpected_type"),
         ("n1", Model(kind="params", tensors={}), "unexpected_type"),
         ("n1", Ping(nonce=1), "unexpected_type"),
         ("stranger", good, "not_a_peer"),
@@ -169,7 +171,7 @@ def test_simulate_on_digits_learns_and_recovers_two_clusters(tmp_path):
     np.testing.assert_allclose(w.sum(axis=1), 1)
     assert w.min() >= 0
     assert report["graph"]["within_cluster_mass"] >= 0.9
-    assert report["comm"]["by_type"]["PROTOTYPES"]["messages"] > 0 and report["comm"]["by_type"]["HEAD"]["bytes"] > 0
+    assert report["comm"]["by_type"]["PROTOTYPES"]["messages"] > 0 and "HEAD" not in report["comm"]["by_type"]
     assert report["comm"]["bytes"] == sum(t["bytes"] for t in report["comm"]["by_type"].values())
     assert report["rejections"] == {}
     for png in ("graph.png", "accuracy.png", "bytes.png"):
@@ -205,3 +207,58 @@ def test_local_loss_is_finite_and_decreases(digits_nodes):
         last = node.local_step(round).loss
     assert math.isfinite(first) and last < first
     assert F.softmax(node.model.classify(node.data.test_images), 1).shape[1] == 10
+
+
+def _head_message(node, weight):
+    k, dim = node.spec.num_classes, node.spec.projection_dim
+    return Prototypes(classes=tuple(range(k)), counts=(10,) * k, prototypes=np.zeros((k, dim), np.float32),
+                      head=weight.astype(np.float32))
+
+
+def test_mapl_bundles_heads_sparsely_and_re_admits_an_explored_peer(digits_nodes):
+    from algorithms.mapl import Mapl, MaplConfig
+
+    dataset, partition = digits_nodes
+    setup = NodeSetup(node_id="n0", data=node_data(dataset, partition, 0, pooled=False), backbone="convnet", seed=0)
+    node = Mapl(setup, MaplConfig(warmup_rounds=1, head_every=3, explore_every=1, explore_peers=1))
+    node.set_peers(["n1", "n2", "n3"])
+    rng = np.random.default_rng(0)
+    start = node.initial_head
+    update = rng.standard_normal(start.shape).astype(np.float32)
+    with torch.no_grad():
+        node.model.head.weight.copy_(torch.tensor(start + update))
+
+    # Warm-up: prototypes to every peer, no head, one frame per peer.
+    (warmup,) = node.publish(0)
+    assert warmup.to == ("n1", "n2", "n3") and warmup.body.head is None
+
+    # First graph round: the head rides along, to everyone.
+    (first,) = node.publish(1)
+    assert first.to == ("n1", "n2", "n3") and first.body.head is not None
+    for peer, weight in (("n1", start + update), ("n2", start + rng.standard_normal(start.shape)),
+                         ("n3", start + rng.standard_normal(start.shape))):
+        node.receive(peer, 1, _head_message(node, weight))
+    node.end_round(1)
+    assert node.neighbours() == ("n1",)  # the unrelated heads got weight 0
+
+    # Between head rounds: prototypes only to the neighbour, head and prototypes to one explored peer.
+    outs = {out.body.head is not None: out for out in node.publish(2)}
+    assert outs[False].to == ("n1",)
+    (explored,) = outs[True].to
+    assert explored in ("n2", "n3")
+
+    # The explored peer answers with a head like ours now: it is scored again and re-admitted,
+    # while n1's head from round 1 is still within its head_every − 1 + max_staleness bound.
+    node.receive(explored, 2, _head_message(node, start + 1.1 * update))
+    node.end_round(2)
+    assert set(node.neighbours()) == {"n1", explored}
+
+
+@pytest.mark.parametrize("algorithm", ["mapl+", "dfedavgm"])
+def test_model_averaging_algorithms_learn(algorithm):
+    spec = SimulationSpec(algorithm=algorithm, dataset="digits", scenario="1", nodes=4, rounds=8,
+                          samples_per_class=20, seed=0, overrides={"warmup_rounds": "3"} if algorithm == "mapl+" else {})
+    report = run_simulation(spec)
+    assert report["accuracy"]["mean"] > 0.6, report["accuracy"]  # 5 classes per node: chance is 0.2
+    assert report["comm"]["by_type"]["MODEL"]["messages"] > 0
+    assert report["rejections"] == {}

@@ -35,7 +35,7 @@ VALID = {
     "PING": {"nonce": 1},
     "PONG": {"nonce": 1},
     "BYE": {"reason": "shutdown"},
-    "PROTOTYPES": {"classes": [0, 1], "counts": [3, 4], "prototypes": wire_tensor(np.ones((2, 4), np.float32))},
+    "PROTOTYPES": {"classes": [0, 1], "counts": [3, 4], "prototypes": wire_tensor(np.ones((2, 4), np.float32)), "head": None},
     "HEAD": {"weight": wire_tensor(np.ones((3, 4), np.float32)), "bias": wire_tensor(np.zeros(3, np.float32))},
     "SCORE": {"kind": "log_likelihood", "subject": b"\x01" * 32, "subject_seq": 5, "value": -0.5, "samples": 10},
     "MODEL": {"kind": "params", "tensors": {"fc.weight": wire_tensor(np.ones((2, 2), np.float32)), "bn.num_batches_tracked": wire_tensor(np.array(7, np.int64))}},
@@ -114,6 +114,8 @@ BAD_TENSORS = [
     ("PROTOTYPES", "prototypes", wire_tensor(np.ones(8, np.float32))),  # rank 1
     ("PROTOTYPES", "prototypes", wire_tensor(np.ones((2, 4), np.int32))),  # not float
     ("PROTOTYPES", "counts", [3]),  # one count for two prototypes
+    ("PROTOTYPES", "head", wire_tensor(np.ones((1, 4), np.float32))),  # class 1 but a one-row head
+    ("PROTOTYPES", "head", wire_tensor(np.ones(4, np.float32))),  # rank 1
     ("HEAD", "bias", wire_tensor(np.zeros(4, np.float32))),  # 4 entries, 3 rows
     ("HEAD", "weight", wire_tensor(np.ones((3, 4, 1), np.float32))),
     ("HEAD", "bias", "none"),  # anything in a tensor field that is not a tensor

@@ -24,18 +24,19 @@ PING_FRAME = (
     "38640ba8804bb1a6a987fb0c191912d2a095ba594a8a5a145df79e4d122e8f09"
 )
 
-# PROTOTYPES {classes: [3], counts: [25], prototypes: float32 [[0.5, -1.0]]}, seq 8
+# PROTOTYPES {classes: [3], counts: [25], prototypes: float32 [[0.5, -1.0]], head: nil}, seq 8
 PROTOTYPES_FRAME = (
     "ad7032706e6f64652e6672616d65" "98" "01" "a474657374"
     "aa50524f544f5459504553"  # type "PROTOTYPES"
     "c420" + PUBLIC_KEY + "08" "cf00060a24181e4000" "03"
-    "83"  # body: map of 3
+    "84"  # body: map of 4
     "a7636c6173736573" "9103"  # "classes": [3]
     "a6636f756e7473" "9119"  # "counts": [25]
     "aa70726f746f7479706573"  # "prototypes":
     "83" "a56474797065" "a7666c6f61743332"  # {"dtype": "float32",
     "a57368617065" "920102"  # "shape": [1, 2],
     "a464617461" "c408" "0000003f" "000080bf"  # "data": bin 8 = 0.5, -1.0 little-endian}
-    "54689c46cf459a901e87b74932dd4a06985545fd2d57701c5f4e17d17824c7cb"  # signature
-    "98bf220c5f53c4d4468f0ff94f0230a39482a2649fd8c0bdd3e6f8a2830dbf03"
+    "a468656164" "c0"  # "head": nil
+    "d1aa6ce9c7b45ac9e0c4da8d290bce430af87b8fc4cb3083ea87929cc39bc894"  # signature
+    "179629a0668a11fe104a25de1fc1615afb6ad5565af67023bb5015fd8307910c"
 )

@@ -93,7 +93,9 @@ def prototypes(draw):
     dim = draw(st.integers(0, 16))
     rows = draw(arrays(FLOAT_DTYPES, shape=st.just((len(classes), dim))))
     counts = draw(st.lists(st.integers(0, 2**32 - 1), min_size=len(classes), max_size=len(classes)))
-    return Prototypes(classes=tuple(classes), counts=tuple(counts), prototypes=rows)
+    head_rows = max(classes, default=-1) + 1 + draw(st.integers(0, 3))
+    head = draw(st.none() | arrays(FLOAT_DTYPES, shape=st.just((head_rows, dim))))
+    return Prototypes(classes=tuple(classes), counts=tuple(counts), prototypes=rows, head=head)
 
 
 @st.composite

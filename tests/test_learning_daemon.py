@@ -1,0 +1,152 @@
+"""Learning over real sockets: the round driver in-process, and whole testnets of processes."""
+
+import signal
+import time
+
+import numpy as np
+import pytest
+import trio
+
+from algorithms.catalog import ALGORITHM_NAMES, GRAPH_LEARNING
+from p2pnode.config import ConfigError, load_config
+from p2pnode.learning import CHECKPOINT_NAME
+from protocol import Prototypes, seal_raw
+from testnet.cluster import free_ports
+
+from .daemon import full_mesh, start_nodes, wait_until, write_config
+
+
+def learning_sections(index: int, nodes: int, rounds: int = 4, **algorithm) -> dict:
+    return {
+        "data": {"dataset": "digits", "nodes": nodes, "node_index": index, "samples_per_class": 10,
+                 "test_per_class": 5},
+        "model": {"backbone": "mlp", "threads": 1},
+        "algorithm": {"name": "mapl", "rounds": rounds, "start_peers": nodes - 1, "round_deadline_s": 1.0,
+                      "settings": {"warmup_rounds": 2}, **algorithm},
+    }
+
+
+def test_learning_sections_are_validated(tmp_path):
+    assert set(GRAPH_LEARNING) <= set(ALGORITHM_NAMES)
+    bad = {"data": {"dataset": "imagenet", "nodes": 2, "node_index": 5},
+           "model": {"backbone": "vgg", "device": "tpu"},
+           "algorithm": {"name": "mapl", "quorum": 2, "settings": {"graph": {"l2_weight": "x"}}}}
+    with pytest.raises(ConfigError) as caught:
+        load_config(write_config(tmp_path / "a", "tcp://127.0.0.1:7000", **bad))
+    text = "\n".join(caught.value.problems)
+    for words in ("[data].dataset", "[model].backbone", "[model].device", "[algorithm].quorum"):
+        assert words in text, text
+    oracle = {"data": {"nodes": 2, "node_index": 5}, "algorithm": {"name": "oracle", "settings": {"graph.nope": 1}}}
+    with pytest.raises(ConfigError) as caught:
+        load_config(write_config(tmp_path / "b", "tcp://127.0.0.1:7000", **oracle))
+    text = "\n".join(caught.value.problems)
+    for words in ("[data].node_index: must be below", "`oracle`", "[algorithm].settings"):
+        assert words in text, text
+
+
+async def scrape(port: int, request: bytes) -> bytes:
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(request)
+        answer = b""
+        while chunk := await stream.receive_some(65536):
+            answer += chunk
+    return answer
+
+
+async def test_a_hostile_neighbour_is_rejected_and_counted_while_training_goes_on(tmp_path):
+    addresses = [f"tcp://127.0.0.1:{port}" for port in free_ports(3)]
+    configs = [load_config(write_config(tmp_path / f"n{i}", addresses[i], [addresses[(i + 1) % 3]],
+                                        metrics={"listen": "127.0.0.1:0"}, **learning_sections(i, 3, rounds=5)))
+               for i in range(2)]
+    configs.append(load_config(write_config(tmp_path / "mallory", addresses[2], [addresses[0]])))  # learns nothing
+    async with trio.open_nursery() as nursery:
+        a, b, mallory = await start_nodes(nursery, configs)
+        await wait_until(lambda: full_mesh([a, b, mallory]), timeout=15)
+        await wait_until(lambda: a.driver and a.driver.algorithm and b.driver and b.driver.algorithm, timeout=60)
+        k, latent, dim = 10, 128, 128
+        wrong_head = Prototypes(classes=tuple(range(k)), counts=(10,) * k, prototypes=np.zeros((k, dim), np.float32),
+                                head=np.zeros((k, latent + 3), np.float32))
+        nan = np.full((k, dim), np.nan, np.float32)
+        body = {"classes": list(range(k)), "counts": [10] * k, "head": None,
+                "prototypes": {"dtype": "float32", "shape": [k, dim], "data": nan.tobytes()}}
+        for _ in range(3):
+            mallory.round = a.driver.round
+            mallory.send((a.address, b.address), wrong_head)
+            frame = seal_raw(mallory.identity, [1, "test", "PROTOTYPES", mallory.identity.public_key,
+                                                mallory._counter.next(), mallory.clock_us(), mallory.round, body])
+            mallory.transport.send(a.address, frame)
+            await trio.sleep(0.3)
+        await wait_until(lambda: a.driver.phase == "done" and b.driver.phase == "done", timeout=120)
+        for node in (a, b):
+            assert node.metrics.rejections["bad_shape"] >= 1, node.metrics.rejections
+            status = node.status()["learning"]
+            assert status["completed"] == 4 and len(status["history"]) == 5
+            assert status["accuracy"] > 0.3  # 5 classes per node: chance is 0.2
+            assert mallory.identity.node_id not in status["neighbours"] or status["history"][-1]["round"] < 2
+        assert a.metrics.rejections["bad_tensor"] >= 1
+        # The checkpoint of the last round is on disk, loadable without unpickling code.
+        assert (a.config.node.data_dir / CHECKPOINT_NAME).exists()
+        # The same counters, scraped as Prometheus would.
+        scraped = await scrape(a.metrics_port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert scraped.startswith(b"HTTP/1.1 200 OK")
+        for line in (b'p2pnode_rejections_total{reason="bad_shape"}', b"p2pnode_rounds_completed 5.0",
+                     b"p2pnode_accuracy ", b'p2pnode_messages_sent_total{type="PROTOTYPES"}', b"p2pnode_peers 2.0"):
+            assert line in scraped, line
+        assert (await scrape(a.metrics_port, b"GET / HTTP/1.1\r\n\r\n")).startswith(b"HTTP/1.1 404")
+        for node in (a, b, mallory):
+            node.request_stop()
+
+
+def test_testnet_learns_matches_the_simulator_and_survives_a_kill(tmp_path):
+    """4 daemons on digits: the report has the simulator's schema and numbers; then a daemon
+    killed with SIGKILL mid-run resumes from its checkpoint while the others carry on."""
+    from testnet.cluster import Cluster
+    from testnet.learning import DISCOVERY, CheckThresholds, node_settings, run_learning_testnet
+    from testnet.simulator import SimulationSpec, run_simulation
+
+    spec = SimulationSpec(algorithm="mapl", dataset="digits", nodes=4, rounds=10, samples_per_class=20,
+                          overrides={"warmup_rounds": "4"})
+    code, report = run_learning_testnet(spec, tmp_path / "net", round_deadline_s=10,
+                                        check=CheckThresholds(accuracy=0.6, within_cluster_mass=0.9))
+    assert code == 0, report["check"]
+    simulated = run_simulation(spec)
+    for key in ("algorithm", "dataset", "scenario", "nodes", "rounds", "seed", "wall_s"):
+        assert key in report
+    assert abs(report["accuracy"]["mean"] - simulated["accuracy"]["mean"]) <= 0.02
+    assert len(report["accuracy"]["per_round"]) == 10
+    w = np.array(report["graph"]["W"])
+    np.testing.assert_allclose(w.sum(axis=1), 1)
+    assert w.min() >= 0 and report["graph"]["within_cluster_mass"] >= 0.9
+    assert report["comm"]["by_type"]["PROTOTYPES"]["messages"] == simulated["comm"]["by_type"]["PROTOTYPES"]["messages"]
+    assert 1.0 < report["comm"]["envelope_overhead"] < 1.1
+    assert report["node_exit_codes"] == [0, 0, 0, 0]
+
+    # Kill -9 one daemon mid-run and restart it.
+    spec_long = SimulationSpec(algorithm="mapl", dataset="digits", nodes=3, rounds=30, samples_per_class=10,
+                               backbones=("mlp",), overrides={"warmup_rounds": "3"})
+    cluster = Cluster.prepare(tmp_path / "kill", 3, discovery=DISCOVERY,
+                              extra=lambda i: node_settings(spec_long, i, "mlp", 3.0))
+    with cluster:
+        cluster.start_all()
+        victim = cluster.specs[1]
+
+        def completed(spec_) -> int:
+            status = cluster.status(spec_)
+            return -1 if not status or not status.get("learning") else status["learning"]["completed"]
+
+        deadline = time.monotonic() + 120
+        while completed(victim) < 5 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        cluster.kill(victim, signal.SIGKILL)
+        killed_at = completed(cluster.specs[0])
+        cluster.start(victim)
+        while time.monotonic() < deadline and not all(completed(s) == 29 for s in cluster.specs):
+            time.sleep(0.3)
+        statuses = cluster.statuses()
+        assert all(s["learning"]["completed"] == 29 for s in statuses), [s["learning"]["phase"] for s in statuses]
+        resumed = statuses[1]["learning"]["resumed_from"]
+        assert resumed is not None and resumed >= 4  # the round in progress at most was lost
+        assert killed_at >= 4
+        rounds = [entry["round"] for entry in statuses[1]["learning"]["history"]]
+        assert rounds == sorted(rounds) and rounds[0] == 0
