@@ -48,8 +48,12 @@ class _AllPeersUniform(Algorithm):
         uniform = 1.0 / (len(self.peers) + 1)
         return {node: uniform for node in (self.node_id, *self.peers)}
 
+    payload_type: MessageType
+
     def expected(self, round: int) -> tuple[str, ...]:
-        return self.peers
+        """Everyone at round 0; afterwards whoever sent last round (a peer that stopped costs
+        one wait, not one per round)."""
+        return self.peers if round == 0 else self.view.senders_since(self.payload_type, round - 1)
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,7 @@ class FedProtoConfig:
 
 
 class FedProto(_AllPeersUniform):
+    payload_type = MessageType.PROTOTYPES
     name = "fedproto"
     config_type = FedProtoConfig
 
@@ -140,6 +145,7 @@ class DFedAvgMConfig:
 
 
 class DFedAvgM(_AllPeersUniform):
+    payload_type = MessageType.MODEL
     name = "dfedavgm"
     homogeneous = True
     config_type = DFedAvgMConfig

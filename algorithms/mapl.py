@@ -173,12 +173,13 @@ class Mapl(_PmlNode):
         return self.learn_graph and round >= self.config.warmup_rounds
 
     def expected(self, round: int) -> tuple[str, ...]:
-        """Before the graph phase everyone sends to everyone. Afterwards a peer sends only if it
-        gave us weight, which we cannot see: wait for the neighbours that sent last round."""
-        if not self._graph_phase(round) or not self._graph_phase(round - 1):
+        """Everyone at round 0; afterwards the neighbours that sent last round. A peer sends only
+        if it gives us weight, which we cannot see, and a peer that stopped (finished, died, or
+        cut us) should cost one wait, not one per round."""
+        if round == 0:
             return self.peers
         neighbours = set(self.neighbours())
-        return tuple(p for p in self.view.senders(MessageType.PROTOTYPES, round - 1) if p in neighbours)
+        return tuple(p for p in self.view.senders_since(MessageType.PROTOTYPES, round - 1) if p in neighbours)
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "w": dict(self.w), "graph_learned": self.graph_learned,

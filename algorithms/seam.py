@@ -154,9 +154,9 @@ class NeighbourView:
     def latest(self, kind: MessageType) -> dict[str, Body]:
         return {peer: body for (peer, k), (_, body) in self._latest.items() if k == kind}
 
-    def senders(self, kind: MessageType, round: int) -> tuple[str, ...]:
-        """Peers whose latest payload of `kind` is for exactly `round`."""
-        return tuple(sorted(peer for (peer, k), (r, _) in self._latest.items() if k == kind and r == round))
+    def senders_since(self, kind: MessageType, round: int) -> tuple[str, ...]:
+        """Peers whose latest payload of `kind` is for `round` or later."""
+        return tuple(sorted(peer for (peer, k), (r, _) in self._latest.items() if k == kind and r >= round))
 
 
 class Algorithm(abc.ABC):

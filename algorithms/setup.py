@@ -6,13 +6,14 @@ the same node of `p2pnode simulate` (same shard, same initial model, same data o
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .datasets import Dataset
 from .partitions import Partition
 from .seam import LocalData, NodeSetup
 
-__all__ = ["node_data", "node_setup"]
+__all__ = ["node_data", "node_seed", "node_setup", "class_list_data", "class_list_setup"]
 
 
 def node_data(dataset: Dataset, partition: Partition, node: int, *, pooled: bool) -> LocalData:
@@ -29,8 +30,52 @@ def node_data(dataset: Dataset, partition: Partition, node: int, *, pooled: bool
     )
 
 
+def node_seed(seed: int, node: int) -> int:
+    """Node `node`'s own seed (its model, data order, augmentations) within a run's `seed`."""
+    return seed * 1_000_003 + node
+
+
 def node_setup(node_id: str, dataset: Dataset, partition: Partition, node: int, *, backbone: str, seed: int,
                pooled: bool = False) -> NodeSetup:
     """Node `node` of the partition; `seed` is the run's seed, shared by every node."""
     return NodeSetup(node_id=node_id, data=node_data(dataset, partition, node, pooled=pooled), backbone=backbone,
-                     seed=seed * 1_000_003 + node, shared_seed=seed)
+                     seed=node_seed(seed, node), shared_seed=seed)
+
+
+def class_list_setup(node_id: str, dataset: Dataset, classes: tuple[int, ...], node: int, *, backbone: str,
+                     seed: int, samples_per_class: int, test_per_class: int) -> NodeSetup:
+    """A node that names its own classes (see `class_list_data`) instead of holding a shard."""
+    own_seed = node_seed(seed, node)
+    data = class_list_data(dataset, classes, samples_per_class, test_per_class, own_seed)
+    return NodeSetup(node_id=node_id, data=data, backbone=backbone, seed=own_seed, shared_seed=seed)
+
+
+def class_list_data(dataset: Dataset, classes: tuple[int, ...], samples_per_class: int, test_per_class: int,
+                    seed: int) -> LocalData:
+    """A node that names its own classes instead of taking shard i of a scenario: up to
+    `samples_per_class` training and `test_per_class` test images of each, drawn with `seed`.
+    Its test images are never its training images; unlike a scenario's shards, two nodes that
+    choose their classes this way may draw the same images."""
+    if not classes:
+        raise ValueError("give at least one class")
+    bad = [k for k in classes if not 0 <= k < dataset.num_classes]
+    if bad:
+        raise ValueError(f"classes {bad} are not among the {dataset.num_classes} classes of {dataset.name}")
+    rng = np.random.default_rng([seed, 0x636C6173])  # "clas"
+    train_idx, test_idx = [], []
+    for k in sorted(set(classes)):
+        pool = rng.permutation(np.flatnonzero(dataset.train.labels == k))
+        train_idx.append(pool[:samples_per_class])
+        if dataset.test is None:
+            test_idx.append(pool[samples_per_class:samples_per_class + test_per_class])
+        else:
+            test_idx.append(rng.permutation(np.flatnonzero(dataset.test.labels == k))[:test_per_class])
+    test_pool = dataset.train if dataset.test is None else dataset.test
+    train, test = np.concatenate(train_idx), np.concatenate(test_idx)
+    return LocalData(
+        train_images=torch.tensor(dataset.train.images[train]),
+        train_labels=torch.tensor(dataset.train.labels[train]),
+        test_images=torch.tensor(test_pool.images[test]),
+        test_labels=torch.tensor(test_pool.labels[test]),
+        num_classes=dataset.num_classes,
+    )

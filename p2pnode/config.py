@@ -395,6 +395,7 @@ class DataSettings:
     scenario: str = option(Text(choices=SCENARIOS), "1", "non-IID partition of the network (docs/learning.md)")
     nodes: int = option(Integer(1, 100_000), 1, "nodes the partition is cut for; every node of one network uses the same value")
     node_index: int = option(Integer(0, 99_999), 0, "this node's shard of the partition, 0 ≤ node_index < nodes")
+    classes: tuple[int, ...] = option(ListOf(Integer(0, 4095), 4096), (), "instead of a shard: train on these classes (`samples_per_class` images of each, drawn with `seed` and the node index); such nodes may share images")
     clusters: int = option(Integer(0, 100_000), 0, "ground-truth clusters (0: the scenario's default)")
     samples_per_class: int = option(Integer(1, 1_000_000), 25, "training samples per class of this node")
     test_per_class: int = option(Integer(1, 1_000_000), 15, "test samples per own class of this node")

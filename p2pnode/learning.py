@@ -55,7 +55,7 @@ def build_algorithm(config, node_id: str) -> Algorithm:
     from algorithms.datasets import load_dataset
     from algorithms.partitions import PartitionSpec, make_partition
     from algorithms.registry import apply_overrides, default_config, make_algorithm
-    from algorithms.setup import node_setup
+    from algorithms.setup import class_list_setup, node_setup
 
     data, model, algorithm = config.data, config.model, config.algorithm
     if model.threads:
@@ -63,10 +63,15 @@ def build_algorithm(config, node_id: str) -> Algorithm:
     if model.device == "cuda":
         raise RuntimeError("[model].device: training on CUDA is not supported by the daemon yet; use \"cpu\"")
     dataset = load_dataset(data.dataset, None if data.root is None else str(data.root))
-    partition = make_partition(dataset, PartitionSpec(
-        scenario=data.scenario, nodes=data.nodes, clusters=data.clusters or None,
-        samples_per_class=data.samples_per_class, test_per_class=data.test_per_class, seed=data.seed))
-    setup = node_setup(node_id, dataset, partition, data.node_index, backbone=model.backbone, seed=data.seed)
+    if data.classes:
+        setup = class_list_setup(node_id, dataset, data.classes, data.node_index, backbone=model.backbone,
+                                 seed=data.seed, samples_per_class=data.samples_per_class,
+                                 test_per_class=data.test_per_class)
+    else:
+        partition = make_partition(dataset, PartitionSpec(
+            scenario=data.scenario, nodes=data.nodes, clusters=data.clusters or None,
+            samples_per_class=data.samples_per_class, test_per_class=data.test_per_class, seed=data.seed))
+        setup = node_setup(node_id, dataset, partition, data.node_index, backbone=model.backbone, seed=data.seed)
     return make_algorithm(algorithm.name, setup, apply_overrides(default_config(algorithm.name),
                                                                  dict(algorithm.settings)))
 

@@ -262,3 +262,19 @@ def test_model_averaging_algorithms_learn(algorithm):
     assert report["accuracy"]["mean"] > 0.6, report["accuracy"]  # 5 classes per node: chance is 0.2
     assert report["comm"]["by_type"]["MODEL"]["messages"] > 0
     assert report["rejections"] == {}
+
+
+def test_a_node_can_name_its_own_classes():
+    from algorithms.setup import class_list_data
+
+    dataset = load_dataset("digits")
+    data = class_list_data(dataset, (3, 7), samples_per_class=12, test_per_class=5, seed=4)
+    assert sorted(set(data.train_labels.tolist())) == [3, 7] and len(data.train_labels) == 24
+    assert sorted(set(data.test_labels.tolist())) == [3, 7] and len(data.test_labels) == 10
+    again = class_list_data(dataset, (3, 7), samples_per_class=12, test_per_class=5, seed=4)
+    assert torch.equal(data.train_images, again.train_images)  # deterministic
+    # digits has no test split: test images come from the same pool, never from the training draw.
+    train = {tuple(row) for row in data.train_images.flatten(1).tolist()}
+    assert not any(tuple(row) in train for row in data.test_images.flatten(1).tolist())
+    with pytest.raises(ValueError, match="not among"):
+        class_list_data(dataset, (10,), samples_per_class=1, test_per_class=1, seed=0)

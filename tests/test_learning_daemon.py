@@ -28,13 +28,13 @@ def learning_sections(index: int, nodes: int, rounds: int = 4, **algorithm) -> d
 
 def test_learning_sections_are_validated(tmp_path):
     assert set(GRAPH_LEARNING) <= set(ALGORITHM_NAMES)
-    bad = {"data": {"dataset": "imagenet", "nodes": 2, "node_index": 5},
+    bad = {"data": {"dataset": "imagenet", "nodes": 2, "node_index": 5, "classes": [1, 5000]},
            "model": {"backbone": "vgg", "device": "tpu"},
            "algorithm": {"name": "mapl", "quorum": 2, "settings": {"graph": {"l2_weight": "x"}}}}
     with pytest.raises(ConfigError) as caught:
         load_config(write_config(tmp_path / "a", "tcp://127.0.0.1:7000", **bad))
     text = "\n".join(caught.value.problems)
-    for words in ("[data].dataset", "[model].backbone", "[model].device", "[algorithm].quorum"):
+    for words in ("[data].dataset", "[data].classes", "[model].backbone", "[model].device", "[algorithm].quorum"):
         assert words in text, text
     oracle = {"data": {"nodes": 2, "node_index": 5}, "algorithm": {"name": "oracle", "settings": {"graph.nope": 1}}}
     with pytest.raises(ConfigError) as caught:
@@ -98,11 +98,9 @@ async def test_a_hostile_neighbour_is_rejected_and_counted_while_training_goes_o
             node.request_stop()
 
 
-def test_testnet_learns_matches_the_simulator_and_survives_a_kill(tmp_path):
-    """4 daemons on digits: the report has the simulator's schema and numbers; then a daemon
-    killed with SIGKILL mid-run resumes from its checkpoint while the others carry on."""
-    from testnet.cluster import Cluster
-    from testnet.learning import DISCOVERY, CheckThresholds, node_settings, run_learning_testnet
+def test_testnet_learns_and_matches_the_simulator(tmp_path):
+    """4 daemons on digits: the report has the simulator's schema and the simulator's numbers."""
+    from testnet.learning import CheckThresholds, run_learning_testnet
     from testnet.simulator import SimulationSpec, run_simulation
 
     spec = SimulationSpec(algorithm="mapl", dataset="digits", nodes=4, rounds=10, samples_per_class=20,
@@ -122,31 +120,55 @@ def test_testnet_learns_matches_the_simulator_and_survives_a_kill(tmp_path):
     assert 1.0 < report["comm"]["envelope_overhead"] < 1.1
     assert report["node_exit_codes"] == [0, 0, 0, 0]
 
-    # Kill -9 one daemon mid-run and restart it.
-    spec_long = SimulationSpec(algorithm="mapl", dataset="digits", nodes=3, rounds=30, samples_per_class=10,
-                               backbones=("mlp",), overrides={"warmup_rounds": "3"})
-    cluster = Cluster.prepare(tmp_path / "kill", 3, discovery=DISCOVERY,
-                              extra=lambda i: node_settings(spec_long, i, "mlp", 3.0))
-    with cluster:
-        cluster.start_all()
-        victim = cluster.specs[1]
 
-        def completed(spec_) -> int:
-            status = cluster.status(spec_)
+
+def test_a_late_joiner_is_picked_up_and_a_killed_daemon_resumes(tmp_path):
+    """3 daemons on digits: two start, a third joins 5 rounds late and catches up; then one is
+    killed with SIGKILL mid-run and resumes from its checkpoint while the others carry on."""
+    from testnet.cluster import Cluster
+    from testnet.learning import DISCOVERY, node_settings
+    from testnet.simulator import SimulationSpec
+
+    rounds = 600  # tens of milliseconds each: long enough for a daemon to join late
+    spec = SimulationSpec(algorithm="mapl", dataset="digits", nodes=3, rounds=rounds, samples_per_class=10,
+                          backbones=("mlp",), overrides={"warmup_rounds": "10000"})  # graph stays all-to-all
+
+    def settings(index: int) -> dict:
+        document = node_settings(spec, index, "mlp", 3.0)
+        document["algorithm"].update(start_peers=1, history_rounds=50)  # the first two do not wait
+        return document
+
+    cluster = Cluster.prepare(tmp_path / "net", 3, discovery=DISCOVERY, extra=settings)
+    with cluster:
+        first, victim, late = cluster.specs
+
+        def completed(node) -> int:
+            status = cluster.status(node)
             return -1 if not status or not status.get("learning") else status["learning"]["completed"]
 
-        deadline = time.monotonic() + 120
-        while completed(victim) < 5 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        cluster.kill(victim, signal.SIGKILL)
-        killed_at = completed(cluster.specs[0])
+        def wait_for(condition, timeout: float = 120) -> None:
+            deadline = time.monotonic() + timeout
+            while not condition():
+                assert time.monotonic() < deadline, [cluster.status(s) and cluster.status(s)["learning"] for s in cluster.specs]
+                time.sleep(0.2)
+
+        cluster.start(first)
         cluster.start(victim)
-        while time.monotonic() < deadline and not all(completed(s) == 29 for s in cluster.specs):
-            time.sleep(0.3)
-        statuses = cluster.statuses()
-        assert all(s["learning"]["completed"] == 29 for s in statuses), [s["learning"]["phase"] for s in statuses]
-        resumed = statuses[1]["learning"]["resumed_from"]
-        assert resumed is not None and resumed >= 4  # the round in progress at most was lost
-        assert killed_at >= 4
-        rounds = [entry["round"] for entry in statuses[1]["learning"]["history"]]
-        assert rounds == sorted(rounds) and rounds[0] == 0
+        wait_for(lambda: completed(first) >= 5)
+        cluster.start(late)
+        wait_for(lambda: completed(late) >= 1)
+        joined_at = completed(first)
+        cluster.kill(victim, signal.SIGKILL)
+        killed_after = completed(victim), completed(first)
+        cluster.start(victim)
+        wait_for(lambda: all(completed(s) == rounds - 1 for s in cluster.specs))
+        statuses = [s["learning"] for s in cluster.statuses()]
+        # The late joiner jumped to the others' round instead of replaying from 0 ...
+        assert statuses[2]["catch_ups"] >= 1 and joined_at < rounds - 100, joined_at
+        # ... and the others learn from it: in their last rounds they expected and got its payloads.
+        assert all(entry["expected"] == entry["arrived"] == 2 for entry in statuses[0]["history"][-5:]), [
+            (e["round"], e["expected"], e["arrived"]) for s in statuses for e in s["history"][-8:]]
+        # The killed daemon resumed from the checkpoint of the last round it completed.
+        assert statuses[1]["resumed_from"] is not None and statuses[1]["resumed_from"] >= killed_after[0] - 1
+        rounds_seen = [entry["round"] for entry in statuses[1]["history"]]
+        assert rounds_seen == sorted(rounds_seen)
