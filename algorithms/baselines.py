@@ -20,8 +20,8 @@ from protocol.messages import Body, MessageType, Model, Prototypes
 
 from .models import ModelSpec, make_model
 from .payloads import average_states, check_model, check_prototypes, shared_state, to_numpy
-from .seam import Algorithm, Evaluation, LocalReport, NeighbourView, NodeSetup, Outbound, PayloadRejected
-from .training import LocalTrainer, TrainingConfig, evaluate_model, seeded_generator
+from .seam import Algorithm, LocalReport, NeighbourView, NodeSetup, Outbound, PayloadRejected
+from .training import LocalTrainer, TrainedLocally, TrainingConfig, seeded_generator
 
 __all__ = ["FedProtoConfig", "FedProto", "DFedAvgMConfig", "DFedAvgM"]
 
@@ -35,7 +35,7 @@ def _build_model(setup: NodeSetup, latent_dim: int, projection_dim: int):
         return spec, make_model(spec)
 
 
-class _AllPeersUniform(Algorithm):
+class _AllPeersUniform(TrainedLocally, Algorithm):
     """Talks to every peer and weighs everyone alike: W is all-to-all uniform, self included."""
 
     view: NeighbourView
@@ -125,14 +125,11 @@ class FedProto(_AllPeersUniform):
         self.global_prototypes = {k: torch.from_numpy((sums[k] / totals[k]).astype(np.float32))
                                   for k in sums if totals[k] > 0}
 
-    def evaluate(self) -> Evaluation:
-        return evaluate_model(self.model.classify, self.model, self.data)
-
     def state_dict(self) -> dict[str, Any]:
-        return {"trainer": self.trainer.state_dict(), "global_prototypes": dict(self.global_prototypes)}
+        return {**super().state_dict(), "global_prototypes": dict(self.global_prototypes)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.trainer.load_state_dict(state["trainer"])
+        super().load_state_dict(state)
         self.global_prototypes = {int(k): v for k, v in state["global_prototypes"].items()}
 
 
@@ -188,12 +185,3 @@ class DFedAvgM(_AllPeersUniform):
         models = self.view.fresh(MessageType.MODEL, round)
         weight = 1.0 / (len(models) + 1)
         average_states(self._state(), weight, [(weight, body.tensors) for body in models.values()])
-
-    def evaluate(self) -> Evaluation:
-        return evaluate_model(self.model.classify, self.model, self.data)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"trainer": self.trainer.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.trainer.load_state_dict(state["trainer"])

@@ -25,8 +25,8 @@ from .graph import GraphConfig, GraphOptimizer, head_similarity
 from .losses import prototype_alignment, prototype_uniformity, supervised_contrastive
 from .models import ModelSpec, make_model
 from .payloads import average_states, check_head, check_model, check_prototypes, shared_state, to_numpy
-from .seam import Algorithm, Evaluation, LocalReport, NeighbourView, NodeSetup, Outbound, PayloadRejected
-from .training import LocalTrainer, TrainingConfig, evaluate_model, seeded_generator
+from .seam import Algorithm, LocalReport, NeighbourView, NodeSetup, Outbound, PayloadRejected
+from .training import LocalTrainer, TrainedLocally, TrainingConfig, seeded_generator
 
 __all__ = ["MaplConfig", "Mapl", "MaplNoCgl", "MaplPlus", "Local", "Oracle"]
 
@@ -69,7 +69,7 @@ class MaplConfig:
             raise ValueError("explore_every and head_every must be ≥ 1")
 
 
-class _PmlNode(Algorithm):
+class _PmlNode(TrainedLocally, Algorithm):
     """A node training its personalised model with PML; what it shares is up to subclasses."""
 
     config_type = MaplConfig
@@ -113,15 +113,6 @@ class _PmlNode(Algorithm):
 
     def local_step(self, round: int) -> LocalReport:
         return self.trainer.run(self._pml_loss)
-
-    def evaluate(self) -> Evaluation:
-        return evaluate_model(self.model.classify, self.model, self.data)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"trainer": self.trainer.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.trainer.load_state_dict(state["trainer"])
 
 
 class Local(_PmlNode):

@@ -13,7 +13,7 @@ from torch import nn
 
 from .seam import Evaluation, LocalData, LocalReport
 
-__all__ = ["TrainingConfig", "LocalTrainer", "evaluate_model", "seeded_generator"]
+__all__ = ["TrainingConfig", "LocalTrainer", "TrainedLocally", "evaluate_model", "seeded_generator"]
 
 
 @dataclass(frozen=True)
@@ -112,6 +112,24 @@ class LocalTrainer:
                 samples += len(labels)
         return LocalReport(loss=total / steps, parts={k: v / steps for k, v in parts.items()}, steps=steps,
                            samples=samples)
+
+
+class TrainedLocally:
+    """For algorithms with one `model` trained by one `trainer` on `data`: evaluation on the
+    node's own test split, and the checkpoint of model, optimiser and data order."""
+
+    model: nn.Module
+    trainer: LocalTrainer
+    data: LocalData
+
+    def evaluate(self) -> Evaluation:
+        return evaluate_model(self.model.classify, self.model, self.data)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"trainer": self.trainer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.trainer.load_state_dict(state["trainer"])
 
 
 @torch.no_grad()
