@@ -172,7 +172,7 @@ class RoundDriver:
         self._deliver()
         self.phase = "publish"
         for out in algorithm.publish(round):
-            node.send(self._addresses(out.to), out.body)
+            await node.send_payload(self._addresses(out.to), out.body)
         self.phase = "gather"
         expected = set(algorithm.expected(round))
         await self._gather(round, expected)

@@ -34,6 +34,7 @@ from protocol import (
     SequenceExhausted,
 )
 
+from . import signing
 from .beacon import run_beacon
 from .config import Config
 from .control import serve_control
@@ -195,7 +196,7 @@ class Node:
 
     # --- sending -------------------------------------------------------------------------
 
-    def _encode(self, body: Body) -> bytes | None:
+    def _next_seq(self, body: Body) -> int | None:
         counter = self._counter
         assert counter is not None
         try:
@@ -206,13 +207,30 @@ class Node:
         if counter.needs_reservation and not self._reserving and self._nursery is not None:
             self._reserving = True
             self._nursery.start_soon(self._extend_reservation)
+        return seq
+
+    def _encode(self, body: Body) -> bytes | None:
+        seq = self._next_seq(body)
+        if seq is None:
+            return None
         return self.encoder.encode(body, seq=seq, timestamp_us=self.clock_us(), round=self.round)
 
     def send(self, addresses: tuple[str, ...], body: Body) -> int:
         """Sign `body` once and queue it for each address; returns how many took it."""
         frame = self._encode(body)
-        if frame is None:
+        return 0 if frame is None else self._send_frame(addresses, body, frame)
+
+    async def send_payload(self, addresses: tuple[str, ...], body: Body) -> int:
+        """As `send`, but a large payload is signed in a worker thread (signing.py), so a model
+        of many megabytes does not stall the event loop."""
+        seq = self._next_seq(body)
+        if seq is None:
             return 0
+        frame = await signing.encode(self.encoder, body, seq=seq, timestamp_us=self.clock_us(), round=self.round,
+                                     threshold=self.config.transport.sign_in_thread_bytes)
+        return self._send_frame(addresses, body, frame)
+
+    def _send_frame(self, addresses: tuple[str, ...], body: Body, frame: bytes) -> int:
         kind = body.TYPE.value
         payload = body.payload_bytes()
         delivered = 0
