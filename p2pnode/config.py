@@ -405,7 +405,7 @@ class DataSettings:
 @dataclass(frozen=True, kw_only=True)
 class ModelSettings:
     backbone: str = option(Text(choices=BACKBONES), "convnet", "this node's backbone; nodes may differ (except for mapl+ and dfedavgm)")
-    device: str = option(Text(choices=("auto", "cpu", "cuda")), "auto", "where the model trains; today `auto` and `cpu` train on the CPU and `cuda` is refused at start (the algorithms do not place tensors on a device yet)")
+    device: str = option(Text(choices=("auto", "cpu", "cuda")), "auto", "where the model trains; today `auto` and `cpu` train on the CPU and `cuda` is refused (the algorithms do not place tensors on a device yet)")
     threads: int = option(Integer(0, 1024), 1, "torch CPU threads (0: torch's default); several daemons on one machine want 1")
 
 
@@ -556,6 +556,8 @@ def _learning_checks(config: Config) -> list[str]:
     problems = []
     if data.node_index >= data.nodes:
         problems.append(f"[data].node_index: must be below [data].nodes ({data.nodes}), got {data.node_index}")
+    if config.model.device == "cuda":
+        problems.append('[model].device: training on CUDA is not supported by the daemon yet; use "cpu" or "auto"')
     if algorithm.name == "oracle":
         problems.append("[algorithm].name: `oracle` trains on its whole cluster's data, which no P2P node has; "
                         "it exists in `p2pnode simulate` only")

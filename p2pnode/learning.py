@@ -60,8 +60,6 @@ def build_algorithm(config, node_id: str) -> Algorithm:
     data, model, algorithm = config.data, config.model, config.algorithm
     if model.threads:
         torch.set_num_threads(model.threads)
-    if model.device == "cuda":
-        raise RuntimeError("[model].device: training on CUDA is not supported by the daemon yet; use \"cpu\"")
     dataset = load_dataset(data.dataset, None if data.root is None else str(data.root))
     if data.classes:
         setup = class_list_setup(node_id, dataset, data.classes, data.node_index, backbone=model.backbone,

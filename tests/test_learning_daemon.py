@@ -36,6 +36,12 @@ def test_learning_sections_are_validated(tmp_path):
     text = "\n".join(caught.value.problems)
     for words in ("[data].dataset", "[data].classes", "[model].backbone", "[model].device", "[algorithm].quorum"):
         assert words in text, text
+    cuda = {"model": {"device": "cuda"}, "algorithm": {"name": "mapl"}}
+    with pytest.raises(ConfigError) as caught:
+        load_config(write_config(tmp_path / "c", "tcp://127.0.0.1:7000", **cuda))
+    text = "\n".join(caught.value.problems)
+    for words in ("[model].device: training on CUDA is not supported",):
+        assert words in text, text
     oracle = {"data": {"nodes": 2, "node_index": 5}, "algorithm": {"name": "oracle", "settings": {"graph.nope": 1}}}
     with pytest.raises(ConfigError) as caught:
         load_config(write_config(tmp_path / "b", "tcp://127.0.0.1:7000", **oracle))
@@ -172,3 +178,21 @@ def test_a_late_joiner_is_picked_up_and_a_killed_daemon_resumes(tmp_path):
         assert statuses[1]["resumed_from"] is not None and statuses[1]["resumed_from"] >= killed_after[0] - 1
         rounds_seen = [entry["round"] for entry in statuses[1]["history"]]
         assert rounds_seen == sorted(rounds_seen)
+
+
+async def test_a_damaged_checkpoint_stops_the_start_and_says_what_to_do(tmp_path):
+    from p2pnode.node import Node, NodeStartError
+
+    config = load_config(write_config(tmp_path / "n", f"tcp://127.0.0.1:{free_ports(1)[0]}",
+                                      **learning_sections(0, 1, rounds=2)))
+    config.node.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (config.node.data_dir / CHECKPOINT_NAME).write_bytes(b"not a checkpoint")
+    with pytest.raises(BaseException) as caught:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(Node(config).run)
+            await trio.sleep(60)  # the failure ends the node long before this
+    errors = caught.value.exceptions if isinstance(caught.value, BaseExceptionGroup) else [caught.value]
+    while any(isinstance(e, BaseExceptionGroup) for e in errors):
+        errors = [x for e in errors for x in (e.exceptions if isinstance(e, BaseExceptionGroup) else [e])]
+    assert any(isinstance(e, NodeStartError) and "cannot be read" in str(e) and "move it away" in str(e)
+               for e in errors), errors
