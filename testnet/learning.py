@@ -19,13 +19,14 @@ from typing import Any
 
 import numpy as np
 
+from p2pnode.metrics import LEARNING_TYPES
+
 from .cluster import Cluster
 from .report import run_header
 from .simulator import SimulationSpec
 
 __all__ = ["CheckThresholds", "run_learning_testnet", "build_report", "check_report"]
 
-LEARNING_TYPES = ("PROTOTYPES", "HEAD", "SCORE", "MODEL")
 # Daemons of one machine: quick failure detection, so a killed node stops being waited for.
 DISCOVERY = {"ping_interval_s": 0.5, "peer_timeout_s": 3.0, "exchange_interval_s": 0.5, "dial_retry_max_s": 1.0}
 
