@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test bench bench-learning clean
+.PHONY: venv demo test bench bench-learning bench-scool clean
 
 venv: $(STAMP)
 
@@ -30,6 +30,10 @@ bench: venv
 # The learning benchmark of BENCHMARKS.md (about 15 minutes on 2 cores).
 bench-learning: venv
 	$(BIN)/python -m testnet.bench_learning --out bench-out/learning
+
+# The SCooL benchmark of BENCHMARKS.md (about 10 minutes on 2 cores).
+bench-scool: venv
+	$(BIN)/python -m testnet.bench_scool --out bench-out/scool
 
 clean:
 	rm -rf $(VENV) demo-out bench-out .pytest_cache .hypothesis *.egg-info

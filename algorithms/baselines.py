@@ -20,7 +20,7 @@ from protocol.messages import Body, MessageType, Model, Prototypes
 
 from .models import ModelSpec, make_model
 from .payloads import average_states, check_model, check_prototypes, shared_state, to_numpy
-from .seam import Algorithm, LocalReport, NeighbourView, NodeSetup, Outbound, PayloadRejected
+from .seam import Algorithm, Frame, LocalReport, NeighbourView, NodeSetup, Outbound, PayloadRejected
 from .training import LocalTrainer, TrainedLocally, TrainingConfig, seeded_generator
 
 __all__ = ["FedProtoConfig", "FedProto", "DFedAvgMConfig", "DFedAvgM"]
@@ -109,7 +109,7 @@ class FedProto(_AllPeersUniform):
         self._own = Prototypes(classes=classes, counts=counts, prototypes=means)
         return [Outbound(to=self.peers, body=self._own)] if self.peers else []
 
-    def receive(self, peer: str, round: int, body: Body) -> None:
+    def receive(self, peer: str, round: int, body: Body, frame: Frame | None = None) -> None:
         if not isinstance(body, Prototypes):
             raise PayloadRejected("unexpected_type", f"{self.name} takes no {body.TYPE.value} payloads")
         check_prototypes(body, self.spec.num_classes, self.spec.latent_dim, all_classes=False)
@@ -175,7 +175,7 @@ class DFedAvgM(_AllPeersUniform):
         body = Model(kind="params", tensors={k: to_numpy(v) for k, v in self._state().items()})
         return [Outbound(to=self.peers, body=body)]
 
-    def receive(self, peer: str, round: int, body: Body) -> None:
+    def receive(self, peer: str, round: int, body: Body, frame: Frame | None = None) -> None:
         if not isinstance(body, Model):
             raise PayloadRejected("unexpected_type", f"{self.name} takes no {body.TYPE.value} payloads")
         check_model(body, self._state())

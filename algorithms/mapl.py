@@ -25,7 +25,7 @@ from .graph import GraphConfig, GraphOptimizer, head_similarity
 from .losses import prototype_alignment, prototype_uniformity, supervised_contrastive
 from .models import ModelSpec, make_model
 from .payloads import average_states, check_head, check_model, check_prototypes, shared_state, to_numpy
-from .seam import Algorithm, LocalReport, NeighbourView, NodeSetup, Outbound, PayloadRejected
+from .seam import Algorithm, Frame, LocalReport, NeighbourView, NodeSetup, Outbound, PayloadRejected
 from .training import LocalTrainer, TrainedLocally, TrainingConfig, seeded_generator
 
 __all__ = ["MaplConfig", "Mapl", "MaplNoCgl", "MaplPlus", "Local", "Oracle"]
@@ -227,7 +227,7 @@ class Mapl(_PmlNode):
     def _shared(self) -> dict[str, torch.Tensor]:
         return shared_state({"backbone": self.model.backbone, "projector": self.model.projector})
 
-    def receive(self, peer: str, round: int, body: Body) -> None:
+    def receive(self, peer: str, round: int, body: Body, frame: Frame | None = None) -> None:
         if isinstance(body, Prototypes):
             check_prototypes(body, self.spec.num_classes, self.spec.projection_dim, all_classes=True)
             if body.head is not None and self.learn_graph:

@@ -59,7 +59,8 @@ def shared_state(modules: Mapping[str, nn.Module]) -> dict[str, torch.Tensor]:
     return state
 
 
-def check_model(body: Model, reference: Mapping[str, torch.Tensor]) -> None:
+def check_model(body: Model, reference: Mapping[str, torch.Tensor | np.ndarray]) -> None:
+    """`body` must be parameters with exactly the names and shapes of `reference`."""
     if body.kind != "params":
         raise PayloadRejected("bad_kind", f"expected model params, got {body.kind}")
     if body.tensors.keys() != reference.keys():

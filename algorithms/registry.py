@@ -10,6 +10,7 @@ from typing import Any
 
 from .baselines import DFedAvgM, FedProto
 from .mapl import Local, Mapl, MaplNoCgl, MaplPlus, Oracle
+from .scool import ScoolAttention, ScoolDirac, ScoolLocal, ScoolSbm
 from .seam import Algorithm, NodeSetup
 
 __all__ = ["ALGORITHMS", "AlgorithmInfo", "ConfigOverrideError", "default_config", "apply_overrides",
@@ -36,6 +37,11 @@ ALGORITHMS: Mapping[str, AlgorithmInfo] = {
     "mapl-nocgl": AlgorithmInfo(MaplNoCgl, "MAPL with the graph fixed all-to-all uniform"),
     "mapl+": AlgorithmInfo(MaplPlus, "MAPL+: MAPL that also averages backbones (one backbone everywhere)"),
     "dfedavgm": AlgorithmInfo(DFedAvgM, "DFedAvgM: momentum SGD + uniform model averaging (one backbone)"),
+    "scool-local": AlgorithmInfo(ScoolLocal, "SCooL's model and optimiser, no communication (its floor)"),
+    "scool-dirac": AlgorithmInfo(ScoolDirac, "SCooL with the Dirac prior = D-PSGD: fixed uniform graph, model mixing"),
+    "scool-sbm": AlgorithmInfo(ScoolSbm, "SCooL, stochastic-block-model prior: W from cross-client scores (EM)"),
+    "scool-attention": AlgorithmInfo(ScoolAttention, "SCooL, attention prior over model updates: W from "
+                                     "cross-client scores (EM)"),
 }
 
 

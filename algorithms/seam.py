@@ -3,10 +3,14 @@
 A round, as the driver runs it (DESIGN.md §3):
 
     report = algo.local_step(round)            # heavy: may run in a worker thread
-    for out in algo.publish(round): send out.body to each of out.to
-    algo.receive(peer, round, body)            # for each payload that arrives; may raise PayloadRejected
+    for out in algo.publish(round): send out.body to each of out.to; algo.published(round, out.body, seq)
+    algo.receive(peer, round, body, frame)     # for each payload that arrives; may raise PayloadRejected
+    for out in algo.respond(): send           # answers owed for what arrived (SCooL's scores), any time
     algo.end_round(round)                      # graph step and aggregation from what arrived
     algo.evaluate()
+
+A round ends for the driver when every peer in `expected(round)` has sent each type in
+`waits_for` for that round (or at its deadline).
 
 Payloads are `protocol` message bodies (numpy arrays), never torch objects or pickles, so what
 the simulator counts is exactly what the daemon puts on the wire. An algorithm never sees a
@@ -29,6 +33,7 @@ __all__ = [
     "LocalData",
     "NodeSetup",
     "Outbound",
+    "Frame",
     "LocalReport",
     "Evaluation",
     "PayloadRejected",
@@ -76,10 +81,20 @@ class NodeSetup:
 
 @dataclass(frozen=True)
 class Outbound:
-    """Send `body` to every peer in `to`."""
+    """Send `body` to every peer in `to`, tagged with `round` (default: the round in progress;
+    an answer names the round of what it answers)."""
 
     to: tuple[str, ...]
     body: Body
+    round: int | None = None
+
+
+@dataclass(frozen=True)
+class Frame:
+    """The signed frame a payload came in: what an answer about that payload must name."""
+
+    seq: int
+    sender_key: bytes  # the sender's raw public key
 
 
 @dataclass(frozen=True)
@@ -165,6 +180,9 @@ class Algorithm(abc.ABC):
     name: ClassVar[str]
     config_type: ClassVar[type]  # a frozen dataclass of hyper-parameters; its defaults are the presets
     homogeneous: ClassVar[bool] = False  # True: every node must run the same backbone
+    # The payload types an expected peer sends each round; a peer has "arrived" for a round
+    # once all of them have. Empty: any one payload will do.
+    waits_for: ClassVar[frozenset[MessageType]] = frozenset()
 
     def __init__(self, setup: NodeSetup) -> None:
         self.node_id = setup.node_id
@@ -183,8 +201,16 @@ class Algorithm(abc.ABC):
     def publish(self, round: int) -> list[Outbound]:
         return []
 
-    def receive(self, peer: str, round: int, body: Body) -> None:
+    def published(self, round: int, body: Body, seq: int) -> None:
+        """The driver sent `body` (from `publish(round)`) in the frame numbered `seq`."""
+
+    def receive(self, peer: str, round: int, body: Body, frame: Frame | None = None) -> None:
         raise PayloadRejected("unexpected_type", f"{self.name} takes no {body.TYPE.value} payloads")
+
+    def respond(self) -> list[Outbound]:
+        """Answers owed for payloads received since the last call (may be heavy: a driver runs it
+        in a worker thread). Nothing, for an algorithm that only listens."""
+        return []
 
     def expected(self, round: int) -> tuple[str, ...]:
         """Peers whose payloads for `round` are worth waiting for before `end_round` (a driver

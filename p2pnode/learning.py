@@ -1,8 +1,10 @@
 """The round driver: runs a learning algorithm (algorithms/seam.py) over the node's network.
 
     per round r:  local step (worker thread) ─► publish to the algorithm's addressees
-                  ─► gather: wait for the expected neighbours' round-r payloads, until a quorum
-                     of them or the round deadline ─► graph step + aggregation (worker thread)
+                  ─► gather: wait for the expected neighbours' round-r payloads (each type the
+                     algorithm waits for), until a quorum of them or the round deadline,
+                     answering what arrives meanwhile (SCooL's scores; worker thread)
+                  ─► graph step + aggregation (worker thread)
                   ─► evaluate ─► checkpoint (atomic) ─► r + 1, or catch up with the network
 
 Nodes are not in lock-step. Payloads are queued as they arrive (bounded) and handed to the
@@ -24,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from protocol import Body, Envelope
+from protocol import Body, Envelope, MessageType
 
 from .files import write_atomically
 
@@ -89,8 +91,9 @@ class RoundDriver:
         self.history: deque[dict[str, Any]] = deque(maxlen=self.settings.history_rounds)
         self.resumed_from: int | None = None
         self.catch_ups = 0
-        self._inbox: list[tuple[int, str, Body, int]] = []  # (round, peer id, body, frame size)
-        self._heard: dict[int, set[str]] = {}  # round → peers whose payload for it arrived
+        # (round, peer id, body, (seq, sender key), frame size)
+        self._inbox: list[tuple[int, str, Body, tuple[int, bytes], int]] = []
+        self._heard: dict[int, dict[str, set[MessageType]]] = {}  # round → peer → payload types that arrived
         self._peer_round: dict[str, int] = {}  # latest round each peer sent a payload for
         self._heard_this_round: set[str] = set()  # peers heard from since the last round ended
         self._arrival = trio.Event()
@@ -112,22 +115,27 @@ class RoundDriver:
         if len(self._inbox) >= self.settings.inbox_frames:
             self.node.metrics.rejected(INBOX_FULL, envelope.size)
             return
-        self._inbox.append((round, peer, envelope.body, envelope.size))
-        self._heard.setdefault(round, set()).add(peer)
+        self._inbox.append((round, peer, envelope.body, (envelope.seq, envelope.sender), envelope.size))
+        self._heard.setdefault(round, {}).setdefault(peer, set()).add(envelope.type)
         self._arrival.set()
+
+    def _arrived(self, round: int) -> set[str]:
+        """Peers that sent every payload type the algorithm waits for, for `round`."""
+        wanted = self.algorithm.waits_for
+        return {peer for peer, kinds in self._heard.get(round, {}).items() if kinds >= wanted}
 
     def _deliver(self) -> None:
         """Hand queued payloads of this round or earlier to the algorithm (never during a
         worker-thread call); later ones stay queued."""
-        from algorithms.seam import PayloadRejected
+        from algorithms.seam import Frame, PayloadRejected
 
         later = []
-        for round, peer, body, size in self._inbox:
+        for round, peer, body, frame, size in self._inbox:
             if round > self.round:
-                later.append((round, peer, body, size))
+                later.append((round, peer, body, frame, size))
                 continue
             try:
-                self.algorithm.receive(peer, round, body)
+                self.algorithm.receive(peer, round, body, Frame(*frame))
             except PayloadRejected as rejected:
                 self.node.metrics.rejected(rejected.reason, size)
                 log.debug("payload from %s rejected: %s", peer, rejected)
@@ -167,17 +175,19 @@ class RoundDriver:
         report = await trio.to_thread.run_sync(algorithm.local_step, round, limiter=self._limiter)
         stepped = trio.current_time()
         self._sync_peers()
-        self._deliver()
+        await self._deliver_and_answer()
         self.phase = "publish"
         for out in algorithm.publish(round):
-            await node.send_payload(self._addresses(out.to), out.body)
+            seq = await node.send_payload(self._addresses(out.to), out.body)
+            if seq is not None:
+                algorithm.published(round, out.body, seq)
         self.phase = "gather"
         expected = set(algorithm.expected(round))
         await self._gather(round, expected)
         gathered = trio.current_time()
-        arrived = expected & self._heard.get(round, set())
+        arrived = expected & self._arrived(round)
         self._sync_peers()
-        self._deliver()
+        await self._deliver_and_answer()
         self.phase = "aggregate"
         await trio.to_thread.run_sync(algorithm.end_round, round, limiter=self._limiter)
         evaluation = await trio.to_thread.run_sync(algorithm.evaluate, limiter=self._limiter)
@@ -214,18 +224,27 @@ class RoundDriver:
         period, not a deadline, and the next round no longer expects it."""
         settings = self.settings
 
-        def arrived() -> int:
-            return len(expected & self._heard.get(round, set()))
-
         async def until(count: int) -> None:
-            while arrived() < count:
+            while len(expected & self._arrived(round)) < count:
                 self._arrival = trio.Event()
                 await self._arrival.wait()
+                # Shielded: answers already taken from the algorithm must go out even if the
+                # deadline falls meanwhile, or the peer waits for them in vain.
+                with trio.CancelScope(shield=True):
+                    await self._deliver_and_answer()
 
         with trio.move_on_after(settings.round_deadline_s):
             await until(math.ceil(settings.quorum * len(expected)))
             with trio.move_on_after(settings.straggler_grace_s):
                 await until(len(expected))
+
+    async def _deliver_and_answer(self) -> None:
+        """Hand over what arrived and send the answers it is owed (computed in a worker thread:
+        scoring a model runs it on a batch)."""
+        self._deliver()
+        answers = await trio.to_thread.run_sync(self.algorithm.respond, limiter=self._limiter)
+        for out in answers:
+            await self.node.send_payload(self._addresses(out.to), out.body, round=out.round)
 
     def _next_round(self, round: int) -> int:
         """round + 1, unless the peers this node learns from are further ahead than the queue

@@ -220,15 +220,18 @@ class Node:
         frame = self._encode(body)
         return 0 if frame is None else self._send_frame(addresses, body, frame)
 
-    async def send_payload(self, addresses: tuple[str, ...], body: Body) -> int:
+    async def send_payload(self, addresses: tuple[str, ...], body: Body, round: int | None = None) -> int | None:
         """As `send`, but a large payload is signed in a worker thread (signing.py), so a model
-        of many megabytes does not stall the event loop."""
+        of many megabytes does not stall the event loop. The frame is tagged with `round`
+        (default: the round in progress); returns its seq, or None if none was left to sign with."""
         seq = self._next_seq(body)
         if seq is None:
-            return 0
-        frame = await signing.encode(self.encoder, body, seq=seq, timestamp_us=self.clock_us(), round=self.round,
+            return None
+        frame = await signing.encode(self.encoder, body, seq=seq, timestamp_us=self.clock_us(),
+                                     round=self.round if round is None else round,
                                      threshold=self.config.transport.sign_in_thread_bytes)
-        return self._send_frame(addresses, body, frame)
+        self._send_frame(addresses, body, frame)
+        return seq
 
     def _send_frame(self, addresses: tuple[str, ...], body: Body, frame: bytes) -> int:
         kind = body.TYPE.value

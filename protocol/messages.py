@@ -292,7 +292,31 @@ class Score(Body):
 
 @body(MessageType.MODEL)
 class Model(Body):
-    """Named parameters (or their deltas) of a homogeneous model, in state-dict order."""
+    """Named parameters (or their deltas) of a homogeneous model, in state-dict order.
+
+    `update` optionally rides with kind "params": the sender's local update in this round,
+    update = params at round start − params sent, keyed like `tensors` (float tensors only; a
+    key of `tensors` may be missing, e.g. an integer buffer). A receiver can then both score
+    the parameters and apply the sender's update to its own model (SCooL's M-step
+    θ_i ← θ_i^start − Σ_j w_ij Δ_j) from one message.
+    """
 
     kind: str = wire(Choice("params", "delta"))
     tensors: dict[str, np.ndarray] = wire(TensorMap(PARAM_NAME, Tensor(kinds="fiub"), max_len=4096))
+    update: dict[str, np.ndarray] | None = wire(
+        Nullable(TensorMap(PARAM_NAME, Tensor(kinds="f"), max_len=4096)), default=None
+    )
+
+    def check(self, limits: Limits) -> None:
+        if self.update is None:
+            return
+        if self.kind != "params":
+            raise ProtocolError(Reason.BAD_TENSOR, f"MODEL: an update only rides with kind 'params', not {self.kind!r}")
+        for name, delta in self.update.items():
+            if name not in self.tensors:
+                raise ProtocolError(Reason.BAD_TENSOR, f"MODEL: update[{name!r}] names no tensor of the model")
+            if delta.shape != self.tensors[name].shape:
+                raise ProtocolError(
+                    Reason.BAD_TENSOR,
+                    f"MODEL: update[{name!r}] has shape {delta.shape}, tensors[{name!r}] {self.tensors[name].shape}",
+                )

@@ -25,7 +25,7 @@ from algorithms.graph import l1_to_truth, within_cluster_mass
 from algorithms.models import CPU_BACKBONES
 from algorithms.partitions import PartitionSpec, make_partition
 from algorithms.registry import ALGORITHMS, apply_overrides, config_as_dict, default_config, make_algorithm
-from algorithms.seam import Algorithm, PayloadRejected
+from algorithms.seam import Algorithm, Frame, PayloadRejected
 from algorithms.setup import node_setup
 from protocol.envelope import Decoder, Encoder
 from protocol.identity import Identity
@@ -119,19 +119,29 @@ def run_simulation(spec: SimulationSpec, progress: Callable[[RoundResult], None]
             t0 = time.perf_counter()
             node.local_step(round)
             step_seconds += time.perf_counter() - t0
-        for i, node in enumerate(nodes):
-            for out in node.publish(round):
+        recipients: list[set[str]] = [set() for _ in nodes]  # whom each node sent anything this round
+        outbox = [(i, out) for i, node in enumerate(nodes) for out in node.publish(round)]
+        # Answers (SCooL's scores) go out once everything published has arrived; answers are
+        # not answered in turn, so one more pass empties every node's queue.
+        for phase in ("publish", "respond"):
+            if phase == "respond":
+                outbox = [(i, out) for i, node in enumerate(nodes) for out in node.respond()]
+            for i, out in outbox:
                 sequence[i] += 1
-                frame = encoders[i].encode(out.body, seq=sequence[i], timestamp_us=0, round=round)
-                body = decoder.decode(frame).body
+                tag = round if out.round is None else out.round
+                frame = encoders[i].encode(out.body, seq=sequence[i], timestamp_us=0, round=tag)
+                envelope = decoder.decode(frame)
+                if phase == "publish":
+                    nodes[i].published(round, out.body, sequence[i])
                 kind = out.body.TYPE.value
                 by_type[kind] += len(out.to)
                 bytes_by_type[kind] += len(frame) * len(out.to)
                 total_messages += len(out.to)
                 total_bytes += len(frame) * len(out.to)
+                recipients[i].update(out.to)
                 for peer in out.to:
                     try:
-                        nodes[index[peer]].receive(ids[i], round, body)
+                        nodes[index[peer]].receive(ids[i], tag, envelope.body, Frame(envelope.seq, envelope.sender))
                     except PayloadRejected as rejected:
                         rejections[rejected.reason] += 1
         for node in nodes:
@@ -180,6 +190,7 @@ def run_simulation(spec: SimulationSpec, progress: Callable[[RoundResult], None]
             "by_type": {kind: {"messages": by_type[kind], "bytes": bytes_by_type[kind]} for kind in sorted(by_type)},
             "messages_cumulative_per_round": per_round["messages"],
             "bytes_cumulative_per_round": per_round["bytes"],
+            "recipients_last_round": [len(peers) for peers in recipients],
         },
         "rejections": dict(rejections),
         "missing_payloads": int(sum(sum(node.missing.values()) for node in nodes)),

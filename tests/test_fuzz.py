@@ -105,7 +105,11 @@ def test_validly_signed_tensors_with_random_parts(alice, decoder, data):
     }
     if data.draw(st.booleans()):
         del tensor[data.draw(st.sampled_from(sorted(tensor)))]
-    body = {"kind": "params", "tensors": {"w": tensor}}
+    # The random tensor goes in either map: `tensors` takes any dtype, `update` floats only.
+    if data.draw(st.booleans()):
+        body = {"kind": "params", "tensors": {"w": tensor}, "update": None}
+    else:
+        body = {"kind": "params", "tensors": {"w": VALID["MODEL"]["tensors"]["fc.weight"]}, "update": {"w": tensor}}
     decode_or_refuse(decoder, seal_raw(alice, [1, NETWORK, "MODEL", alice.public_key, 1, NOW_US, 0, body]))
 
 

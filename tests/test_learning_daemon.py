@@ -196,3 +196,59 @@ async def test_a_damaged_checkpoint_stops_the_start_and_says_what_to_do(tmp_path
         errors = [x for e in errors for x in (e.exceptions if isinstance(e, BaseExceptionGroup) else [e])]
     assert any(isinstance(e, NodeStartError) and "cannot be read" in str(e) and "move it away" in str(e)
                for e in errors), errors
+
+
+async def test_scores_for_models_never_sent_or_sent_twice_are_counted(tmp_path):
+    """SCooL over sockets: a peer that answers for a model it never received, or floods answers,
+    is refused and counted, while the two honest daemons score each other and finish."""
+    from protocol import Score
+
+    addresses = [f"tcp://127.0.0.1:{port}" for port in free_ports(3)]
+    scool = {"name": "scool-sbm", "settings": {"prune_round": 0}}
+    configs = [load_config(write_config(tmp_path / f"n{i}", addresses[i], [addresses[(i + 1) % 3]],
+                                        **learning_sections(i, 3, rounds=4, **scool))) for i in range(2)]
+    configs.append(load_config(write_config(tmp_path / "mallory", addresses[2], [addresses[0]])))
+    async with trio.open_nursery() as nursery:
+        a, b, mallory = await start_nodes(nursery, configs)
+        await wait_until(lambda: full_mesh([a, b, mallory]), timeout=15)
+        await wait_until(lambda: a.driver and a.driver.algorithm and a.driver.algorithm.sent, timeout=60)
+        round, (_, seq) = next(iter(a.driver.algorithm.sent.items()))
+        await wait_until(lambda: a.driver.algorithm.sent[round][1] is not None, timeout=10)
+        seq = a.driver.algorithm.sent[round][1]
+        mallory.round = round
+        never_sent = Score(kind="log_likelihood", subject=a.identity.public_key, subject_seq=seq + 10_000,
+                           value=-1.0, samples=10)
+        answer = Score(kind="log_likelihood", subject=a.identity.public_key, subject_seq=seq, value=-1.0, samples=10)
+        mallory.send((a.address,), never_sent)
+        for _ in range(5):  # a's model of this round did go to mallory: one answer is fair, five are not
+            mallory.send((a.address,), answer)
+        await wait_until(lambda: a.driver.phase == "done" and b.driver.phase == "done", timeout=120)
+        assert a.metrics.rejections["unsolicited_score"] == 1, a.metrics.rejections
+        assert a.metrics.rejections["duplicate_score"] == 4, a.metrics.rejections
+        for node in (a, b):
+            status = node.status()["learning"]
+            assert status["completed"] == 3
+            assert status["accuracy"] > 0.3  # 5 classes per node: chance is 0.2
+        assert a.metrics.messages_in["SCORE"] >= 4 + 6 and b.metrics.messages_out["SCORE"] >= 4
+        for node in (a, b, mallory):
+            node.request_stop()
+
+
+def test_scool_testnet_separates_two_groups_and_matches_the_simulator(tmp_path):
+    """4 SCooL-SBM daemons on digits, two groups of two: the learned graph finds each node's
+    partner, pruning cuts the traffic to it, and the numbers are the simulator's."""
+    from testnet.learning import CheckThresholds, run_learning_testnet
+    from testnet.simulator import SimulationSpec, run_simulation
+
+    spec = SimulationSpec(algorithm="scool-sbm", dataset="digits", scenario="noniid-sbm", clusters=2, nodes=4,
+                          rounds=8, samples_per_class=10, test_per_class=5, overrides={"prune_round": "4"})
+    code, report = run_learning_testnet(spec, tmp_path / "net", round_deadline_s=10,
+                                        check=CheckThresholds(accuracy=0.6, within_cluster_mass=0.95))
+    assert code == 0, report["check"]
+    simulated = run_simulation(spec)
+    assert report["graph"]["l1_to_truth"] <= 0.2 and len(report["graph"]["l1_to_truth_per_round"]) == 8
+    assert report["accuracy_own_classes"]["mean"] >= 0.9
+    assert abs(report["accuracy"]["mean"] - simulated["accuracy"]["mean"]) <= 0.02
+    for kind in ("MODEL", "SCORE"):
+        assert report["comm"]["by_type"][kind]["messages"] == simulated["comm"]["by_type"][kind]["messages"], kind
+    assert report["rejections"] == {} and report["node_exit_codes"] == [0, 0, 0, 0]

@@ -38,7 +38,7 @@ VALID = {
     "PROTOTYPES": {"classes": [0, 1], "counts": [3, 4], "prototypes": wire_tensor(np.ones((2, 4), np.float32)), "head": None},
     "HEAD": {"weight": wire_tensor(np.ones((3, 4), np.float32)), "bias": wire_tensor(np.zeros(3, np.float32))},
     "SCORE": {"kind": "log_likelihood", "subject": b"\x01" * 32, "subject_seq": 5, "value": -0.5, "samples": 10},
-    "MODEL": {"kind": "params", "tensors": {"fc.weight": wire_tensor(np.ones((2, 2), np.float32)), "bn.num_batches_tracked": wire_tensor(np.array(7, np.int64))}},
+    "MODEL": {"kind": "params", "tensors": {"fc.weight": wire_tensor(np.ones((2, 2), np.float32)), "bn.num_batches_tracked": wire_tensor(np.array(7, np.int64))}, "update": None},
 }
 
 
@@ -99,6 +99,8 @@ BAD_FIELDS = [
     ("MODEL", "kind", "grads"),
     ("MODEL", "tensors", {"bad name!": wire_tensor(np.ones(2, np.float32))}),
     ("MODEL", "tensors", [wire_tensor(np.ones(2, np.float32))]),
+    ("MODEL", "update", {"bad name!": wire_tensor(np.ones(2, np.float32))}),
+    ("MODEL", "update", [wire_tensor(np.ones((2, 2), np.float32))]),
     ("PROTOTYPES", "classes", [0, 0]),
     ("PROTOTYPES", "classes", [0, 70000]),
 ]
@@ -120,6 +122,11 @@ BAD_TENSORS = [
     ("HEAD", "weight", wire_tensor(np.ones((3, 4, 1), np.float32))),
     ("HEAD", "bias", "none"),  # anything in a tensor field that is not a tensor
     ("MODEL", "tensors", {"w": {"dtype": "float32", "shape": [1], "data": np.array([np.nan], np.float32).tobytes()}}),
+    ("MODEL", "update", {"fc.bias": wire_tensor(np.ones(2, np.float32))}),  # names no tensor of the model
+    ("MODEL", "update", {"fc.weight": wire_tensor(np.ones((2, 3), np.float32))}),  # shape differs from tensors
+    ("MODEL", "update", {"fc.weight": wire_tensor(np.ones(4, np.float32))}),  # same size, other rank
+    ("MODEL", "update", {"bn.num_batches_tracked": wire_tensor(np.array(1, np.int64))}),  # not float
+    ("MODEL", "update", {"fc.weight": {"dtype": "float32", "shape": [2, 2], "data": np.full(4, np.inf, np.float32).tobytes()}}),
 ]
 
 
@@ -143,6 +150,37 @@ def test_model_keeps_parameter_order_and_dtypes(alice, encoder, decoder):
     body = decoder.decode(encoder.encode(Model(kind="delta", tensors=tensors), seq=1, timestamp_us=NOW_US, round=0)).body
     assert list(body.tensors) == list(tensors)
     assert [t.dtype for t in body.tensors.values()] == [np.float32, np.float64, np.int64]
+
+
+def test_model_round_trips_an_update(encoder, decoder):
+    tensors = {"fc.weight": np.ones((2, 2), np.float32), "bn.num_batches_tracked": np.array(3, np.int64)}
+    update = {"fc.weight": np.full((2, 2), 0.25, np.float32)}  # the integer buffer has no update
+    sent = Model(kind="params", tensors=tensors, update=update)
+    body = decoder.decode(encoder.encode(sent, seq=1, timestamp_us=NOW_US, round=0)).body
+    assert body == sent and list(body.update) == ["fc.weight"] and body.update["fc.weight"].dtype == np.float32
+    assert Model(kind="params", tensors=tensors).update is None
+
+
+def test_model_update_only_with_params(alice, decoder):
+    update = {"fc.weight": wire_tensor(np.ones((2, 2), np.float32))}
+    assert outcome(decoder, alice, "MODEL", {**VALID["MODEL"], "update": update}).update is not None
+    assert outcome(decoder, alice, "MODEL", {**VALID["MODEL"], "kind": "delta", "update": update}) is Reason.BAD_TENSOR
+    assert isinstance(outcome(decoder, alice, "MODEL", {**VALID["MODEL"], "kind": "delta"}), Model)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        Model(kind="delta", tensors={"w": np.ones(2, np.float32)}, update={"w": np.ones(2, np.float32)}),
+        Model(kind="params", tensors={"w": np.ones(2, np.float32)}, update={"v": np.ones(2, np.float32)}),
+        Model(kind="params", tensors={"w": np.ones(2, np.float32)}, update={"w": np.ones(3, np.float32)}),
+        Model(kind="params", tensors={"w": np.ones(2, np.int32)}, update={"w": np.ones(2, np.int32)}),
+    ],
+)
+def test_model_update_rules_hold_when_encoding(encoder, body):
+    with pytest.raises(ProtocolError) as refused:
+        encoder.encode(body, seq=1, timestamp_us=NOW_US, round=0)
+    assert refused.value.reason is Reason.BAD_TENSOR
 
 
 def test_peers_relay_signed_hellos_verbatim(alice, bob, encoder, decoder):
