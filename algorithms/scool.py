@@ -141,7 +141,8 @@ class _Scool(TrainedLocally, Algorithm):
         # What arrived: latest model per peer (round, body, used by an M-step yet), scores per round.
         self.models: dict[str, tuple[int, Model, bool]] = {}
         self.scores: dict[int, dict[str, float]] = {}
-        self.sent: dict[int, tuple[frozenset[str], int | None]] = {}  # round → (to, seq) of own MODEL
+        self.own_models: dict[int, Model] = {}  # what this node published, by round
+        self.sent: dict[int, dict[int, frozenset[str]]] = {}  # round → frame seq → peers it went to
         self.pending: list[tuple[str, int, Frame, Model]] = []  # models owed a SCORE
         self._batches: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -185,12 +186,12 @@ class _Scool(TrainedLocally, Algorithm):
             return []
         tensors = {name: to_numpy(t) for name, t in self._state().items()} | self._extras()
         update = {name: to_numpy(t) for name, t in self.update.items()} if self.uses_updates else None
-        self.sent[round] = (frozenset(to), None)
-        return [Outbound(to=to, body=Model(kind="params", tensors=tensors, update=update))]
+        self.own_models[round] = Model(kind="params", tensors=tensors, update=update)
+        return [Outbound(to=to, body=self.own_models[round])]
 
-    def published(self, round: int, body: Body, seq: int) -> None:
-        if isinstance(body, Model) and round in self.sent:
-            self.sent[round] = (self.sent[round][0], seq)
+    def published(self, round: int, out: Outbound, seq: int) -> None:
+        if isinstance(out.body, Model):
+            self.sent.setdefault(round, {})[seq] = frozenset(out.to)
 
     def receive(self, peer: str, round: int, body: Body, frame: Frame | None = None) -> None:
         if peer not in self.peers:
@@ -221,8 +222,7 @@ class _Scool(TrainedLocally, Algorithm):
             raise PayloadRejected("bad_kind", f"expected a log_likelihood score, got {body.kind}")
         if node_id_of(body.subject) != self.node_id:
             raise PayloadRejected("wrong_subject", "the score is about another node's model")
-        to, seq = self.sent.get(round, (frozenset(), None))
-        if peer not in to or body.subject_seq != seq:
+        if peer not in self.sent.get(round, {}).get(body.subject_seq, ()):
             raise PayloadRejected("unsolicited_score",
                                   f"no model of round {round} in frame {body.subject_seq} was sent to {peer}")
         if peer in self.scores.get(round, {}):
@@ -232,10 +232,15 @@ class _Scool(TrainedLocally, Algorithm):
         self.scores.setdefault(round, {})[peer] = body.value / body.samples
 
     def respond(self) -> list[Outbound]:
-        """Score each model received since the last call on this node's own data."""
+        """Score each model received since the last call on this node's own data; a peer that
+        sent its model without getting ours (it kept this node at pruning, we did not keep it)
+        gets ours too, so that its round completes without waiting for its deadline."""
         pending, self.pending = self.pending, []
         answers = []
         for peer, round, frame, body in pending:
+            sent_to = set().union(*self.sent.get(round, {}).values())
+            if peer not in sent_to and round in self.own_models:
+                answers.append(Outbound(to=(peer,), body=self.own_models[round], round=round))
             for name, tensor in shared_state({"backbone": self.scratch.backbone, "head": self.scratch.head}).items():
                 tensor.copy_(torch.tensor(body.tensors[name], dtype=tensor.dtype))  # wire arrays are read-only
             value = self._log_likelihood(self.scratch, round)
@@ -297,6 +302,7 @@ class _Scool(TrainedLocally, Algorithm):
                                        len(self.peers), self.config.keep_fraction)
         self.scores = {r: s for r, s in self.scores.items() if r > round - HISTORY}
         self.sent = {r: s for r, s in self.sent.items() if r > round - HISTORY}
+        self.own_models = {r: m for r, m in self.own_models.items() if r > round - HISTORY}
 
     def _expected_now(self, round: int) -> set[str]:
         allowed = set(self.peers) if self.neighbours is None else set(self.neighbours)

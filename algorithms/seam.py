@@ -3,9 +3,9 @@
 A round, as the driver runs it (DESIGN.md §3):
 
     report = algo.local_step(round)            # heavy: may run in a worker thread
-    for out in algo.publish(round): send out.body to each of out.to; algo.published(round, out.body, seq)
+    for out in algo.publish(round): send out.body to each of out.to; algo.published(round, out, seq)
     algo.receive(peer, round, body, frame)     # for each payload that arrives; may raise PayloadRejected
-    for out in algo.respond(): send           # answers owed for what arrived (SCooL's scores), any time
+    for out in algo.respond(): send, published  # answers owed for what arrived (SCooL's scores), any time
     algo.end_round(round)                      # graph step and aggregation from what arrived
     algo.evaluate()
 
@@ -201,8 +201,9 @@ class Algorithm(abc.ABC):
     def publish(self, round: int) -> list[Outbound]:
         return []
 
-    def published(self, round: int, body: Body, seq: int) -> None:
-        """The driver sent `body` (from `publish(round)`) in the frame numbered `seq`."""
+    def published(self, round: int, out: Outbound, seq: int) -> None:
+        """The driver sent `out` (from `publish` or `respond`), tagged `round`, in the frame
+        numbered `seq`."""
 
     def receive(self, peer: str, round: int, body: Body, frame: Frame | None = None) -> None:
         raise PayloadRejected("unexpected_type", f"{self.name} takes no {body.TYPE.value} payloads")

@@ -180,7 +180,7 @@ class RoundDriver:
         for out in algorithm.publish(round):
             seq = await node.send_payload(self._addresses(out.to), out.body)
             if seq is not None:
-                algorithm.published(round, out.body, seq)
+                algorithm.published(round, out, seq)
         self.phase = "gather"
         expected = set(algorithm.expected(round))
         await self._gather(round, expected)
@@ -244,7 +244,9 @@ class RoundDriver:
         self._deliver()
         answers = await trio.to_thread.run_sync(self.algorithm.respond, limiter=self._limiter)
         for out in answers:
-            await self.node.send_payload(self._addresses(out.to), out.body, round=out.round)
+            seq = await self.node.send_payload(self._addresses(out.to), out.body, round=out.round)
+            if seq is not None:
+                self.algorithm.published(self.round if out.round is None else out.round, out, seq)
 
     def _next_round(self, round: int) -> int:
         """round + 1, unless the peers this node learns from are further ahead than the queue

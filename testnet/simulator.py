@@ -77,6 +77,9 @@ class RoundResult:
     elapsed_s: float
 
 
+_MAX_ANSWER_PASSES = 4  # answers to answers to ...: a bound, so a faulty algorithm cannot loop
+
+
 def simulation_identity(seed: int, node: int) -> Identity:
     secret = hashlib.sha256(f"p2pnode-sim/{seed}/{node}".encode()).digest()
     return Identity(Ed25519PrivateKey.from_private_bytes(secret))
@@ -121,18 +124,19 @@ def run_simulation(spec: SimulationSpec, progress: Callable[[RoundResult], None]
             step_seconds += time.perf_counter() - t0
         recipients: list[set[str]] = [set() for _ in nodes]  # whom each node sent anything this round
         outbox = [(i, out) for i, node in enumerate(nodes) for out in node.publish(round)]
-        # Answers (SCooL's scores) go out once everything published has arrived; answers are
-        # not answered in turn, so one more pass empties every node's queue.
-        for phase in ("publish", "respond"):
-            if phase == "respond":
-                outbox = [(i, out) for i, node in enumerate(nodes) for out in node.respond()]
+        # Then answers (SCooL's scores, a model for a peer that kept this node), and answers to
+        # those, until nobody owes anything; each kind of answer is owed once per round.
+        for passes in range(_MAX_ANSWER_PASSES + 2):
+            if not outbox:
+                break
+            if passes > _MAX_ANSWER_PASSES:
+                raise RuntimeError(f"{spec.algorithm} still answering after {_MAX_ANSWER_PASSES} passes in round {round}")
             for i, out in outbox:
                 sequence[i] += 1
                 tag = round if out.round is None else out.round
                 frame = encoders[i].encode(out.body, seq=sequence[i], timestamp_us=0, round=tag)
                 envelope = decoder.decode(frame)
-                if phase == "publish":
-                    nodes[i].published(round, out.body, sequence[i])
+                nodes[i].published(tag, out, sequence[i])
                 kind = out.body.TYPE.value
                 by_type[kind] += len(out.to)
                 bytes_by_type[kind] += len(frame) * len(out.to)
@@ -144,6 +148,7 @@ def run_simulation(spec: SimulationSpec, progress: Callable[[RoundResult], None]
                         nodes[index[peer]].receive(ids[i], tag, envelope.body, Frame(envelope.seq, envelope.sender))
                     except PayloadRejected as rejected:
                         rejections[rejected.reason] += 1
+            outbox = [(i, out) for i, node in enumerate(nodes) for out in node.respond()]
         for node in nodes:
             node.end_round(round)
         evaluations = [node.evaluate() for node in nodes]

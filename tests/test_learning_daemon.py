@@ -212,9 +212,8 @@ async def test_scores_for_models_never_sent_or_sent_twice_are_counted(tmp_path):
         a, b, mallory = await start_nodes(nursery, configs)
         await wait_until(lambda: full_mesh([a, b, mallory]), timeout=15)
         await wait_until(lambda: a.driver and a.driver.algorithm and a.driver.algorithm.sent, timeout=60)
-        round, (_, seq) = next(iter(a.driver.algorithm.sent.items()))
-        await wait_until(lambda: a.driver.algorithm.sent[round][1] is not None, timeout=10)
-        seq = a.driver.algorithm.sent[round][1]
+        round, frames = next(iter(a.driver.algorithm.sent.items()))
+        seq = next(iter(frames))  # the frame a's model of that round went out in
         mallory.round = round
         never_sent = Score(kind="log_likelihood", subject=a.identity.public_key, subject_seq=seq + 10_000,
                            value=-1.0, samples=10)

@@ -115,7 +115,7 @@ def exchange(a, b, identities, round=0, seq=(11, 12)):
     sent = {}
     for node, key, number in ((a, 0, seq[0]), (b, 1, seq[1])):
         (out,) = node.publish(round)
-        node.published(round, out.body, number)
+        node.published(round, out, number)
         sent[key] = out.body
     a.receive(b.node_id, round, sent[1], Frame(seq[1], identities[1].public_key))
     b.receive(a.node_id, round, sent[0], Frame(seq[0], identities[0].public_key))
@@ -193,7 +193,7 @@ def test_scores_nobody_asked_for_are_rejected_and_named(digits_groups):
     fresh.set_peers([a.node_id, b.node_id])
     fresh.local_step(0)
     (out,) = fresh.publish(0)
-    fresh.published(0, out.body, 21)
+    fresh.published(0, out, 21)
     with pytest.raises(PayloadRejected) as caught:
         fresh.receive(b.node_id, 0, score(value=2.0))  # a probability above 1
     assert caught.value.reason == "bad_score"
@@ -243,3 +243,40 @@ def test_simulation_recovers_the_groups_and_prunes_to_them(name):
     # Before pruning everyone sends a model to everyone and gets a score back (4·3 each);
     # after it, each node talks to its one partner.
     assert by_round[0] == 24 and by_round[-1] == 8
+
+
+def test_a_peer_that_kept_us_gets_our_model_as_an_answer(digits_groups):
+    """After pruning, a keeps b but b keeps c: b answers a's model with its score and its own
+    model, so a's round is complete at once (over the network: no deadline to wait out), and
+    from then on b sends to a unasked."""
+    identities = digits_groups[2]
+    a, b, c = (scool_node("scool-sbm", digits_groups, i, prune_round=1) for i in range(3))
+    nodes = {n.node_id: (n, identities[i]) for i, n in enumerate((a, b, c))}
+    a.neighbours, b.neighbours, c.neighbours = (b.node_id,), (c.node_id,), (b.node_id,)
+    seq = iter(range(100, 200))
+
+    def deliver(sender, outs):
+        for out in outs:
+            number = next(seq)
+            sender.published(1, out, number)
+            for peer in out.to:
+                nodes[peer][0].receive(sender.node_id, 1, out.body, Frame(number, nodes[sender.node_id][1].public_key))
+
+    for node in (a, b, c):
+        node.set_peers([a.node_id, b.node_id, c.node_id])
+        node.local_step(1)
+    published = [(node, node.publish(1)) for node in (a, b, c)]  # all at once: b's model goes to c only
+    for node, outs in published:
+        deliver(node, outs)
+    assert a.node_id in b.audience
+    answers = b.respond()
+    assert sorted((out.to, out.body.TYPE.value) for out in answers) == sorted([
+        ((a.node_id,), "MODEL"), ((a.node_id,), "SCORE"), ((c.node_id,), "SCORE")])
+    deliver(b, answers)
+    for node in (a, c):
+        deliver(node, node.respond())
+    assert b.respond() == []  # a's score of b's answer is accepted: nothing more is owed
+    a.end_round(1)
+    assert a.weights()[b.node_id] > 0.3
+    (out,) = b.publish(2)
+    assert set(out.to) == {a.node_id, c.node_id}
