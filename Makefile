@@ -31,7 +31,7 @@ bench: venv
 bench-learning: venv
 	$(BIN)/python -m testnet.bench_learning --out bench-out/learning
 
-# The SCooL benchmark of BENCHMARKS.md (about 10 minutes on 2 cores).
+# The SCooL benchmark of BENCHMARKS.md (about 4 minutes on 2 cores).
 bench-scool: venv
 	$(BIN)/python -m testnet.bench_scool --out bench-out/scool
 
