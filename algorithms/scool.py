@@ -355,11 +355,7 @@ class ScoolDirac(_Scool):
     waits_for = frozenset({MessageType.MODEL})
     uses_updates = False
 
-    def __init__(self, setup: NodeSetup, config: ScoolConfig | None = None) -> None:
-        super().__init__(setup, config)
-        self.neighbours = None  # the graph is given, never pruned
-
-    def end_round(self, round: int) -> None:
+    def end_round(self, round: int) -> None:  # the graph is given: no E-step, never pruned
         fresh = self._fresh(round)
         self.missing.update({p: self.missing.get(p, 0) + 1 for p in self.peers if p not in fresh})
         weight = 1.0 / (len(fresh) + 1)
