@@ -42,7 +42,7 @@ from .cooperation import (
     sbm_e_step,
 )
 from .models import ModelSpec, make_model
-from .payloads import check_model, shared_state, to_numpy
+from .payloads import average_states, check_model, shared_state, to_numpy
 from .seam import Algorithm, Frame, LocalReport, NodeSetup, Outbound, PayloadRejected
 from .training import LocalTrainer, TrainedLocally, TrainingConfig, seeded_generator
 
@@ -294,9 +294,7 @@ class _Scool(TrainedLocally, Algorithm):
                                np.array([self.own_score] + [scores[p] for p in cooperating]))
         self.row = {self.node_id: float(weights[0]), **{p: float(w) for p, w in zip(cooperating, weights[1:])}}
         self._m_step(weights, [fresh[p] for p in cooperating])
-        for peer in cooperating:
-            r, body, _ = self.models[peer]
-            self.models[peer] = (r, body, True)
+        self._mark_used(cooperating)
         if self.neighbours is None and self.config.prune_round and round + 1 >= self.config.prune_round:
             self.neighbours = keep_top({p: w for p, w in self.row.items() if p != self.node_id},
                                        len(self.peers), self.config.keep_fraction)
@@ -314,23 +312,28 @@ class _Scool(TrainedLocally, Algorithm):
     @torch.no_grad()
     def _m_step(self, weights: np.ndarray, models: list[Model]) -> None:
         """θ_i ← θ_i^start − w_ii Δ_i − Σ_j w_ij Δ_j; BatchNorm statistics ← Σ_j w_ij s_j."""
-        for name, tensor in self._state().items():
-            if name in self.parameter_names and self.config.m_step == "updates":
-                step = self.update[name] * float(weights[0])
-                for weight, body in zip(weights[1:], models):
-                    step += float(weight) * torch.tensor(body.update[name], dtype=tensor.dtype)
-                tensor.copy_(self.start[name] - step)
-            else:
-                mixed = tensor * float(weights[0])
-                for weight, body in zip(weights[1:], models):
-                    mixed += float(weight) * torch.tensor(body.tensors[name], dtype=tensor.dtype)
-                tensor.copy_(mixed)
+        state = self._state()
+        moved = self.parameter_names if self.config.m_step == "updates" else frozenset()
+        for name in moved:
+            step = self.update[name] * float(weights[0])
+            for weight, body in zip(weights[1:], models):
+                step += float(weight) * torch.tensor(body.update[name], dtype=state[name].dtype)
+            state[name].copy_(self.start[name] - step)
+        average_states({k: v for k, v in state.items() if k not in moved}, float(weights[0]),
+                       [(float(w), body.tensors) for w, body in zip(weights[1:], models)])
 
-    def weights(self) -> dict[str, float]:
-        if self.row:
-            return dict(self.row)
+    def _mark_used(self, peers) -> None:
+        """Each neighbour's model feeds one M-step at most."""
+        for peer in peers:
+            r, body, _ = self.models[peer]
+            self.models[peer] = (r, body, True)
+
+    def _uniform_row(self) -> dict[str, float]:
         uniform = 1.0 / (len(self.peers) + 1)
         return {node: uniform for node in (self.node_id, *self.peers)}
+
+    def weights(self) -> dict[str, float]:
+        return dict(self.row) if self.row else self._uniform_row()
 
     # --- checkpoints ---------------------------------------------------------------------
 
@@ -359,19 +362,11 @@ class ScoolDirac(_Scool):
         fresh = self._fresh(round)
         self.missing.update({p: self.missing.get(p, 0) + 1 for p in self.peers if p not in fresh})
         weight = 1.0 / (len(fresh) + 1)
-        with torch.no_grad():
-            for name, tensor in self._state().items():
-                mixed = tensor * weight
-                for body in fresh.values():
-                    mixed += weight * torch.tensor(body.tensors[name], dtype=tensor.dtype)
-                tensor.copy_(mixed)
-        for peer in fresh:
-            r, body, _ = self.models[peer]
-            self.models[peer] = (r, body, True)
+        average_states(self._state(), weight, [(weight, body.tensors) for body in fresh.values()])
+        self._mark_used(fresh)
 
     def weights(self) -> dict[str, float]:
-        uniform = 1.0 / (len(self.peers) + 1)
-        return {node: uniform for node in (self.node_id, *self.peers)}
+        return self._uniform_row()
 
 
 class ScoolSbm(_Scool):
@@ -466,11 +461,9 @@ class ScoolAttention(_Scool):
     @torch.no_grad()
     def _gossip_encoder(self, models: list[Model]) -> None:
         share = 1.0 / (len(models) + 1)
-        for name, tensor in self.encoder.state_dict().items():
-            mixed = tensor * share
-            for body in models:
-                mixed += share * torch.tensor(body.tensors[ENCODER + name])
-            tensor.copy_(mixed)
+        theirs = [(share, {name[len(ENCODER):]: t for name, t in body.tensors.items() if name.startswith(ENCODER)})
+                  for body in models]
+        average_states(self.encoder.state_dict(), share, theirs)
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "encoder": self.encoder.state_dict(),
