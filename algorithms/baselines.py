@@ -28,8 +28,13 @@ __all__ = ["FedProtoConfig", "FedProto", "DFedAvgMConfig", "DFedAvgM"]
 
 def _build_model(setup: NodeSetup, latent_dim: int, projection_dim: int):
     data = setup.data
-    spec = ModelSpec(backbone=setup.backbone, image_shape=tuple(data.train_images.shape[1:]),
-                     num_classes=data.num_classes, latent_dim=latent_dim, projection_dim=projection_dim)
+    spec = ModelSpec(
+        backbone=setup.backbone,
+        image_shape=tuple(data.train_images.shape[1:]),
+        num_classes=data.num_classes,
+        latent_dim=latent_dim,
+        projection_dim=projection_dim,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(setup.seed)
         return spec, make_model(spec)
@@ -46,7 +51,7 @@ class _AllPeersUniform(TrainedLocally, Algorithm):
 
     def weights(self) -> dict[str, float]:
         uniform = 1.0 / (len(self.peers) + 1)
-        return {node: uniform for node in (self.node_id, *self.peers)}
+        return dict.fromkeys((self.node_id, *self.peers), uniform)
 
     payload_type: MessageType
 
@@ -74,8 +79,9 @@ class FedProto(_AllPeersUniform):
         self.config = config = config or FedProtoConfig()
         self.data = setup.data
         self.spec, self.model = _build_model(setup, config.latent_dim, 1)
-        self.trainer = LocalTrainer(self.model, self.data.train_images, self.data.train_labels, config.training,
-                                    seeded_generator(setup.seed, 1))
+        self.trainer = LocalTrainer(
+            self.model, self.data.train_images, self.data.train_labels, config.training, seeded_generator(setup.seed, 1)
+        )
         self.view = NeighbourView(config.max_staleness)
         self.global_prototypes: dict[int, torch.Tensor] = {}
 
@@ -122,8 +128,9 @@ class FedProto(_AllPeersUniform):
             for k, n, row in zip(body.classes, body.counts, body.prototypes):
                 sums[k] = sums.get(k, 0.0) + n * row.astype(np.float64)
                 totals[k] = totals.get(k, 0) + n
-        self.global_prototypes = {k: torch.from_numpy((sums[k] / totals[k]).astype(np.float32))
-                                  for k in sums if totals[k] > 0}
+        self.global_prototypes = {
+            k: torch.from_numpy((sums[k] / totals[k]).astype(np.float32)) for k in sums if totals[k] > 0
+        }
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "global_prototypes": dict(self.global_prototypes)}
@@ -136,7 +143,8 @@ class FedProto(_AllPeersUniform):
 @dataclass(frozen=True)
 class DFedAvgMConfig:
     training: TrainingConfig = field(
-        default_factory=lambda: TrainingConfig(optimizer="sgd", learning_rate=0.01, momentum=0.9))
+        default_factory=lambda: TrainingConfig(optimizer="sgd", learning_rate=0.01, momentum=0.9)
+    )
     latent_dim: int = 128
     max_staleness: int = 1
 
@@ -154,9 +162,12 @@ class DFedAvgM(_AllPeersUniform):
         # One initial model for everyone, as decentralised averaging assumes.
         self.spec, self.model = _build_model(
             NodeSetup(setup.node_id, setup.data, setup.backbone, setup.shared_seed, setup.shared_seed),
-            config.latent_dim, 1)
-        self.trainer = LocalTrainer(self.model, self.data.train_images, self.data.train_labels, config.training,
-                                    seeded_generator(setup.seed, 1))
+            config.latent_dim,
+            1,
+        )
+        self.trainer = LocalTrainer(
+            self.model, self.data.train_images, self.data.train_labels, config.training, seeded_generator(setup.seed, 1)
+        )
         self.view = NeighbourView(config.max_staleness)
 
     def _state(self) -> dict[str, torch.Tensor]:

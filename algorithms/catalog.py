@@ -3,9 +3,25 @@
 tests/test_learning.py checks that they match the registries in `registry` and `models`.
 """
 
-ALGORITHM_NAMES = ("local", "oracle", "fedproto", "mapl", "mapl-nocgl", "mapl+", "dfedavgm",
-                   "scool-local", "scool-dirac", "scool-sbm", "scool-attention")
-GRAPH_LEARNING = ("mapl", "mapl+", "scool-sbm", "scool-attention")  # the algorithms whose W is learned (the others' is fixed)
+ALGORITHM_NAMES = (
+    "local",
+    "oracle",
+    "fedproto",
+    "mapl",
+    "mapl-nocgl",
+    "mapl+",
+    "dfedavgm",
+    "scool-local",
+    "scool-dirac",
+    "scool-sbm",
+    "scool-attention",
+)
+GRAPH_LEARNING = (
+    "mapl",
+    "mapl+",
+    "scool-sbm",
+    "scool-attention",
+)  # the algorithms whose W is learned (the others' is fixed)
 CPU_BACKBONES = ("convnet", "resnet", "mobilenet", "mlp")
 GPU_BACKBONES = ("resnet18", "shufflenet", "googlenet", "alexnet")
 BACKBONES = CPU_BACKBONES + GPU_BACKBONES

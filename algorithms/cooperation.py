@@ -73,9 +73,16 @@ def sbm_membership(edges: np.ndarray, others: np.ndarray, blocks: np.ndarray, pr
     return softmax(np.log(np.maximum(proportions, _TINY)) + evidence)
 
 
-def sbm_e_step(log_likelihood: np.ndarray, own: np.ndarray, others: np.ndarray, blocks: np.ndarray,
-               proportions: np.ndarray, temperature: float, sweeps: int, damping: float = 0.0
-               ) -> tuple[np.ndarray, np.ndarray]:
+def sbm_e_step(
+    log_likelihood: np.ndarray,
+    own: np.ndarray,
+    others: np.ndarray,
+    blocks: np.ndarray,
+    proportions: np.ndarray,
+    temperature: float,
+    sweeps: int,
+    damping: float = 0.0,
+) -> tuple[np.ndarray, np.ndarray]:
     """One node's E-step under the SBM prior.
 
     `log_likelihood[0]` is the node's own score, `log_likelihood[1:]` its neighbours' (per
@@ -97,8 +104,9 @@ def sbm_e_step(log_likelihood: np.ndarray, own: np.ndarray, others: np.ndarray, 
     return edges, own
 
 
-def sbm_blocks_m_step(edges: np.ndarray, own: np.ndarray, others: np.ndarray, blocks: np.ndarray,
-                      strength: float) -> tuple[np.ndarray, np.ndarray]:
+def sbm_blocks_m_step(
+    edges: np.ndarray, own: np.ndarray, others: np.ndarray, blocks: np.ndarray, strength: float
+) -> tuple[np.ndarray, np.ndarray]:
     """The paper's M-step for B and α, estimated from this node's own edges only and shrunk
     towards the current B by `strength` pseudo-edges per block pair (one node sees few edges).
 

@@ -108,7 +108,15 @@ _LAYOUT: dict[str, tuple[str, ...]] = {
     "fashionmnist": tuple(f"FashionMNIST/raw/{file}" for file in _MNIST_RAW),
     "cifar10": tuple(
         f"cifar-10-batches-py/{file}"
-        for file in ("data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5", "test_batch", "batches.meta")
+        for file in (
+            "data_batch_1",
+            "data_batch_2",
+            "data_batch_3",
+            "data_batch_4",
+            "data_batch_5",
+            "test_batch",
+            "batches.meta",
+        )
     ),
     "svhn": ("train_32x32.mat", "test_32x32.mat"),
 }

@@ -73,8 +73,9 @@ SIMILARITIES = ("cosine", "update-cosine", "update-gram")
 NORMALISATIONS = ("none", "max", "minmax")
 
 
-def head_similarity(own: np.ndarray, other: np.ndarray, measure: str = "cosine",
-                    initial: np.ndarray | None = None) -> float:
+def head_similarity(
+    own: np.ndarray, other: np.ndarray, measure: str = "cosine", initial: np.ndarray | None = None
+) -> float:
     """Similarity of two classifier heads' weights (classes × latent), in [−1, 1].
 
     - "cosine": per-class cosine of the weight rows, averaged (the MAPL paper);
@@ -147,14 +148,17 @@ def normalise_similarities(similarity: np.ndarray, self_index: int, how: str = "
 
 def _check(w: np.ndarray, similarity: np.ndarray, confidence: np.ndarray, self_index: int) -> None:
     if not (w.shape == similarity.shape == confidence.shape and w.ndim == 1):
-        raise ValueError(f"w, similarity and confidence must be vectors of one length, got {w.shape}, "
-                         f"{similarity.shape}, {confidence.shape}")
+        raise ValueError(
+            f"w, similarity and confidence must be vectors of one length, got {w.shape}, "
+            f"{similarity.shape}, {confidence.shape}"
+        )
     if not 0 <= self_index < w.size:
         raise ValueError(f"self_index {self_index} out of range for {w.size} candidates")
 
 
-def cgl_loss(w: np.ndarray, similarity: np.ndarray, confidence: np.ndarray, self_index: int,
-             config: GraphConfig) -> float:
+def cgl_loss(
+    w: np.ndarray, similarity: np.ndarray, confidence: np.ndarray, self_index: int, config: GraphConfig
+) -> float:
     _check(w, similarity, confidence, self_index)
     degree = w.sum() - w[self_index]
     alignment = np.dot(confidence * -similarity, w)
@@ -162,8 +166,9 @@ def cgl_loss(w: np.ndarray, similarity: np.ndarray, confidence: np.ndarray, self
     return float(config.mu_similarity * alignment + config.mu_regulariser * regulariser)
 
 
-def cgl_gradient(w: np.ndarray, similarity: np.ndarray, confidence: np.ndarray, self_index: int,
-                 config: GraphConfig) -> np.ndarray:
+def cgl_gradient(
+    w: np.ndarray, similarity: np.ndarray, confidence: np.ndarray, self_index: int, config: GraphConfig
+) -> np.ndarray:
     _check(w, similarity, confidence, self_index)
     degree = w.sum() - w[self_index]
     norm = np.linalg.norm(w)
@@ -192,8 +197,9 @@ class GraphOptimizer:
     second_moment: dict[str, float] = field(default_factory=dict)
     step_count: int = 0
 
-    def step(self, candidates: list[str], w: np.ndarray, similarity: np.ndarray, confidence: np.ndarray,
-             self_index: int) -> np.ndarray:
+    def step(
+        self, candidates: list[str], w: np.ndarray, similarity: np.ndarray, confidence: np.ndarray, self_index: int
+    ) -> np.ndarray:
         """E_g projected Adam steps from `w`; returns the new weights (on the simplex)."""
         cfg = self.config
         similarity = normalise_similarities(similarity, self_index, cfg.normalise_similarity)

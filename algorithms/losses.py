@@ -39,8 +39,9 @@ def prototype_logits(projections: torch.Tensor, prototypes: torch.Tensor) -> tor
     return F.normalize(projections, dim=1) @ F.normalize(prototypes, dim=1).T
 
 
-def prototype_alignment(projections: torch.Tensor, labels: torch.Tensor, prototypes: torch.Tensor,
-                        temperature: float) -> torch.Tensor:
+def prototype_alignment(
+    projections: torch.Tensor, labels: torch.Tensor, prototypes: torch.Tensor, temperature: float
+) -> torch.Tensor:
     """Cross-entropy of the sample-to-prototype cosines: pulls a sample to its class prototype."""
     return F.cross_entropy(prototype_logits(projections, prototypes) / temperature, labels)
 

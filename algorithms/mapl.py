@@ -61,8 +61,10 @@ class MaplConfig:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")
         if self.graph.similarity != "cosine" and not self.shared_head_init:
-            raise ValueError(f"graph.similarity={self.graph.similarity} compares head updates since a common "
-                             "start: it needs shared_head_init=true")
+            raise ValueError(
+                f"graph.similarity={self.graph.similarity} compares head updates since a common "
+                "start: it needs shared_head_init=true"
+            )
         if self.warmup_rounds < 0 or self.max_staleness < 0 or self.explore_peers < 0:
             raise ValueError("warmup_rounds, max_staleness and explore_peers must be ≥ 0")
         if self.explore_every < 1 or self.head_every < 1:
@@ -79,9 +81,13 @@ class _PmlNode(TrainedLocally, Algorithm):
         self.config = config = config or MaplConfig()
         data = setup.data
         self.data = data
-        self.spec = ModelSpec(backbone=setup.backbone, image_shape=tuple(data.train_images.shape[1:]),
-                              num_classes=data.num_classes, latent_dim=config.latent_dim,
-                              projection_dim=config.projection_dim)
+        self.spec = ModelSpec(
+            backbone=setup.backbone,
+            image_shape=tuple(data.train_images.shape[1:]),
+            num_classes=data.num_classes,
+            latent_dim=config.latent_dim,
+            projection_dim=config.projection_dim,
+        )
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(setup.seed)
             self.model = make_model(self.spec)
@@ -92,8 +98,7 @@ class _PmlNode(TrainedLocally, Algorithm):
             self.initial_head = to_numpy(self.model.head.weight)
         self.generator = seeded_generator(setup.seed, 1)
         self.augment = default_augment(self.spec.image_shape)
-        self.trainer = LocalTrainer(self.model, data.train_images, data.train_labels, config.training,
-                                    self.generator)
+        self.trainer = LocalTrainer(self.model, data.train_images, data.train_labels, config.training, self.generator)
         self.class_counts = tuple(int(c) for c in data.class_counts)
 
     def _pml_loss(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
@@ -107,8 +112,12 @@ class _PmlNode(TrainedLocally, Algorithm):
             "prototype": prototype_alignment(out.projection, both, self.model.prototypes, cfg.prototype_temperature),
             "uniformity": prototype_uniformity(self.model.prototypes, cfg.uniformity_temperature),
         }
-        loss = (cfg.weight_supcon * parts["supcon"] + cfg.weight_cross_entropy * parts["cross_entropy"]
-                + cfg.weight_prototype * parts["prototype"] + cfg.weight_uniformity * parts["uniformity"])
+        loss = (
+            cfg.weight_supcon * parts["supcon"]
+            + cfg.weight_cross_entropy * parts["cross_entropy"]
+            + cfg.weight_prototype * parts["prototype"]
+            + cfg.weight_uniformity * parts["uniformity"]
+        )
         return loss, {name: value.item() for name, value in parts.items()}
 
     def local_step(self, round: int) -> LocalReport:
@@ -149,7 +158,7 @@ class Mapl(_PmlNode):
         if not self.graph_learned:
             # Before the graph is learned everyone is a neighbour, uniformly (self included).
             uniform = 1.0 / (len(self.peers) + 1)
-            self.w = {node: uniform for node in (self.node_id, *self.peers)}
+            self.w = dict.fromkeys((self.node_id, *self.peers), uniform)
         else:
             self.w = {node: weight for node, weight in self.w.items() if node == self.node_id or node in self.peers}
 
@@ -173,9 +182,14 @@ class Mapl(_PmlNode):
         return tuple(p for p in self.view.senders_since(MessageType.PROTOTYPES, round - 1) if p in neighbours)
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "w": dict(self.w), "graph_learned": self.graph_learned,
-                "graph_moments": [dict(self.graph.first_moment), dict(self.graph.second_moment)],
-                "graph_step_count": self.graph.step_count, "explore_rng": self.explore_rng.bit_generator.state}
+        return {
+            **super().state_dict(),
+            "w": dict(self.w),
+            "graph_learned": self.graph_learned,
+            "graph_moments": [dict(self.graph.first_moment), dict(self.graph.second_moment)],
+            "graph_step_count": self.graph.step_count,
+            "explore_rng": self.explore_rng.bit_generator.state,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
@@ -210,18 +224,28 @@ class Mapl(_PmlNode):
         head_round = graph_phase and (round - self.config.warmup_rounds) % self.config.head_every == 0
 
         def prototypes(with_head: bool) -> Prototypes:
-            return Prototypes(classes=tuple(range(self.spec.num_classes)), counts=self.class_counts,
-                              prototypes=to_numpy(self.model.prototypes),
-                              head=to_numpy(self.model.head.weight) if with_head else None)
+            return Prototypes(
+                classes=tuple(range(self.spec.num_classes)),
+                counts=self.class_counts,
+                prototypes=to_numpy(self.model.prototypes),
+                head=to_numpy(self.model.head.weight) if with_head else None,
+            )
 
         # An explored peer always gets the head: without it, it cannot score us.
         with_head = (*neighbours, *explored) if head_round else explored
         without_head = () if head_round else neighbours
-        out = [Outbound(to=tuple(sorted(to)), body=prototypes(head)) for to, head in
-               ((with_head, True), (without_head, False)) if to]
+        out = [
+            Outbound(to=tuple(sorted(to)), body=prototypes(head))
+            for to, head in ((with_head, True), (without_head, False))
+            if to
+        ]
         if self.share_backbone and (neighbours or explored):
-            out.append(Outbound(to=tuple(sorted((*neighbours, *explored))), body=Model(
-                kind="params", tensors={k: to_numpy(v) for k, v in self._shared().items()})))
+            out.append(
+                Outbound(
+                    to=tuple(sorted((*neighbours, *explored))),
+                    body=Model(kind="params", tensors={k: to_numpy(v) for k, v in self._shared().items()}),
+                )
+            )
         return out
 
     def _shared(self) -> dict[str, torch.Tensor]:
@@ -285,8 +309,9 @@ class Mapl(_PmlNode):
         candidates = [self.node_id, *sorted(heads)]
         own_head = to_numpy(self.model.head.weight)
         measure = cfg.graph.similarity
-        similarity = np.array([1.0] + [head_similarity(own_head, heads[p].weight, measure, self.initial_head)
-                                       for p in candidates[1:]])
+        similarity = np.array(
+            [1.0] + [head_similarity(own_head, heads[p].weight, measure, self.initial_head) for p in candidates[1:]]
+        )
         sizes = self._dataset_sizes(candidates)
         confidence = sizes / sizes.sum()
         start = np.array([self.w.get(node, 0.0) for node in candidates])
@@ -300,8 +325,12 @@ class Mapl(_PmlNode):
         """n_j as each peer advertises it (the counts in its prototypes); own size for itself."""
         own = float(sum(self.class_counts))
         advertised = self.view.latest(MessageType.PROTOTYPES)
-        return np.array([own if node == self.node_id or node not in advertised
-                         else float(max(1, sum(advertised[node].counts))) for node in candidates])
+        return np.array(
+            [
+                own if node == self.node_id or node not in advertised else float(max(1, sum(advertised[node].counts)))
+                for node in candidates
+            ]
+        )
 
 
 class MaplNoCgl(Mapl):

@@ -68,11 +68,7 @@ class ModelSpec:
         if self.backbone not in BACKBONES:
             raise ModelError(f"unknown backbone {self.backbone!r}; known: {', '.join(BACKBONES)}")
         shape = self.image_shape
-        if (
-            not isinstance(shape, Sequence)
-            or len(shape) != 3
-            or not all(_is_positive_int(side) for side in shape)
-        ):
+        if not isinstance(shape, Sequence) or len(shape) != 3 or not all(_is_positive_int(side) for side in shape):
             raise ModelError(f"image_shape must be (channels, height, width) of positive ints, not {shape!r}")
         # Configuration files give lists; a frozen spec should hold (and hash) a tuple.
         object.__setattr__(self, "image_shape", tuple(int(side) for side in shape))

@@ -79,7 +79,11 @@ class PartitionSpec:
         _require_int("seed", self.seed, 0)  # numpy seeds must be non-negative
         _require_int("classes_per_node", self.classes_per_node, 1)
         alpha = self.dirichlet_alpha
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.number)) or not (math.isfinite(alpha) and alpha > 0):
+        if (
+            isinstance(alpha, bool)
+            or not isinstance(alpha, (int, float, np.number))
+            or not (math.isfinite(alpha) and alpha > 0)
+        ):
             raise PartitionError(f"dirichlet_alpha must be a finite number > 0, got {alpha!r}")
 
 
@@ -147,7 +151,9 @@ def make_partition(dataset: Dataset, spec: PartitionSpec) -> Partition:
     train_chunks = _deal(train_pool, train_counts, sample_rng, offset=np.zeros(num_classes, dtype=np.int64))
     if test_pool is None:
         # Same permutation as the training chunks, continuing after them: disjoint by construction.
-        test_chunks = _deal(train_pool, test_counts, None, offset=train_counts.sum(axis=0), reuse=train_chunks.permutations)
+        test_chunks = _deal(
+            train_pool, test_counts, None, offset=train_counts.sum(axis=0), reuse=train_chunks.permutations
+        )
     else:
         test_chunks = _deal(test_pool, test_counts, sample_rng, offset=np.zeros(num_classes, dtype=np.int64))
 
@@ -300,7 +306,9 @@ def _fit(
 
     # Candidate factors f give (max(1, floor(samples·f)), max(1, floor(tests·f))). Demand grows
     # with f, so a binary search finds the largest that fits; Fractions keep the floors exact.
-    factors = sorted({Fraction(a, samples) for a in range(1, samples + 1)} | {Fraction(b, tests) for b in range(1, tests + 1)})
+    factors = sorted(
+        {Fraction(a, samples) for a in range(1, samples + 1)} | {Fraction(b, tests) for b in range(1, tests + 1)}
+    )
 
     def scaled(factor: Fraction) -> tuple[int, int]:
         return max(1, math.floor(samples * factor)), max(1, math.floor(tests * factor))
@@ -349,7 +357,9 @@ def _deal(
         starts = ends - counts[:, k]
         for node in np.flatnonzero(counts[:, k]):
             pieces[node].append(order[starts[node] : ends[node]])
-    per_node = [_frozen(np.sort(np.concatenate(p)).astype(np.int64) if p else np.zeros(0, dtype=np.int64)) for p in pieces]
+    per_node = [
+        _frozen(np.sort(np.concatenate(p)).astype(np.int64) if p else np.zeros(0, dtype=np.int64)) for p in pieces
+    ]
     return _Dealt(per_node, permutations)
 
 

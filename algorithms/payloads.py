@@ -73,8 +73,9 @@ def check_model(body: Model, reference: Mapping[str, torch.Tensor | np.ndarray])
 
 
 @torch.no_grad()
-def average_states(own: Mapping[str, torch.Tensor], own_weight: float,
-                   others: list[tuple[float, Mapping[str, np.ndarray]]]) -> None:
+def average_states(
+    own: Mapping[str, torch.Tensor], own_weight: float, others: list[tuple[float, Mapping[str, np.ndarray]]]
+) -> None:
     """own ← own_weight · own + Σ weight · other, in place (weights already sum to 1)."""
     for name, tensor in own.items():
         mixed = tensor * own_weight

@@ -13,8 +13,15 @@ from .mapl import Local, Mapl, MaplNoCgl, MaplPlus, Oracle
 from .scool import ScoolAttention, ScoolDirac, ScoolLocal, ScoolSbm
 from .seam import Algorithm, NodeSetup
 
-__all__ = ["ALGORITHMS", "AlgorithmInfo", "ConfigOverrideError", "default_config", "apply_overrides",
-           "make_algorithm", "config_as_dict"]
+__all__ = [
+    "ALGORITHMS",
+    "AlgorithmInfo",
+    "ConfigOverrideError",
+    "default_config",
+    "apply_overrides",
+    "make_algorithm",
+    "config_as_dict",
+]
 
 
 @dataclass(frozen=True)
@@ -30,8 +37,11 @@ class AlgorithmInfo:
 
 ALGORITHMS: Mapping[str, AlgorithmInfo] = {
     "local": AlgorithmInfo(Local, "PML on the node's own data, no communication (the floor)"),
-    "oracle": AlgorithmInfo(Oracle, "PML on the pooled data of the node's true cluster (the ceiling; "
-                            "not a P2P method)", pooled_training_data=True),
+    "oracle": AlgorithmInfo(
+        Oracle,
+        "PML on the pooled data of the node's true cluster (the ceiling; not a P2P method)",
+        pooled_training_data=True,
+    ),
     "fedproto": AlgorithmInfo(FedProto, "FedProto-style: class-mean prototypes averaged over all peers"),
     "mapl": AlgorithmInfo(Mapl, "MAPL: PML + learned collaboration graph (CGL) + prototype aggregation"),
     "mapl-nocgl": AlgorithmInfo(MaplNoCgl, "MAPL with the graph fixed all-to-all uniform"),
@@ -40,8 +50,9 @@ ALGORITHMS: Mapping[str, AlgorithmInfo] = {
     "scool-local": AlgorithmInfo(ScoolLocal, "SCooL's model and optimiser, no communication (its floor)"),
     "scool-dirac": AlgorithmInfo(ScoolDirac, "SCooL with the Dirac prior = D-PSGD: fixed uniform graph, model mixing"),
     "scool-sbm": AlgorithmInfo(ScoolSbm, "SCooL, stochastic-block-model prior: W from cross-client scores (EM)"),
-    "scool-attention": AlgorithmInfo(ScoolAttention, "SCooL, attention prior over model updates: W from "
-                                     "cross-client scores (EM)"),
+    "scool-attention": AlgorithmInfo(
+        ScoolAttention, "SCooL, attention prior over model updates: W from cross-client scores (EM)"
+    ),
 }
 
 

@@ -37,9 +37,9 @@ from .cooperation import (
     block_matrix,
     keep_top,
     row_normalise,
-    softmax,
     sbm_blocks_m_step,
     sbm_e_step,
+    softmax,
 )
 from .models import ModelSpec, make_model
 from .payloads import average_states, check_model, shared_state, to_numpy
@@ -57,8 +57,11 @@ HISTORY = 3  # rounds of sent-model records and scores kept (bounded state)
 class ScoolConfig:
     """Settings of all three SCooL variants; each uses the ones of its prior."""
 
-    training: TrainingConfig = field(default_factory=lambda: TrainingConfig(
-        local_epochs=3, batch_size=10, optimizer="sgd", learning_rate=0.05, momentum=0.5))
+    training: TrainingConfig = field(
+        default_factory=lambda: TrainingConfig(
+            local_epochs=3, batch_size=10, optimizer="sgd", learning_rate=0.05, momentum=0.5
+        )
+    )
     latent_dim: int = 128
     score_samples: int = 32  # samples in the batch a peer's model is scored on (public code: 10)
     # T in sigmoid((y + prior)/T) and softmax(y/T), y per sample. At 1 a node that fits its own
@@ -86,8 +89,15 @@ class ScoolConfig:
     attention_temperature: float = 1.0  # τ of the softmax over embedding cosines
 
     def __post_init__(self) -> None:
-        positive = ("latent_dim", "score_samples", "blocks", "e_sweeps", "sketch_width", "encoder_hidden",
-                    "encoder_dim")
+        positive = (
+            "latent_dim",
+            "score_samples",
+            "blocks",
+            "e_sweeps",
+            "sketch_width",
+            "encoder_hidden",
+            "encoder_dim",
+        )
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
@@ -117,8 +127,13 @@ class _Scool(TrainedLocally, Algorithm):
         super().__init__(setup)
         self.config = config = config or ScoolConfig()
         self.data = data = setup.data
-        self.spec = ModelSpec(backbone=setup.backbone, image_shape=tuple(data.train_images.shape[1:]),
-                              num_classes=data.num_classes, latent_dim=config.latent_dim, projection_dim=1)
+        self.spec = ModelSpec(
+            backbone=setup.backbone,
+            image_shape=tuple(data.train_images.shape[1:]),
+            num_classes=data.num_classes,
+            latent_dim=config.latent_dim,
+            projection_dim=1,
+        )
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(setup.shared_seed)  # θ_0: the same on every node
             self.model = make_model(self.spec)
@@ -126,11 +141,14 @@ class _Scool(TrainedLocally, Algorithm):
         self.origin = {name: tensor.clone() for name, tensor in self._state().items()}
         # Parameters move by the neighbours' updates; BatchNorm statistics are mixed instead
         # (start − Σ w Δ of a running variance can go negative; a convex mix cannot).
-        self.parameter_names = frozenset(f"{prefix}.{name}" for prefix, module in
-                                         (("backbone", self.model.backbone), ("head", self.model.head))
-                                         for name, _ in module.named_parameters())
-        self.trainer = LocalTrainer(self.model, data.train_images, data.train_labels, config.training,
-                                    seeded_generator(setup.seed, 1))
+        self.parameter_names = frozenset(
+            f"{prefix}.{name}"
+            for prefix, module in (("backbone", self.model.backbone), ("head", self.model.head))
+            for name, _ in module.named_parameters()
+        )
+        self.trainer = LocalTrainer(
+            self.model, data.train_images, data.train_labels, config.training, seeded_generator(setup.seed, 1)
+        )
         self.round = 0
         self.start: dict[str, torch.Tensor] = {}  # θ_i^start of the round in progress
         self.update: dict[str, torch.Tensor] = {}  # Δ_i of the round in progress
@@ -170,8 +188,9 @@ class _Scool(TrainedLocally, Algorithm):
         self.round = round
         self.start = {name: tensor.clone() for name, tensor in self._state().items()}
         report = self.trainer.run(self._loss)
-        self.update = {name: self.start[name] - tensor for name, tensor in self._state().items()
-                       if name in self.parameter_names}
+        self.update = {
+            name: self.start[name] - tensor for name, tensor in self._state().items() if name in self.parameter_names
+        }
         self.own_score = self._log_likelihood(self.model, round) / self._score_batch(round)[1].numel()
         return report
 
@@ -196,8 +215,12 @@ class _Scool(TrainedLocally, Algorithm):
     def receive(self, peer: str, round: int, body: Body, frame: Frame | None = None) -> None:
         if peer not in self.peers:
             raise PayloadRejected("not_a_peer", f"{peer} is not among this node's peers")
-        if isinstance(body, Model) and self.neighbours is not None and peer not in self.neighbours \
-                and round >= self.config.prune_round:
+        if (
+            isinstance(body, Model)
+            and self.neighbours is not None
+            and peer not in self.neighbours
+            and round >= self.config.prune_round
+        ):
             self.audience.add(peer)  # it kept this node (even if its model is late): answer with ours
         if round < self.round - self.config.max_staleness:
             raise PayloadRejected("stale", f"{body.TYPE.value} for round {round}, this node is at {self.round}")
@@ -223,8 +246,9 @@ class _Scool(TrainedLocally, Algorithm):
         if node_id_of(body.subject) != self.node_id:
             raise PayloadRejected("wrong_subject", "the score is about another node's model")
         if peer not in self.sent.get(round, {}).get(body.subject_seq, ()):
-            raise PayloadRejected("unsolicited_score",
-                                  f"no model of round {round} in frame {body.subject_seq} was sent to {peer}")
+            raise PayloadRejected(
+                "unsolicited_score", f"no model of round {round} in frame {body.subject_seq} was sent to {peer}"
+            )
         if peer in self.scores.get(round, {}):
             raise PayloadRejected("duplicate_score", f"{peer} already scored the model of round {round}")
         if body.samples < 1 or body.value > 1e-6:
@@ -244,8 +268,13 @@ class _Scool(TrainedLocally, Algorithm):
             for name, tensor in shared_state({"backbone": self.scratch.backbone, "head": self.scratch.head}).items():
                 tensor.copy_(torch.tensor(body.tensors[name], dtype=tensor.dtype))  # wire arrays are read-only
             value = self._log_likelihood(self.scratch, round)
-            score = Score(kind="log_likelihood", subject=frame.sender_key, subject_seq=frame.seq, value=value,
-                          samples=int(self._score_batch(round)[1].numel()))
+            score = Score(
+                kind="log_likelihood",
+                subject=frame.sender_key,
+                subject_seq=frame.seq,
+                value=value,
+                samples=int(self._score_batch(round)[1].numel()),
+            )
             answers.append(Outbound(to=(peer,), body=score, round=round))
         return answers
 
@@ -282,22 +311,30 @@ class _Scool(TrainedLocally, Algorithm):
     def _fresh(self, round: int) -> dict[str, Model]:
         """Neighbours' models of this round (or a little older) not yet used by an M-step."""
         allowed = set(self.peers) if self.neighbours is None else set(self.neighbours)
-        return {peer: body for peer, (r, body, used) in sorted(self.models.items())
-                if peer in allowed and not used and 0 <= round - r <= self.config.max_staleness}
+        return {
+            peer: body
+            for peer, (r, body, used) in sorted(self.models.items())
+            if peer in allowed and not used and 0 <= round - r <= self.config.max_staleness
+        }
 
     def end_round(self, round: int) -> None:
         fresh = self._fresh(round)
         scores = self.scores.get(round, {})
         cooperating = [peer for peer in fresh if peer in scores]
         self.missing.update({p: self.missing.get(p, 0) + 1 for p in self._expected_now(round) if p not in cooperating})
-        weights = self._e_step(round, cooperating, [fresh[p] for p in cooperating],
-                               np.array([self.own_score] + [scores[p] for p in cooperating]))
+        weights = self._e_step(
+            round,
+            cooperating,
+            [fresh[p] for p in cooperating],
+            np.array([self.own_score] + [scores[p] for p in cooperating]),
+        )
         self.row = {self.node_id: float(weights[0]), **{p: float(w) for p, w in zip(cooperating, weights[1:])}}
         self._m_step(weights, [fresh[p] for p in cooperating])
         self._mark_used(cooperating)
         if self.neighbours is None and self.config.prune_round and round + 1 >= self.config.prune_round:
-            self.neighbours = keep_top({p: w for p, w in self.row.items() if p != self.node_id},
-                                       len(self.peers), self.config.keep_fraction)
+            self.neighbours = keep_top(
+                {p: w for p, w in self.row.items() if p != self.node_id}, len(self.peers), self.config.keep_fraction
+            )
         self.scores = {r: s for r, s in self.scores.items() if r > round - HISTORY}
         self.sent = {r: s for r, s in self.sent.items() if r > round - HISTORY}
         self.own_models = {r: m for r, m in self.own_models.items() if r > round - HISTORY}
@@ -319,8 +356,11 @@ class _Scool(TrainedLocally, Algorithm):
             for weight, body in zip(weights[1:], models):
                 step += float(weight) * torch.tensor(body.update[name], dtype=state[name].dtype)
             state[name].copy_(self.start[name] - step)
-        average_states({k: v for k, v in state.items() if k not in moved}, float(weights[0]),
-                       [(float(w), body.tensors) for w, body in zip(weights[1:], models)])
+        average_states(
+            {k: v for k, v in state.items() if k not in moved},
+            float(weights[0]),
+            [(float(w), body.tensors) for w, body in zip(weights[1:], models)],
+        )
 
     def _mark_used(self, peers) -> None:
         """Each neighbour's model feeds one M-step at most."""
@@ -330,7 +370,7 @@ class _Scool(TrainedLocally, Algorithm):
 
     def _uniform_row(self) -> dict[str, float]:
         uniform = 1.0 / (len(self.peers) + 1)
-        return {node: uniform for node in (self.node_id, *self.peers)}
+        return dict.fromkeys((self.node_id, *self.peers), uniform)
 
     def weights(self) -> dict[str, float]:
         return dict(self.row) if self.row else self._uniform_row()
@@ -338,8 +378,12 @@ class _Scool(TrainedLocally, Algorithm):
     # --- checkpoints ---------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "row": dict(self.row), "audience": sorted(self.audience),
-                "neighbours": None if self.neighbours is None else list(self.neighbours)}
+        return {
+            **super().state_dict(),
+            "row": dict(self.row),
+            "audience": sorted(self.audience),
+            "neighbours": None if self.neighbours is None else list(self.neighbours),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
@@ -393,18 +437,32 @@ class ScoolSbm(_Scool):
             raise PayloadRejected("bad_membership", f"block memberships {membership.tolist()} are not a distribution")
 
     def _e_step(self, round: int, peers: list[str], models: list[Model], scores: np.ndarray) -> np.ndarray:
-        others = np.array([body.tensors[MEMBERSHIP] for body in models], dtype=np.float64).reshape(-1, self.config.blocks)
-        edges, self.membership = sbm_e_step(scores, self.membership, others, self.blocks, self.proportions,
-                                            self.config.temperature, self.config.e_sweeps,
-                                            self.config.membership_damping)
+        others = np.array([body.tensors[MEMBERSHIP] for body in models], dtype=np.float64).reshape(
+            -1, self.config.blocks
+        )
+        edges, self.membership = sbm_e_step(
+            scores,
+            self.membership,
+            others,
+            self.blocks,
+            self.proportions,
+            self.config.temperature,
+            self.config.e_sweeps,
+            self.config.membership_damping,
+        )
         if self.config.learn_blocks:
-            self.blocks, self.proportions = sbm_blocks_m_step(edges, self.membership, others, self.blocks,
-                                                              self.config.block_strength)
+            self.blocks, self.proportions = sbm_blocks_m_step(
+                edges, self.membership, others, self.blocks, self.config.block_strength
+            )
         return row_normalise(edges)
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "membership": torch.tensor(self.membership),
-                "blocks": torch.tensor(self.blocks), "proportions": torch.tensor(self.proportions)}
+        return {
+            **super().state_dict(),
+            "membership": torch.tensor(self.membership),
+            "blocks": torch.tensor(self.blocks),
+            "proportions": torch.tensor(self.proportions),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
@@ -426,9 +484,11 @@ class ScoolAttention(_Scool):
     def __init__(self, setup: NodeSetup, config: ScoolConfig | None = None) -> None:
         super().__init__(setup, config)
         config = self.config
-        parameters = {f"{prefix}.{name}": p.shape for prefix, module in
-                      (("backbone", self.model.backbone), ("head", self.model.head))
-                      for name, p in module.named_parameters()}
+        parameters = {
+            f"{prefix}.{name}": p.shape
+            for prefix, module in (("backbone", self.model.backbone), ("head", self.model.head))
+            for name, p in module.named_parameters()
+        }
         self.sketch = UpdateSketch(parameters, config.sketch_width, seed=setup.shared_seed)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(setup.shared_seed + 1)
@@ -440,9 +500,13 @@ class ScoolAttention(_Scool):
 
     def _e_step(self, round: int, peers: list[str], models: list[Model], scores: np.ndarray) -> np.ndarray:
         own = self._state()
-        signatures = torch.stack([self.sketch(own, self.origin)] + [
-            self.sketch({name: torch.tensor(body.tensors[name]) for name in self.sketch.names}, self.origin)
-            for body in models])
+        signatures = torch.stack(
+            [self.sketch(own, self.origin)]
+            + [
+                self.sketch({name: torch.tensor(body.tensors[name]) for name in self.sketch.names}, self.origin)
+                for body in models
+            ]
+        )
         with torch.no_grad():
             prior = attention_prior(self.encoder(signatures), self.config.attention_temperature).double().numpy()
         weights = attention_weights(scores, prior, self.config.temperature)
@@ -461,13 +525,18 @@ class ScoolAttention(_Scool):
     @torch.no_grad()
     def _gossip_encoder(self, models: list[Model]) -> None:
         share = 1.0 / (len(models) + 1)
-        theirs = [(share, {name[len(ENCODER):]: t for name, t in body.tensors.items() if name.startswith(ENCODER)})
-                  for body in models]
+        theirs = [
+            (share, {name[len(ENCODER) :]: t for name, t in body.tensors.items() if name.startswith(ENCODER)})
+            for body in models
+        ]
         average_states(self.encoder.state_dict(), share, theirs)
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "encoder": self.encoder.state_dict(),
-                "encoder_optimizer": self.encoder_optimizer.state_dict()}
+        return {
+            **super().state_dict(),
+            "encoder": self.encoder.state_dict(),
+            "encoder_optimizer": self.encoder_optimizer.state_dict(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)

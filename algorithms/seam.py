@@ -160,11 +160,7 @@ class NeighbourView:
     def fresh(self, kind: MessageType, round: int, max_staleness: int | None = None) -> dict[str, Body]:
         """Payloads of `kind` from rounds within `max_staleness` (default: the view's) of `round`."""
         bound = self.max_staleness if max_staleness is None else max_staleness
-        return {
-            peer: body
-            for (peer, k), (r, body) in self._latest.items()
-            if k == kind and 0 <= round - r <= bound
-        }
+        return {peer: body for (peer, k), (r, body) in self._latest.items() if k == kind and 0 <= round - r <= bound}
 
     def latest(self, kind: MessageType) -> dict[str, Body]:
         return {peer: body for (peer, k), (_, body) in self._latest.items() if k == kind}

@@ -35,23 +35,39 @@ def node_seed(seed: int, node: int) -> int:
     return seed * 1_000_003 + node
 
 
-def node_setup(node_id: str, dataset: Dataset, partition: Partition, node: int, *, backbone: str, seed: int,
-               pooled: bool = False) -> NodeSetup:
+def node_setup(
+    node_id: str, dataset: Dataset, partition: Partition, node: int, *, backbone: str, seed: int, pooled: bool = False
+) -> NodeSetup:
     """Node `node` of the partition; `seed` is the run's seed, shared by every node."""
-    return NodeSetup(node_id=node_id, data=node_data(dataset, partition, node, pooled=pooled), backbone=backbone,
-                     seed=node_seed(seed, node), shared_seed=seed)
+    return NodeSetup(
+        node_id=node_id,
+        data=node_data(dataset, partition, node, pooled=pooled),
+        backbone=backbone,
+        seed=node_seed(seed, node),
+        shared_seed=seed,
+    )
 
 
-def class_list_setup(node_id: str, dataset: Dataset, classes: tuple[int, ...], node: int, *, backbone: str,
-                     seed: int, samples_per_class: int, test_per_class: int) -> NodeSetup:
+def class_list_setup(
+    node_id: str,
+    dataset: Dataset,
+    classes: tuple[int, ...],
+    node: int,
+    *,
+    backbone: str,
+    seed: int,
+    samples_per_class: int,
+    test_per_class: int,
+) -> NodeSetup:
     """A node that names its own classes (see `class_list_data`) instead of holding a shard."""
     own_seed = node_seed(seed, node)
     data = class_list_data(dataset, classes, samples_per_class, test_per_class, own_seed)
     return NodeSetup(node_id=node_id, data=data, backbone=backbone, seed=own_seed, shared_seed=seed)
 
 
-def class_list_data(dataset: Dataset, classes: tuple[int, ...], samples_per_class: int, test_per_class: int,
-                    seed: int) -> LocalData:
+def class_list_data(
+    dataset: Dataset, classes: tuple[int, ...], samples_per_class: int, test_per_class: int, seed: int
+) -> LocalData:
     """A node that names its own classes instead of taking shard i of a scenario: up to
     `samples_per_class` training and `test_per_class` test images of each, drawn with `seed`.
     Its test images are never its training images; unlike a scenario's shards, two nodes that
@@ -67,7 +83,7 @@ def class_list_data(dataset: Dataset, classes: tuple[int, ...], samples_per_clas
         pool = rng.permutation(np.flatnonzero(dataset.train.labels == k))
         train_idx.append(pool[:samples_per_class])
         if dataset.test is None:
-            test_idx.append(pool[samples_per_class:samples_per_class + test_per_class])
+            test_idx.append(pool[samples_per_class : samples_per_class + test_per_class])
         else:
             test_idx.append(rng.permutation(np.flatnonzero(dataset.test.labels == k))[:test_per_class])
     test_pool = dataset.train if dataset.test is None else dataset.test

@@ -48,8 +48,9 @@ def seeded_generator(*seed: int) -> torch.Generator:
 
 def _make_optimizer(parameters, config: TrainingConfig) -> torch.optim.Optimizer:
     if config.optimizer == "sgd":
-        return torch.optim.SGD(parameters, lr=config.learning_rate, momentum=config.momentum,
-                               weight_decay=config.weight_decay)
+        return torch.optim.SGD(
+            parameters, lr=config.learning_rate, momentum=config.momentum, weight_decay=config.weight_decay
+        )
     return torch.optim.Adam(parameters, lr=config.learning_rate, weight_decay=config.weight_decay)
 
 
@@ -59,8 +60,14 @@ class LocalTrainer:
     The optimiser (and its moments) lives as long as the node, not just one round.
     """
 
-    def __init__(self, model: nn.Module, images: torch.Tensor, labels: torch.Tensor, config: TrainingConfig,
-                 generator: torch.Generator) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        config: TrainingConfig,
+        generator: torch.Generator,
+    ) -> None:
         self.model = model
         self.images = images
         self.labels = labels
@@ -69,8 +76,11 @@ class LocalTrainer:
         self.optimizer = _make_optimizer(model.parameters(), config)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "generator": self.generator.get_state()}
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "generator": self.generator.get_state(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         try:
@@ -92,8 +102,9 @@ class LocalTrainer:
             chosen = order[start:end]
             yield self.images[chosen], self.labels[chosen]
 
-    def run(self, loss_of_batch: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict[str, float]]]
-            ) -> LocalReport:
+    def run(
+        self, loss_of_batch: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict[str, float]]]
+    ) -> LocalReport:
         self.model.train()
         total, steps, samples = 0.0, 0, 0
         parts: dict[str, float] = {}
@@ -110,8 +121,9 @@ class LocalTrainer:
                     parts[key] = parts.get(key, 0.0) + value
                 steps += 1
                 samples += len(labels)
-        return LocalReport(loss=total / steps, parts={k: v / steps for k, v in parts.items()}, steps=steps,
-                           samples=samples)
+        return LocalReport(
+            loss=total / steps, parts={k: v / steps for k, v in parts.items()}, steps=steps, samples=samples
+        )
 
 
 class TrainedLocally:
@@ -133,8 +145,9 @@ class TrainedLocally:
 
 
 @torch.no_grad()
-def evaluate_model(classify: Callable[[torch.Tensor], torch.Tensor], model: nn.Module, data: LocalData,
-                   batch_size: int = 512) -> Evaluation:
+def evaluate_model(
+    classify: Callable[[torch.Tensor], torch.Tensor], model: nn.Module, data: LocalData, batch_size: int = 512
+) -> Evaluation:
     """Accuracy on the node's own test split; also restricted to its own classes (SCooL's measure)."""
     was_training = model.training
     model.eval()
@@ -143,13 +156,14 @@ def evaluate_model(classify: Callable[[torch.Tensor], torch.Tensor], model: nn.M
     correct = own_correct = 0
     loss = 0.0
     for start in range(0, len(data.test_labels), batch_size):
-        images = data.test_images[start:start + batch_size]
-        labels = data.test_labels[start:start + batch_size]
+        images = data.test_images[start : start + batch_size]
+        labels = data.test_labels[start : start + batch_size]
         logits = classify(images)
         loss += F.cross_entropy(logits, labels, reduction="sum").item()
         correct += (logits.argmax(1) == labels).sum().item()
         own_correct += (logits.masked_fill(~own, -math.inf).argmax(1) == labels).sum().item()
     model.train(was_training)
     total = len(data.test_labels)
-    return Evaluation(correct=correct, total=total, own_class_correct=own_correct,
-                      loss=loss / total if total else float("nan"))
+    return Evaluation(
+        correct=correct, total=total, own_class_correct=own_correct, loss=loss / total if total else float("nan")
+    )

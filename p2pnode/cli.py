@@ -144,8 +144,9 @@ def _testnet(args: argparse.Namespace) -> int:
     spec = _learning_spec(args)
     check = CheckThresholds(accuracy=args.check_accuracy, within_cluster_mass=args.check_mass) if args.check else None
     try:
-        code, report = run_learning_testnet(spec, Path(args.out), round_deadline_s=args.round_deadline,
-                                            timeout_s=args.timeout, check=check)
+        code, report = run_learning_testnet(
+            spec, Path(args.out), round_deadline_s=args.round_deadline, timeout_s=args.timeout, check=check
+        )
     except (DatasetError, PartitionError) as exc:
         raise CommandError(str(exc), EXIT_USAGE) from None
     written = write_report(report, Path(args.out))
@@ -169,10 +170,19 @@ def _learning_spec(args: argparse.Namespace):
         overrides[key.strip()] = value.strip()
     try:
         spec = SimulationSpec(
-            algorithm=args.algorithm, dataset=args.dataset, scenario=args.scenario, nodes=args.nodes,
-            rounds=args.rounds, seed=args.seed, clusters=args.clusters, samples_per_class=args.samples_per_class,
-            test_per_class=args.test_per_class, backbones=tuple(args.backbones) if args.backbones else None,
-            dataset_root=args.data_root, overrides=overrides)
+            algorithm=args.algorithm,
+            dataset=args.dataset,
+            scenario=args.scenario,
+            nodes=args.nodes,
+            rounds=args.rounds,
+            seed=args.seed,
+            clusters=args.clusters,
+            samples_per_class=args.samples_per_class,
+            test_per_class=args.test_per_class,
+            backbones=tuple(args.backbones) if args.backbones else None,
+            dataset_root=args.data_root,
+            overrides=overrides,
+        )
         spec.node_backbones()
         apply_overrides(default_config(spec.algorithm), overrides)
     except (ValueError, ConfigOverrideError) as exc:
@@ -234,17 +244,36 @@ def _add_learning_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-root", metavar="DIR", help="local root of the torchvision datasets (never downloaded)")
     parser.add_argument("--scenario", choices=SCENARIOS, default="1", help="non-IID partition (docs/learning.md)")
     parser.add_argument("--clusters", type=_positive_int, help="ground-truth clusters (scenario default if omitted)")
-    parser.add_argument("--samples-per-class", type=_positive_int, default=25, metavar="N",
-                        help="training samples per class per node (default 25)")
-    parser.add_argument("--test-per-class", type=_positive_int, default=15, metavar="N",
-                        help="test samples per own class per node (default 15)")
+    parser.add_argument(
+        "--samples-per-class",
+        type=_positive_int,
+        default=25,
+        metavar="N",
+        help="training samples per class per node (default 25)",
+    )
+    parser.add_argument(
+        "--test-per-class",
+        type=_positive_int,
+        default=15,
+        metavar="N",
+        help="test samples per own class per node (default 15)",
+    )
     parser.add_argument("--rounds", type=_positive_int, default=60)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--backbones", nargs="+", choices=BACKBONES, metavar="NAME",
-                        help="node i runs the i-th modulo the list (default: the four CPU backbones; "
-                             "one backbone for mapl+ and dfedavgm)")
-    parser.add_argument("--set", action="append", metavar="KEY=VALUE",
-                        help="override a hyper-parameter, e.g. --set warmup_rounds=10 --set graph.l2_weight=2")
+    parser.add_argument(
+        "--backbones",
+        nargs="+",
+        choices=BACKBONES,
+        metavar="NAME",
+        help="node i runs the i-th modulo the list (default: the four CPU backbones; "
+        "one backbone for mapl+ and dfedavgm)",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a hyper-parameter, e.g. --set warmup_rounds=10 --set graph.l2_weight=2",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -265,33 +294,68 @@ def build_parser() -> argparse.ArgumentParser:
 
     stop = commands.add_parser("stop", help="ask a running node to shut down, and wait until it has")
     stop.add_argument("--config", required=True, metavar="TOML")
-    stop.add_argument("--timeout", type=_positive_float, default=10.0, help="seconds to wait for the node to exit (default 10)")
+    stop.add_argument(
+        "--timeout", type=_positive_float, default=10.0, help="seconds to wait for the node to exit (default 10)"
+    )
     stop.set_defaults(run=_stop)
 
     from algorithms.catalog import ALGORITHM_NAMES
 
     testnet = commands.add_parser("testnet", help="launch N daemons on this machine and check they converge")
     testnet.add_argument("--nodes", type=_positive_int, required=True, help="number of daemons")
-    testnet.add_argument("--algorithm", choices=["none", *(a for a in ALGORITHM_NAMES if a != "oracle")], default="none",
-                         help="learning algorithm (none: discovery only; oracle exists in simulate only)")
-    testnet.add_argument("--out", required=True, metavar="DIR", help="keys, configs, logs, report.json and PNGs go here")
-    testnet.add_argument("--duration", type=_positive_float, metavar="S", help="--algorithm none: seconds to run (required)")
-    testnet.add_argument("--exit-on-mesh", action="store_true", help="--algorithm none: stop once every node knows all others")
+    testnet.add_argument(
+        "--algorithm",
+        choices=["none", *(a for a in ALGORITHM_NAMES if a != "oracle")],
+        default="none",
+        help="learning algorithm (none: discovery only; oracle exists in simulate only)",
+    )
+    testnet.add_argument(
+        "--out", required=True, metavar="DIR", help="keys, configs, logs, report.json and PNGs go here"
+    )
+    testnet.add_argument(
+        "--duration", type=_positive_float, metavar="S", help="--algorithm none: seconds to run (required)"
+    )
+    testnet.add_argument(
+        "--exit-on-mesh", action="store_true", help="--algorithm none: stop once every node knows all others"
+    )
     _add_learning_arguments(testnet)
-    testnet.add_argument("--round-deadline", type=_positive_float, default=5.0, metavar="S",
-                         help="most seconds a daemon waits for its neighbours' payloads in a round (default 5)")
-    testnet.add_argument("--timeout", type=_positive_float, metavar="S",
-                         help="give up after this long (default: 180 s + rounds × (deadline + 5 s))")
-    testnet.add_argument("--check", action="store_true",
-                         help="exit 1 unless it converged: every round done, accuracy and graph thresholds met")
-    testnet.add_argument("--check-accuracy", type=float, default=0.6, metavar="FRACTION",
-                         help="--check: least mean final accuracy (default 0.6)")
-    testnet.add_argument("--check-mass", type=float, default=0.9, metavar="FRACTION",
-                         help="--check: least within-cluster mass of a learned graph (default 0.9)")
+    testnet.add_argument(
+        "--round-deadline",
+        type=_positive_float,
+        default=5.0,
+        metavar="S",
+        help="most seconds a daemon waits for its neighbours' payloads in a round (default 5)",
+    )
+    testnet.add_argument(
+        "--timeout",
+        type=_positive_float,
+        metavar="S",
+        help="give up after this long (default: 180 s + rounds × (deadline + 5 s))",
+    )
+    testnet.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 unless it converged: every round done, accuracy and graph thresholds met",
+    )
+    testnet.add_argument(
+        "--check-accuracy",
+        type=float,
+        default=0.6,
+        metavar="FRACTION",
+        help="--check: least mean final accuracy (default 0.6)",
+    )
+    testnet.add_argument(
+        "--check-mass",
+        type=float,
+        default=0.9,
+        metavar="FRACTION",
+        help="--check: least within-cluster mass of a learned graph (default 0.9)",
+    )
     testnet.set_defaults(run=_testnet)
 
     simulate = commands.add_parser(
-        "simulate", help="run a learning algorithm on all nodes in one process (no network) and write a report")
+        "simulate", help="run a learning algorithm on all nodes in one process (no network) and write a report"
+    )
     simulate.add_argument("--algorithm", choices=ALGORITHM_NAMES, required=True)
     simulate.add_argument("--nodes", type=_positive_int, default=10)
     simulate.add_argument("--out", required=True, metavar="DIR", help="report.json and PNGs go here")
@@ -318,16 +382,30 @@ def build_parser() -> argparse.ArgumentParser:
         command = benches.add_parser(name, help=summary)
         command.add_argument("--json", action="store_true", help="print the report as JSON")
         command.add_argument("--out", metavar="FILE", help="also write the JSON report to FILE")
-        command.add_argument("--sizes", type=_positive_int, nargs="+", metavar="BYTES", help="payload sizes (default: 1 KiB, 20 KiB, 200 KiB)")
-        command.add_argument("--trials", type=_positive_int, default=trials, help=f"interleaved trials per candidate (default {trials})")
-        command.add_argument("--seconds", type=_positive_float, default=seconds, help=f"seconds per measurement (default {seconds:g})")
-        command.add_argument("--quick", action="store_true", help="a few seconds in all; for smoke tests, not for numbers")
+        command.add_argument(
+            "--sizes",
+            type=_positive_int,
+            nargs="+",
+            metavar="BYTES",
+            help="payload sizes (default: 1 KiB, 20 KiB, 200 KiB)",
+        )
+        command.add_argument(
+            "--trials", type=_positive_int, default=trials, help=f"interleaved trials per candidate (default {trials})"
+        )
+        command.add_argument(
+            "--seconds", type=_positive_float, default=seconds, help=f"seconds per measurement (default {seconds:g})"
+        )
+        command.add_argument(
+            "--quick", action="store_true", help="a few seconds in all; for smoke tests, not for numbers"
+        )
         command.set_defaults(run=_bench, quick_seconds=quick_seconds)
 
     demo = commands.add_parser(
         "protocol-demo", help="two identities exchange every message type; tampered frames get rejected"
     )
-    demo.add_argument("--out", default="demo-out", metavar="DIR", help="where the demo keeps its keys (default demo-out)")
+    demo.add_argument(
+        "--out", default="demo-out", metavar="DIR", help="where the demo keeps its keys (default demo-out)"
+    )
     demo.set_defaults(run=_demo)
     return parser
 

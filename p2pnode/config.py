@@ -77,9 +77,14 @@ class Kind:
 
 
 def _type_name(value: Any) -> str:
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list", dict: "a table"}.get(
-        type(value), type(value).__name__
-    )
+    return {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "a table",
+    }.get(type(value), type(value).__name__)
 
 
 class Integer(Kind):
@@ -169,7 +174,7 @@ class Endpoint(Kind):
 
     def parse(self, value, base):
         if type(value) is not str:
-            raise Invalid(f"expected an address like \"tcp://127.0.0.1:7000\", got {_type_name(value)}")
+            raise Invalid(f'expected an address like "tcp://127.0.0.1:7000", got {_type_name(value)}')
         match = self._FORM.fullmatch(value)
         if not match:
             raise Invalid(f"{value!r} is not an address of the form tcp://HOST:PORT")
@@ -181,13 +186,17 @@ class Endpoint(Kind):
                 ipaddress.ip_address(host.strip("[]"))
             except ValueError:
                 if host != "localhost":
-                    raise Invalid(f"bind to an IP address or \"*\", not the host name {host!r}") from None
+                    raise Invalid(f'bind to an IP address or "*", not the host name {host!r}') from None
         if not self.bind and (host in ("*", "0.0.0.0", "[::]")):
             raise Invalid(f"{value!r} cannot be dialled by peers; give this node's reachable address")
         return value
 
     def describe(self):
-        return "`tcp://IP:PORT` to bind (`*` for all interfaces, port 0 for any)" if self.bind else "`tcp://HOST:PORT` peers can dial"
+        return (
+            "`tcp://IP:PORT` to bind (`*` for all interfaces, port 0 for any)"
+            if self.bind
+            else "`tcp://HOST:PORT` peers can dial"
+        )
 
 
 class ListOf(Kind):
@@ -234,7 +243,9 @@ class FrameSizes(Kind):
             try:
                 kind = MessageType(name)
             except ValueError:
-                raise Invalid(f"unknown message type {name!r} (known: {' '.join(t.value for t in MessageType)})") from None
+                raise Invalid(
+                    f"unknown message type {name!r} (known: {' '.join(t.value for t in MessageType)})"
+                ) from None
             sizes[kind] = Integer(1, 1 << 40).parse(size, base)
         return sizes
 
@@ -293,73 +304,145 @@ _TOKEN = r"[a-z0-9][a-z0-9._:-]{0,63}"
 class NodeSettings:
     key: Path = option(FilePath(), doc="Ed25519 key file of this node (`p2pnode keygen --out PATH`), mode 0600")
     data_dir: Path = option(FilePath(), Path("data"), "state, lock and control socket; created with mode 0700")
-    network: str = option(Text(r"[a-z0-9][a-z0-9._-]{0,63}", what="a network id ([a-z0-9._-], 1-64 characters)"), "p2pnode", "network id; frames of other networks are refused")
+    network: str = option(
+        Text(r"[a-z0-9][a-z0-9._-]{0,63}", what="a network id ([a-z0-9._-], 1-64 characters)"),
+        "p2pnode",
+        "network id; frames of other networks are refused",
+    )
     listen: str = option(Endpoint(bind=True), doc="address the inbound socket binds")
-    advertise: str | None = option(Endpoint(bind=False), None, "address peers dial, sent in HELLO; default: the address `listen` bound (required when `listen` binds all interfaces)")
-    capabilities: tuple[str, ...] = option(ListOf(Text(_TOKEN, what="a capability token"), 32), (), "capability tokens announced in HELLO")
+    advertise: str | None = option(
+        Endpoint(bind=False),
+        None,
+        "address peers dial, sent in HELLO; default: the address `listen` bound (required when `listen` binds all interfaces)",
+    )
+    capabilities: tuple[str, ...] = option(
+        ListOf(Text(_TOKEN, what="a capability token"), 32), (), "capability tokens announced in HELLO"
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
 class DiscoverySettings:
-    bootstrap: tuple[str, ...] = option(ListOf(Endpoint(bind=False), 256), (), "peers to contact at start; retried with backoff until they answer, and again whenever they are lost")
+    bootstrap: tuple[str, ...] = option(
+        ListOf(Endpoint(bind=False), 256),
+        (),
+        "peers to contact at start; retried with backoff until they answer, and again whenever they are lost",
+    )
     max_peers: int = option(Integer(1, 4096), 64, "peer table bound; newcomers beyond it are refused")
-    ping_interval_s: float = option(Number(0.05, 3600), 1.0, "PING each peer this often; PONG gives the round-trip time")
-    peer_timeout_s: float = option(Number(0.2, 86400), 5.0, "a peer silent this long is evicted; must exceed 2 × ping_interval_s")
-    exchange_interval_s: float = option(Number(0.05, 3600), 2.0, "send PEERS (peer exchange) to `gossip_fanout` random peers this often")
+    ping_interval_s: float = option(
+        Number(0.05, 3600), 1.0, "PING each peer this often; PONG gives the round-trip time"
+    )
+    peer_timeout_s: float = option(
+        Number(0.2, 86400), 5.0, "a peer silent this long is evicted; must exceed 2 × ping_interval_s"
+    )
+    exchange_interval_s: float = option(
+        Number(0.05, 3600), 2.0, "send PEERS (peer exchange) to `gossip_fanout` random peers this often"
+    )
     gossip_fanout: int = option(Integer(1, 64), 2, "peers that get each periodic PEERS")
-    hello_refresh_s: float = option(Number(1, 86400), 300.0, "re-sign this node's HELLO this often, so relayed copies stay fresh")
-    hello_max_age_s: float = option(Number(2, 86400 * 7), 900.0, "ignore relayed HELLOs older than this; must exceed hello_refresh_s")
-    dial_retry_initial_s: float = option(Number(0.01, 60), 0.05, "first retry of an unanswered HELLO; doubles per attempt")
+    hello_refresh_s: float = option(
+        Number(1, 86400), 300.0, "re-sign this node's HELLO this often, so relayed copies stay fresh"
+    )
+    hello_max_age_s: float = option(
+        Number(2, 86400 * 7), 900.0, "ignore relayed HELLOs older than this; must exceed hello_refresh_s"
+    )
+    dial_retry_initial_s: float = option(
+        Number(0.01, 60), 0.05, "first retry of an unanswered HELLO; doubles per attempt"
+    )
     dial_retry_max_s: float = option(Number(0.1, 3600), 5.0, "longest wait between HELLO retries")
-    dial_attempts: int = option(Integer(1, 10_000), 20, "give up on an address learned from peers after this many unanswered HELLOs (bootstrap addresses are retried forever)")
+    dial_attempts: int = option(
+        Integer(1, 10_000),
+        20,
+        "give up on an address learned from peers after this many unanswered HELLOs (bootstrap addresses are retried forever)",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
 class BeaconSettings:
-    enabled: bool = option(Flag(), False, "announce and discover nodes on the LAN by UDP multicast (for nodes without bootstrap peers)")
+    enabled: bool = option(
+        Flag(), False, "announce and discover nodes on the LAN by UDP multicast (for nodes without bootstrap peers)"
+    )
     group: str = option(Text(what="an IPv4 multicast address"), "239.255.70.70", "multicast group")
     port: int = option(Integer(1, 65535), 47474, "UDP port of the beacon")
-    interface: str = option(Text(what="an IPv4 address"), "0.0.0.0", "local interface address for multicast (0.0.0.0: the system's choice)")
+    interface: str = option(
+        Text(what="an IPv4 address"), "0.0.0.0", "local interface address for multicast (0.0.0.0: the system's choice)"
+    )
     interval_s: float = option(Number(0.1, 3600), 5.0, "send a beacon this often")
     ttl: int = option(Integer(0, 255), 1, "multicast TTL; 1 keeps beacons on the local network")
 
 
 @dataclass(frozen=True, kw_only=True)
 class SecuritySettings:
-    allowlist: tuple[bytes, ...] | None = option(ListOf(PublicKey(), 4096), None, "if set, only frames signed by these keys are accepted (others: `not_allowed`); omit to accept any key")
+    allowlist: tuple[bytes, ...] | None = option(
+        ListOf(PublicKey(), 4096),
+        None,
+        "if set, only frames signed by these keys are accepted (others: `not_allowed`); omit to accept any key",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
 class TransportSettings:
-    send_hwm: int = option(Integer(1, 1_000_000), 100, "frames queued per outbound peer socket; beyond it sends are dropped and counted")
+    send_hwm: int = option(
+        Integer(1, 1_000_000), 100, "frames queued per outbound peer socket; beyond it sends are dropped and counted"
+    )
     recv_hwm: int = option(Integer(1, 1_000_000), 1000, "frames queued on the inbound socket before ZeroMQ pushes back")
-    linger_ms: int = option(Integer(0, 60_000), 500, "on shutdown, wait at most this long to flush BYE and other queued frames")
+    linger_ms: int = option(
+        Integer(0, 60_000), 500, "on shutdown, wait at most this long to flush BYE and other queued frames"
+    )
     heartbeat_ivl_ms: int = option(Integer(0, 3_600_000), 1000, "ZMTP heartbeat interval (0: off)")
-    heartbeat_timeout_ms: int = option(Integer(0, 3_600_000), 3000, "drop a connection whose heartbeats stop for this long")
+    heartbeat_timeout_ms: int = option(
+        Integer(0, 3_600_000), 3000, "drop a connection whose heartbeats stop for this long"
+    )
     reconnect_ivl_ms: int = option(Integer(1, 3_600_000), 100, "first reconnect delay of an outbound socket")
     reconnect_ivl_max_ms: int = option(Integer(0, 3_600_000), 5000, "reconnect delay cap (exponential backoff)")
     handshake_ivl_ms: int = option(Integer(0, 3_600_000), 5000, "abandon a ZMTP handshake after this long")
     verify_threads: int = option(Integer(1, 64), 2, "worker threads that check signatures (Ed25519 releases the GIL)")
-    sign_in_thread_bytes: int = option(Integer(0, 1 << 40), 65536, "payloads at least this large are signed in a worker thread; smaller ones on the event loop, where a thread hand-off would cost more than it saves")
+    sign_in_thread_bytes: int = option(
+        Integer(0, 1 << 40),
+        65536,
+        "payloads at least this large are signed in a worker thread; smaller ones on the event loop, where a thread hand-off would cost more than it saves",
+    )
     verify_batch: int = option(Integer(1, 4096), 64, "frames handed to a verify thread at once")
-    verify_batch_bytes: int = option(Integer(1024, 1 << 31), 262144, "a batch closes once it holds this many bytes (a single larger frame still forms a batch); bounds memory and keeps large frames fast")
-    verify_queue: int = option(Integer(1, 4096), 16, "batches waiting for a verify thread; when full, the node stops reading and ZeroMQ pushes back")
-    rate_per_connection: float = option(Number(1, 1e9), 5000.0, "inbound frames per second allowed per connection; excess is dropped and counted (`rate_limited`)")
+    verify_batch_bytes: int = option(
+        Integer(1024, 1 << 31),
+        262144,
+        "a batch closes once it holds this many bytes (a single larger frame still forms a batch); bounds memory and keeps large frames fast",
+    )
+    verify_queue: int = option(
+        Integer(1, 4096),
+        16,
+        "batches waiting for a verify thread; when full, the node stops reading and ZeroMQ pushes back",
+    )
+    rate_per_connection: float = option(
+        Number(1, 1e9),
+        5000.0,
+        "inbound frames per second allowed per connection; excess is dropped and counted (`rate_limited`)",
+    )
     burst_per_connection: int = option(Integer(1, 1_000_000), 1000, "token-bucket burst for the rate above")
-    max_clock_skew_s: float = option(Number(0.1, 86400), 60.0, "frames whose timestamp is further from this node's clock are `stale`")
-    replay_window: int = option(Integer(1, 1 << 20), 1024, "sequence numbers remembered per sender for replay detection")
+    max_clock_skew_s: float = option(
+        Number(0.1, 86400), 60.0, "frames whose timestamp is further from this node's clock are `stale`"
+    )
+    replay_window: int = option(
+        Integer(1, 1 << 20), 1024, "sequence numbers remembered per sender for replay detection"
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
 class LimitSettings:
-    max_frame_bytes: int = option(Integer(1024, 1 << 31), DEFAULT_LIMITS.max_frame_bytes, "largest frame of any type (also ZMQ_MAXMSGSIZE)")
-    frame_bytes: Mapping[MessageType, int] = option(FrameSizes(), {}, "per-type bounds overriding the defaults of docs/protocol.md §6")
+    max_frame_bytes: int = option(
+        Integer(1024, 1 << 31), DEFAULT_LIMITS.max_frame_bytes, "largest frame of any type (also ZMQ_MAXMSGSIZE)"
+    )
+    frame_bytes: Mapping[MessageType, int] = option(
+        FrameSizes(), {}, "per-type bounds overriding the defaults of docs/protocol.md §6"
+    )
     max_str_len: int = option(Integer(1, 1 << 20), DEFAULT_LIMITS.max_str_len, "longest msgpack string")
     max_array_len: int = option(Integer(1, 1 << 24), DEFAULT_LIMITS.max_array_len, "longest msgpack array")
     max_map_len: int = option(Integer(1, 1 << 24), DEFAULT_LIMITS.max_map_len, "largest msgpack map")
     max_tensor_rank: int = option(Integer(1, 32), DEFAULT_LIMITS.max_tensor_rank, "most tensor dimensions")
-    max_tensor_elements: int = option(Integer(1, 1 << 34), DEFAULT_LIMITS.max_tensor_elements, "most elements in one tensor")
-    max_tensor_norm: float = option(Number(1e-9, 1e300), DEFAULT_LIMITS.max_tensor_norm, "largest L2 norm of one received tensor")
+    max_tensor_elements: int = option(
+        Integer(1, 1 << 34), DEFAULT_LIMITS.max_tensor_elements, "most elements in one tensor"
+    )
+    max_tensor_norm: float = option(
+        Number(1e-9, 1e300), DEFAULT_LIMITS.max_tensor_norm, "largest L2 norm of one received tensor"
+    )
 
     def limits(self) -> Limits:
         by_type = dict(DEFAULT_LIMITS.frame_bytes_by_type)
@@ -390,44 +473,88 @@ class LogSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class DataSettings:
-    dataset: str = option(Text(choices=DATASETS), "mnist5k", "dataset; `mnist5k` and `digits` ship with Python packages, the others are read from `root`")
+    dataset: str = option(
+        Text(choices=DATASETS),
+        "mnist5k",
+        "dataset; `mnist5k` and `digits` ship with Python packages, the others are read from `root`",
+    )
     root: Path | None = option(FilePath(), None, "local root of the torchvision datasets (nothing is ever downloaded)")
     scenario: str = option(Text(choices=SCENARIOS), "1", "non-IID partition of the network (docs/learning.md)")
-    nodes: int = option(Integer(1, 100_000), 1, "nodes the partition is cut for; every node of one network uses the same value")
+    nodes: int = option(
+        Integer(1, 100_000), 1, "nodes the partition is cut for; every node of one network uses the same value"
+    )
     node_index: int = option(Integer(0, 99_999), 0, "this node's shard of the partition, 0 ≤ node_index < nodes")
-    classes: tuple[int, ...] = option(ListOf(Integer(0, 4095), 4096), (), "instead of a shard: train on these classes (`samples_per_class` images of each, drawn with `seed` and the node index); such nodes may share images")
+    classes: tuple[int, ...] = option(
+        ListOf(Integer(0, 4095), 4096),
+        (),
+        "instead of a shard: train on these classes (`samples_per_class` images of each, drawn with `seed` and the node index); such nodes may share images",
+    )
     clusters: int = option(Integer(0, 100_000), 0, "ground-truth clusters (0: the scenario's default)")
     samples_per_class: int = option(Integer(1, 1_000_000), 25, "training samples per class of this node")
     test_per_class: int = option(Integer(1, 1_000_000), 15, "test samples per own class of this node")
-    seed: int = option(Integer(0, 2**31 - 1), 0, "seed of the partition and of the models; the same on every node of a network")
+    seed: int = option(
+        Integer(0, 2**31 - 1), 0, "seed of the partition and of the models; the same on every node of a network"
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
 class ModelSettings:
-    backbone: str = option(Text(choices=BACKBONES), "convnet", "this node's backbone; nodes may differ (except for mapl+ and dfedavgm)")
-    device: str = option(Text(choices=("auto", "cpu", "cuda")), "auto", "where the model trains; today `auto` and `cpu` train on the CPU and `cuda` is refused (the algorithms do not place tensors on a device yet)")
-    threads: int = option(Integer(0, 1024), 1, "torch CPU threads (0: torch's default); several daemons on one machine want 1")
+    backbone: str = option(
+        Text(choices=BACKBONES), "convnet", "this node's backbone; nodes may differ (except for mapl+ and dfedavgm)"
+    )
+    device: str = option(
+        Text(choices=("auto", "cpu", "cuda")),
+        "auto",
+        "where the model trains; today `auto` and `cpu` train on the CPU and `cuda` is refused (the algorithms do not place tensors on a device yet)",
+    )
+    threads: int = option(
+        Integer(0, 1024), 1, "torch CPU threads (0: torch's default); several daemons on one machine want 1"
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
 class AlgorithmSettings:
-    name: str = option(Text(choices=("none", *ALGORITHM_NAMES)), "none", "learning algorithm; `none` runs discovery only")
+    name: str = option(
+        Text(choices=("none", *ALGORITHM_NAMES)), "none", "learning algorithm; `none` runs discovery only"
+    )
     rounds: int = option(Integer(1, 10_000_000), 60, "rounds to run; afterwards the node keeps serving until stopped")
     start_peers: int = option(Integer(0, 4096), 0, "wait for this many admitted peers before round 0 ...")
     start_timeout_s: float = option(Number(0, 86400), 60.0, "... or this long, whichever comes first")
-    round_deadline_s: float = option(Number(0.01, 86400), 30.0, "after publishing, wait at most this long for the neighbours' payloads of the round")
+    round_deadline_s: float = option(
+        Number(0.01, 86400), 30.0, "after publishing, wait at most this long for the neighbours' payloads of the round"
+    )
     quorum: float = option(Number(0, 1), 1.0, "once this fraction of the expected neighbours' payloads has arrived ...")
-    straggler_grace_s: float = option(Number(0, 86400), 2.0, "... wait at most this much longer for the rest (late payloads still count next round); 1.0 waits for all, up to the deadline")
-    max_rounds_ahead: int = option(Integer(0, 1000), 2, "payloads for up to this many rounds ahead of ours are buffered; further ones count as `round_ahead` and make a lagging node catch up")
-    inbox_frames: int = option(Integer(1, 1_000_000), 4096, "payloads held between rounds; beyond it they are dropped and counted (`inbox_full`)")
-    checkpoint: bool = option(Flag(), True, "save the learning state after every round (atomically) and resume from it on start")
-    history_rounds: int = option(Integer(1, 1_000_000), 10_000, "per-round records kept for `status` (accuracy, weights, traffic)")
+    straggler_grace_s: float = option(
+        Number(0, 86400),
+        2.0,
+        "... wait at most this much longer for the rest (late payloads still count next round); 1.0 waits for all, up to the deadline",
+    )
+    max_rounds_ahead: int = option(
+        Integer(0, 1000),
+        2,
+        "payloads for up to this many rounds ahead of ours are buffered; further ones count as `round_ahead` and make a lagging node catch up",
+    )
+    inbox_frames: int = option(
+        Integer(1, 1_000_000),
+        4096,
+        "payloads held between rounds; beyond it they are dropped and counted (`inbox_full`)",
+    )
+    checkpoint: bool = option(
+        Flag(), True, "save the learning state after every round (atomically) and resume from it on start"
+    )
+    history_rounds: int = option(
+        Integer(1, 1_000_000), 10_000, "per-round records kept for `status` (accuracy, weights, traffic)"
+    )
     settings: Mapping[str, str] = option(Overrides(), {}, "hyper-parameters overriding the algorithm's defaults")
 
 
 @dataclass(frozen=True, kw_only=True)
 class MetricsSettings:
-    listen: str | None = option(Text(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}", what="HOST:PORT"), None, "serve Prometheus metrics at `http://HOST:PORT/metrics` (port 0: any); unset: off")
+    listen: str | None = option(
+        Text(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}", what="HOST:PORT"),
+        None,
+        "serve Prometheus metrics at `http://HOST:PORT/metrics` (port 0: any); unset: off",
+    )
 
     @property
     def host_port(self) -> tuple[str, int] | None:
@@ -512,18 +639,26 @@ def _cross_checks(config: Config) -> list[str]:
     problems = []
     d = config.discovery
     if d.peer_timeout_s <= 2 * d.ping_interval_s:
-        problems.append(f"[discovery].peer_timeout_s: must exceed 2 × ping_interval_s ({2 * d.ping_interval_s:g}), got {d.peer_timeout_s:g}")
+        problems.append(
+            f"[discovery].peer_timeout_s: must exceed 2 × ping_interval_s ({2 * d.ping_interval_s:g}), got {d.peer_timeout_s:g}"
+        )
     if d.hello_max_age_s <= d.hello_refresh_s:
-        problems.append(f"[discovery].hello_max_age_s: must exceed hello_refresh_s ({d.hello_refresh_s:g}), got {d.hello_max_age_s:g}")
+        problems.append(
+            f"[discovery].hello_max_age_s: must exceed hello_refresh_s ({d.hello_refresh_s:g}), got {d.hello_max_age_s:g}"
+        )
     if d.dial_retry_max_s < d.dial_retry_initial_s:
         problems.append("[discovery].dial_retry_max_s: must not be below dial_retry_initial_s")
     node = config.node
     wildcard = node.listen.startswith(("tcp://*:", "tcp://0.0.0.0:", "tcp://[::]:"))
     if node.advertise is None and wildcard:
-        problems.append(f"[node].advertise: required when listen binds all interfaces ({node.listen}): say how peers reach this node")
+        problems.append(
+            f"[node].advertise: required when listen binds all interfaces ({node.listen}): say how peers reach this node"
+        )
     socket_path = str(config.control_socket)
     if len(socket_path.encode()) > _MAX_UNIX_SOCKET_PATH:
-        problems.append(f"[node].data_dir: path too long for the control socket ({socket_path!r} has more than {_MAX_UNIX_SOCKET_PATH} bytes)")
+        problems.append(
+            f"[node].data_dir: path too long for the control socket ({socket_path!r} has more than {_MAX_UNIX_SOCKET_PATH} bytes)"
+        )
     beacon = config.beacon
     try:
         if not ipaddress.IPv4Address(beacon.group).is_multicast:
@@ -541,7 +676,9 @@ def _cross_checks(config: Config) -> list[str]:
     limits = config.limits
     for kind, size in limits.frame_bytes.items():
         if size > limits.max_frame_bytes:
-            problems.append(f"[limits].frame_bytes: {kind.value} bound {size} exceeds max_frame_bytes {limits.max_frame_bytes}")
+            problems.append(
+                f"[limits].frame_bytes: {kind.value} bound {size} exceeds max_frame_bytes {limits.max_frame_bytes}"
+            )
     try:
         check_network_id(node.network)
     except ValueError as exc:
@@ -559,8 +696,10 @@ def _learning_checks(config: Config) -> list[str]:
     if config.model.device == "cuda":
         problems.append('[model].device: training on CUDA is not supported by the daemon yet; use "cpu" or "auto"')
     if algorithm.name == "oracle":
-        problems.append("[algorithm].name: `oracle` trains on its whole cluster's data, which no P2P node has; "
-                        "it exists in `p2pnode simulate` only")
+        problems.append(
+            "[algorithm].name: `oracle` trains on its whole cluster's data, which no P2P node has; "
+            "it exists in `p2pnode simulate` only"
+        )
     from algorithms.registry import ConfigOverrideError, apply_overrides, default_config
 
     try:

@@ -64,16 +64,32 @@ def build_algorithm(config, node_id: str) -> Algorithm:
         torch.set_num_threads(model.threads)
     dataset = load_dataset(data.dataset, None if data.root is None else str(data.root))
     if data.classes:
-        setup = class_list_setup(node_id, dataset, data.classes, data.node_index, backbone=model.backbone,
-                                 seed=data.seed, samples_per_class=data.samples_per_class,
-                                 test_per_class=data.test_per_class)
+        setup = class_list_setup(
+            node_id,
+            dataset,
+            data.classes,
+            data.node_index,
+            backbone=model.backbone,
+            seed=data.seed,
+            samples_per_class=data.samples_per_class,
+            test_per_class=data.test_per_class,
+        )
     else:
-        partition = make_partition(dataset, PartitionSpec(
-            scenario=data.scenario, nodes=data.nodes, clusters=data.clusters or None,
-            samples_per_class=data.samples_per_class, test_per_class=data.test_per_class, seed=data.seed))
+        partition = make_partition(
+            dataset,
+            PartitionSpec(
+                scenario=data.scenario,
+                nodes=data.nodes,
+                clusters=data.clusters or None,
+                samples_per_class=data.samples_per_class,
+                test_per_class=data.test_per_class,
+                seed=data.seed,
+            ),
+        )
         setup = node_setup(node_id, dataset, partition, data.node_index, backbone=model.backbone, seed=data.seed)
-    return make_algorithm(algorithm.name, setup, apply_overrides(default_config(algorithm.name),
-                                                                 dict(algorithm.settings)))
+    return make_algorithm(
+        algorithm.name, setup, apply_overrides(default_config(algorithm.name), dict(algorithm.settings))
+    )
 
 
 class RoundDriver:
@@ -193,29 +209,41 @@ class RoundDriver:
         evaluation = await trio.to_thread.run_sync(algorithm.evaluate, limiter=self._limiter)
         self._heard = {r: peers for r, peers in self._heard.items() if r > round}
         traffic = metrics.learning_traffic()
-        self.history.append({
-            "round": round,
-            "accuracy": evaluation.accuracy,
-            "own_class_accuracy": evaluation.own_class_accuracy,
-            "loss": report.loss,
-            "weights": algorithm.weights(),
-            "expected": len(expected),
-            "arrived": len(arrived),
-            "missing": sorted(expected - arrived),
-            "step_s": round_s(stepped - started),
-            "gather_s": round_s(gathered - stepped),
-            "round_s": round_s(trio.current_time() - started),
-            **traffic,
-        })
+        self.history.append(
+            {
+                "round": round,
+                "accuracy": evaluation.accuracy,
+                "own_class_accuracy": evaluation.own_class_accuracy,
+                "loss": report.loss,
+                "weights": algorithm.weights(),
+                "expected": len(expected),
+                "arrived": len(arrived),
+                "missing": sorted(expected - arrived),
+                "step_s": round_s(stepped - started),
+                "gather_s": round_s(gathered - stepped),
+                "round_s": round_s(trio.current_time() - started),
+                **traffic,
+            }
+        )
         if self.settings.checkpoint and self.checkpoint_path is not None:
             self.phase = "checkpoint"
-            state = {"format": CHECKPOINT_FORMAT, "algorithm": algorithm.name, "round": round,
-                     "state": algorithm.state_dict(), "history": list(self.history)}
+            state = {
+                "format": CHECKPOINT_FORMAT,
+                "algorithm": algorithm.name,
+                "round": round,
+                "state": algorithm.state_dict(),
+                "history": list(self.history),
+            }
             await trio.to_thread.run_sync(save_checkpoint, self.checkpoint_path, state, limiter=self._limiter)
-        log.info("round %d: accuracy %.3f, %d/%d expected payloads, %.2f s", round, evaluation.accuracy,
-                 len(arrived), len(expected), trio.current_time() - started,
-                 extra={"round": round, "accuracy": evaluation.accuracy, "arrived": len(arrived),
-                        "expected": len(expected)})
+        log.info(
+            "round %d: accuracy %.3f, %d/%d expected payloads, %.2f s",
+            round,
+            evaluation.accuracy,
+            len(arrived),
+            len(expected),
+            trio.current_time() - started,
+            extra={"round": round, "accuracy": evaluation.accuracy, "arrived": len(arrived), "expected": len(expected)},
+        )
 
     async def _gather(self, round: int, expected: set[str]) -> None:
         """Wait for the expected payloads of `round`: all of them, but once a quorum is in only
@@ -274,8 +302,10 @@ class RoundDriver:
             return
         state = load_checkpoint(self.checkpoint_path)
         if state.get("format") != CHECKPOINT_FORMAT or state.get("algorithm") != self.algorithm.name:
-            raise CheckpointError(f"{self.checkpoint_path} was written by another algorithm or format "
-                                  f"({state.get('algorithm')!r}, format {state.get('format')!r}); move it away to start afresh")
+            raise CheckpointError(
+                f"{self.checkpoint_path} was written by another algorithm or format "
+                f"({state.get('algorithm')!r}, format {state.get('format')!r}); move it away to start afresh"
+            )
         try:
             self.algorithm.load_state_dict(state["state"])
         except (KeyError, ValueError) as exc:
@@ -323,7 +353,9 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         # weights_only: tensors and plain containers only; a tampered file cannot run code.
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many kinds for a damaged file
-        raise CheckpointError(f"{path} cannot be read ({type(exc).__name__}: {exc}); move it away to start afresh") from None
+        raise CheckpointError(
+            f"{path} cannot be read ({type(exc).__name__}: {exc}); move it away to start afresh"
+        ) from None
     if not isinstance(state, dict) or "round" not in state or "state" not in state:
         raise CheckpointError(f"{path} is not a p2pnode checkpoint")
     return state

@@ -35,7 +35,9 @@ def configure_logging(settings: LogSettings, node_id: str) -> None:
     if settings.format == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        formatter = logging.Formatter(f"%(asctime)s.%(msecs)03d {node_id} %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
+        formatter = logging.Formatter(
+            f"%(asctime)s.%(msecs)03d {node_id} %(levelname)s %(name)s: %(message)s", "%H:%M:%S"
+        )
         formatter.converter = time.gmtime
         handler.setFormatter(formatter)
     root = logging.getLogger("p2pnode")

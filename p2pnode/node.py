@@ -41,8 +41,8 @@ from .control import serve_control
 from .inbound import Inbound, decode_all
 from .learning import CHECKPOINT_NAME, CheckpointError, RoundDriver, build_algorithm
 from .metrics import NOT_LEARNING, UNKNOWN_PEER, Metrics
-from .prometheus import render_for, serve_prometheus
 from .peers import DISCOVERY_TYPES, Action, Dial, Hangup, Membership, Send, SendHello
+from .prometheus import render_for, serve_prometheus
 from .state import DataDir, DataDirError
 from .transport import Transport, TransportError
 
@@ -111,7 +111,9 @@ class Node:
                     raise NodeStartError(f"[node].listen: {exc}") from None
                 self.address = config.node.advertise or endpoint
                 self._started_at = trio.current_time()
-                self.membership = Membership(self.identity.public_key, config.discovery, rng=self.rng, now=self._started_at)
+                self.membership = Membership(
+                    self.identity.public_key, config.discovery, rng=self.rng, now=self._started_at
+                )
                 self.membership.set_own_hello(self._hello_frame())
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
@@ -125,7 +127,9 @@ class Node:
                             nursery.start_soon(self._beacon)
                         if config.algorithm.name != "none":
                             nursery.start_soon(self._learn, data_dir)
-                        log.info("node %s listening on %s, advertising %s", self.identity.node_id, endpoint, self.address)
+                        log.info(
+                            "node %s listening on %s, advertising %s", self.identity.node_id, endpoint, self.address
+                        )
                         task_status.started(self)
                         await self._stop.wait()
                         nursery.cancel_scope.cancel()
@@ -150,7 +154,9 @@ class Node:
             try:
                 self.metrics_port = await nursery.start(serve_prometheus, *config.metrics.host_port, render_for(self))
             except OSError as exc:
-                return NodeStartError(f"[metrics].listen: cannot listen on {config.metrics.listen}: {exc.strerror or exc}")
+                return NodeStartError(
+                    f"[metrics].listen: cannot listen on {config.metrics.listen}: {exc.strerror or exc}"
+                )
         return None
 
     @contextlib.contextmanager
@@ -227,9 +233,14 @@ class Node:
         seq = self._next_seq(body)
         if seq is None:
             return None
-        frame = await signing.encode(self.encoder, body, seq=seq, timestamp_us=self.clock_us(),
-                                     round=self.round if round is None else round,
-                                     threshold=self.config.transport.sign_in_thread_bytes)
+        frame = await signing.encode(
+            self.encoder,
+            body,
+            seq=seq,
+            timestamp_us=self.clock_us(),
+            round=self.round if round is None else round,
+            threshold=self.config.transport.sign_in_thread_bytes,
+        )
         self._send_frame(addresses, body, frame)
         return seq
 
@@ -348,7 +359,9 @@ class Node:
 
     async def _beacon(self) -> None:
         async def heard(datagram: bytes) -> None:
-            (result,) = await trio.to_thread.run_sync(decode_all, self.decoder, [datagram], limiter=self.inbound.verify_limiter)
+            (result,) = await trio.to_thread.run_sync(
+                decode_all, self.decoder, [datagram], limiter=self.inbound.verify_limiter
+            )
             if isinstance(result, ProtocolError):
                 self.metrics.rejected(f"beacon_{result.reason.value}", len(datagram))
             elif result.type is MessageType.HELLO:

@@ -17,7 +17,19 @@ import random
 from collections import Counter
 from dataclasses import dataclass
 
-from protocol import MAX_RELAYED_HELLOS, PROTOCOL_VERSION, Body, Bye, Envelope, Hello, MessageType, Peers, Ping, Pong, node_id
+from protocol import (
+    MAX_RELAYED_HELLOS,
+    PROTOCOL_VERSION,
+    Body,
+    Bye,
+    Envelope,
+    Hello,
+    MessageType,
+    Peers,
+    Ping,
+    Pong,
+    node_id,
+)
 
 from .config import DiscoverySettings
 from .metrics import UNKNOWN_PEER
@@ -151,7 +163,9 @@ class Membership:
             return self._answer_soon(peer, now)
         return [Send((peer.address,), self._peers_body())]
 
-    def on_peers(self, envelope: Envelope, relayed: list[tuple[Envelope, bytes]], now: float, now_us: int) -> list[Action]:
+    def on_peers(
+        self, envelope: Envelope, relayed: list[tuple[Envelope, bytes]], now: float, now_us: int
+    ) -> list[Action]:
         """PEERS from `envelope.sender`; `relayed` holds its HELLO entries, already verified."""
         actions: list[Action] = []
         for hello, frame in relayed:
@@ -324,9 +338,16 @@ class Membership:
             self._dial_later(peer.address, permanent=True, key=None, now=now + self.settings.dial_retry_initial_s)
         return actions
 
-    def _dial_later(self, address: str, *, permanent: bool, key: bytes | None, now: float, hello_timestamp_us: int = 0) -> None:
+    def _dial_later(
+        self, address: str, *, permanent: bool, key: bytes | None, now: float, hello_timestamp_us: int = 0
+    ) -> None:
         self.dialing[address] = _Dialing(
-            address, permanent, key, next_at=now, delay=self.settings.dial_retry_initial_s, hello_timestamp_us=hello_timestamp_us
+            address,
+            permanent,
+            key,
+            next_at=now,
+            delay=self.settings.dial_retry_initial_s,
+            hello_timestamp_us=hello_timestamp_us,
         )
 
     def _dial_now(self, entry: _Dialing, now: float) -> list[Action]:

@@ -42,13 +42,19 @@ class NodeCollector:
             ("p2pnode_bytes_sent", "frame bytes sent, by message type", metrics.bytes_out),
             ("p2pnode_messages_received", "frames received and accepted, by message type", metrics.messages_in),
             ("p2pnode_bytes_received", "frame bytes received and accepted, by message type", metrics.bytes_in),
-            ("p2pnode_sends_dropped", "frames not sent (peer queue full or not connected), by type", metrics.send_dropped),
+            (
+                "p2pnode_sends_dropped",
+                "frames not sent (peer queue full or not connected), by type",
+                metrics.send_dropped,
+            ),
         ):
             family = CounterMetricFamily(name, helptext, labels=["type"])
             for kind, value in sorted(counter.items()):
                 family.add_metric([kind], value)
             yield family
-        rejected = CounterMetricFamily("p2pnode_rejections", "refused frames and payloads, by reason", labels=["reason"])
+        rejected = CounterMetricFamily(
+            "p2pnode_rejections", "refused frames and payloads, by reason", labels=["reason"]
+        )
         for reason, value in sorted(metrics.rejections.items()):
             rejected.add_metric([reason], value)
         yield rejected
@@ -66,15 +72,17 @@ class NodeCollector:
             accuracy = GaugeMetricFamily("p2pnode_accuracy", "accuracy on the node's own test split, last round")
             accuracy.add_metric([], last["accuracy"])
             yield accuracy
-            weights = GaugeMetricFamily("p2pnode_neighbour_weight", "learned collaboration weight, by peer",
-                                        labels=["peer"])
+            weights = GaugeMetricFamily(
+                "p2pnode_neighbour_weight", "learned collaboration weight, by peer", labels=["peer"]
+            )
             for peer, weight in sorted(last["weights"].items()):
                 if weight > 0:
                     weights.add_metric([peer], weight)
             yield weights
         if driver.algorithm is not None:
-            missing = CounterMetricFamily("p2pnode_missing_payloads", "expected payloads that did not arrive in time, by peer",
-                                          labels=["peer"])
+            missing = CounterMetricFamily(
+                "p2pnode_missing_payloads", "expected payloads that did not arrive in time, by peer", labels=["peer"]
+            )
             for peer, value in sorted(driver.algorithm.missing.items()):
                 missing.add_metric([peer], value)
             yield missing
@@ -86,8 +94,9 @@ def registry_for(node: Node) -> CollectorRegistry:
     return registry
 
 
-async def serve_prometheus(host: str, port: int, render: Callable[[], bytes], *,
-                           task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def serve_prometheus(
+    host: str, port: int, render: Callable[[], bytes], *, task_status=trio.TASK_STATUS_IGNORED
+) -> None:
     async def handle(stream: trio.SocketStream) -> None:
         try:
             with trio.move_on_after(REQUEST_TIMEOUT_S):
@@ -102,9 +111,16 @@ async def serve_prometheus(host: str, port: int, render: Callable[[], bytes], *,
                     status, body, kind = b"200 OK", render(), b"text/plain; version=0.0.4; charset=utf-8"
                 else:
                     status, body, kind = b"404 Not Found", b"try GET /metrics\n", b"text/plain"
-                await stream.send_all(b"HTTP/1.1 " + status + b"\r\nContent-Type: " + kind +
-                                      b"\r\nContent-Length: " + str(len(body)).encode() +
-                                      b"\r\nConnection: close\r\n\r\n" + body)
+                await stream.send_all(
+                    b"HTTP/1.1 "
+                    + status
+                    + b"\r\nContent-Type: "
+                    + kind
+                    + b"\r\nContent-Length: "
+                    + str(len(body)).encode()
+                    + b"\r\nConnection: close\r\n\r\n"
+                    + body
+                )
         except trio.BrokenResourceError:
             pass
         finally:

@@ -65,9 +65,7 @@ class _Sender:
         self.counter.confirm_reservation(self.counter.propose_reservation())
 
     def frame(self, body, *, round: int = 1, timestamp_us: int | None = None) -> bytes:
-        return self.encoder.encode(
-            body, seq=self.counter.next(), timestamp_us=timestamp_us or _clock_us(), round=round
-        )
+        return self.encoder.encode(body, seq=self.counter.next(), timestamp_us=timestamp_us or _clock_us(), round=round)
 
 
 class _Receiver:
@@ -98,7 +96,11 @@ def run(out: Path) -> int:
     except KeyFileError as exc:
         print(f"p2pnode: error: {exc}")
         return 1
-    for name, who, state in (("alice", alice, alice_state), ("bob", bob, bob_state), ("mallory", mallory, mallory_state)):
+    for name, who, state in (
+        ("alice", alice, alice_state),
+        ("bob", bob, bob_state),
+        ("mallory", mallory, mallory_state),
+    ):
         print(f"  {name:<8} node id {who.node_id}  ({state} {keys / (name + '.pem')}, mode 0600)")
 
     rng = np.random.default_rng(0)
@@ -107,16 +109,29 @@ def run(out: Path) -> int:
     bob_in = _Receiver(Decoder(NETWORK, limits, allowed_senders={alice.public_key, bob.public_key}))
 
     hello = sender.frame(
-        Hello(address="tcp://127.0.0.1:7001", capabilities=("mapl", "scool"), dataset_size=250, protocol_versions=(PROTOCOL_VERSION,))
+        Hello(
+            address="tcp://127.0.0.1:7001",
+            capabilities=("mapl", "scool"),
+            dataset_size=250,
+            protocol_versions=(PROTOCOL_VERSION,),
+        )
     )
     bodies = [
         Peers(hellos=(hello,)),
         Ping(nonce=42),
         Pong(nonce=42),
-        Prototypes(classes=tuple(range(5)), counts=(25,) * 5, prototypes=rng.standard_normal((5, 128), dtype=np.float32)),
+        Prototypes(
+            classes=tuple(range(5)), counts=(25,) * 5, prototypes=rng.standard_normal((5, 128), dtype=np.float32)
+        ),
         Head(weight=rng.standard_normal((10, 64), dtype=np.float32), bias=np.zeros(10, np.float32)),
         Score(kind="log_likelihood", subject=bob.public_key, subject_seq=7, value=-0.42, samples=10),
-        Model(kind="delta", tensors={"conv1.weight": 0.01 * rng.standard_normal((16, 1, 3, 3), dtype=np.float32), "fc.bias": np.zeros(10, np.float32)}),
+        Model(
+            kind="delta",
+            tensors={
+                "conv1.weight": 0.01 * rng.standard_normal((16, 1, 3, 3), dtype=np.float32),
+                "fc.bias": np.zeros(10, np.float32),
+            },
+        ),
         Bye(reason="shutdown"),
     ]
     print("\n1) alice -> bob: one frame of each type, decoded, signature-checked, replay-checked")
@@ -141,15 +156,30 @@ def run(out: Path) -> int:
         ("PING for network 'other'", _Sender(alice, "other").frame(Ping(nonce=2))),
         ("PING from mallory (not allowed)", _Sender(mallory).frame(Ping(nonce=3))),
         ("5 MiB MODEL (bob allows 4 MiB)", sender.frame(huge)),
-        ("prototypes of norm ~1e5 (bound 1e4)", sender.frame(Prototypes(classes=(0,), counts=(1,), prototypes=np.full((1, 128), 1e4, np.float32)))),
+        (
+            "prototypes of norm ~1e5 (bound 1e4)",
+            sender.frame(Prototypes(classes=(0,), counts=(1,), prototypes=np.full((1, 128), 1e4, np.float32))),
+        ),
         ("a PING cut short", sender.frame(Ping(nonce=4))[:-20]),
-        ("envelope version 2", seal_raw(alice, [2, NETWORK, "PING", alice.public_key, sender.counter.next(), _clock_us(), 1, {"nonce": 5}])),
-        ("message type 'GOSSIP'", seal_raw(alice, [1, NETWORK, "GOSSIP", alice.public_key, sender.counter.next(), _clock_us(), 1, {}])),
+        (
+            "envelope version 2",
+            seal_raw(
+                alice, [2, NETWORK, "PING", alice.public_key, sender.counter.next(), _clock_us(), 1, {"nonce": 5}]
+            ),
+        ),
+        (
+            "message type 'GOSSIP'",
+            seal_raw(alice, [1, NETWORK, "GOSSIP", alice.public_key, sender.counter.next(), _clock_us(), 1, {}]),
+        ),
     ]
     print("\n2) frames bob refuses")
     for what, frame in attacks:
         result = bob_in.receive(frame)
-        verdict = f"rejected, {result.reason.value}: {result.detail}" if isinstance(result, ProtocolError) else "ACCEPTED (bug)"
+        verdict = (
+            f"rejected, {result.reason.value}: {result.detail}"
+            if isinstance(result, ProtocolError)
+            else "ACCEPTED (bug)"
+        )
         print(f"   {what:<38} {verdict}"[:118])
         if not isinstance(result, ProtocolError):
             return 1

@@ -13,7 +13,8 @@ def format_status(status: dict) -> str:
     lines = [
         f"node {status['node_id']}  {status['address']}  network {status['network']}  "
         f"up {_seconds(status['uptime_s'])}  round {status['round']}  pid {status['pid']}",
-        f"peers {status['peer_count']}/{status['max_peers']}" + (f"  dialing {len(status['dialing'])}" if status["dialing"] else ""),
+        f"peers {status['peer_count']}/{status['max_peers']}"
+        + (f"  dialing {len(status['dialing'])}" if status["dialing"] else ""),
     ]
     if status["peers"]:
         lines.append(f"  {'node id':<18}{'address':<28}{'last seen':>10}{'rtt':>10}")
@@ -23,10 +24,19 @@ def format_status(status: dict) -> str:
     traffic = status["traffic"]
     lines.append(f"traffic  {'in msgs':>9}{'in bytes':>12}{'out msgs':>10}{'out bytes':>12}")
     for kind, row in traffic["by_type"].items():
-        lines.append(f"  {kind:<10}{row['messages_in']:>7}{row['bytes_in']:>12}{row['messages_out']:>10}{row['bytes_out']:>12}")
-    lines.append(f"  {'total':<10}{traffic['messages_in']:>7}{traffic['bytes_in']:>12}{traffic['messages_out']:>10}{traffic['bytes_out']:>12}")
+        lines.append(
+            f"  {kind:<10}{row['messages_in']:>7}{row['bytes_in']:>12}{row['messages_out']:>10}{row['bytes_out']:>12}"
+        )
+    lines.append(
+        f"  {'total':<10}{traffic['messages_in']:>7}{traffic['bytes_in']:>12}{traffic['messages_out']:>10}{traffic['bytes_out']:>12}"
+    )
     rejections = traffic["rejections"]
-    lines.append("rejections: " + (", ".join(f"{reason} {count}" for reason, count in rejections.items()) if rejections else "none"))
+    lines.append(
+        "rejections: "
+        + (", ".join(f"{reason} {count}" for reason, count in rejections.items()) if rejections else "none")
+    )
     if traffic["send_dropped"]:
-        lines.append("sends dropped: " + ", ".join(f"{kind} {count}" for kind, count in traffic["send_dropped"].items()))
+        lines.append(
+            "sends dropped: " + ", ".join(f"{kind} {count}" for kind, count in traffic["send_dropped"].items())
+        )
     return "\n".join(lines)

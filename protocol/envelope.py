@@ -120,7 +120,9 @@ class Encoder:
         """One signed frame. Raises ProtocolError if a peer with the same limits would refuse it
         (NaN in a tensor, too large), ValueError for out-of-range envelope fields."""
         if not (_is_uint(seq, _U64_MAX) and _is_uint(timestamp_us, _U64_MAX) and _is_uint(round, _U32_MAX)):
-            raise ValueError(f"seq and timestamp_us must be uint64 and round uint32, got {seq!r}, {timestamp_us!r}, {round!r}")
+            raise ValueError(
+                f"seq and timestamp_us must be uint64 and round uint32, got {seq!r}, {timestamp_us!r}, {round!r}"
+            )
         kind = body.TYPE
         header = [PROTOCOL_VERSION, self.network_id, kind.value, self.identity.public_key, seq, timestamp_us, round]
         envelope = [*header, body.to_wire(self.limits)]
@@ -212,7 +214,9 @@ class Decoder:
         if type(network) is not str:
             raise malformed("envelope.network_id", f"expected a string, got {type(network).__name__}")
         if network != self.network_id:
-            raise ProtocolError(Reason.WRONG_NETWORK, f"frame for network {network[:64]!r}, this is {self.network_id!r}")
+            raise ProtocolError(
+                Reason.WRONG_NETWORK, f"frame for network {network[:64]!r}, this is {self.network_id!r}"
+            )
         if type(kind_name) is not str:
             raise malformed("envelope.type", f"expected a string, got {type(kind_name).__name__}")
         try:

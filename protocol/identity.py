@@ -30,7 +30,7 @@ def node_id(public_key: bytes) -> str:
 class Identity:
     """An Ed25519 signing key with its raw public key and node id precomputed."""
 
-    __slots__ = ("_private_key", "public_key", "node_id")
+    __slots__ = ("_private_key", "node_id", "public_key")
 
     def __init__(self, private_key: Ed25519PrivateKey) -> None:
         if not isinstance(private_key, Ed25519PrivateKey):

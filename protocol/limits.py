@@ -40,9 +40,7 @@ class Limits:
     """Size and content bounds; every one is explicit and configurable."""
 
     max_frame_bytes: int = 64 * MiB
-    frame_bytes_by_type: Mapping[MessageType, int] = field(
-        default_factory=lambda: _DEFAULT_FRAME_BYTES_BY_TYPE
-    )
+    frame_bytes_by_type: Mapping[MessageType, int] = field(default_factory=lambda: _DEFAULT_FRAME_BYTES_BY_TYPE)
     # msgpack container bounds, enforced by the unpacker before it allocates.
     max_str_len: int = 1024
     max_array_len: int = 4096

@@ -66,7 +66,10 @@ class ReplayGuard:
         state = self._senders.get(sender)
         if state is None:
             if timestamp_us <= self._evicted_horizon_us:
-                raise ProtocolError(Reason.REPLAY, f"{node_id(sender)}: no window kept and timestamp not newer than the eviction horizon")
+                raise ProtocolError(
+                    Reason.REPLAY,
+                    f"{node_id(sender)}: no window kept and timestamp not newer than the eviction horizon",
+                )
             self._remember(sender, _SenderWindow(highest=seq, seen=1, last_timestamp_us=timestamp_us))
             return
         self._senders.move_to_end(sender)
@@ -77,7 +80,9 @@ class ReplayGuard:
         else:
             offset = state.highest - seq
             if offset >= self.window:
-                raise ProtocolError(Reason.REPLAY, f"{node_id(sender)}: seq {seq} below the window (highest {state.highest})")
+                raise ProtocolError(
+                    Reason.REPLAY, f"{node_id(sender)}: seq {seq} below the window (highest {state.highest})"
+                )
             bit = 1 << offset
             if state.seen & bit:
                 raise ProtocolError(Reason.REPLAY, f"{node_id(sender)}: seq {seq} already seen")

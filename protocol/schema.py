@@ -103,7 +103,9 @@ class Real(Codec):
 
 
 class Text(Scalar):
-    def __init__(self, max_len: int, pattern: str | None = None, rule: Callable[[str], str | None] | None = None) -> None:
+    def __init__(
+        self, max_len: int, pattern: str | None = None, rule: Callable[[str], str | None] | None = None
+    ) -> None:
         self.max_len = max_len
         self.pattern = re.compile(pattern) if pattern else None
         self.rule = rule  # returns a complaint, or None when the text is fine

@@ -116,7 +116,9 @@ def decode_tensor(obj: Any, limits: Limits, path: str = "tensor", kinds: str = "
     if not isinstance(data, bytes):
         raise _bad(path, "data must be bin")
     if len(data) != elements * dtype.itemsize:
-        raise _bad(path, f"data has {len(data)} bytes, shape {shape} x {dtype.itemsize} needs {elements * dtype.itemsize}")
+        raise _bad(
+            path, f"data has {len(data)} bytes, shape {shape} x {dtype.itemsize} needs {elements * dtype.itemsize}"
+        )
     array = np.frombuffer(data, dtype=dtype).reshape(shape)
     check_tensor(array, limits, path, kinds)
     return array

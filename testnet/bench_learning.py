@@ -25,8 +25,17 @@ def _run(job: tuple[str, str, int, int, str]) -> dict:
 
     algorithm, scenario, seed, rounds, out = job
     torch.set_num_threads(1)
-    report = run_simulation(SimulationSpec(algorithm=algorithm, dataset="mnist5k", scenario=scenario, nodes=10,
-                                           rounds=rounds, seed=seed, samples_per_class=25))
+    report = run_simulation(
+        SimulationSpec(
+            algorithm=algorithm,
+            dataset="mnist5k",
+            scenario=scenario,
+            nodes=10,
+            rounds=rounds,
+            seed=seed,
+            samples_per_class=25,
+        )
+    )
     write_report(report, Path(out))
     return report
 
@@ -43,28 +52,41 @@ def main(argv: list[str] | None = None) -> int:
     with ProcessPoolExecutor(args.workers) as pool:
         reports = list(pool.map(_run, jobs))
     print(format_table(reports))
-    Path(args.out, "summary.json").write_text(json.dumps(
-        [{k: r[k] for k in ("algorithm", "scenario", "seed", "accuracy", "graph", "comm", "wall_s")}
-         for r in reports], indent=1))
+    Path(args.out, "summary.json").write_text(
+        json.dumps(
+            [
+                {k: r[k] for k in ("algorithm", "scenario", "seed", "accuracy", "graph", "comm", "wall_s")}
+                for r in reports
+            ],
+            indent=1,
+        )
+    )
     return 0
 
 
 def format_table(reports: list[dict]) -> str:
     from testnet.report import gap_share
 
-    rows = ["| scenario | method | seed | accuracy (mean ± std) | gap realised | within-cluster mass | "
-            "L1 to truth | messages | MiB | wall s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| scenario | method | seed | accuracy (mean ± std) | gap realised | within-cluster mass | "
+        "L1 to truth | messages | MiB | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     by = {(r["scenario"], r["algorithm"], r["seed"]): r for r in reports}
     for r in reports:
         local = by.get((r["scenario"], "local", 0))
         oracle = by.get((r["scenario"], "oracle", 0))
-        share = (gap_share(r["accuracy"]["mean"], local["accuracy"]["mean"], oracle["accuracy"]["mean"])
-                 if local and oracle else None)
+        share = (
+            gap_share(r["accuracy"]["mean"], local["accuracy"]["mean"], oracle["accuracy"]["mean"])
+            if local and oracle
+            else None
+        )
         rows.append(
             f"| {r['scenario']} | {r['algorithm']} | {r['seed']} | {r['accuracy']['mean'] * 100:.1f} ± "
             f"{r['accuracy']['std'] * 100:.1f} | {'—' if share is None else f'{share * 100:.0f} %'} | "
             f"{r['graph']['within_cluster_mass']:.3f} | {r['graph']['l1_to_truth']:.3f} | {r['comm']['messages']} | "
-            f"{r['comm']['bytes'] / 2**20:.1f} | {r['wall_s']:.0f} |")
+            f"{r['comm']['bytes'] / 2**20:.1f} | {r['wall_s']:.0f} |"
+        )
     return "\n".join(rows)
 
 

@@ -29,8 +29,18 @@ def _run(job: tuple[str, int, int, int, str]) -> dict:
 
     algorithm, nodes, seed, rounds, out = job
     torch.set_num_threads(1)
-    report = run_simulation(SimulationSpec(algorithm=algorithm, dataset="mnist5k", scenario="noniid-sbm", nodes=nodes,
-                                           rounds=rounds, seed=seed, samples_per_class=10, test_per_class=15))
+    report = run_simulation(
+        SimulationSpec(
+            algorithm=algorithm,
+            dataset="mnist5k",
+            scenario="noniid-sbm",
+            nodes=nodes,
+            rounds=rounds,
+            seed=seed,
+            samples_per_class=10,
+            test_per_class=15,
+        )
+    )
     write_report(report, Path(out))
     return report
 
@@ -44,9 +54,11 @@ def talked_to(report: dict) -> float:
 
 
 def format_table(reports: list[dict]) -> str:
-    rows = ["| nodes | method | 10-way accuracy | own-class accuracy | worst node (own-class) | "
-            "L1 @10 | L1 @20 | L1 final (worst seed) | most peers talked to, last round | KB / node / round |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| nodes | method | 10-way accuracy | own-class accuracy | worst node (own-class) | "
+        "L1 @10 | L1 @20 | L1 final (worst seed) | most peers talked to, last round | KB / node / round |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     groups: dict[tuple[int, str], list[dict]] = {}
     for r in reports:
         groups.setdefault((r["nodes"], r["algorithm"]), []).append(r)
@@ -59,8 +71,10 @@ def format_table(reports: list[dict]) -> str:
         final = max(x[-1] for x in l1)
         kb = np.mean([r["comm"]["bytes"] / (nodes * r["rounds"]) / 1024 for r in runs])
         talk = max(talked_to(r) for r in runs)
-        rows.append(f"| {nodes} | {method} | {ten.mean():.1f} ± {ten.std():.1f} | {own.mean():.1f} ± {own.std():.1f} "
-                    f"| {worst:.0f} % | {at(10)} | {at(20)} | {final:.3f} | {talk:.0%} | {kb:,.0f} |")
+        rows.append(
+            f"| {nodes} | {method} | {ten.mean():.1f} ± {ten.std():.1f} | {own.mean():.1f} ± {own.std():.1f} "
+            f"| {worst:.0f} % | {at(10)} | {at(20)} | {final:.3f} | {talk:.0%} | {kb:,.0f} |"
+        )
     return "\n".join(rows)
 
 
@@ -73,14 +87,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--methods", nargs="+", default=list(METHODS))
     args = parser.parse_args(argv)
-    jobs = [(m, n, s, args.rounds, f"{args.out}/n{n}-{m}-seed{s}")
-            for n in args.nodes for m in args.methods for s in range(args.seeds)]
+    jobs = [
+        (m, n, s, args.rounds, f"{args.out}/n{n}-{m}-seed{s}")
+        for n in args.nodes
+        for m in args.methods
+        for s in range(args.seeds)
+    ]
     with ProcessPoolExecutor(args.workers) as pool:
         reports = list(pool.map(_run, jobs))
     print(format_table(reports))
-    Path(args.out, "summary.json").write_text(json.dumps(
-        [{k: r[k] for k in ("algorithm", "nodes", "seed", "accuracy", "accuracy_own_classes", "graph", "comm",
-                            "wall_s")} for r in reports], indent=1))
+    Path(args.out, "summary.json").write_text(
+        json.dumps(
+            [
+                {
+                    k: r[k]
+                    for k in (
+                        "algorithm",
+                        "nodes",
+                        "seed",
+                        "accuracy",
+                        "accuracy_own_classes",
+                        "graph",
+                        "comm",
+                        "wall_s",
+                    )
+                }
+                for r in reports
+            ],
+            indent=1,
+        )
+    )
     return 0
 
 

@@ -25,10 +25,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=60)
     args = parser.parse_args(argv)
     out = Path(args.out)
-    spec = SimulationSpec(algorithm="mapl", dataset="mnist5k", scenario="1", nodes=args.nodes, rounds=args.rounds,
-                          samples_per_class=25)
-    print(f"MAPL testnet: {args.nodes} daemons, mnist5k, Scenario 1, 25 samples per class, {args.rounds} rounds",
-          file=sys.stderr)
+    spec = SimulationSpec(
+        algorithm="mapl", dataset="mnist5k", scenario="1", nodes=args.nodes, rounds=args.rounds, samples_per_class=25
+    )
+    print(
+        f"MAPL testnet: {args.nodes} daemons, mnist5k, Scenario 1, 25 samples per class, {args.rounds} rounds",
+        file=sys.stderr,
+    )
     code, mapl = run_learning_testnet(spec, out / "mapl-testnet", check=CheckThresholds())
     write_report(mapl, out / "mapl-testnet")
     print("Local baseline (same shards, no communication), simulated:", file=sys.stderr)
@@ -41,14 +44,18 @@ def main(argv: list[str] | None = None) -> int:
     print(summary_line(mapl))
     for failure in mapl.get("check", {}).get("failures", []):
         print(f"check failed: {failure}")
-    print(f"plots: {out / 'mapl-testnet'}/graph.png (learned W beside W*), accuracy.png, bytes.png; "
-          f"daemon logs: {out / 'mapl-testnet'}/node*/node.log")
+    print(
+        f"plots: {out / 'mapl-testnet'}/graph.png (learned W beside W*), accuracy.png, bytes.png; "
+        f"daemon logs: {out / 'mapl-testnet'}/node*/node.log"
+    )
     return code
 
 
 def format_table(mapl: dict, local: dict) -> str:
-    rows = ["| node | backbone | classes | neighbours (w > 0) | Local | MAPL over TCP | Δ |",
-            "|---|---|---|---|---|---|---|"]
+    rows = [
+        "| node | backbone | classes | neighbours (w > 0) | Local | MAPL over TCP | Δ |",
+        "|---|---|---|---|---|---|---|",
+    ]
     weights = mapl["graph"]["W"]
     for i, (m, l) in enumerate(zip(mapl["accuracy"]["per_node"], local["accuracy"]["per_node"])):
         neighbours = ", ".join(str(j) for j, w in enumerate(weights[i]) if w > 0 and j != i)
@@ -57,8 +64,10 @@ def format_table(mapl: dict, local: dict) -> str:
         delta = "—" if m is None else f"{100 * (m - l):+.1f}"
         rows.append(f"| {i} | {mapl['backbones'][i]} | {classes} | {neighbours} | {100 * l:.1f} % | {acc} | {delta} |")
     m, l = mapl["accuracy"]["mean"], local["accuracy"]["mean"]
-    rows.append(f"| mean | | | | {100 * l:.1f} % | {'—' if m is None else f'{100 * m:.1f} %'} | "
-                f"{'—' if m is None else f'{100 * (m - l):+.1f}'} |")
+    rows.append(
+        f"| mean | | | | {100 * l:.1f} % | {'—' if m is None else f'{100 * m:.1f} %'} | "
+        f"{'—' if m is None else f'{100 * (m - l):+.1f}'} |"
+    )
     return "\n".join(rows)
 
 

@@ -69,12 +69,22 @@ def run_discovery_testnet(
                     all_up_s = elapsed
                 if full_mesh_s is None and len(up) == nodes and min(counts) == nodes - 1:
                     full_mesh_s = elapsed
-                row = [round(elapsed, 2), len(up), min(counts, default=0), round(statistics.fmean(counts), 2) if counts else 0.0, max(counts, default=0)]
+                row = [
+                    round(elapsed, 2),
+                    len(up),
+                    min(counts, default=0),
+                    round(statistics.fmean(counts), 2) if counts else 0.0,
+                    max(counts, default=0),
+                ]
                 timeline.append(row)
                 if elapsed - last_print >= 1.0 or full_mesh_s == elapsed:
                     last_print = elapsed
                     mesh = f"full mesh at {full_mesh_s:.1f} s" if full_mesh_s is not None else "full mesh: not yet"
-                    print(f"[{elapsed:5.1f} s] {len(up):>3}/{nodes} up  peers min {row[2]} mean {row[3]:.1f} max {row[4]}  {mesh}", file=progress, flush=True)
+                    print(
+                        f"[{elapsed:5.1f} s] {len(up):>3}/{nodes} up  peers min {row[2]} mean {row[3]:.1f} max {row[4]}  {mesh}",
+                        file=progress,
+                        flush=True,
+                    )
                 if exit_on_mesh and full_mesh_s is not None:
                     break
                 dead = [spec.index for spec in cluster.specs if not cluster.alive(spec)]
@@ -115,6 +125,8 @@ def run_discovery_testnet(
     )
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     ok = full_mesh_s is not None and full_mesh_s <= duration_s and not interrupted
-    verdict = f"full mesh in {full_mesh_s:.1f} s" if full_mesh_s is not None else f"no full mesh within {duration_s:g} s"
+    verdict = (
+        f"full mesh in {full_mesh_s:.1f} s" if full_mesh_s is not None else f"no full mesh within {duration_s:g} s"
+    )
     print(f"{verdict}; report: {out / 'report.json'}", file=progress)
     return (130 if interrupted else 0 if ok else 1), report

@@ -41,24 +41,43 @@ class CheckThresholds:
 
 
 def node_settings(spec: SimulationSpec, index: int, backbone: str, round_deadline_s: float) -> dict[str, Any]:
-    data = {"dataset": spec.dataset, "scenario": spec.scenario, "nodes": spec.nodes, "node_index": index,
-            "clusters": spec.clusters or 0, "samples_per_class": spec.samples_per_class,
-            "test_per_class": spec.test_per_class, "seed": spec.seed}
+    data = {
+        "dataset": spec.dataset,
+        "scenario": spec.scenario,
+        "nodes": spec.nodes,
+        "node_index": index,
+        "clusters": spec.clusters or 0,
+        "samples_per_class": spec.samples_per_class,
+        "test_per_class": spec.test_per_class,
+        "seed": spec.seed,
+    }
     if spec.dataset_root:
         data["root"] = str(Path(spec.dataset_root).resolve())
     return {
         "data": data,
         "model": {"backbone": backbone, "threads": 1},
-        "algorithm": {"name": spec.algorithm, "rounds": spec.rounds, "start_peers": spec.nodes - 1,
-                      "start_timeout_s": 120.0, "round_deadline_s": round_deadline_s,
-                      "settings": dict(spec.overrides)},
+        "algorithm": {
+            "name": spec.algorithm,
+            "rounds": spec.rounds,
+            "start_peers": spec.nodes - 1,
+            "start_timeout_s": 120.0,
+            "round_deadline_s": round_deadline_s,
+            "settings": dict(spec.overrides),
+        },
         "log": {"format": "json"},
     }
 
 
-def run_learning_testnet(spec: SimulationSpec, out: Path, *, round_deadline_s: float = 5.0,
-                         timeout_s: float | None = None, check: CheckThresholds | None = None,
-                         poll_s: float = 0.5, progress=sys.stderr) -> tuple[int, dict[str, Any]]:
+def run_learning_testnet(
+    spec: SimulationSpec,
+    out: Path,
+    *,
+    round_deadline_s: float = 5.0,
+    timeout_s: float | None = None,
+    check: CheckThresholds | None = None,
+    poll_s: float = 0.5,
+    progress=sys.stderr,
+) -> tuple[int, dict[str, Any]]:
     """Returns (exit code, report): 0 if every node finished (and `check` passed, if given),
     1 if not, 130 if interrupted."""
     from algorithms.datasets import load_dataset
@@ -67,11 +86,20 @@ def run_learning_testnet(spec: SimulationSpec, out: Path, *, round_deadline_s: f
     out.mkdir(parents=True, exist_ok=True)
     backbones = spec.node_backbones()
     dataset = load_dataset(spec.dataset, spec.dataset_root)
-    partition = make_partition(dataset, PartitionSpec(
-        scenario=spec.scenario, nodes=spec.nodes, clusters=spec.clusters, samples_per_class=spec.samples_per_class,
-        test_per_class=spec.test_per_class, seed=spec.seed))
-    cluster = Cluster.prepare(out, spec.nodes, discovery=DISCOVERY,
-                              extra=lambda i: node_settings(spec, i, backbones[i], round_deadline_s))
+    partition = make_partition(
+        dataset,
+        PartitionSpec(
+            scenario=spec.scenario,
+            nodes=spec.nodes,
+            clusters=spec.clusters,
+            samples_per_class=spec.samples_per_class,
+            test_per_class=spec.test_per_class,
+            seed=spec.seed,
+        ),
+    )
+    cluster = Cluster.prepare(
+        out, spec.nodes, discovery=DISCOVERY, extra=lambda i: node_settings(spec, i, backbones[i], round_deadline_s)
+    )
     timeout_s = timeout_s if timeout_s is not None else 180 + spec.rounds * (round_deadline_s + 5)
     started = time.monotonic()
     interrupted = False
@@ -102,10 +130,14 @@ def run_learning_testnet(spec: SimulationSpec, out: Path, *, round_deadline_s: f
     report["node_exit_codes"] = [exit_codes.get(s.index) for s in cluster.specs]
     code = 130 if interrupted else 0
     if not interrupted:
-        failures = check_report(report, check or CheckThresholds(rounds_completed=True, accuracy=0.0,
-                                                                within_cluster_mass=0.0))
-        report["check"] = {"passed": not failures, "failures": failures,
-                           "thresholds": None if check is None else vars(check)}
+        failures = check_report(
+            report, check or CheckThresholds(rounds_completed=True, accuracy=0.0, within_cluster_mass=0.0)
+        )
+        report["check"] = {
+            "passed": not failures,
+            "failures": failures,
+            "thresholds": None if check is None else vars(check),
+        }
         code = 1 if failures else 0
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     return code, report
@@ -126,8 +158,9 @@ def _progress_line(statuses: list[dict | None], rounds: int) -> str:
     return f"rounds done: min {min(completed)}/{rounds}, max {max(completed)}  {accuracy}"
 
 
-def build_report(spec: SimulationSpec, partition, backbones: list[str], cluster: Cluster,
-                 statuses: list[dict | None], wall_s: float) -> dict[str, Any]:
+def build_report(
+    spec: SimulationSpec, partition, backbones: list[str], cluster: Cluster, statuses: list[dict | None], wall_s: float
+) -> dict[str, Any]:
     from algorithms.graph import l1_to_truth, within_cluster_mass
     from algorithms.registry import apply_overrides, config_as_dict, default_config
 
@@ -146,8 +179,9 @@ def build_report(spec: SimulationSpec, partition, backbones: list[str], cluster:
         return w
 
     by_round: list[dict[int, dict]] = [{entry["round"]: entry for entry in history} for history in histories]
-    per_round: dict[str, list] = {k: [] for k in ("accuracy", "accuracy_own_classes", "l1_to_truth",
-                                                  "within_cluster_mass", "messages", "bytes")}
+    per_round: dict[str, list] = {
+        k: [] for k in ("accuracy", "accuracy_own_classes", "l1_to_truth", "within_cluster_mass", "messages", "bytes")
+    }
     latest: list[dict | None] = [None] * n
     for r in range(spec.rounds):
         for i in range(n):
@@ -193,12 +227,26 @@ def build_report(spec: SimulationSpec, partition, backbones: list[str], cluster:
         return float(np.mean(values)) if values else None
 
     return {
-        **run_header("testnet", spec, partition, ids, backbones,
-                     config_as_dict(apply_overrides(default_config(spec.algorithm), spec.overrides))),
-        "accuracy": {"mean": _nanmean(accuracies), "std": _nanstd(accuracies),
-                     "per_node": _listed(accuracies), "per_round": per_round["accuracy"]},
-        "accuracy_own_classes": {"mean": _nanmean(own_class), "std": _nanstd(own_class),
-                                 "per_node": _listed(own_class), "per_round": per_round["accuracy_own_classes"]},
+        **run_header(
+            "testnet",
+            spec,
+            partition,
+            ids,
+            backbones,
+            config_as_dict(apply_overrides(default_config(spec.algorithm), spec.overrides)),
+        ),
+        "accuracy": {
+            "mean": _nanmean(accuracies),
+            "std": _nanstd(accuracies),
+            "per_node": _listed(accuracies),
+            "per_round": per_round["accuracy"],
+        },
+        "accuracy_own_classes": {
+            "mean": _nanmean(own_class),
+            "std": _nanstd(own_class),
+            "per_node": _listed(own_class),
+            "per_round": per_round["accuracy_own_classes"],
+        },
         "graph": {
             "W": w.tolist(),
             "W_true": partition.w_true.tolist(),
@@ -249,9 +297,13 @@ def check_report(report: dict[str, Any], thresholds: CheckThresholds) -> list[st
         failures.append(f"mean accuracy {mean} below {thresholds.accuracy}")
     from algorithms.catalog import GRAPH_LEARNING
 
-    if report["algorithm"] in GRAPH_LEARNING and report["graph"]["within_cluster_mass"] < thresholds.within_cluster_mass:
-        failures.append(f"within-cluster mass {report['graph']['within_cluster_mass']:.3f} below "
-                        f"{thresholds.within_cluster_mass}")
+    if (
+        report["algorithm"] in GRAPH_LEARNING
+        and report["graph"]["within_cluster_mass"] < thresholds.within_cluster_mass
+    ):
+        failures.append(
+            f"within-cluster mass {report['graph']['within_cluster_mass']:.3f} below {thresholds.within_cluster_mass}"
+        )
     return failures
 
 

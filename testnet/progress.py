@@ -19,9 +19,11 @@ class RoundProgress:
         done = result.round / result.rounds
         filled = int(done * self.width)
         eta = result.elapsed_s / done - result.elapsed_s if done else 0.0
-        line = (f"{self.label} [{'#' * filled}{'.' * (self.width - filled)}] round {result.round}/{result.rounds}"
-                f"  acc {result.accuracy * 100:5.1f} %  in-cluster w {result.within_cluster_mass:.2f}"
-                f"  {result.bytes / 2**20:7.1f} MiB  {result.elapsed_s:5.0f} s (eta {eta:.0f} s)")
+        line = (
+            f"{self.label} [{'#' * filled}{'.' * (self.width - filled)}] round {result.round}/{result.rounds}"
+            f"  acc {result.accuracy * 100:5.1f} %  in-cluster w {result.within_cluster_mass:.2f}"
+            f"  {result.bytes / 2**20:7.1f} MiB  {result.elapsed_s:5.0f} s (eta {eta:.0f} s)"
+        )
         if self.interactive:
             end = "\n" if result.round == result.rounds else ""
             print(f"\r{line}\x1b[K", end=end, file=self.stream, flush=True)

@@ -18,8 +18,19 @@ from p2pnode.files import write_atomically
 
 __all__ = ["REQUIRED_KEYS", "write_report", "write_plots", "summary_line", "gap_share"]
 
-REQUIRED_KEYS = ("algorithm", "dataset", "scenario", "nodes", "rounds", "seed", "accuracy", "graph", "comm",
-                 "rejections", "wall_s")
+REQUIRED_KEYS = (
+    "algorithm",
+    "dataset",
+    "scenario",
+    "nodes",
+    "rounds",
+    "seed",
+    "accuracy",
+    "graph",
+    "comm",
+    "rejections",
+    "wall_s",
+)
 PLOTS = ("graph.png", "accuracy.png", "bytes.png")
 
 
@@ -73,14 +84,20 @@ def write_plots(report: dict[str, Any], out: Path) -> list[Path]:
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 4.2), constrained_layout=True)
     for ax, key, name in ((axes[0], "W", "learned W"), (axes[1], "W_true", "W* (ground truth)")):
-        image = ax.imshow(np.array(report["graph"][key]), vmin=0, vmax=max(1e-9, float(np.max(report["graph"]["W_true"]))),
-                          cmap="viridis")
+        image = ax.imshow(
+            np.array(report["graph"][key]),
+            vmin=0,
+            vmax=max(1e-9, float(np.max(report["graph"]["W_true"]))),
+            cmap="viridis",
+        )
         ax.set_title(name)
         ax.set_xlabel("node j")
         ax.set_ylabel("node i")
     fig.colorbar(image, ax=axes, shrink=0.8, label="w_ij")
-    fig.suptitle(f"{title}\nL1 to truth {report['graph']['l1_to_truth']:.3f} · "
-                 f"within-cluster mass {report['graph']['within_cluster_mass']:.3f}")
+    fig.suptitle(
+        f"{title}\nL1 to truth {report['graph']['l1_to_truth']:.3f} · "
+        f"within-cluster mass {report['graph']['within_cluster_mass']:.3f}"
+    )
     written.append(_save(fig, out / "graph.png", plt))
 
     fig, ax = plt.subplots(figsize=(6, 4), constrained_layout=True)
@@ -115,7 +132,9 @@ def summary_line(report: dict[str, Any]) -> str:
     graph = report["graph"]
     if acc["mean"] is None:
         return f"{report['algorithm']}: no node reported an accuracy"
-    return (f"{report['algorithm']}: accuracy {acc['mean'] * 100:.1f} ± {acc['std'] * 100:.1f} %, "
-            f"within-cluster mass {graph['within_cluster_mass']:.3f}, L1 to truth {graph['l1_to_truth']:.3f}, "
-            f"{report['comm']['messages']} messages, {report['comm']['bytes'] / 2**20:.1f} MiB, "
-            f"{report['wall_s']:.0f} s")
+    return (
+        f"{report['algorithm']}: accuracy {acc['mean'] * 100:.1f} ± {acc['std'] * 100:.1f} %, "
+        f"within-cluster mass {graph['within_cluster_mass']:.3f}, L1 to truth {graph['l1_to_truth']:.3f}, "
+        f"{report['comm']['messages']} messages, {report['comm']['bytes'] / 2**20:.1f} MiB, "
+        f"{report['wall_s']:.0f} s"
+    )

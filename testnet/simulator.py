@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from algorithms.datasets import load_dataset
@@ -91,17 +90,26 @@ def run_simulation(spec: SimulationSpec, progress: Callable[[RoundResult], None]
     info = ALGORITHMS[spec.algorithm]
     config = apply_overrides(default_config(spec.algorithm), spec.overrides)
     dataset = load_dataset(spec.dataset, spec.dataset_root)
-    partition = make_partition(dataset, PartitionSpec(
-        scenario=spec.scenario, nodes=spec.nodes, clusters=spec.clusters,
-        samples_per_class=spec.samples_per_class, test_per_class=spec.test_per_class, seed=spec.seed))
+    partition = make_partition(
+        dataset,
+        PartitionSpec(
+            scenario=spec.scenario,
+            nodes=spec.nodes,
+            clusters=spec.clusters,
+            samples_per_class=spec.samples_per_class,
+            test_per_class=spec.test_per_class,
+            seed=spec.seed,
+        ),
+    )
     backbones = spec.node_backbones()
     identities = [simulation_identity(spec.seed, i) for i in range(spec.nodes)]
     ids = [identity.node_id for identity in identities]
     index = {node_id: i for i, node_id in enumerate(ids)}
     nodes: list[Algorithm] = []
     for i in range(spec.nodes):
-        setup = node_setup(ids[i], dataset, partition, i, backbone=backbones[i], seed=spec.seed,
-                           pooled=info.pooled_training_data)
+        setup = node_setup(
+            ids[i], dataset, partition, i, backbone=backbones[i], seed=spec.seed, pooled=info.pooled_training_data
+        )
         node = make_algorithm(spec.algorithm, setup, config)
         node.set_peers(ids)
         nodes.append(node)
@@ -112,8 +120,9 @@ def run_simulation(spec: SimulationSpec, progress: Callable[[RoundResult], None]
     by_type: Counter[str] = Counter()
     bytes_by_type: Counter[str] = Counter()
     rejections: Counter[str] = Counter()
-    per_round: dict[str, list[float]] = {k: [] for k in ("accuracy", "accuracy_own_classes", "l1_to_truth",
-                                                          "within_cluster_mass", "bytes", "messages")}
+    per_round: dict[str, list[float]] = {
+        k: [] for k in ("accuracy", "accuracy_own_classes", "l1_to_truth", "within_cluster_mass", "bytes", "messages")
+    }
     step_seconds = 0.0
     total_bytes = total_messages = 0
     sequence = [0] * spec.nodes
@@ -130,7 +139,9 @@ def run_simulation(spec: SimulationSpec, progress: Callable[[RoundResult], None]
             if not outbox:
                 break
             if passes > _MAX_ANSWER_PASSES:
-                raise RuntimeError(f"{spec.algorithm} still answering after {_MAX_ANSWER_PASSES} passes in round {round}")
+                raise RuntimeError(
+                    f"{spec.algorithm} still answering after {_MAX_ANSWER_PASSES} passes in round {round}"
+                )
             for i, out in outbox:
                 sequence[i] += 1
                 tag = round if out.round is None else out.round
@@ -160,9 +171,16 @@ def run_simulation(spec: SimulationSpec, progress: Callable[[RoundResult], None]
         per_round["bytes"].append(total_bytes)
         per_round["messages"].append(total_messages)
         if progress is not None:
-            progress(RoundResult(round + 1, spec.rounds, per_round["accuracy"][-1],
-                                 per_round["within_cluster_mass"][-1], total_bytes,
-                                 time.perf_counter() - started))
+            progress(
+                RoundResult(
+                    round + 1,
+                    spec.rounds,
+                    per_round["accuracy"][-1],
+                    per_round["within_cluster_mass"][-1],
+                    total_bytes,
+                    time.perf_counter() - started,
+                )
+            )
 
     accuracies = np.array([e.accuracy for e in evaluations])
     own_class = np.array([e.own_class_accuracy for e in evaluations])

@@ -8,7 +8,9 @@ from protocol import Decoder, Encoder, Identity
 
 # CI runs a fixed, derandomized set of examples so a red build is reproducible; locally the
 # examples vary between runs and explore more.
-settings.register_profile("ci", derandomize=True, deadline=None, max_examples=100, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile(
+    "ci", derandomize=True, deadline=None, max_examples=100, suppress_health_check=[HealthCheck.too_slow]
+)
 settings.register_profile("dev", deadline=None, max_examples=100)
 # A long local hunt: HYPOTHESIS_PROFILE=soak make test (fuzz tests then run 10 000 examples each).
 settings.register_profile("soak", deadline=None, max_examples=1000, suppress_health_check=list(HealthCheck))

@@ -23,7 +23,11 @@ def write_config(directory: Path, listen: str, bootstrap=(), identity: Identity 
     if not key.exists():
         write_key(key, identity or Identity.generate())
     discovery = {"bootstrap": list(bootstrap), **FAST_DISCOVERY, **sections.pop("discovery", {})}
-    document = {"node": {"key": "key.pem", "listen": listen, "network": "test", **sections.pop("node", {})}, "discovery": discovery, **sections}
+    document = {
+        "node": {"key": "key.pem", "listen": listen, "network": "test", **sections.pop("node", {})},
+        "discovery": discovery,
+        **sections,
+    }
     path = directory / "node.toml"
     path.write_text(tomli_w.dumps(document))
     return path

@@ -56,8 +56,13 @@ class SimNet:
         identity = fixed_identity(100 + (index if seed_identity is None else seed_identity))
         config = replace(DiscoverySettings(), bootstrap=tuple(bootstrap), **settings)
         node = SimNode(
-            index, address, Membership(identity.public_key, config, rng=random.Random(index), now=self.now),
-            Encoder(identity, NETWORK), itertools.count(self.now_us()), set(), ReplayGuard(),
+            index,
+            address,
+            Membership(identity.public_key, config, rng=random.Random(index), now=self.now),
+            Encoder(identity, NETWORK),
+            itertools.count(self.now_us()),
+            set(),
+            ReplayGuard(),
         )
         node.membership.set_own_hello(self._frame(node, self._hello(node)))
         self.nodes[address] = node

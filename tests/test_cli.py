@@ -14,7 +14,17 @@ def test_help_and_version(capsys):
     assert exit_.value.code == 0
 
 
-@pytest.mark.parametrize("argv", [[], ["frobnicate"], ["keygen"], ["bench"], ["bench", "protocol", "--trials", "0"], ["bench", "protocol", "--sizes", "x"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["frobnicate"],
+        ["keygen"],
+        ["bench"],
+        ["bench", "protocol", "--trials", "0"],
+        ["bench", "protocol", "--sizes", "x"],
+    ],
+)
 def test_usage_errors_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(argv)
@@ -40,7 +50,18 @@ def test_protocol_demo_runs_and_refuses_every_attack(tmp_path, capsys):
     assert main(["protocol-demo", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "ACCEPTED (bug)" not in out
-    for reason in ("replay", "bad_signature", "stale", "wrong_network", "not_allowed", "too_large", "bad_tensor", "malformed", "unsupported_version", "unknown_type"):
+    for reason in (
+        "replay",
+        "bad_signature",
+        "stale",
+        "wrong_network",
+        "not_allowed",
+        "too_large",
+        "bad_tensor",
+        "malformed",
+        "unsupported_version",
+        "unknown_type",
+    ):
         assert f"rejected, {reason}:" in out
     # A second run reuses the keys it made.
     assert main(["protocol-demo", "--out", str(tmp_path)]) == 0

@@ -42,7 +42,11 @@ def test_minimal_config_and_defaults(home):
 
 
 def test_every_problem_is_reported_with_its_field(home):
-    found = problems(config(home, MINIMAL + '''
+    found = problems(
+        config(
+            home,
+            MINIMAL
+            + """
 [discovery]
 max_peer = 3
 max_peers = 0
@@ -52,7 +56,9 @@ bootstrap = ["tcp://10.0.0.1:7001", "udp://x:1"]
 verify_threads = 2.5
 [gossip]
 x = 1
-'''))
+""",
+        )
+    )
     assert "[discovery].max_peer: unknown key (did you mean 'max_peers'?)" in found
     assert "[discovery].max_peers: must be between 1 and 4096, got 0" in found
     assert "[discovery].ping_interval_s: expected a number, got a string" in found
@@ -71,13 +77,22 @@ x = 1
         (MINIMAL.replace("127.0.0.1", "*"), "[node].advertise: required when listen binds all interfaces"),
         (MINIMAL + 'advertise = "tcp://0.0.0.0:7000"\n', "[node].advertise: 'tcp://0.0.0.0:7000' cannot be dialled"),
         (MINIMAL + 'network = "Main Net"\n', "[node].network: 'Main Net' is not a network id"),
-        (MINIMAL + "[discovery]\nping_interval_s = 3\npeer_timeout_s = 5\n", "[discovery].peer_timeout_s: must exceed 2 × ping_interval_s"),
+        (
+            MINIMAL + "[discovery]\nping_interval_s = 3\npeer_timeout_s = 5\n",
+            "[discovery].peer_timeout_s: must exceed 2 × ping_interval_s",
+        ),
         (MINIMAL + "[security]\nallowlist = []\n", "[security].allowlist: an empty list would refuse every peer"),
         (MINIMAL + '[security]\nallowlist = ["abc"]\n', "[security].allowlist: entry 1: expected 64 hex digits"),
         (MINIMAL + "[limits]\nframe_bytes = { GOSSIP = 10 }\n", "[limits].frame_bytes: unknown message type 'GOSSIP'"),
-        (MINIMAL + "[limits]\nmax_frame_bytes = 2048\nframe_bytes = { MODEL = 4096 }\n", "[limits].frame_bytes: MODEL bound 4096 exceeds max_frame_bytes 2048"),
+        (
+            MINIMAL + "[limits]\nmax_frame_bytes = 2048\nframe_bytes = { MODEL = 4096 }\n",
+            "[limits].frame_bytes: MODEL bound 4096 exceeds max_frame_bytes 2048",
+        ),
         (MINIMAL + '[beacon]\ngroup = "10.0.0.1"\n', "[beacon].group: 10.0.0.1 is not a multicast address"),
-        (MINIMAL + '[log]\nlevel = "loud"\n', "[log].level: must be one of 'debug', 'info', 'warning', 'error', got 'loud'"),
+        (
+            MINIMAL + '[log]\nlevel = "loud"\n',
+            "[log].level: must be one of 'debug', 'info', 'warning', 'error', got 'loud'",
+        ),
         (MINIMAL + '[node]\nkey = "x"\n', "not valid TOML"),
         (MINIMAL.replace('"node.pem"', '"missing.pem"'), "p2pnode keygen --out"),
     ],
@@ -104,4 +119,6 @@ def test_missing_file():
 
 
 def test_docs_list_every_setting():
-    assert reference_markdown() in (ROOT / "docs" / "config.md").read_text(), "regenerate docs/config.md from reference_markdown()"
+    assert reference_markdown() in (ROOT / "docs" / "config.md").read_text(), (
+        "regenerate docs/config.md from reference_markdown()"
+    )

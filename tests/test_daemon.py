@@ -2,7 +2,6 @@
 
 import threading
 
-import msgpack
 import numpy as np
 import pytest
 import trio
@@ -23,7 +22,9 @@ async def test_three_nodes_with_one_bootstrap_each_reach_a_full_mesh(tmp_path):
         nodes = await start_nodes(nursery, configs)
         took = await wait_until(lambda: full_mesh(nodes), timeout=10)
         # Liveness keeps it: every peer answered a PING and has a round-trip time.
-        await wait_until(lambda: all(p.rtt_s is not None for n in nodes for p in n.membership.peers.values()), timeout=5)
+        await wait_until(
+            lambda: all(p.rtt_s is not None for n in nodes for p in n.membership.peers.values()), timeout=5
+        )
         status = nodes[0].status()
         # A PING may overtake the PEERS that completes a handshake (verify threads finish out of
         # order) and be ignored as `unknown_peer`; nothing else may be refused.
@@ -55,7 +56,9 @@ class Attacker:
 
 
 async def test_hostile_frames_are_refused_and_counted_while_honest_peers_carry_on(tmp_path, clock_us=None):
-    a_config, b_config = ring_configs(tmp_path, 2, transport={"rate_per_connection": 200.0, "burst_per_connection": 100})
+    a_config, b_config = ring_configs(
+        tmp_path, 2, transport={"rate_per_connection": 200.0, "burst_per_connection": 100}
+    )
     async with trio.open_nursery() as nursery:
         a, b = await start_nodes(nursery, [a_config, b_config])
         await wait_until(lambda: full_mesh([a, b]), timeout=10)
@@ -68,12 +71,16 @@ async def test_hostile_frames_are_refused_and_counted_while_honest_peers_carry_o
             valid = encoder.encode(Peers(hellos=()), seq=1, timestamp_us=now, round=0)
             forged = bytearray(encoder.encode(Ping(nonce=1), seq=2, timestamp_us=now, round=0))
             forged[-1] ^= 1
-            oversize = encoder.encode(Model(kind="params", tensors={"w": np.zeros(2000, np.float32)}), seq=3, timestamp_us=now, round=0)
+            oversize = encoder.encode(
+                Model(kind="params", tensors={"w": np.zeros(2000, np.float32)}), seq=3, timestamp_us=now, round=0
+            )
             frames = [
                 valid,  # accepted (an empty PEERS)
                 valid,  # the same frame again: replay
                 bytes(forged),  # bad_signature
-                seal_raw(mallory, [1, "test", "PING", mallory.public_key, 4, now, 0, {"nonce": 1, "x": 2}]),  # malformed
+                seal_raw(
+                    mallory, [1, "test", "PING", mallory.public_key, 4, now, 0, {"nonce": 1, "x": 2}]
+                ),  # malformed
                 b"\x00garbage",  # malformed
                 encoder.encode(Ping(nonce=1), seq=5, timestamp_us=now - 3_600_000_000, round=0),  # stale
                 encoder.encode(Ping(nonce=1), seq=6, timestamp_us=now, round=0),  # unknown_peer
@@ -83,9 +90,19 @@ async def test_hostile_frames_are_refused_and_counted_while_honest_peers_carry_o
                 await attacker.send(frame)
             await attacker.send(b"id", b"two parts")  # multipart: malformed
             # A frame over the per-type bound (PING's 1 KiB) with a valid signature: too_large.
-            await attacker.send(seal_raw(mallory, [1, "test", "PING", mallory.public_key, 8, now, 0, {"nonce": 1, "pad": b"x" * 2000}]))
+            await attacker.send(
+                seal_raw(mallory, [1, "test", "PING", mallory.public_key, 8, now, 0, {"nonce": 1, "pad": b"x" * 2000}])
+            )
             await wait_until(lambda: sum(a.metrics.rejections.values()) >= 9, timeout=5)
-            expected = {"replay": 1, "bad_signature": 1, "malformed": 3, "stale": 1, "unknown_peer": 1, "wrong_network": 1, "too_large": 1}
+            expected = {
+                "replay": 1,
+                "bad_signature": 1,
+                "malformed": 3,
+                "stale": 1,
+                "unknown_peer": 1,
+                "wrong_network": 1,
+                "too_large": 1,
+            }
             assert {k: a.metrics.rejections[k] for k in expected} == expected
             assert a.metrics.messages_in["PEERS"] >= 1
             # A flood over the per-connection rate is cut, the node stays responsive.
@@ -130,7 +147,10 @@ async def test_lan_beacon_finds_peers_without_bootstrap(tmp_path):
 
     beacon = {"enabled": True, "interface": "127.0.0.1", "port": free_udp_port(), "interval_s": 0.2}
     ports = free_ports(3)
-    configs = [load_config(write_config(tmp_path / f"n{i}", f"tcp://127.0.0.1:{p}", beacon=beacon)) for i, p in enumerate(ports)]
+    configs = [
+        load_config(write_config(tmp_path / f"n{i}", f"tcp://127.0.0.1:{p}", beacon=beacon))
+        for i, p in enumerate(ports)
+    ]
     async with trio.open_nursery() as nursery:
         nodes = await start_nodes(nursery, configs)
         await wait_until(lambda: full_mesh(nodes), timeout=10)

@@ -17,7 +17,9 @@ def body_table(kind: MessageType) -> str:
 
 def test_every_body_table_matches_the_schema():
     for kind in MessageType:
-        assert f"### {kind.value}\n\n{body_table(kind)}\n" in SPEC, f"docs/protocol.md table for {kind.value} is out of date"
+        assert f"### {kind.value}\n\n{body_table(kind)}\n" in SPEC, (
+            f"docs/protocol.md table for {kind.value} is out of date"
+        )
 
 
 def test_every_reason_and_type_is_documented():
@@ -30,14 +32,24 @@ def test_constants_match():
     assert " ".join(f"{b:02X}" for b in DOMAIN_TAG) in SPEC
     assert f"first {HEADER_MAX_BYTES} bytes" in SPEC
     assert DEFAULT_LIMITS.max_frame_bytes == 64 * 2**20 and "| whole frame (also `ZMQ_MAXMSGSIZE`) | 64 MiB |" in SPEC
-    for kind, text in ((MessageType.HELLO, "4 KiB"), (MessageType.PEERS, "320 KiB"), (MessageType.PROTOTYPES, "4 MiB"), (MessageType.MODEL, "64 MiB")):
-        assert f"{text} |" in SPEC and DEFAULT_LIMITS.max_frame_bytes_for(kind) == int(text.split()[0]) * (1024 if "KiB" in text else 2**20)
+    for kind, text in (
+        (MessageType.HELLO, "4 KiB"),
+        (MessageType.PEERS, "320 KiB"),
+        (MessageType.PROTOTYPES, "4 MiB"),
+        (MessageType.MODEL, "64 MiB"),
+    ):
+        assert f"{text} |" in SPEC and DEFAULT_LIMITS.max_frame_bytes_for(kind) == int(text.split()[0]) * (
+            1024 if "KiB" in text else 2**20
+        )
 
 
 def _hex_blocks() -> list[str]:
     """The test-vector code blocks, annotations (after two or more spaces) removed."""
     blocks = re.findall(r"```\n(.*?)```", SPEC.split("## 12. Test vectors")[1], flags=re.S)
-    return ["".join(re.split(r"\s{2,}", line.strip())[0].replace(" ", "") for line in block.splitlines()) for block in blocks]
+    return [
+        "".join(re.split(r"\s{2,}", line.strip())[0].replace(" ", "") for line in block.splitlines())
+        for block in blocks
+    ]
 
 
 def test_documented_vectors_are_the_tested_ones():

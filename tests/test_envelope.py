@@ -28,7 +28,16 @@ from .wire import TAG, bodies, frame_from_spec, hello_bodies, widest
 
 
 def ping_envelope(identity, **overrides):
-    fields = dict(version=1, network=NETWORK, type="PING", sender=identity.public_key, seq=7, ts=NOW_US, round=3, body={"nonce": 9})
+    fields = dict(
+        version=1,
+        network=NETWORK,
+        type="PING",
+        sender=identity.public_key,
+        seq=7,
+        ts=NOW_US,
+        round=3,
+        body={"nonce": 9},
+    )
     fields.update(overrides)
     return list(fields.values())
 
@@ -41,6 +50,7 @@ def refused(decoder, frame, reason: Reason) -> ProtocolError:
 
 
 # --- conformance ---------------------------------------------------------------------------
+
 
 def test_frame_layout_matches_the_spec(alice, encoder):
     frame = encoder.encode(Ping(nonce=9), seq=7, timestamp_us=NOW_US, round=3)
@@ -68,7 +78,11 @@ def test_test_vectors(alice, encoder, decoder):
 def test_every_message_type_round_trips(alice, encoder, decoder, data):
     hello = encoder.encode(data.draw(hello_bodies()), seq=1, timestamp_us=NOW_US, round=0)
     body = data.draw(bodies(hello))
-    seq, ts, rnd = data.draw(st.integers(0, 2**64 - 1)), data.draw(st.integers(0, 2**64 - 1)), data.draw(st.integers(0, 2**32 - 1))
+    seq, ts, rnd = (
+        data.draw(st.integers(0, 2**64 - 1)),
+        data.draw(st.integers(0, 2**64 - 1)),
+        data.draw(st.integers(0, 2**32 - 1)),
+    )
     frame = encoder.encode(body, seq=seq, timestamp_us=ts, round=rnd)
     envelope = decoder.decode(frame)
     assert envelope.body == body
@@ -103,7 +117,9 @@ def test_every_bit_flip_in_a_signed_frame_is_refused(encoder, decoder):
 def test_bit_flips_in_a_tensor_frame_are_refused(encoder, decoder, data):
     frame = encoder.encode(
         Prototypes(classes=tuple(range(10)), counts=(5,) * 10, prototypes=np.ones((10, 32), np.float32)),
-        seq=1, timestamp_us=NOW_US, round=1,
+        seq=1,
+        timestamp_us=NOW_US,
+        round=1,
     )
     bit = data.draw(st.integers(0, len(frame) * 8 - 1))
     mutated = bytearray(frame)
@@ -121,7 +137,9 @@ def test_too_large_globally_before_anything_else(decoder):
 
 
 def test_too_large_per_type_on_decode_before_the_signature(alice, encoder):
-    frame = encoder.encode(Model(kind="params", tensors={"w": np.zeros(3000, np.float32)}), seq=1, timestamp_us=NOW_US, round=0)
+    frame = encoder.encode(
+        Model(kind="params", tensors={"w": np.zeros(3000, np.float32)}), seq=1, timestamp_us=NOW_US, round=0
+    )
     strict = Decoder(NETWORK, Limits(frame_bytes_by_type={MessageType.MODEL: 10_000}))
     refused(strict, frame, Reason.TOO_LARGE)
     # The per-type bound is checked before the signature: a forged oversize frame costs no verify.
@@ -173,8 +191,17 @@ def test_malformed_envelope_arity(alice, decoder):
 @pytest.mark.parametrize(
     "field, value",
     [
-        ("version", "1"), ("version", True), ("network", b"test"), ("type", 3), ("sender", "x" * 32),
-        ("sender", b"\x01" * 31), ("seq", -1), ("seq", 1.0), ("ts", None), ("round", 2**32), ("round", False),
+        ("version", "1"),
+        ("version", True),
+        ("network", b"test"),
+        ("type", 3),
+        ("sender", "x" * 32),
+        ("sender", b"\x01" * 31),
+        ("seq", -1),
+        ("seq", 1.0),
+        ("ts", None),
+        ("round", 2**32),
+        ("round", False),
     ],
 )
 def test_malformed_header_fields(alice, decoder, field, value):
@@ -234,7 +261,9 @@ def test_malformed_non_string_map_keys(alice, decoder):
 
 def test_malformed_deeply_nested_body(alice, decoder):
     # 5000 nested arrays (the msgpack packer itself would refuse to build them).
-    packed = msgpack.packb(ping_envelope(alice, type="MODEL", body=None))[:-1] + b"\x81\xa4kind" + b"\x91" * 5000 + b"\x09"
+    packed = (
+        msgpack.packb(ping_envelope(alice, type="MODEL", body=None))[:-1] + b"\x81\xa4kind" + b"\x91" * 5000 + b"\x09"
+    )
     assert "StackError" in refused(decoder, TAG + packed + alice.sign(TAG + packed), Reason.MALFORMED).detail
 
 
@@ -243,7 +272,11 @@ def test_unsupported_version(alice, decoder):
 
 
 def test_wrong_network(alice, decoder):
-    refused(decoder, Encoder(alice, "other-net").encode(Ping(nonce=1), seq=1, timestamp_us=NOW_US, round=0), Reason.WRONG_NETWORK)
+    refused(
+        decoder,
+        Encoder(alice, "other-net").encode(Ping(nonce=1), seq=1, timestamp_us=NOW_US, round=0),
+        Reason.WRONG_NETWORK,
+    )
 
 
 def test_unknown_type(alice, decoder):
@@ -272,7 +305,12 @@ def test_bad_signature_on_an_invalid_public_key(alice, decoder):
 
 def test_bad_tensor_in_a_signed_frame(alice, decoder):
     nan = np.array([[np.nan, 1.0]], np.float32)
-    body = {"classes": [0], "counts": [1], "prototypes": {"dtype": "float32", "shape": [1, 2], "data": nan.tobytes()}, "head": None}
+    body = {
+        "classes": [0],
+        "counts": [1],
+        "prototypes": {"dtype": "float32", "shape": [1, 2], "data": nan.tobytes()},
+        "head": None,
+    }
     refused(decoder, seal_raw(alice, ping_envelope(alice, type="PROTOTYPES", body=body)), Reason.BAD_TENSOR)
 
 
@@ -292,7 +330,12 @@ def test_encoder_refuses_what_a_peer_would_refuse(encoder):
 
 
 def test_limits_are_validated():
-    for bad in (dict(max_frame_bytes=0), dict(max_str_len=-1), dict(max_tensor_norm=float("nan")), dict(max_array_len=1.5)):
+    for bad in (
+        dict(max_frame_bytes=0),
+        dict(max_str_len=-1),
+        dict(max_tensor_norm=float("nan")),
+        dict(max_array_len=1.5),
+    ):
         with pytest.raises(ValueError):
             Limits(**bad)
     with pytest.raises(ValueError):

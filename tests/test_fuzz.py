@@ -16,7 +16,9 @@ from .test_messages import VALID
 from .wire import TAG, msgpack_values
 
 # Ten times the profile's examples: 1000 per test in CI, 10 000 with HYPOTHESIS_PROFILE=soak.
-FUZZ = settings(max_examples=10 * settings.default.max_examples, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=10 * settings.default.max_examples, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 TYPES = ["HELLO", "PEERS", "PING", "PONG", "BYE", "PROTOTYPES", "HEAD", "SCORE", "MODEL"]
 
 
@@ -33,7 +35,10 @@ def decode_or_refuse(decoder, frame):
 def valid_frames(encoder):
     hello = Hello(address="tcp://127.0.0.1:7000", capabilities=("mapl",), dataset_size=1, protocol_versions=(1,))
     protos = Prototypes(classes=(0, 1, 2), counts=(1, 2, 3), prototypes=np.ones((3, 8), np.float32))
-    return [encoder.encode(body, seq=i, timestamp_us=NOW_US, round=0) for i, body in enumerate((hello, Ping(nonce=3), protos))]
+    return [
+        encoder.encode(body, seq=i, timestamp_us=NOW_US, round=0)
+        for i, body in enumerate((hello, Ping(nonce=3), protos))
+    ]
 
 
 @FUZZ
@@ -99,7 +104,9 @@ def test_validly_signed_bodies_with_one_field_replaced(alice, decoder, data):
 @given(st.data())
 def test_validly_signed_tensors_with_random_parts(alice, decoder, data):
     tensor = {
-        "dtype": data.draw(st.sampled_from(["float32", "float16", "int64", "bool", "uint8", "complex64", ""]) | st.text(max_size=5)),
+        "dtype": data.draw(
+            st.sampled_from(["float32", "float16", "int64", "bool", "uint8", "complex64", ""]) | st.text(max_size=5)
+        ),
         "shape": data.draw(st.lists(st.integers(-3, 2**40) | msgpack_values, max_size=9)),
         "data": data.draw(st.binary(max_size=64) | msgpack_values),
     }

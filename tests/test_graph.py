@@ -90,19 +90,29 @@ def test_cgl_gradient_matches_finite_differences(seed):
     self_index = int(rng.integers(n))
     analytic = cgl_gradient(w, s, g, self_index, cfg)
     h = 1e-6
-    numeric = np.array([(cgl_loss(w + h * e, s, g, self_index, cfg) - cgl_loss(w - h * e, s, g, self_index, cfg))
-                        / (2 * h) for e in np.eye(n)])
+    numeric = np.array(
+        [
+            (cgl_loss(w + h * e, s, g, self_index, cfg) - cgl_loss(w - h * e, s, g, self_index, cfg)) / (2 * h)
+            for e in np.eye(n)
+        ]
+    )
     np.testing.assert_allclose(analytic, numeric, rtol=1e-5, atol=1e-7)
     # The −log(deg) term has a gradient on every peer and none on the node itself.
     assert analytic[self_index] == pytest.approx(
-        cfg.mu_similarity * g[self_index] * -s[self_index] + cfg.mu_regulariser * cfg.l2_weight * w[self_index]
-        / np.linalg.norm(w))
+        cfg.mu_similarity * g[self_index] * -s[self_index]
+        + cfg.mu_regulariser * cfg.l2_weight * w[self_index] / np.linalg.norm(w)
+    )
 
 
 @pytest.mark.parametrize("optimizer", ["adam", "gradient"])
 def test_graph_step_moves_weight_to_similar_peers_and_stays_on_the_simplex(optimizer):
-    cfg = GraphConfig(optimizer=optimizer, steps=50, learning_rate=0.3 if optimizer == "gradient" else 0.05,
-                      mu_similarity=5, l2_weight=5)
+    cfg = GraphConfig(
+        optimizer=optimizer,
+        steps=50,
+        learning_rate=0.3 if optimizer == "gradient" else 0.05,
+        mu_similarity=5,
+        l2_weight=5,
+    )
     opt = GraphOptimizer(cfg)
     candidates = ["me", "a", "b", "c", "d"]
     similarity = np.array([1.0, 0.95, 0.9, 0.1, 0.0])
@@ -152,9 +162,16 @@ def test_normalise_similarities():
 
 
 def test_graph_config_rejects_bad_values():
-    for bad in (dict(steps=0), dict(epsilon=0), dict(mu_similarity=-1), dict(optimizer="lbfgs"),
-                dict(similarity="l2"), dict(normalise_similarity="z"), dict(betas=(1.0, 0.5)),
-                dict(learning_rate=float("nan"))):
+    for bad in (
+        dict(steps=0),
+        dict(epsilon=0),
+        dict(mu_similarity=-1),
+        dict(optimizer="lbfgs"),
+        dict(similarity="l2"),
+        dict(normalise_similarity="z"),
+        dict(betas=(1.0, 0.5)),
+        dict(learning_rate=float("nan")),
+    ):
         with pytest.raises(ValueError):
             GraphConfig(**bad)
 

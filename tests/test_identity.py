@@ -98,6 +98,8 @@ def test_pem_round_trip_and_node_ids():
 
 def test_console_script_is_installed(tmp_path):
     script = Path(sys.executable).with_name("p2pnode")
-    result = subprocess.run([str(script), "keygen", "--out", str(tmp_path / "k.pem")], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [str(script), "keygen", "--out", str(tmp_path / "k.pem")], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     assert len(result.stdout.strip()) == NODE_ID_LENGTH

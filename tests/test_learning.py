@@ -14,8 +14,8 @@ from algorithms.losses import prototype_alignment, prototype_uniformity, supervi
 from algorithms.partitions import PartitionSpec, make_partition
 from algorithms.registry import ALGORITHMS, ConfigOverrideError, apply_overrides, default_config, make_algorithm
 from algorithms.seam import NeighbourView, NodeSetup, PayloadRejected
-from protocol.messages import Head, Model, Ping, Prototypes
 from algorithms.setup import node_data
+from protocol.messages import Head, Model, Ping, Prototypes
 from testnet.simulator import SimulationSpec, run_simulation
 
 
@@ -44,7 +44,8 @@ def test_prototype_losses_on_hand_computed_cases():
     p = torch.tensor([[3.0, 0.0]])
     # cosines (1, 0) / τ=1 → −log(e / (e + 1))
     assert prototype_alignment(p, torch.tensor([0]), prototypes, 1.0).item() == pytest.approx(
-        -math.log(math.e / (math.e + 1)), rel=1e-6)
+        -math.log(math.e / (math.e + 1)), rel=1e-6
+    )
     # Two orthogonal prototypes: each sees exp(0/τ) = 1 from the other.
     assert prototype_uniformity(prototypes, 0.1).item() == pytest.approx(1.0)
     opposite = torch.tensor([[1.0, 0.0], [-1.0, 0.0]])
@@ -52,18 +53,24 @@ def test_prototype_losses_on_hand_computed_cases():
 
 
 def test_catalog_matches_the_registries():
-    assert catalog.ALGORITHM_NAMES == tuple(ALGORITHMS)
+    assert tuple(ALGORITHMS) == catalog.ALGORITHM_NAMES
     assert catalog.CPU_BACKBONES == models.CPU_BACKBONES
     assert catalog.BACKBONES == models.BACKBONES
 
 
 def test_overrides_parse_validate_and_name_the_key():
-    config = apply_overrides(default_config("mapl"), {"graph.l2_weight": "2.5", "warmup_rounds": "3",
-                                                       "training.optimizer": "sgd", "shared_head_init": "yes"})
+    config = apply_overrides(
+        default_config("mapl"),
+        {"graph.l2_weight": "2.5", "warmup_rounds": "3", "training.optimizer": "sgd", "shared_head_init": "yes"},
+    )
     assert (config.graph.l2_weight, config.warmup_rounds, config.training.optimizer) == (2.5, 3, "sgd")
-    for bad, words in (({"graph.nope": "1"}, "no setting 'nope'"), ({"graph": "1"}, "is a section"),
-                       ({"warmup_rounds": "x"}, "not a valid int"), ({"graph.steps": "0"}, "graph.steps"),
-                       ({"training.optimizer": "rmsprop"}, "optimizer")):
+    for bad, words in (
+        ({"graph.nope": "1"}, "no setting 'nope'"),
+        ({"graph": "1"}, "is a section"),
+        ({"warmup_rounds": "x"}, "not a valid int"),
+        ({"graph.steps": "0"}, "graph.steps"),
+        ({"training.optimizer": "rmsprop"}, "optimizer"),
+    ):
         with pytest.raises(ConfigOverrideError, match=words):
             apply_overrides(default_config("mapl"), bad)
 
@@ -71,15 +78,15 @@ def test_overrides_parse_validate_and_name_the_key():
 @pytest.fixture(scope="module")
 def digits_nodes():
     dataset = load_dataset("digits")
-    partition = make_partition(dataset, PartitionSpec(scenario="1", nodes=4, samples_per_class=10,
-                                                      test_per_class=5))
+    partition = make_partition(dataset, PartitionSpec(scenario="1", nodes=4, samples_per_class=10, test_per_class=5))
     return dataset, partition
 
 
 def make_node(name, digits_nodes, index=0, backbone="convnet"):
     dataset, partition = digits_nodes
-    setup = NodeSetup(node_id=f"n{index}", data=node_data(dataset, partition, index, pooled=False),
-                      backbone=backbone, seed=index)
+    setup = NodeSetup(
+        node_id=f"n{index}", data=node_data(dataset, partition, index, pooled=False), backbone=backbone, seed=index
+    )
     node = make_algorithm(name, setup)
     node.set_peers(["n0", "n1", "n2", "n3"])
     return node
@@ -91,12 +98,23 @@ def test_mapl_rejects_payloads_of_the_wrong_shape_type_or_sender(digits_nodes):
     good = Prototypes(classes=tuple(range(k)), counts=(1,) * k, prototypes=np.zeros((k, dim), np.float32))
     node.receive("n1", 0, good)
     cases = [
-        ("n1", Prototypes(classes=tuple(range(k)), counts=(1,) * k, prototypes=np.zeros((k, dim + 1), np.float32)),
-         "bad_shape"),
+        (
+            "n1",
+            Prototypes(classes=tuple(range(k)), counts=(1,) * k, prototypes=np.zeros((k, dim + 1), np.float32)),
+            "bad_shape",
+        ),
         ("n1", Prototypes(classes=(0, 1), counts=(1, 1), prototypes=np.zeros((2, dim), np.float32)), "bad_shape"),
         ("n1", Prototypes(classes=(k,), counts=(1,), prototypes=np.zeros((1, dim), np.float32)), "bad_class"),
-        ("n1", Prototypes(classes=tuple(range(k)), counts=(1,) * k, prototypes=np.zeros((k, dim), np.float32),
-                          head=np.zeros((k, latent + 1), np.float32)), "bad_shape"),
+        (
+            "n1",
+            Prototypes(
+                classes=tuple(range(k)),
+                counts=(1,) * k,
+                prototypes=np.zeros((k, dim), np.float32),
+                head=np.zeros((k, latent + 1), np.float32),
+            ),
+            "bad_shape",
+        ),
         ("n1", Head(weight=np.zeros((k, latent), np.float32), bias=np.zeros(k, np.float32)), "unexpected_type"),
         ("n1", Model(kind="params", tensors={}), "unexpected_type"),
         ("n1", Ping(nonce=1), "unexpected_type"),
@@ -158,8 +176,27 @@ def test_simulate_on_digits_learns_and_recovers_two_clusters(tmp_path):
     from p2pnode.cli import main
 
     out = tmp_path / "sim"
-    code = main(["simulate", "--algorithm", "mapl", "--dataset", "digits", "--nodes", "4", "--rounds", "12",
-                 "--samples-per-class", "20", "--set", "warmup_rounds=4", "--threads", "1", "--out", str(out)])
+    code = main(
+        [
+            "simulate",
+            "--algorithm",
+            "mapl",
+            "--dataset",
+            "digits",
+            "--nodes",
+            "4",
+            "--rounds",
+            "12",
+            "--samples-per-class",
+            "20",
+            "--set",
+            "warmup_rounds=4",
+            "--threads",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     report = json.loads((out / "report.json").read_text())
     for key in ("algorithm", "dataset", "scenario", "nodes", "rounds", "seed", "wall_s"):
@@ -180,8 +217,16 @@ def test_simulate_on_digits_learns_and_recovers_two_clusters(tmp_path):
 
 @pytest.mark.parametrize("algorithm", ["local", "oracle", "fedproto", "mapl-nocgl", "mapl+", "dfedavgm"])
 def test_every_algorithm_runs_through_the_simulator(algorithm):
-    spec = SimulationSpec(algorithm=algorithm, dataset="digits", scenario="1", nodes=4, rounds=2,
-                          samples_per_class=5, test_per_class=3, overrides={"training.batch_size": "16"})
+    spec = SimulationSpec(
+        algorithm=algorithm,
+        dataset="digits",
+        scenario="1",
+        nodes=4,
+        rounds=2,
+        samples_per_class=5,
+        test_per_class=3,
+        overrides={"training.batch_size": "16"},
+    )
     report = run_simulation(spec)
     assert 0 <= report["accuracy"]["mean"] <= 1
     np.testing.assert_allclose(np.array(report["graph"]["W"]).sum(axis=1), 1)
@@ -192,8 +237,15 @@ def test_every_algorithm_runs_through_the_simulator(algorithm):
 
 
 def test_simulation_is_deterministic():
-    spec = SimulationSpec(algorithm="mapl", dataset="digits", nodes=3, rounds=2, samples_per_class=5,
-                          test_per_class=3, overrides={"warmup_rounds": "1"})
+    spec = SimulationSpec(
+        algorithm="mapl",
+        dataset="digits",
+        nodes=3,
+        rounds=2,
+        samples_per_class=5,
+        test_per_class=3,
+        overrides={"warmup_rounds": "1"},
+    )
     first, second = run_simulation(spec), run_simulation(spec)
     assert first["accuracy"] == second["accuracy"]
     assert first["graph"]["W"] == second["graph"]["W"]
@@ -211,8 +263,12 @@ def test_local_loss_is_finite_and_decreases(digits_nodes):
 
 def _head_message(node, weight):
     k, dim = node.spec.num_classes, node.spec.projection_dim
-    return Prototypes(classes=tuple(range(k)), counts=(10,) * k, prototypes=np.zeros((k, dim), np.float32),
-                      head=weight.astype(np.float32))
+    return Prototypes(
+        classes=tuple(range(k)),
+        counts=(10,) * k,
+        prototypes=np.zeros((k, dim), np.float32),
+        head=weight.astype(np.float32),
+    )
 
 
 def test_mapl_bundles_heads_sparsely_and_re_admits_an_explored_peer(digits_nodes):
@@ -235,8 +291,11 @@ def test_mapl_bundles_heads_sparsely_and_re_admits_an_explored_peer(digits_nodes
     # First graph round: the head rides along, to everyone.
     (first,) = node.publish(1)
     assert first.to == ("n1", "n2", "n3") and first.body.head is not None
-    for peer, weight in (("n1", start + update), ("n2", start + rng.standard_normal(start.shape)),
-                         ("n3", start + rng.standard_normal(start.shape))):
+    for peer, weight in (
+        ("n1", start + update),
+        ("n2", start + rng.standard_normal(start.shape)),
+        ("n3", start + rng.standard_normal(start.shape)),
+    ):
         node.receive(peer, 1, _head_message(node, weight))
     node.end_round(1)
     assert node.neighbours() == ("n1",)  # the unrelated heads got weight 0
@@ -256,8 +315,16 @@ def test_mapl_bundles_heads_sparsely_and_re_admits_an_explored_peer(digits_nodes
 
 @pytest.mark.parametrize("algorithm", ["mapl+", "dfedavgm"])
 def test_model_averaging_algorithms_learn(algorithm):
-    spec = SimulationSpec(algorithm=algorithm, dataset="digits", scenario="1", nodes=4, rounds=8,
-                          samples_per_class=20, seed=0, overrides={"warmup_rounds": "3"} if algorithm == "mapl+" else {})
+    spec = SimulationSpec(
+        algorithm=algorithm,
+        dataset="digits",
+        scenario="1",
+        nodes=4,
+        rounds=8,
+        samples_per_class=20,
+        seed=0,
+        overrides={"warmup_rounds": "3"} if algorithm == "mapl+" else {},
+    )
     report = run_simulation(spec)
     assert report["accuracy"]["mean"] > 0.6, report["accuracy"]  # 5 classes per node: chance is 0.2
     assert report["comm"]["by_type"]["MODEL"]["messages"] > 0

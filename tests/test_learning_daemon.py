@@ -18,19 +18,32 @@ from .daemon import full_mesh, start_nodes, wait_until, write_config
 
 def learning_sections(index: int, nodes: int, rounds: int = 4, **algorithm) -> dict:
     return {
-        "data": {"dataset": "digits", "nodes": nodes, "node_index": index, "samples_per_class": 10,
-                 "test_per_class": 5},
+        "data": {
+            "dataset": "digits",
+            "nodes": nodes,
+            "node_index": index,
+            "samples_per_class": 10,
+            "test_per_class": 5,
+        },
         "model": {"backbone": "mlp", "threads": 1},
-        "algorithm": {"name": "mapl", "rounds": rounds, "start_peers": nodes - 1, "round_deadline_s": 1.0,
-                      "settings": {"warmup_rounds": 2}, **algorithm},
+        "algorithm": {
+            "name": "mapl",
+            "rounds": rounds,
+            "start_peers": nodes - 1,
+            "round_deadline_s": 1.0,
+            "settings": {"warmup_rounds": 2},
+            **algorithm,
+        },
     }
 
 
 def test_learning_sections_are_validated(tmp_path):
     assert set(GRAPH_LEARNING) <= set(ALGORITHM_NAMES)
-    bad = {"data": {"dataset": "imagenet", "nodes": 2, "node_index": 5, "classes": [1, 5000]},
-           "model": {"backbone": "vgg", "device": "tpu"},
-           "algorithm": {"name": "mapl", "quorum": 2, "settings": {"graph": {"l2_weight": "x"}}}}
+    bad = {
+        "data": {"dataset": "imagenet", "nodes": 2, "node_index": 5, "classes": [1, 5000]},
+        "model": {"backbone": "vgg", "device": "tpu"},
+        "algorithm": {"name": "mapl", "quorum": 2, "settings": {"graph": {"l2_weight": "x"}}},
+    }
     with pytest.raises(ConfigError) as caught:
         load_config(write_config(tmp_path / "a", "tcp://127.0.0.1:7000", **bad))
     text = "\n".join(caught.value.problems)
@@ -62,25 +75,53 @@ async def scrape(port: int, request: bytes) -> bytes:
 
 async def test_a_hostile_neighbour_is_rejected_and_counted_while_training_goes_on(tmp_path):
     addresses = [f"tcp://127.0.0.1:{port}" for port in free_ports(3)]
-    configs = [load_config(write_config(tmp_path / f"n{i}", addresses[i], [addresses[(i + 1) % 3]],
-                                        metrics={"listen": "127.0.0.1:0"}, **learning_sections(i, 3, rounds=5)))
-               for i in range(2)]
+    configs = [
+        load_config(
+            write_config(
+                tmp_path / f"n{i}",
+                addresses[i],
+                [addresses[(i + 1) % 3]],
+                metrics={"listen": "127.0.0.1:0"},
+                **learning_sections(i, 3, rounds=5),
+            )
+        )
+        for i in range(2)
+    ]
     configs.append(load_config(write_config(tmp_path / "mallory", addresses[2], [addresses[0]])))  # learns nothing
     async with trio.open_nursery() as nursery:
         a, b, mallory = await start_nodes(nursery, configs)
         await wait_until(lambda: full_mesh([a, b, mallory]), timeout=15)
         await wait_until(lambda: a.driver and a.driver.algorithm and b.driver and b.driver.algorithm, timeout=60)
         k, latent, dim = 10, 128, 128
-        wrong_head = Prototypes(classes=tuple(range(k)), counts=(10,) * k, prototypes=np.zeros((k, dim), np.float32),
-                                head=np.zeros((k, latent + 3), np.float32))
+        wrong_head = Prototypes(
+            classes=tuple(range(k)),
+            counts=(10,) * k,
+            prototypes=np.zeros((k, dim), np.float32),
+            head=np.zeros((k, latent + 3), np.float32),
+        )
         nan = np.full((k, dim), np.nan, np.float32)
-        body = {"classes": list(range(k)), "counts": [10] * k, "head": None,
-                "prototypes": {"dtype": "float32", "shape": [k, dim], "data": nan.tobytes()}}
+        body = {
+            "classes": list(range(k)),
+            "counts": [10] * k,
+            "head": None,
+            "prototypes": {"dtype": "float32", "shape": [k, dim], "data": nan.tobytes()},
+        }
         for _ in range(3):
             mallory.round = a.driver.round
             mallory.send((a.address, b.address), wrong_head)
-            frame = seal_raw(mallory.identity, [1, "test", "PROTOTYPES", mallory.identity.public_key,
-                                                mallory._counter.next(), mallory.clock_us(), mallory.round, body])
+            frame = seal_raw(
+                mallory.identity,
+                [
+                    1,
+                    "test",
+                    "PROTOTYPES",
+                    mallory.identity.public_key,
+                    mallory._counter.next(),
+                    mallory.clock_us(),
+                    mallory.round,
+                    body,
+                ],
+            )
             mallory.transport.send(a.address, frame)
             await trio.sleep(0.3)
         await wait_until(lambda: a.driver.phase == "done" and b.driver.phase == "done", timeout=120)
@@ -96,8 +137,13 @@ async def test_a_hostile_neighbour_is_rejected_and_counted_while_training_goes_o
         # The same counters, scraped as Prometheus would.
         scraped = await scrape(a.metrics_port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
         assert scraped.startswith(b"HTTP/1.1 200 OK")
-        for line in (b'p2pnode_rejections_total{reason="bad_shape"}', b"p2pnode_rounds_completed 5.0",
-                     b"p2pnode_accuracy ", b'p2pnode_messages_sent_total{type="PROTOTYPES"}', b"p2pnode_peers 2.0"):
+        for line in (
+            b'p2pnode_rejections_total{reason="bad_shape"}',
+            b"p2pnode_rounds_completed 5.0",
+            b"p2pnode_accuracy ",
+            b'p2pnode_messages_sent_total{type="PROTOTYPES"}',
+            b"p2pnode_peers 2.0",
+        ):
             assert line in scraped, line
         assert (await scrape(a.metrics_port, b"GET / HTTP/1.1\r\n\r\n")).startswith(b"HTTP/1.1 404")
         for node in (a, b, mallory):
@@ -109,10 +155,12 @@ def test_testnet_learns_and_matches_the_simulator(tmp_path):
     from testnet.learning import CheckThresholds, run_learning_testnet
     from testnet.simulator import SimulationSpec, run_simulation
 
-    spec = SimulationSpec(algorithm="mapl", dataset="digits", nodes=4, rounds=10, samples_per_class=20,
-                          overrides={"warmup_rounds": "4"})
-    code, report = run_learning_testnet(spec, tmp_path / "net", round_deadline_s=10,
-                                        check=CheckThresholds(accuracy=0.6, within_cluster_mass=0.9))
+    spec = SimulationSpec(
+        algorithm="mapl", dataset="digits", nodes=4, rounds=10, samples_per_class=20, overrides={"warmup_rounds": "4"}
+    )
+    code, report = run_learning_testnet(
+        spec, tmp_path / "net", round_deadline_s=10, check=CheckThresholds(accuracy=0.6, within_cluster_mass=0.9)
+    )
     assert code == 0, report["check"]
     simulated = run_simulation(spec)
     for key in ("algorithm", "dataset", "scenario", "nodes", "rounds", "seed", "wall_s"):
@@ -127,7 +175,6 @@ def test_testnet_learns_and_matches_the_simulator(tmp_path):
     assert report["node_exit_codes"] == [0, 0, 0, 0]
 
 
-
 def test_a_late_joiner_is_picked_up_and_a_killed_daemon_resumes(tmp_path):
     """3 daemons on digits: two start, a third joins 5 rounds late and catches up; then one is
     killed with SIGKILL mid-run and resumes from its checkpoint while the others carry on."""
@@ -136,8 +183,15 @@ def test_a_late_joiner_is_picked_up_and_a_killed_daemon_resumes(tmp_path):
     from testnet.simulator import SimulationSpec
 
     rounds = 600  # tens of milliseconds each: long enough for a daemon to join late
-    spec = SimulationSpec(algorithm="mapl", dataset="digits", nodes=3, rounds=rounds, samples_per_class=10,
-                          backbones=("mlp",), overrides={"warmup_rounds": "10000"})  # graph stays all-to-all
+    spec = SimulationSpec(
+        algorithm="mapl",
+        dataset="digits",
+        nodes=3,
+        rounds=rounds,
+        samples_per_class=10,
+        backbones=("mlp",),
+        overrides={"warmup_rounds": "10000"},
+    )  # graph stays all-to-all
 
     def settings(index: int) -> dict:
         document = node_settings(spec, index, "mlp", 3.0)
@@ -155,7 +209,9 @@ def test_a_late_joiner_is_picked_up_and_a_killed_daemon_resumes(tmp_path):
         def wait_for(condition, timeout: float = 120) -> None:
             deadline = time.monotonic() + timeout
             while not condition():
-                assert time.monotonic() < deadline, [cluster.status(s) and cluster.status(s)["learning"] for s in cluster.specs]
+                assert time.monotonic() < deadline, [
+                    cluster.status(s) and cluster.status(s)["learning"] for s in cluster.specs
+                ]
                 time.sleep(0.2)
 
         cluster.start(first)
@@ -173,7 +229,8 @@ def test_a_late_joiner_is_picked_up_and_a_killed_daemon_resumes(tmp_path):
         assert statuses[2]["catch_ups"] >= 1 and joined_at < rounds - 100, joined_at
         # ... and the others learn from it: in their last rounds they expected and got its payloads.
         assert all(entry["expected"] == entry["arrived"] == 2 for entry in statuses[0]["history"][-5:]), [
-            (e["round"], e["expected"], e["arrived"]) for s in statuses for e in s["history"][-8:]]
+            (e["round"], e["expected"], e["arrived"]) for s in statuses for e in s["history"][-8:]
+        ]
         # The killed daemon resumed from the checkpoint of the last round it completed.
         assert statuses[1]["resumed_from"] is not None and statuses[1]["resumed_from"] >= killed_after[0] - 1
         rounds_seen = [entry["round"] for entry in statuses[1]["history"]]
@@ -183,8 +240,9 @@ def test_a_late_joiner_is_picked_up_and_a_killed_daemon_resumes(tmp_path):
 async def test_a_damaged_checkpoint_stops_the_start_and_says_what_to_do(tmp_path):
     from p2pnode.node import Node, NodeStartError
 
-    config = load_config(write_config(tmp_path / "n", f"tcp://127.0.0.1:{free_ports(1)[0]}",
-                                      **learning_sections(0, 1, rounds=2)))
+    config = load_config(
+        write_config(tmp_path / "n", f"tcp://127.0.0.1:{free_ports(1)[0]}", **learning_sections(0, 1, rounds=2))
+    )
     config.node.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     (config.node.data_dir / CHECKPOINT_NAME).write_bytes(b"not a checkpoint")
     with pytest.raises(BaseException) as caught:
@@ -194,8 +252,9 @@ async def test_a_damaged_checkpoint_stops_the_start_and_says_what_to_do(tmp_path
     errors = caught.value.exceptions if isinstance(caught.value, BaseExceptionGroup) else [caught.value]
     while any(isinstance(e, BaseExceptionGroup) for e in errors):
         errors = [x for e in errors for x in (e.exceptions if isinstance(e, BaseExceptionGroup) else [e])]
-    assert any(isinstance(e, NodeStartError) and "cannot be read" in str(e) and "move it away" in str(e)
-               for e in errors), errors
+    assert any(
+        isinstance(e, NodeStartError) and "cannot be read" in str(e) and "move it away" in str(e) for e in errors
+    ), errors
 
 
 async def test_scores_for_models_never_sent_or_sent_twice_are_counted(tmp_path):
@@ -205,8 +264,14 @@ async def test_scores_for_models_never_sent_or_sent_twice_are_counted(tmp_path):
 
     addresses = [f"tcp://127.0.0.1:{port}" for port in free_ports(3)]
     scool = {"name": "scool-sbm", "settings": {"prune_round": 0}}
-    configs = [load_config(write_config(tmp_path / f"n{i}", addresses[i], [addresses[(i + 1) % 3]],
-                                        **learning_sections(i, 3, rounds=4, **scool))) for i in range(2)]
+    configs = [
+        load_config(
+            write_config(
+                tmp_path / f"n{i}", addresses[i], [addresses[(i + 1) % 3]], **learning_sections(i, 3, rounds=4, **scool)
+            )
+        )
+        for i in range(2)
+    ]
     configs.append(load_config(write_config(tmp_path / "mallory", addresses[2], [addresses[0]])))
     async with trio.open_nursery() as nursery:
         a, b, mallory = await start_nodes(nursery, configs)
@@ -215,8 +280,9 @@ async def test_scores_for_models_never_sent_or_sent_twice_are_counted(tmp_path):
         round, frames = next(iter(a.driver.algorithm.sent.items()))
         seq = next(iter(frames))  # the frame a's model of that round went out in
         mallory.round = round
-        never_sent = Score(kind="log_likelihood", subject=a.identity.public_key, subject_seq=seq + 10_000,
-                           value=-1.0, samples=10)
+        never_sent = Score(
+            kind="log_likelihood", subject=a.identity.public_key, subject_seq=seq + 10_000, value=-1.0, samples=10
+        )
         answer = Score(kind="log_likelihood", subject=a.identity.public_key, subject_seq=seq, value=-1.0, samples=10)
         mallory.send((a.address,), never_sent)
         for _ in range(5):  # a's model of this round did go to mallory: one answer is fair, five are not
@@ -239,10 +305,20 @@ def test_scool_testnet_separates_two_groups_and_matches_the_simulator(tmp_path):
     from testnet.learning import CheckThresholds, run_learning_testnet
     from testnet.simulator import SimulationSpec, run_simulation
 
-    spec = SimulationSpec(algorithm="scool-sbm", dataset="digits", scenario="noniid-sbm", clusters=2, nodes=4,
-                          rounds=8, samples_per_class=10, test_per_class=5, overrides={"prune_round": "4"})
-    code, report = run_learning_testnet(spec, tmp_path / "net", round_deadline_s=10,
-                                        check=CheckThresholds(accuracy=0.6, within_cluster_mass=0.95))
+    spec = SimulationSpec(
+        algorithm="scool-sbm",
+        dataset="digits",
+        scenario="noniid-sbm",
+        clusters=2,
+        nodes=4,
+        rounds=8,
+        samples_per_class=10,
+        test_per_class=5,
+        overrides={"prune_round": "4"},
+    )
+    code, report = run_learning_testnet(
+        spec, tmp_path / "net", round_deadline_s=10, check=CheckThresholds(accuracy=0.6, within_cluster_mass=0.95)
+    )
     assert code == 0, report["check"]
     simulated = run_simulation(spec)
     assert report["graph"]["l1_to_truth"] <= 0.2 and len(report["graph"]["l1_to_truth_per_round"]) == 8

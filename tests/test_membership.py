@@ -2,7 +2,7 @@
 
 import pytest
 
-from protocol import Bye, Hello, Ping, PROTOCOL_VERSION, Encoder
+from protocol import PROTOCOL_VERSION, Bye, Encoder, Hello, Ping
 
 from .simnet import NETWORK, SimNet
 
@@ -112,9 +112,14 @@ def test_pong_gives_rtt_and_repeated_hellos_are_answered_sparingly():
     net.run_until(net.full_mesh, timeout=2)
     net.run(2)
     assert 0.007 <= a.membership.peers[b.key].rtt_s <= 0.009  # two legs of 4 ms
-    hello = net.decoder.decode(Encoder(b.encoder.identity, NETWORK).encode(
-        Hello(address=b.address, capabilities=(), dataset_size=0, protocol_versions=(PROTOCOL_VERSION,)),
-        seq=10**18, timestamp_us=net.now_us(), round=0))
+    hello = net.decoder.decode(
+        Encoder(b.encoder.identity, NETWORK).encode(
+            Hello(address=b.address, capabilities=(), dataset_size=0, protocol_versions=(PROTOCOL_VERSION,)),
+            seq=10**18,
+            timestamp_us=net.now_us(),
+            round=0,
+        )
+    )
     answers = [a.membership.on_hello(hello, b"", net.now) for _ in range(5)]
     assert sum(bool(x) for x in answers) <= 1
 

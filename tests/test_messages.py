@@ -30,15 +30,32 @@ def wire_tensor(array):
 
 
 VALID = {
-    "HELLO": {"address": "tcp://127.0.0.1:7000", "capabilities": ["mapl"], "dataset_size": 100, "protocol_versions": [1]},
+    "HELLO": {
+        "address": "tcp://127.0.0.1:7000",
+        "capabilities": ["mapl"],
+        "dataset_size": 100,
+        "protocol_versions": [1],
+    },
     "PEERS": {"hellos": []},
     "PING": {"nonce": 1},
     "PONG": {"nonce": 1},
     "BYE": {"reason": "shutdown"},
-    "PROTOTYPES": {"classes": [0, 1], "counts": [3, 4], "prototypes": wire_tensor(np.ones((2, 4), np.float32)), "head": None},
+    "PROTOTYPES": {
+        "classes": [0, 1],
+        "counts": [3, 4],
+        "prototypes": wire_tensor(np.ones((2, 4), np.float32)),
+        "head": None,
+    },
     "HEAD": {"weight": wire_tensor(np.ones((3, 4), np.float32)), "bias": wire_tensor(np.zeros(3, np.float32))},
     "SCORE": {"kind": "log_likelihood", "subject": b"\x01" * 32, "subject_seq": 5, "value": -0.5, "samples": 10},
-    "MODEL": {"kind": "params", "tensors": {"fc.weight": wire_tensor(np.ones((2, 2), np.float32)), "bn.num_batches_tracked": wire_tensor(np.array(7, np.int64))}, "update": None},
+    "MODEL": {
+        "kind": "params",
+        "tensors": {
+            "fc.weight": wire_tensor(np.ones((2, 2), np.float32)),
+            "bn.num_batches_tracked": wire_tensor(np.array(7, np.int64)),
+        },
+        "update": None,
+    },
 }
 
 
@@ -126,7 +143,11 @@ BAD_TENSORS = [
     ("MODEL", "update", {"fc.weight": wire_tensor(np.ones((2, 3), np.float32))}),  # shape differs from tensors
     ("MODEL", "update", {"fc.weight": wire_tensor(np.ones(4, np.float32))}),  # same size, other rank
     ("MODEL", "update", {"bn.num_batches_tracked": wire_tensor(np.array(1, np.int64))}),  # not float
-    ("MODEL", "update", {"fc.weight": {"dtype": "float32", "shape": [2, 2], "data": np.full(4, np.inf, np.float32).tobytes()}}),
+    (
+        "MODEL",
+        "update",
+        {"fc.weight": {"dtype": "float32", "shape": [2, 2], "data": np.full(4, np.inf, np.float32).tobytes()}},
+    ),
 ]
 
 
@@ -146,8 +167,14 @@ def test_ipv6_and_host_names_are_valid_addresses(alice, decoder):
 
 
 def test_model_keeps_parameter_order_and_dtypes(alice, encoder, decoder):
-    tensors = {"z.weight": np.ones((2, 2), np.float32), "a.running_mean": np.zeros(2, np.float64), "a.num_batches_tracked": np.array(3, np.int64)}
-    body = decoder.decode(encoder.encode(Model(kind="delta", tensors=tensors), seq=1, timestamp_us=NOW_US, round=0)).body
+    tensors = {
+        "z.weight": np.ones((2, 2), np.float32),
+        "a.running_mean": np.zeros(2, np.float64),
+        "a.num_batches_tracked": np.array(3, np.int64),
+    }
+    body = decoder.decode(
+        encoder.encode(Model(kind="delta", tensors=tensors), seq=1, timestamp_us=NOW_US, round=0)
+    ).body
     assert list(body.tensors) == list(tensors)
     assert [t.dtype for t in body.tensors.values()] == [np.float32, np.float64, np.int64]
 
@@ -187,7 +214,10 @@ def test_peers_relay_signed_hellos_verbatim(alice, bob, encoder, decoder):
     from protocol import Encoder
 
     hello = Encoder(bob, NETWORK).encode(
-        Hello(address="tcp://10.0.0.2:7000", capabilities=(), dataset_size=5, protocol_versions=(1,)), seq=1, timestamp_us=NOW_US, round=0
+        Hello(address="tcp://10.0.0.2:7000", capabilities=(), dataset_size=5, protocol_versions=(1,)),
+        seq=1,
+        timestamp_us=NOW_US,
+        round=0,
     )
     relayed = decoder.decode(encoder.encode(Peers(hellos=(hello,)), seq=2, timestamp_us=NOW_US, round=0))
     inner = decoder.decode(relayed.body.hellos[0])

@@ -99,8 +99,22 @@ def test_status_of_a_node_that_is_not_running(tmp_path):
 def test_testnet_reaches_a_full_mesh_and_reports(tmp_path):
     out = tmp_path / "net"
     result = subprocess.run(
-        [*P2PNODE, "testnet", "--nodes", "5", "--algorithm", "none", "--duration", "30", "--out", str(out), "--exit-on-mesh"],
-        capture_output=True, text=True, timeout=120,
+        [
+            *P2PNODE,
+            "testnet",
+            "--nodes",
+            "5",
+            "--algorithm",
+            "none",
+            "--duration",
+            "30",
+            "--out",
+            str(out),
+            "--exit-on-mesh",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     assert "full mesh in" in result.stderr
@@ -137,7 +151,9 @@ def test_testnet_leaves_no_orphans(tmp_path, how):
     out = tmp_path / "net"
     with subprocess.Popen(
         [*P2PNODE, "testnet", "--nodes", "3", "--duration", "60", "--out", str(out)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     ) as launcher:
         try:
             pids = wait_for(lambda: len(p := _daemon_pids(out)) == 3 and p, timeout=30)

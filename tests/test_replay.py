@@ -111,7 +111,7 @@ def test_reservation_is_asked_for_when_half_the_block_is_used():
 
 
 @given(
-    st.lists(st.tuples(st.integers(0, 500), st.integers(-10**6, 10**6)), min_size=1, max_size=8),
+    st.lists(st.tuples(st.integers(0, 500), st.integers(-(10**6), 10**6)), min_size=1, max_size=8),
     st.integers(1, 64),
 )
 def test_numbers_never_repeat_across_restarts(runs, block):

@@ -92,8 +92,9 @@ def test_attention_weights_and_top_fraction_pruning():
 @pytest.fixture(scope="module")
 def digits_groups():
     dataset = load_dataset("digits")
-    partition = make_partition(dataset, PartitionSpec(scenario="noniid-sbm", nodes=4, clusters=2,
-                                                      samples_per_class=10, test_per_class=5))
+    partition = make_partition(
+        dataset, PartitionSpec(scenario="noniid-sbm", nodes=4, clusters=2, samples_per_class=10, test_per_class=5)
+    )
     identities = [Identity.generate() for _ in range(4)]
     return dataset, partition, identities
 
@@ -103,8 +104,13 @@ def scool_node(name, digits_groups, index, **settings):
 
     dataset, partition, identities = digits_groups
     ids = [identity.node_id for identity in identities]
-    setup = NodeSetup(node_id=ids[index], data=node_data(dataset, partition, index, pooled=False),
-                      backbone="convnet", seed=index, shared_seed=7)
+    setup = NodeSetup(
+        node_id=ids[index],
+        data=node_data(dataset, partition, index, pooled=False),
+        backbone="convnet",
+        seed=index,
+        shared_seed=7,
+    )
     node = make_algorithm(name, setup, apply_overrides(default_config(name), {k: str(v) for k, v in settings.items()}))
     node.set_peers(ids)
     return node
@@ -184,8 +190,10 @@ def test_scores_nobody_asked_for_are_rejected_and_named(digits_groups):
             a.receive(peer, round, body)
         assert caught.value.reason == reason, (body, caught.value)
     a.set_peers([a.node_id, b.node_id, c.node_id])
-    for body, reason in ((score(subject_seq=99), "unsolicited_score"),  # a's model went to b only
-                         (score(value=2.0), "unsolicited_score")):
+    for body, reason in (
+        (score(subject_seq=99), "unsolicited_score"),  # a's model went to b only
+        (score(value=2.0), "unsolicited_score"),
+    ):
         with pytest.raises(PayloadRejected) as caught:
             a.receive(c.node_id, 0, body)
         assert caught.value.reason == reason
@@ -200,7 +208,9 @@ def test_scores_nobody_asked_for_are_rejected_and_named(digits_groups):
     # A model without its update, or sent twice for one round, is refused too.
     (model,) = b.publish(0)
     with pytest.raises(PayloadRejected) as caught:
-        fresh.receive(b.node_id, 0, Model(kind="params", tensors=model.body.tensors), Frame(1, identities[1].public_key))
+        fresh.receive(
+            b.node_id, 0, Model(kind="params", tensors=model.body.tensors), Frame(1, identities[1].public_key)
+        )
     assert caught.value.reason == "bad_shape"
     fresh.receive(b.node_id, 0, model.body, Frame(1, identities[1].public_key))
     with pytest.raises(PayloadRejected) as caught:
@@ -226,14 +236,24 @@ def test_checkpoint_round_trip(digits_groups, name):
     for (k, v), (_, w) in zip(a._state().items(), restored._state().items()):
         torch.testing.assert_close(v, w)
     with pytest.raises(ValueError):
-        scool_node(name, digits_groups, 0, blocks=3).load_state_dict(state) if name == "scool-sbm" else \
-            restored.load_state_dict({**state, "encoder": {}})
+        scool_node(name, digits_groups, 0, blocks=3).load_state_dict(
+            state
+        ) if name == "scool-sbm" else restored.load_state_dict({**state, "encoder": {}})
 
 
 @pytest.mark.parametrize("name", ["scool-sbm", "scool-attention"])
 def test_simulation_recovers_the_groups_and_prunes_to_them(name):
-    spec = SimulationSpec(algorithm=name, dataset="digits", scenario="noniid-sbm", clusters=2, nodes=4, rounds=8,
-                          samples_per_class=10, test_per_class=5, overrides={"prune_round": "4"})
+    spec = SimulationSpec(
+        algorithm=name,
+        dataset="digits",
+        scenario="noniid-sbm",
+        clusters=2,
+        nodes=4,
+        rounds=8,
+        samples_per_class=10,
+        test_per_class=5,
+        overrides={"prune_round": "4"},
+    )
     report = run_simulation(spec)
     assert report["accuracy_own_classes"]["mean"] >= 0.9
     assert report["graph"]["within_cluster_mass"] >= 0.95
@@ -270,8 +290,9 @@ def test_a_peer_that_kept_us_gets_our_model_as_an_answer(digits_groups):
         deliver(node, outs)
     assert a.node_id in b.audience
     answers = b.respond()
-    assert sorted((out.to, out.body.TYPE.value) for out in answers) == sorted([
-        ((a.node_id,), "MODEL"), ((a.node_id,), "SCORE"), ((c.node_id,), "SCORE")])
+    assert sorted((out.to, out.body.TYPE.value) for out in answers) == sorted(
+        [((a.node_id,), "MODEL"), ((a.node_id,), "SCORE"), ((c.node_id,), "SCORE")]
+    )
     deliver(b, answers)
     for node in (a, c):
         deliver(node, node.respond())

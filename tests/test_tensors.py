@@ -51,7 +51,15 @@ def test_non_contiguous_input_is_packed_in_c_order():
     np.testing.assert_array_equal(roundtrip(array), array)
 
 
-@pytest.mark.parametrize("array", [np.zeros(2, np.complex64), np.zeros(2, object), np.array(["a"]), np.zeros(2, np.float128) if hasattr(np, "float128") else np.zeros(2, np.uint64)])
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.zeros(2, np.complex64),
+        np.zeros(2, object),
+        np.array(["a"]),
+        np.zeros(2, np.float128) if hasattr(np, "float128") else np.zeros(2, np.uint64),
+    ],
+)
 def test_dtypes_without_a_wire_form_are_refused_on_encode(array):
     with pytest.raises(ProtocolError) as caught:
         encode_tensor(array, DEFAULT_LIMITS)
@@ -80,8 +88,21 @@ def test_encode_refuses_non_arrays():
         {**wire_obj(), "extra": 1},
         [wire_obj()],
     ],
-    ids=["f128", "object", "dtype-int", "shape-tuple", "shape-float", "shape-bool", "negative-dim", "data-str",
-         "data-short", "data-long", "missing-key", "extra-key", "not-a-map"],
+    ids=[
+        "f128",
+        "object",
+        "dtype-int",
+        "shape-tuple",
+        "shape-float",
+        "shape-bool",
+        "negative-dim",
+        "data-str",
+        "data-short",
+        "data-long",
+        "missing-key",
+        "extra-key",
+        "not-a-map",
+    ],
 )
 def test_malformed_tensors_are_refused(obj):
     rejected(obj)
@@ -134,7 +155,9 @@ def test_huge_finite_floats_are_not_mistaken_for_inf():
 
 def test_bool_tensors_hold_only_zero_and_one():
     rejected(wire_obj("bool", (3,), b"\x00\x01\x02"))
-    np.testing.assert_array_equal(decode_tensor(wire_obj("bool", (3,), b"\x00\x01\x01"), DEFAULT_LIMITS), [False, True, True])
+    np.testing.assert_array_equal(
+        decode_tensor(wire_obj("bool", (3,), b"\x00\x01\x01"), DEFAULT_LIMITS), [False, True, True]
+    )
 
 
 def test_dtype_kinds_restrict_a_field():

@@ -11,7 +11,10 @@ from algorithms.torchvision_compat import EXTENSION_LOADED, torchvision
 
 def test_models_build_and_run_forward():
     torch.manual_seed(0)
-    for model, size in ((torchvision.models.resnet18(num_classes=10), 32), (torchvision.models.shufflenet_v2_x0_5(num_classes=10), 32)):
+    for model, size in (
+        (torchvision.models.resnet18(num_classes=10), 32),
+        (torchvision.models.shufflenet_v2_x0_5(num_classes=10), 32),
+    ):
         model.eval()
         with torch.no_grad():
             logits = model(torch.randn(2, 3, size, size))

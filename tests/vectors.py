@@ -15,7 +15,8 @@ PING_FRAME = (
     "01"  # version 1
     "a474657374"  # network "test"
     "a450494e47"  # type "PING"
-    "c420" + PUBLIC_KEY  # sender: bin 32
+    "c420"
+    + PUBLIC_KEY  # sender: bin 32
     + "07"  # seq 7
     "cf00060a24181e4000"  # timestamp_us, uint64
     "03"  # round 3
@@ -26,17 +27,31 @@ PING_FRAME = (
 
 # PROTOTYPES {classes: [3], counts: [25], prototypes: float32 [[0.5, -1.0]], head: nil}, seq 8
 PROTOTYPES_FRAME = (
-    "ad7032706e6f64652e6672616d65" "98" "01" "a474657374"
+    "ad7032706e6f64652e6672616d65"
+    "98"
+    "01"
+    "a474657374"
     "aa50524f544f5459504553"  # type "PROTOTYPES"
-    "c420" + PUBLIC_KEY + "08" "cf00060a24181e4000" "03"
+    "c420" + PUBLIC_KEY + "08"
+    "cf00060a24181e4000"
+    "03"
     "84"  # body: map of 4
-    "a7636c6173736573" "9103"  # "classes": [3]
-    "a6636f756e7473" "9119"  # "counts": [25]
+    "a7636c6173736573"
+    "9103"  # "classes": [3]
+    "a6636f756e7473"
+    "9119"  # "counts": [25]
     "aa70726f746f7479706573"  # "prototypes":
-    "83" "a56474797065" "a7666c6f61743332"  # {"dtype": "float32",
-    "a57368617065" "920102"  # "shape": [1, 2],
-    "a464617461" "c408" "0000003f" "000080bf"  # "data": bin 8 = 0.5, -1.0 little-endian}
-    "a468656164" "c0"  # "head": nil
+    "83"
+    "a56474797065"
+    "a7666c6f61743332"  # {"dtype": "float32",
+    "a57368617065"
+    "920102"  # "shape": [1, 2],
+    "a464617461"
+    "c408"
+    "0000003f"
+    "000080bf"  # "data": bin 8 = 0.5, -1.0 little-endian}
+    "a468656164"
+    "c0"  # "head": nil
     "d1aa6ce9c7b45ac9e0c4da8d290bce430af87b8fc4cb3083ea87929cc39bc894"  # signature
     "179629a0668a11fe104a25de1fc1615afb6ad5565af67023bb5015fd8307910c"
 )

@@ -74,7 +74,11 @@ def arrays(dtypes=ALL_DTYPES, min_dims=0, max_dims=4, max_side=5, shape=None):
         else:
             info = np.iinfo(dtype)
             elements = st.integers(max(info.min, -1000), min(info.max, 1000))
-        shapes = shape if shape is not None else hnp.array_shapes(min_dims=min_dims, max_dims=max_dims, min_side=0, max_side=max_side)
+        shapes = (
+            shape
+            if shape is not None
+            else hnp.array_shapes(min_dims=min_dims, max_dims=max_dims, min_side=0, max_side=max_side)
+        )
         return hnp.arrays(dtype, shapes, elements=elements)
 
     return st.sampled_from(dtypes).flatmap(build)
@@ -150,6 +154,9 @@ msgpack_values = st.recursive(
     | st.floats()
     | st.text(max_size=20)
     | st.binary(max_size=40),
-    lambda children: st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=8) | st.binary(max_size=4), children, max_size=5),
+    lambda children: (
+        st.lists(children, max_size=5)
+        | st.dictionaries(st.text(max_size=8) | st.binary(max_size=4), children, max_size=5)
+    ),
     max_leaves=20,
 )

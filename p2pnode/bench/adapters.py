@@ -117,7 +117,13 @@ def run(sizes=DEFAULT_SIZES, *, trials: int = 3, seconds: float = 0.5) -> dict:
 def format_table(report: dict) -> str:
     lines = [f"{'payload':>9} {'blocking/s':>11} {'zmqtrio/s':>10} {'ratio':>6} {'zmq-anyio/s':>12} {'ratio':>6}"]
     for r in report["results"]:
-        anyio = "not installed" if r["zmq_anyio_per_s"] is None else f"{r['zmq_anyio_per_s']:>12.0f} {r['zmq_anyio_ratio']:>6.2f}"
-        lines.append(f"{r['payload_bytes']:>9} {r['blocking_per_s']:>11.0f} {r['zmqtrio_per_s']:>10.0f} {r['zmqtrio_ratio']:>6.2f} {anyio:>19}")
+        anyio = (
+            "not installed"
+            if r["zmq_anyio_per_s"] is None
+            else f"{r['zmq_anyio_per_s']:>12.0f} {r['zmq_anyio_ratio']:>6.2f}"
+        )
+        lines.append(
+            f"{r['payload_bytes']:>9} {r['blocking_per_s']:>11.0f} {r['zmqtrio_per_s']:>10.0f} {r['zmqtrio_ratio']:>6.2f} {anyio:>19}"
+        )
     lines.append(report["method"])
     return "\n".join(lines)

@@ -52,7 +52,9 @@ def _counter() -> SequenceCounter:
 
 def _settings(verify_threads: int) -> TransportSettings:
     # No flood limit in a benchmark, and the same socket queue on both sides.
-    return replace(TransportSettings(), rate_per_connection=1e9, burst_per_connection=1_000_000, verify_threads=verify_threads)
+    return replace(
+        TransportSettings(), rate_per_connection=1e9, burst_per_connection=1_000_000, verify_threads=verify_threads
+    )
 
 
 def run_trio(size: int, count: int, verify_threads: int = 2) -> float:
@@ -86,7 +88,11 @@ def run_trio(size: int, count: int, verify_threads: int = 2) -> float:
                 started = time.perf_counter()
                 for _ in range(count):
                     frame = await encode(
-                        encoder, body, seq=counter.next(), timestamp_us=_clock_us(), round=0,
+                        encoder,
+                        body,
+                        seq=counter.next(),
+                        timestamp_us=_clock_us(),
+                        round=0,
                         threshold=settings.sign_in_thread_bytes,
                     )
                     await send_waiting(socket, frame)
@@ -178,7 +184,9 @@ def run(sizes=DEFAULT_SIZES, *, trials: int = 3, seconds: float = 1.0, verify_th
 def format_table(report: dict) -> str:
     lines = [f"{'payload':>9} {'messages':>9} {'trio msg/s':>11} {'blocking msg/s':>15} {'ratio':>7}"]
     for r in report["results"]:
-        lines.append(f"{r['payload_bytes']:>9} {r['messages']:>9} {r['trio_per_s']:>11.0f} {r['blocking_per_s']:>15.0f} {r['ratio']:>7.2f}")
+        lines.append(
+            f"{r['payload_bytes']:>9} {r['messages']:>9} {r['trio_per_s']:>11.0f} {r['blocking_per_s']:>15.0f} {r['ratio']:>7.2f}"
+        )
     met = {True: "met", False: "NOT met", None: "not measured"}[report["goal_met"]]
     lines.append(f"goal {report['goal']}: {met}. {report['method']}")
     return "\n".join(lines)
