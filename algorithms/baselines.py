@@ -18,30 +18,16 @@ import torch.nn.functional as F
 
 from protocol.messages import Body, MessageType, Model, Prototypes
 
-from .models import ModelSpec, make_model
-from .payloads import average_states, check_model, check_prototypes, shared_state, to_numpy
-from .seam import Algorithm, Frame, LocalReport, NeighbourView, NodeSetup, Outbound, PayloadRejected
-from .training import LocalTrainer, TrainedLocally, TrainingConfig, seeded_generator
+from .payloads import SharedModules, check_prototypes, to_numpy
+from .seam import Algorithm, Frame, LocalReport, NeighbourView, NodeSetup, Outbound, uniform_row
+from .training import LocalTrainer, TrainedLocally, TrainingConfig, node_model
 
 __all__ = ["FedProtoConfig", "FedProto", "DFedAvgMConfig", "DFedAvgM"]
 
 
-def _build_model(setup: NodeSetup, latent_dim: int, projection_dim: int):
-    data = setup.data
-    spec = ModelSpec(
-        backbone=setup.backbone,
-        image_shape=tuple(data.train_images.shape[1:]),
-        num_classes=data.num_classes,
-        latent_dim=latent_dim,
-        projection_dim=projection_dim,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(setup.seed)
-        return spec, make_model(spec)
-
-
 class _AllPeersUniform(TrainedLocally, Algorithm):
-    """Talks to every peer and weighs everyone alike: W is all-to-all uniform, self included."""
+    """Sends its one payload type to every peer and weighs everyone alike: W is all-to-all
+    uniform, self included."""
 
     view: NeighbourView
 
@@ -50,15 +36,13 @@ class _AllPeersUniform(TrainedLocally, Algorithm):
         self.view.set_peers(self.peers)
 
     def weights(self) -> dict[str, float]:
-        uniform = 1.0 / (len(self.peers) + 1)
-        return dict.fromkeys((self.node_id, *self.peers), uniform)
-
-    payload_type: MessageType
+        return uniform_row(self.node_id, self.peers)
 
     def expected(self, round: int) -> tuple[str, ...]:
         """Everyone at round 0; afterwards whoever sent last round (a peer that stopped costs
         one wait, not one per round)."""
-        return self.peers if round == 0 else self.view.senders_since(self.payload_type, round - 1)
+        (payload_type,) = self.sends
+        return self.peers if round == 0 else self.view.senders_since(payload_type, round - 1)
 
 
 @dataclass(frozen=True)
@@ -70,18 +54,16 @@ class FedProtoConfig:
 
 
 class FedProto(_AllPeersUniform):
-    payload_type = MessageType.PROTOTYPES
     name = "fedproto"
+    sends = frozenset({MessageType.PROTOTYPES})
     config_type = FedProtoConfig
 
     def __init__(self, setup: NodeSetup, config: FedProtoConfig | None = None) -> None:
         super().__init__(setup)
         self.config = config = config or FedProtoConfig()
         self.data = setup.data
-        self.spec, self.model = _build_model(setup, config.latent_dim, 1)
-        self.trainer = LocalTrainer(
-            self.model, self.data.train_images, self.data.train_labels, config.training, seeded_generator(setup.seed, 1)
-        )
+        self.spec, self.model = node_model(setup, setup.seed, latent_dim=config.latent_dim)
+        self.trainer = LocalTrainer.for_node(self.model, self.data, config.training, setup.seed)
         self.view = NeighbourView(config.max_staleness)
         self.global_prototypes: dict[int, torch.Tensor] = {}
 
@@ -115,9 +97,8 @@ class FedProto(_AllPeersUniform):
         self._own = Prototypes(classes=classes, counts=counts, prototypes=means)
         return [Outbound(to=self.peers, body=self._own)] if self.peers else []
 
-    def receive(self, peer: str, round: int, body: Body, frame: Frame | None = None) -> None:
-        if not isinstance(body, Prototypes):
-            raise PayloadRejected("unexpected_type", f"{self.name} takes no {body.TYPE.value} payloads")
+    def accept(self, peer: str, round: int, body: Body, frame: Frame | None) -> None:
+        assert isinstance(body, Prototypes)
         check_prototypes(body, self.spec.num_classes, self.spec.latent_dim, all_classes=False)
         self.view.put(peer, round, body)
 
@@ -125,7 +106,7 @@ class FedProto(_AllPeersUniform):
         sums: dict[int, np.ndarray] = {}
         totals: dict[int, int] = {}
         for body in [self._own, *self.view.fresh(MessageType.PROTOTYPES, round).values()]:
-            for k, n, row in zip(body.classes, body.counts, body.prototypes):
+            for k, n, row in zip(body.classes, body.counts, body.prototypes, strict=True):
                 sums[k] = sums.get(k, 0.0) + n * row.astype(np.float64)
                 totals[k] = totals.get(k, 0) + n
         self.global_prototypes = {
@@ -150,9 +131,9 @@ class DFedAvgMConfig:
 
 
 class DFedAvgM(_AllPeersUniform):
-    payload_type = MessageType.MODEL
     name = "dfedavgm"
     homogeneous = True
+    sends = frozenset({MessageType.MODEL})
     config_type = DFedAvgMConfig
 
     def __init__(self, setup: NodeSetup, config: DFedAvgMConfig | None = None) -> None:
@@ -160,39 +141,23 @@ class DFedAvgM(_AllPeersUniform):
         self.config = config = config or DFedAvgMConfig()
         self.data = setup.data
         # One initial model for everyone, as decentralised averaging assumes.
-        self.spec, self.model = _build_model(
-            NodeSetup(setup.node_id, setup.data, setup.backbone, setup.shared_seed, setup.shared_seed),
-            config.latent_dim,
-            1,
-        )
-        self.trainer = LocalTrainer(
-            self.model, self.data.train_images, self.data.train_labels, config.training, seeded_generator(setup.seed, 1)
-        )
+        self.spec, self.model = node_model(setup, setup.shared_seed, latent_dim=config.latent_dim)
+        self.trainer = LocalTrainer.for_node(self.model, self.data, config.training, setup.seed)
+        self.shared = SharedModules({"backbone": self.model.backbone, "head": self.model.head})
         self.view = NeighbourView(config.max_staleness)
 
-    def _state(self) -> dict[str, torch.Tensor]:
-        return shared_state({"backbone": self.model.backbone, "head": self.model.head})
-
-    def _loss(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        loss = F.cross_entropy(self.model.classify(images), labels)
-        return loss, {"cross_entropy": loss.item()}
-
     def local_step(self, round: int) -> LocalReport:
-        return self.trainer.run(self._loss)
+        return self.trainer.run(self.cross_entropy)
 
     def publish(self, round: int) -> list[Outbound]:
-        if not self.peers:
-            return []
-        body = Model(kind="params", tensors={k: to_numpy(v) for k, v in self._state().items()})
-        return [Outbound(to=self.peers, body=body)]
+        return [Outbound(to=self.peers, body=self.shared.body())] if self.peers else []
 
-    def receive(self, peer: str, round: int, body: Body, frame: Frame | None = None) -> None:
-        if not isinstance(body, Model):
-            raise PayloadRejected("unexpected_type", f"{self.name} takes no {body.TYPE.value} payloads")
-        check_model(body, self._state())
+    def accept(self, peer: str, round: int, body: Body, frame: Frame | None) -> None:
+        assert isinstance(body, Model)
+        self.shared.check(body)
         self.view.put(peer, round, body)
 
     def end_round(self, round: int) -> None:
         models = self.view.fresh(MessageType.MODEL, round)
         weight = 1.0 / (len(models) + 1)
-        average_states(self._state(), weight, [(weight, body.tensors) for body in models.values()])
+        self.shared.mix(weight, [(weight, body) for body in models.values()])

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import networkx as nx
 import numpy as np
 
 from .simplex import project_to_simplex
@@ -32,6 +33,8 @@ __all__ = [
     "cgl_gradient",
     "l1_to_truth",
     "within_cluster_mass",
+    "communities",
+    "adjusted_rand_index",
 ]
 
 
@@ -218,8 +221,8 @@ class GraphOptimizer:
             m_hat = m / (1 - beta1**self.step_count)
             v_hat = v / (1 - beta2**self.step_count)
             w = project_to_simplex(w - cfg.learning_rate * m_hat / (np.sqrt(v_hat) + 1e-8))
-        self.first_moment = dict(zip(candidates, m.tolist()))
-        self.second_moment = dict(zip(candidates, v.tolist()))
+        self.first_moment = dict(zip(candidates, m.tolist(), strict=True))
+        self.second_moment = dict(zip(candidates, v.tolist(), strict=True))
         return w
 
 
@@ -233,3 +236,40 @@ def within_cluster_mass(w: np.ndarray, clusters: np.ndarray) -> float:
     clusters = np.asarray(clusters)
     same = clusters[:, None] == clusters[None, :]
     return float((np.asarray(w) * same).sum(axis=1).mean())
+
+
+def communities(w: np.ndarray, seed: int = 0) -> list[int]:
+    """Louvain communities of a weight matrix, as one community number per node: the graph is
+    W made symmetric, (W + Wᵀ) / 2, without self-loops; communities are numbered in the order of
+    their lowest node. A node with no edge is a community of its own."""
+    w = np.asarray(w, dtype=np.float64)
+    symmetric = (w + w.T) / 2
+    graph = nx.Graph()
+    graph.add_nodes_from(range(len(w)))
+    rows, cols = np.nonzero(np.triu(symmetric, k=1))
+    graph.add_weighted_edges_from((int(i), int(j), float(symmetric[i, j])) for i, j in zip(rows, cols, strict=True))
+    found = sorted((sorted(part) for part in nx.community.louvain_communities(graph, seed=seed)), key=min)
+    labels = [0] * len(w)
+    for number, members in enumerate(found):
+        for node in members:
+            labels[node] = number
+    return labels
+
+
+def adjusted_rand_index(found: np.ndarray, truth: np.ndarray) -> float:
+    """Agreement of two partitions of the same nodes, corrected for chance: 1 = identical,
+    about 0 = no better than random (Hubert & Arabie)."""
+    _, a = np.unique(np.asarray(found), return_inverse=True)
+    _, b = np.unique(np.asarray(truth), return_inverse=True)
+    table = np.zeros((a.max() + 1, b.max() + 1))
+    np.add.at(table, (a, b), 1)
+
+    def pairs(x: np.ndarray) -> float:
+        return float((x * (x - 1) / 2).sum())
+
+    index, rows, cols = pairs(table), pairs(table.sum(1)), pairs(table.sum(0))
+    expected = rows * cols / pairs(np.array([len(a)])) if len(a) > 1 else 0.0
+    best = (rows + cols) / 2
+    if best == expected:  # both partitions trivial (one block, or all singletons)
+        return 1.0 if (np.unique(a).size == np.unique(b).size) else 0.0
+    return (index - expected) / (best - expected)

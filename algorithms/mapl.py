@@ -4,9 +4,13 @@ plus a learned collaboration graph. Also its no-communication relatives, Local a
 Per round: a PML local step (supervised contrastive + cross-entropy + sample-to-prototype +
 prototype uniformity, on two augmented views), then prototypes go to the current neighbours;
 after warm-up the classifier head rides along every `head_every` rounds (in the same PROTOTYPES
-frame) and CGL updates the weight vector from head similarity. Prototypes are aggregated with those weights every round, warm-up included:
-ξ_i ← w_ii ξ_i + Σ_j w_ij ξ_j. Only heads and prototypes cross between nodes; MAPL+ (same
-backbone everywhere) also averages backbone and projector with the learned weights.
+frame) and CGL updates the weight vector from head similarity. Prototypes are aggregated with
+those weights every round, warm-up included: ξ_i ← w_ii ξ_i + Σ_j w_ij ξ_j.
+
+The variants are compositions: MAPL is a PML node with a learned neighbourhood
+(collaboration.LearnedGraph); MAPL without CGL swaps in the uniform one; MAPL+ (one backbone
+everywhere) adds shared modules (payloads.SharedModules), its backbone and projector, mixed with
+the learned weights.
 """
 
 from __future__ import annotations
@@ -14,21 +18,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from protocol.messages import Body, Head, MessageType, Model, Prototypes
 
 from .augment import default_augment, two_views
-from .graph import GraphConfig, GraphOptimizer, head_similarity
+from .collaboration import LearnedGraph, UniformGraph
+from .graph import GraphConfig, head_similarity
 from .losses import prototype_alignment, prototype_uniformity, supervised_contrastive
-from .models import ModelSpec, make_model
-from .payloads import average_states, check_head, check_model, check_prototypes, shared_state, to_numpy
-from .seam import Algorithm, Frame, LocalReport, NeighbourView, NodeSetup, Outbound, PayloadRejected
-from .training import LocalTrainer, TrainedLocally, TrainingConfig, seeded_generator
+from .payloads import SharedModules, check_head, check_prototypes, to_numpy
+from .seam import Algorithm, Frame, LocalReport, NeighbourView, NodeSetup, Outbound
+from .training import LocalTrainer, TrainedLocally, TrainingConfig, node_model
 
-__all__ = ["MaplConfig", "Mapl", "MaplNoCgl", "MaplPlus", "Local", "Oracle"]
+__all__ = ["MaplConfig", "PmlNode", "Mapl", "MaplNoCgl", "MaplPlus", "Local", "Oracle"]
 
 
 @dataclass(frozen=True)
@@ -71,39 +74,32 @@ class MaplConfig:
             raise ValueError("explore_every and head_every must be ≥ 1")
 
 
-class _PmlNode(TrainedLocally, Algorithm):
-    """A node training its personalised model with PML; what it shares is up to subclasses."""
+class PmlNode(TrainedLocally, Algorithm):
+    """A node training its personalised model with PML; it shares nothing (subclasses do)."""
 
     config_type = MaplConfig
 
     def __init__(self, setup: NodeSetup, config: MaplConfig | None = None) -> None:
         super().__init__(setup)
         self.config = config = config or MaplConfig()
-        data = setup.data
-        self.data = data
-        self.spec = ModelSpec(
-            backbone=setup.backbone,
-            image_shape=tuple(data.train_images.shape[1:]),
-            num_classes=data.num_classes,
-            latent_dim=config.latent_dim,
-            projection_dim=config.projection_dim,
+        self.data = setup.data
+        self.spec, self.model = node_model(
+            setup, setup.seed, latent_dim=config.latent_dim, projection_dim=config.projection_dim
         )
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(setup.seed)
-            self.model = make_model(self.spec)
-            if config.shared_head_init:
-                # Head similarity is only comparable between heads that started from one point.
+        if config.shared_head_init:
+            # Head similarity is only comparable between heads that started from one point.
+            with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(setup.shared_seed)
                 self.model.head.reset_parameters()
-            self.initial_head = to_numpy(self.model.head.weight)
-        self.generator = seeded_generator(setup.seed, 1)
+        self.initial_head = to_numpy(self.model.head.weight)
+        self.trainer = LocalTrainer.for_node(self.model, self.data, config.training, setup.seed)
         self.augment = default_augment(self.spec.image_shape)
-        self.trainer = LocalTrainer(self.model, data.train_images, data.train_labels, config.training, self.generator)
-        self.class_counts = tuple(int(c) for c in data.class_counts)
+        self.class_counts = tuple(int(c) for c in self.data.class_counts)
 
     def _pml_loss(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = self.config
-        first, second = two_views(images, self.augment, self.generator)
+        # The views are drawn from the trainer's generator: one stream per node for batches and views.
+        first, second = two_views(images, self.augment, self.trainer.generator)
         out = self.model(torch.cat([first, second]))
         both = labels.repeat(2)
         parts = {
@@ -124,53 +120,53 @@ class _PmlNode(TrainedLocally, Algorithm):
         return self.trainer.run(self._pml_loss)
 
 
-class Local(_PmlNode):
+class Local(PmlNode):
     """No communication at all: the floor every collaborative method must beat."""
 
     name = "local"
 
 
-class Oracle(_PmlNode):
+class Oracle(PmlNode):
     """Trains on the pooled training data of its true cluster (the driver hands that in as the
     node's shard). No P2P method can do this; reports use it as the ceiling."""
 
     name = "oracle"
 
 
-class Mapl(_PmlNode):
+class Mapl(PmlNode):
+    """PML + prototypes (and, in graph rounds, heads) to the neighbours + a learned graph."""
+
     name = "mapl"
-    learn_graph = True
-    share_backbone = False
+    sends = frozenset({MessageType.PROTOTYPES})
 
     def __init__(self, setup: NodeSetup, config: MaplConfig | None = None) -> None:
         super().__init__(setup, config)
         self.view = NeighbourView(self.config.max_staleness)
-        self.graph = GraphOptimizer(self.config.graph)
-        self.w: dict[str, float] = {self.node_id: 1.0}
-        self.graph_learned = False
-        self.explore_rng = np.random.default_rng([setup.seed, 2])
+        self.graph = self._neighbourhood()
+
+    def _neighbourhood(self) -> UniformGraph:
+        cfg = self.config
+        return LearnedGraph(
+            self.node_id,
+            cfg.graph,
+            warmup_rounds=cfg.warmup_rounds,
+            explore_every=cfg.explore_every,
+            explore_peers=cfg.explore_peers,
+            seed=self.setup.seed,
+        )
 
     # -- peers and weights ------------------------------------------------------------------
 
     def set_peers(self, peers) -> None:
         super().set_peers(peers)
         self.view.set_peers(self.peers)
-        if not self.graph_learned:
-            # Before the graph is learned everyone is a neighbour, uniformly (self included).
-            uniform = 1.0 / (len(self.peers) + 1)
-            self.w = dict.fromkeys((self.node_id, *self.peers), uniform)
-        else:
-            self.w = {node: weight for node, weight in self.w.items() if node == self.node_id or node in self.peers}
+        self.graph.set_peers(self.peers)
 
     def weights(self) -> dict[str, float]:
-        total = sum(self.w.values())
-        return {node: weight / total for node, weight in self.w.items()}
+        return self.graph.weights()
 
     def neighbours(self) -> tuple[str, ...]:
-        return tuple(node for node, weight in self.w.items() if weight > 0 and node != self.node_id)
-
-    def _graph_phase(self, round: int) -> bool:
-        return self.learn_graph and round >= self.config.warmup_rounds
+        return self.graph.neighbours()
 
     def expected(self, round: int) -> tuple[str, ...]:
         """Everyone at round 0; afterwards the neighbours that sent last round. A peer sends only
@@ -178,50 +174,22 @@ class Mapl(_PmlNode):
         cut us) should cost one wait, not one per round."""
         if round == 0:
             return self.peers
-        neighbours = set(self.neighbours())
+        neighbours = set(self.graph.neighbours())
         return tuple(p for p in self.view.senders_since(MessageType.PROTOTYPES, round - 1) if p in neighbours)
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            **super().state_dict(),
-            "w": dict(self.w),
-            "graph_learned": self.graph_learned,
-            "graph_moments": [dict(self.graph.first_moment), dict(self.graph.second_moment)],
-            "graph_step_count": self.graph.step_count,
-            "explore_rng": self.explore_rng.bit_generator.state,
-        }
+        return {**super().state_dict(), **self.graph.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        try:
-            self.w = {str(k): float(v) for k, v in state["w"].items()}
-            self.graph_learned = bool(state["graph_learned"])
-            first, second = state["graph_moments"]
-            self.graph.first_moment, self.graph.second_moment = dict(first), dict(second)
-            self.graph.step_count = int(state["graph_step_count"])
-            self.explore_rng.bit_generator.state = state["explore_rng"]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"the saved graph state does not fit: {exc}") from None
+        self.graph.load_state_dict(state)
 
     # -- publish and receive ----------------------------------------------------------------
 
-    def _targets(self, round: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        """(neighbours, explored non-neighbours) this round's payloads go to."""
-        if not self._graph_phase(round):
-            return self.peers, ()
-        neighbours = self.neighbours()
-        cfg = self.config
-        outsiders = sorted(set(self.peers) - set(neighbours))
-        if not (cfg.explore_peers and outsiders and (round - cfg.warmup_rounds) % cfg.explore_every == 0):
-            return neighbours, ()
-        # Without this a zero weight is final: a peer we no longer hear from is never re-scored.
-        chosen = self.explore_rng.choice(len(outsiders), size=min(cfg.explore_peers, len(outsiders)), replace=False)
-        return neighbours, tuple(sorted(outsiders[i] for i in chosen))
-
     def publish(self, round: int) -> list[Outbound]:
-        neighbours, explored = self._targets(round)
-        graph_phase = self._graph_phase(round)
-        head_round = graph_phase and (round - self.config.warmup_rounds) % self.config.head_every == 0
+        neighbours, explored = self.graph.targets(round)
+        warmup, every = self.config.warmup_rounds, self.config.head_every
+        head_round = self.graph.learning(round) and (round - warmup) % every == 0
 
         def prototypes(with_head: bool) -> Prototypes:
             return Prototypes(
@@ -234,110 +202,61 @@ class Mapl(_PmlNode):
         # An explored peer always gets the head: without it, it cannot score us.
         with_head = (*neighbours, *explored) if head_round else explored
         without_head = () if head_round else neighbours
-        out = [
+        return [
             Outbound(to=tuple(sorted(to)), body=prototypes(head))
             for to, head in ((with_head, True), (without_head, False))
             if to
         ]
-        if self.share_backbone and (neighbours or explored):
-            out.append(
-                Outbound(
-                    to=tuple(sorted((*neighbours, *explored))),
-                    body=Model(kind="params", tensors={k: to_numpy(v) for k, v in self._shared().items()}),
-                )
-            )
-        return out
 
-    def _shared(self) -> dict[str, torch.Tensor]:
-        return shared_state({"backbone": self.model.backbone, "projector": self.model.projector})
-
-    def receive(self, peer: str, round: int, body: Body, frame: Frame | None = None) -> None:
-        if isinstance(body, Prototypes):
-            check_prototypes(body, self.spec.num_classes, self.spec.projection_dim, all_classes=True)
-            if body.head is not None and self.learn_graph:
-                head = Head(weight=body.head, bias=None)
-                check_head(head, self.model.head, with_bias=False)
-                # Kept apart from the prototypes: a later head-less message must not hide it.
-                self.view.put(peer, round, head)
-        elif isinstance(body, Model) and self.share_backbone:
-            check_model(body, self._shared())
-        else:
-            raise PayloadRejected("unexpected_type", f"{self.name} takes no {body.TYPE.value} payloads")
+    def accept(self, peer: str, round: int, body: Body, frame: Frame | None) -> None:
+        assert isinstance(body, Prototypes)
+        check_prototypes(body, self.spec.num_classes, self.spec.projection_dim, all_classes=True)
+        if body.head is not None:
+            head = Head(weight=body.head, bias=None)
+            check_head(head, self.model.head, with_bias=False)
+            # Kept apart from the prototypes: a later head-less message must not hide it.
+            self.view.put(peer, round, head)
         self.view.put(peer, round, body)
 
     # -- graph step and aggregation ---------------------------------------------------------
 
     def end_round(self, round: int) -> None:
-        if self._graph_phase(round):
+        if self.graph.learning(round):
             self._graph_step(round)
         prototypes = self.view.fresh(MessageType.PROTOTYPES, round)
-        self._count_missing(prototypes)
-        mix = self._mixing(prototypes)
+        mix = self.graph.mixing(prototypes)
         with torch.no_grad():
             own = self.model.prototypes
             mixed = own * mix.pop(self.node_id)
             for peer, weight in mix.items():
                 mixed += weight * torch.tensor(prototypes[peer].prototypes)
             own.copy_(mixed)
-        if self.share_backbone:
-            models = self.view.fresh(MessageType.MODEL, round)
-            mix = self._mixing(models)
-            own_weight = mix.pop(self.node_id)
-            average_states(self._shared(), own_weight, [(w, models[p].tensors) for p, w in mix.items()])
-
-    def _mixing(self, payloads: dict[str, Body]) -> dict[str, float]:
-        """Weights over self and the neighbours whose payload arrived, renormalised to sum 1."""
-        mix = {self.node_id: self.w.get(self.node_id, 0.0)}
-        mix.update({peer: self.w[peer] for peer in payloads if self.w.get(peer, 0.0) > 0})
-        total = sum(mix.values())
-        if total <= 0:
-            return {self.node_id: 1.0}
-        return {node: weight / total for node, weight in mix.items()}
-
-    def _count_missing(self, arrived: dict[str, Body]) -> None:
-        for peer in self.neighbours():
-            if peer not in arrived:
-                self.missing[peer] = self.missing.get(peer, 0) + 1
 
     def _graph_step(self, round: int) -> None:
         cfg = self.config
         heads = self.view.fresh(MessageType.HEAD, round, cfg.head_every - 1 + cfg.max_staleness)
-        if not heads and self.graph_learned:
-            # No evidence this round (e.g. the node was down or jumped ahead): keep the graph
-            # rather than fall back to talking to no one, which nobody could undo.
-            return
-        candidates = [self.node_id, *sorted(heads)]
         own_head = to_numpy(self.model.head.weight)
-        measure = cfg.graph.similarity
-        similarity = np.array(
-            [1.0] + [head_similarity(own_head, heads[p].weight, measure, self.initial_head) for p in candidates[1:]]
-        )
-        sizes = self._dataset_sizes(candidates)
-        confidence = sizes / sizes.sum()
-        start = np.array([self.w.get(node, 0.0) for node in candidates])
-        if start.sum() <= 0:
-            start = np.full(len(candidates), 1.0 / len(candidates))
-        new = self.graph.step(candidates, start, similarity, confidence, 0)
-        self.w = dict(zip(candidates, new.tolist()))
-        self.graph_learned = True
+        similarity = {
+            peer: head_similarity(own_head, body.weight, cfg.graph.similarity, self.initial_head)
+            for peer, body in heads.items()
+        }
+        self.graph.step(similarity, self._dataset_sizes(heads))
 
-    def _dataset_sizes(self, candidates: list[str]) -> np.ndarray:
+    def _dataset_sizes(self, peers) -> dict[str, float]:
         """n_j as each peer advertises it (the counts in its prototypes); own size for itself."""
         own = float(sum(self.class_counts))
         advertised = self.view.latest(MessageType.PROTOTYPES)
-        return np.array(
-            [
-                own if node == self.node_id or node not in advertised else float(max(1, sum(advertised[node].counts)))
-                for node in candidates
-            ]
-        )
+        sizes = {peer: float(max(1, sum(advertised[peer].counts))) if peer in advertised else own for peer in peers}
+        return {self.node_id: own, **sizes}
 
 
 class MaplNoCgl(Mapl):
     """MAPL with the graph fixed at all-to-all uniform: prototype averaging, no graph learning."""
 
     name = "mapl-nocgl"
-    learn_graph = False
+
+    def _neighbourhood(self) -> UniformGraph:
+        return UniformGraph(self.node_id)
 
 
 class MaplPlus(Mapl):
@@ -345,4 +264,27 @@ class MaplPlus(Mapl):
 
     name = "mapl+"
     homogeneous = True
-    share_backbone = True
+    sends = frozenset({MessageType.PROTOTYPES, MessageType.MODEL})
+
+    def __init__(self, setup: NodeSetup, config: MaplConfig | None = None) -> None:
+        super().__init__(setup, config)
+        self.shared = SharedModules({"backbone": self.model.backbone, "projector": self.model.projector})
+
+    def publish(self, round: int) -> list[Outbound]:
+        out = super().publish(round)
+        recipients = tuple(sorted({peer for each in out for peer in each.to}))
+        return [*out, Outbound(to=recipients, body=self.shared.body())] if recipients else out
+
+    def accept(self, peer: str, round: int, body: Body, frame: Frame | None) -> None:
+        if isinstance(body, Model):
+            self.shared.check(body)
+            self.view.put(peer, round, body)
+        else:
+            super().accept(peer, round, body, frame)
+
+    def end_round(self, round: int) -> None:
+        super().end_round(round)
+        models = self.view.fresh(MessageType.MODEL, round)
+        mix = self.graph.mixing(models)
+        own_weight = mix.pop(self.node_id)
+        self.shared.mix(own_weight, [(weight, models[peer]) for peer, weight in mix.items()])

@@ -23,6 +23,7 @@ __all__ = [
     "shared_state",
     "check_model",
     "average_states",
+    "SharedModules",
 ]
 
 
@@ -82,3 +83,25 @@ def average_states(
         for weight, state in others:
             mixed += weight * torch.tensor(state[name], dtype=tensor.dtype)  # copies: wire arrays are read-only
         tensor.copy_(mixed)
+
+
+class SharedModules:
+    """Modules whose floating-point state (parameters and BatchNorm statistics) travels as one
+    MODEL payload and is mixed with collaboration weights: MAPL+'s backbone and projector,
+    DFedAvgM's and D-PSGD's whole model."""
+
+    def __init__(self, modules: Mapping[str, nn.Module]) -> None:
+        self.modules = dict(modules)
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return shared_state(self.modules)
+
+    def body(self) -> Model:
+        return Model(kind="params", tensors={name: to_numpy(tensor) for name, tensor in self.state().items()})
+
+    def check(self, body: Model) -> None:
+        check_model(body, self.state())
+
+    def mix(self, own_weight: float, others: list[tuple[float, Model]]) -> None:
+        """state ← own_weight · state + Σ weight · other's, in place."""
+        average_states(self.state(), own_weight, [(weight, body.tensors) for weight, body in others])

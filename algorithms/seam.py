@@ -1,6 +1,6 @@
 """The one interface every algorithm offers to whoever drives it: the simulator or the daemon.
 
-A round, as the driver runs it (DESIGN.md §3):
+A round, as the driver runs it (docs/architecture.md has the whole data flow):
 
     report = algo.local_step(round)            # heavy: may run in a worker thread
     for out in algo.publish(round): send out.body to each of out.to; algo.published(round, out, seq)
@@ -10,7 +10,8 @@ A round, as the driver runs it (DESIGN.md §3):
     algo.evaluate()
 
 A round ends for the driver when every peer in `expected(round)` has sent each type in
-`waits_for` for that round (or at its deadline).
+`waits_for` for that round (or at its deadline); the driver, not the algorithm, counts the
+expected payloads that did not arrive.
 
 Payloads are `protocol` message bodies (numpy arrays), never torch objects or pickles, so what
 the simulator counts is exactly what the daemon puts on the wire. An algorithm never sees a
@@ -39,6 +40,7 @@ __all__ = [
     "PayloadRejected",
     "NeighbourView",
     "Algorithm",
+    "uniform_row",
 ]
 
 
@@ -170,22 +172,37 @@ class NeighbourView:
         return tuple(sorted(peer for (peer, k), (r, _) in self._latest.items() if k == kind and r >= round))
 
 
+def uniform_row(node_id: str, peers: Iterable[str]) -> dict[str, float]:
+    """Equal weight on the node and each of its peers."""
+    members = (node_id, *peers)
+    return dict.fromkeys(members, 1.0 / len(members))
+
+
 class Algorithm(abc.ABC):
-    """One node's side of a decentralised learning algorithm."""
+    """One node's side of a decentralised learning algorithm.
+
+    Subclasses implement `accept` for the payload types they declare in `sends`; the driver
+    calls `receive`, which refuses every other type before the algorithm sees it.
+    """
 
     name: ClassVar[str]
     config_type: ClassVar[type]  # a frozen dataclass of hyper-parameters; its defaults are the presets
     homogeneous: ClassVar[bool] = False  # True: every node must run the same backbone
+    # The payload types this algorithm publishes, and so the only ones it takes from peers.
+    sends: ClassVar[frozenset[MessageType]] = frozenset()
     # The payload types an expected peer sends each round; a peer has "arrived" for a round
     # once all of them have. Empty: any one payload will do.
     waits_for: ClassVar[frozenset[MessageType]] = frozenset()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not cls.waits_for <= cls.sends:
+            raise TypeError(f"{cls.__name__} waits for {set(cls.waits_for - cls.sends)}, which it never sends")
 
     def __init__(self, setup: NodeSetup) -> None:
         self.node_id = setup.node_id
         self.setup = setup
         self.peers: tuple[str, ...] = ()
-        # Neighbours whose payload for a round had not arrived by its end, counted per peer.
-        self.missing: dict[str, int] = {}
 
     def set_peers(self, peers: Iterable[str]) -> None:
         """The candidate peers (from discovery); payloads from others are rejected."""
@@ -197,12 +214,19 @@ class Algorithm(abc.ABC):
     def publish(self, round: int) -> list[Outbound]:
         return []
 
-    def published(self, round: int, out: Outbound, seq: int) -> None:
+    def published(self, round: int, out: Outbound, seq: int) -> None:  # noqa: B027 (optional hook)
         """The driver sent `out` (from `publish` or `respond`), tagged `round`, in the frame
         numbered `seq`."""
 
     def receive(self, peer: str, round: int, body: Body, frame: Frame | None = None) -> None:
-        raise PayloadRejected("unexpected_type", f"{self.name} takes no {body.TYPE.value} payloads")
+        """A peer's payload for `round`; raises PayloadRejected if it will not be used."""
+        if body.TYPE not in self.sends:
+            raise PayloadRejected("unexpected_type", f"{self.name} takes no {body.TYPE} payloads")
+        self.accept(peer, round, body, frame)
+
+    def accept(self, peer: str, round: int, body: Body, frame: Frame | None) -> None:
+        """A payload of one of the `sends` types (the driver never calls this directly)."""
+        raise NotImplementedError(f"{self.name} sends {set(self.sends)} but accepts none of them")
 
     def respond(self) -> list[Outbound]:
         """Answers owed for payloads received since the last call (may be heavy: a driver runs it
@@ -225,7 +249,7 @@ class Algorithm(abc.ABC):
         and dicts of them only, so a checkpoint loads with torch.load(weights_only=True)."""
         return {}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 (optional hook)
         """Restore what `state_dict` returned; raises ValueError if it does not fit this node."""
 
     def weights(self) -> dict[str, float]:

@@ -1,19 +1,78 @@
 """One node's share of a scenario: its data and the seeds of its model.
 
-The simulator and the daemon both build nodes here, so a node of a testnet starts exactly as
-the same node of `p2pnode simulate` (same shard, same initial model, same data order).
+The daemon, the simulator and the testnet all build nodes with `build_setup`, so a node of a
+testnet starts exactly as the same node of `p2pnode simulate` (same shard, same initial model,
+same data order).
 """
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
-from .datasets import Dataset
-from .partitions import Partition
+from .datasets import Dataset, load_dataset
+from .partitions import Partition, PartitionSpec, make_partition
 from .seam import LocalData, NodeSetup
 
-__all__ = ["node_data", "node_seed", "node_setup", "class_list_data", "class_list_setup"]
+__all__ = [
+    "ScenarioSpec",
+    "load_scenario",
+    "build_setup",
+    "node_data",
+    "node_seed",
+    "node_setup",
+    "class_list_data",
+    "class_list_setup",
+]
+
+
+@dataclass(frozen=True)
+class ScenarioSpec:
+    """A run's data: a benchmark dataset (bundled, or from a local root) dealt out to its nodes
+    by a non-IID partition."""
+
+    dataset: str
+    partition: PartitionSpec
+    root: str | None = None
+
+
+@functools.lru_cache(maxsize=4)
+def load_scenario(spec: ScenarioSpec) -> tuple[Dataset, Partition]:
+    """The dataset and its partition (cached: a simulator builds every node from one copy)."""
+    dataset = load_dataset(spec.dataset, spec.root)
+    return dataset, make_partition(dataset, spec.partition)
+
+
+def build_setup(
+    spec: ScenarioSpec,
+    node: int,
+    node_id: str,
+    *,
+    backbone: str,
+    pooled: bool = False,
+    classes: tuple[int, ...] = (),
+) -> NodeSetup:
+    """Node `node` of the scenario: its shard (its cluster's pooled shard if `pooled`: the
+    oracle), or, if `classes` are named, draws of those classes instead (`class_list_data`)."""
+    seed = spec.partition.seed
+    if classes:
+        dataset = load_dataset(spec.dataset, spec.root)
+        partition = spec.partition
+        return class_list_setup(
+            node_id,
+            dataset,
+            classes,
+            node,
+            backbone=backbone,
+            seed=seed,
+            samples_per_class=partition.samples_per_class,
+            test_per_class=partition.test_per_class,
+        )
+    dataset, partition = load_scenario(spec)
+    return node_setup(node_id, dataset, partition, node, backbone=backbone, seed=seed, pooled=pooled)
 
 
 def node_data(dataset: Dataset, partition: Partition, node: int, *, pooled: bool) -> LocalData:

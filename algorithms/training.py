@@ -11,9 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .seam import Evaluation, LocalData, LocalReport
+from .models import ModelSpec, PersonalModel, make_model
+from .seam import Evaluation, LocalData, LocalReport, NodeSetup
 
-__all__ = ["TrainingConfig", "LocalTrainer", "TrainedLocally", "evaluate_model", "seeded_generator"]
+__all__ = ["TrainingConfig", "LocalTrainer", "TrainedLocally", "evaluate_model", "seeded_generator", "node_model"]
 
 
 @dataclass(frozen=True)
@@ -54,11 +55,35 @@ def _make_optimizer(parameters, config: TrainingConfig) -> torch.optim.Optimizer
     return torch.optim.Adam(parameters, lr=config.learning_rate, weight_decay=config.weight_decay)
 
 
+def node_model(
+    setup: NodeSetup, seed: int, *, latent_dim: int, projection_dim: int = 1
+) -> tuple[ModelSpec, PersonalModel]:
+    """A model of the node's backbone for its data, initialised from `seed`: the node's own
+    seed for a personal start, the network's shared seed where every node must start alike.
+    The global torch RNG is left as it was."""
+    data = setup.data
+    spec = ModelSpec(
+        backbone=setup.backbone,
+        image_shape=tuple(data.train_images.shape[1:]),
+        num_classes=data.num_classes,
+        latent_dim=latent_dim,
+        projection_dim=projection_dim,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return spec, make_model(spec)
+
+
 class LocalTrainer:
     """Runs `local_epochs` epochs of a loss over shuffled minibatches of the node's shard.
 
     The optimiser (and its moments) lives as long as the node, not just one round.
     """
+
+    @classmethod
+    def for_node(cls, model: nn.Module, data: LocalData, config: TrainingConfig, seed: int) -> LocalTrainer:
+        """A trainer over the node's training shard; batches are drawn with the node's `seed`."""
+        return cls(model, data.train_images, data.train_labels, config, seeded_generator(seed, 1))
 
     def __init__(
         self,
@@ -136,6 +161,11 @@ class TrainedLocally:
 
     def evaluate(self) -> Evaluation:
         return evaluate_model(self.model.classify, self.model, self.data)
+
+    def cross_entropy(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        """The plain supervised loss of the model's classifier, for `trainer.run`."""
+        loss = F.cross_entropy(self.model.classify(images), labels)
+        return loss, {"cross_entropy": loss.item()}
 
     def state_dict(self) -> dict[str, Any]:
         return {"trainer": self.trainer.state_dict()}

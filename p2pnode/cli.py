@@ -138,23 +138,36 @@ def _testnet(args: argparse.Namespace) -> int:
         return code
     from algorithms.datasets import DatasetError
     from algorithms.partitions import PartitionError
-    from testnet.learning import CheckThresholds, run_learning_testnet
-    from testnet.report import summary_line, write_report
+    from testnet.learning import run_learning_testnet
 
     spec = _learning_spec(args)
-    check = CheckThresholds(accuracy=args.check_accuracy, within_cluster_mass=args.check_mass) if args.check else None
     try:
         code, report = run_learning_testnet(
-            spec, Path(args.out), round_deadline_s=args.round_deadline, timeout_s=args.timeout, check=check
+            spec, Path(args.out), round_deadline_s=args.round_deadline, timeout_s=args.timeout, check=_thresholds(args)
         )
     except (DatasetError, PartitionError) as exc:
         raise CommandError(str(exc), EXIT_USAGE) from None
-    written = write_report(report, Path(args.out))
+    _write(report, Path(args.out))
+    return code
+
+
+def _thresholds(args: argparse.Namespace):
+    from testnet.report import CheckThresholds
+
+    return CheckThresholds(accuracy=args.check_accuracy, within_cluster_mass=args.check_mass) if args.check else None
+
+
+def _write(report: dict, out: Path) -> None:
+    """Write report.json and the plots; say how it went and what failed its check."""
+    from testnet.report import summary_line, write_report
+
+    written = write_report(report, out)
+    for note in report["partition_notes"]:
+        print(f"note: {note}", file=sys.stderr)
     print(summary_line(report))
-    for failure in report.get("check", {}).get("failures", []):
+    for failure in (report["check"] or {}).get("failures", []):
         print(f"check failed: {failure}", file=sys.stderr)
     print(f"wrote {', '.join(str(p) for p in written)}", file=sys.stderr)
-    return code
 
 
 def _learning_spec(args: argparse.Namespace):
@@ -195,7 +208,6 @@ def _simulate(args: argparse.Namespace) -> int:
     from algorithms.partitions import PartitionError
     from algorithms.registry import ConfigOverrideError
     from testnet.progress import RoundProgress
-    from testnet.report import summary_line, write_report
     from testnet.simulator import run_simulation
 
     spec = _learning_spec(args)
@@ -204,15 +216,11 @@ def _simulate(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
     try:
-        report = run_simulation(spec, progress=RoundProgress(args.algorithm))
+        report = run_simulation(spec, progress=RoundProgress(args.algorithm), thresholds=_thresholds(args))
     except (DatasetError, PartitionError, ConfigOverrideError) as exc:
         raise CommandError(str(exc), EXIT_USAGE) from None
-    written = write_report(report, Path(args.out))
-    for note in report["partition_notes"]:
-        print(f"note: {note}", file=sys.stderr)
-    print(summary_line(report))
-    print(f"wrote {', '.join(str(p) for p in written)}", file=sys.stderr)
-    return EXIT_OK
+    _write(report, Path(args.out))
+    return EXIT_OK if report["check"]["passed"] else EXIT_FAILED
 
 
 def _positive(convert, what: str):
@@ -274,6 +282,25 @@ def _add_learning_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="override a hyper-parameter, e.g. --set warmup_rounds=10 --set graph.l2_weight=2",
     )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 unless it converged: every round done, accuracy and graph thresholds met",
+    )
+    parser.add_argument(
+        "--check-accuracy",
+        type=float,
+        default=0.6,
+        metavar="FRACTION",
+        help="--check: least mean final accuracy (default 0.6)",
+    )
+    parser.add_argument(
+        "--check-mass",
+        type=float,
+        default=0.9,
+        metavar="FRACTION",
+        help="--check: least within-cluster mass of a learned graph (default 0.9)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -331,25 +358,6 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_float,
         metavar="S",
         help="give up after this long (default: 180 s + rounds × (deadline + 5 s))",
-    )
-    testnet.add_argument(
-        "--check",
-        action="store_true",
-        help="exit 1 unless it converged: every round done, accuracy and graph thresholds met",
-    )
-    testnet.add_argument(
-        "--check-accuracy",
-        type=float,
-        default=0.6,
-        metavar="FRACTION",
-        help="--check: least mean final accuracy (default 0.6)",
-    )
-    testnet.add_argument(
-        "--check-mass",
-        type=float,
-        default=0.9,
-        metavar="FRACTION",
-        help="--check: least within-cluster mass of a learned graph (default 0.9)",
     )
     testnet.set_defaults(run=_testnet)
 

@@ -112,6 +112,6 @@ class Inbound:
                         continue
                     refusal = await handle(result, frame)
                     if refusal is None:
-                        self.metrics.received(result.type.value, result.size)
+                        self.metrics.received(result.type, result.size)
                     else:
                         self.metrics.rejected(refusal, result.size)

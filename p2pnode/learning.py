@@ -5,22 +5,20 @@
                      algorithm waits for), until a quorum of them or the round deadline,
                      answering what arrives meanwhile (SCooL's scores; worker thread)
                   ─► graph step + aggregation (worker thread)
-                  ─► evaluate ─► checkpoint (atomic) ─► r + 1, or catch up with the network
+                  ─► evaluate ─► record ─► checkpoint (atomic) ─► r + 1, or catch up
 
-Nodes are not in lock-step. Payloads are queued as they arrive (bounded) and handed to the
-algorithm only between its worker-thread calls, so algorithm state is never touched by two
-threads at once. Payloads for later rounds wait in the queue (up to `max_rounds_ahead`); a node
-that sees most peers further ahead than that jumps forward instead of replaying old rounds.
-All algorithm logic stays in algorithms/: this module only moves payloads and keeps time.
+Every decision (what to queue, who has arrived, when the gather ends, which round is next) is
+made by the I/O-free `RoundState` (rounds.py); this module only moves payloads, keeps time and
+runs the algorithm's heavy calls in a worker thread, one at a time, so algorithm state is never
+touched by two threads at once. It talks to the node through the narrow `Network` handles and
+imports nothing of node.py. docs/architecture.md shows where it sits.
 """
 
 from __future__ import annotations
 
-import io
 import logging
-import math
-import statistics
-from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,334 +26,265 @@ import trio
 
 from protocol import Body, Envelope, MessageType
 
-from .files import write_atomically
+from .checkpoint import Checkpoint, CheckpointError
+from .rounds import RoundRecord, RoundState
 
 if TYPE_CHECKING:
-    from algorithms.seam import Algorithm
+    from algorithms.seam import Algorithm, Outbound
 
-    from .node import Node
+    from .config import AlgorithmSettings, Config
 
-__all__ = ["RoundDriver", "build_algorithm", "CHECKPOINT_NAME", "CheckpointError"]
+__all__ = ["Network", "RoundDriver", "LearningSetupError", "build_algorithm"]
 
 log = logging.getLogger("p2pnode.learning")
 
-CHECKPOINT_NAME = "checkpoint.pt"
-CHECKPOINT_FORMAT = 1
-ROUND_AHEAD = "round_ahead"  # a payload too far ahead of this node's round
-INBOX_FULL = "inbox_full"  # the bounded payload queue was full
+
+class LearningSetupError(Exception):
+    """Learning cannot start (data, model, algorithm or checkpoint); the message names the part."""
 
 
-class CheckpointError(Exception):
-    """A checkpoint exists but cannot be used; the message says why (the node does not start)."""
+@dataclass(frozen=True)
+class Network:
+    """What the round driver may do with the node: narrow handles, nothing else."""
+
+    peers: Callable[[], Mapping[str, str]]  # admitted peers: node id → address
+    send: Callable[[tuple[str, ...], Body, int], Awaitable[int | None]]  # to addresses, tagged round → seq
+    rejected: Callable[[str, int], None]  # count a refused payload: reason, frame size
+    sent: Callable[[], Mapping[MessageType, tuple[int, int, int]]]  # learning frames sent so far, by type
 
 
-def build_algorithm(config, node_id: str) -> Algorithm:
-    """The node's algorithm, its shard of the configured scenario and its model (slow: loads
-    data and builds the model; run it in a worker thread)."""
+def build_algorithm(config: Config, node_id: str) -> Algorithm:
+    """The node's algorithm, its share of the configured data and its model (slow: loads data
+    and builds the model; run it in a worker thread)."""
     import torch
 
-    from algorithms.datasets import load_dataset
-    from algorithms.partitions import PartitionSpec, make_partition
+    from algorithms.partitions import PartitionSpec
     from algorithms.registry import apply_overrides, default_config, make_algorithm
-    from algorithms.setup import class_list_setup, node_setup
+    from algorithms.setup import ScenarioSpec, build_setup
 
     data, model, algorithm = config.data, config.model, config.algorithm
     if model.threads:
         torch.set_num_threads(model.threads)
-    dataset = load_dataset(data.dataset, None if data.root is None else str(data.root))
-    if data.classes:
-        setup = class_list_setup(
-            node_id,
-            dataset,
-            data.classes,
-            data.node_index,
-            backbone=model.backbone,
-            seed=data.seed,
-            samples_per_class=data.samples_per_class,
-            test_per_class=data.test_per_class,
-        )
-    else:
-        partition = make_partition(
-            dataset,
-            PartitionSpec(
-                scenario=data.scenario,
-                nodes=data.nodes,
-                clusters=data.clusters or None,
-                samples_per_class=data.samples_per_class,
-                test_per_class=data.test_per_class,
-                seed=data.seed,
-            ),
-        )
-        setup = node_setup(node_id, dataset, partition, data.node_index, backbone=model.backbone, seed=data.seed)
-    return make_algorithm(
-        algorithm.name, setup, apply_overrides(default_config(algorithm.name), dict(algorithm.settings))
+    partition = PartitionSpec(
+        scenario=data.scenario,
+        nodes=data.nodes,
+        clusters=data.clusters or None,
+        samples_per_class=data.samples_per_class,
+        test_per_class=data.test_per_class,
+        seed=data.seed,
     )
+    scenario = ScenarioSpec(data.dataset, partition, None if data.root is None else str(data.root))
+    setup = build_setup(scenario, data.node_index, node_id, backbone=model.backbone, classes=data.classes)
+    settings = apply_overrides(default_config(algorithm.name), dict(algorithm.settings))
+    return make_algorithm(algorithm.name, setup, settings)
 
 
 class RoundDriver:
     """Created when the node starts, so payloads of peers that are ahead are queued while this
-    node still loads its data and model; `attach` hands it the algorithm once that is built."""
+    node still loads its data and model."""
 
-    def __init__(self, node: Node, checkpoint_path: Path | None) -> None:
-        self.node = node
+    def __init__(self, settings: AlgorithmSettings, network: Network, checkpoint_path: Path | None) -> None:
+        self.settings = settings
+        self.network = network
+        self.checkpoint_path = checkpoint_path if settings.checkpoint else None
         self.algorithm: Algorithm | None = None
-        self.settings = node.config.algorithm
-        self.checkpoint_path = checkpoint_path
-        self.round = 0  # the round in progress (or next, between rounds)
-        self.completed = -1  # the last round finished
         self.phase = "starting"
-        self.history: deque[dict[str, Any]] = deque(maxlen=self.settings.history_rounds)
-        self.resumed_from: int | None = None
-        self.catch_ups = 0
-        # (round, peer id, body, (seq, sender key), frame size)
-        self._inbox: list[tuple[int, str, Body, tuple[int, bytes], int]] = []
-        self._heard: dict[int, dict[str, set[MessageType]]] = {}  # round → peer → payload types that arrived
-        self._peer_round: dict[str, int] = {}  # latest round each peer sent a payload for
-        self._heard_this_round: set[str] = set()  # peers heard from since the last round ended
+        self.state: RoundState[Envelope] = RoundState(
+            waits_for=frozenset(),
+            rounds=settings.rounds,
+            max_rounds_ahead=settings.max_rounds_ahead,
+            inbox_frames=settings.inbox_frames,
+            history_rounds=settings.history_rounds,
+        )
         self._arrival = trio.Event()
         self._limiter = trio.CapacityLimiter(1)  # one algorithm call at a time
+        self._sent_to: set[str] = set()  # peers sent anything in the round in progress
 
-    def attach(self, algorithm: Algorithm) -> None:
-        self.algorithm = algorithm
+    @property
+    def round(self) -> int:
+        return self.state.round
 
     # --- the network side ----------------------------------------------------------------
 
-    async def on_payload(self, envelope: Envelope) -> None:
+    def on_payload(self, envelope: Envelope) -> None:
         """Called by the node for every verified learning payload from an admitted peer."""
-        peer, round = envelope.sender_id, envelope.round
-        self._peer_round[peer] = max(round, self._peer_round.get(peer, -1))
-        self._heard_this_round.add(peer)
-        if round > self.round + self.settings.max_rounds_ahead:
-            self.node.metrics.rejected(ROUND_AHEAD, envelope.size)
-            return
-        if len(self._inbox) >= self.settings.inbox_frames:
-            self.node.metrics.rejected(INBOX_FULL, envelope.size)
-            return
-        self._inbox.append((round, peer, envelope.body, (envelope.seq, envelope.sender), envelope.size))
-        self._heard.setdefault(round, {}).setdefault(peer, set()).add(envelope.type)
-        self._arrival.set()
+        refusal = self.state.offer(envelope.sender_id, envelope.round, envelope.type, envelope)
+        if refusal is not None:
+            self.network.rejected(refusal, envelope.size)
+        else:
+            self._arrival.set()
 
-    def _arrived(self, round: int) -> set[str]:
-        """Peers that sent every payload type the algorithm waits for, for `round`."""
-        wanted = self.algorithm.waits_for
-        return {peer for peer, kinds in self._heard.get(round, {}).items() if kinds >= wanted}
+    async def _refresh(self) -> None:
+        """Tell the algorithm who its peers are now, then deliver and answer."""
+        self.algorithm.set_peers(self.network.peers())
+        await self._deliver_and_answer()
 
-    def _deliver(self) -> None:
-        """Hand queued payloads of this round or earlier to the algorithm (never during a
-        worker-thread call); later ones stay queued."""
+    async def _deliver_and_answer(self) -> None:
+        """Hand over the queued payloads of this round or earlier (never during a worker-thread
+        call), then send the answers they are owed (computed in a worker thread: scoring a
+        model runs it on a batch)."""
         from algorithms.seam import Frame, PayloadRejected
 
-        later = []
-        for round, peer, body, frame, size in self._inbox:
-            if round > self.round:
-                later.append((round, peer, body, frame, size))
-                continue
+        for peer, round, envelope in self.state.due():
             try:
-                self.algorithm.receive(peer, round, body, Frame(*frame))
+                self.algorithm.receive(peer, round, envelope.body, Frame(envelope.seq, envelope.sender))
             except PayloadRejected as rejected:
-                self.node.metrics.rejected(rejected.reason, size)
+                self.network.rejected(rejected.reason, envelope.size)
                 log.debug("payload from %s rejected: %s", peer, rejected)
-        self._inbox = later
+        for out in await self._in_thread(self.algorithm.respond):
+            await self._send(out, self.state.round if out.round is None else out.round)
 
-    def _sync_peers(self) -> None:
-        membership = self.node.membership
-        self.algorithm.set_peers([peer.node_id for peer in membership.peers.values()])
+    async def _send(self, out: Outbound, round: int) -> None:
+        peers = self.network.peers()
+        to = [node for node in out.to if node in peers]
+        seq = await self.network.send(tuple(peers[node] for node in to), out.body, round)
+        if seq is not None:
+            self.algorithm.published(round, out, seq)
+            self._sent_to.update(to)
 
-    def _addresses(self, node_ids: tuple[str, ...]) -> tuple[str, ...]:
-        by_id = {peer.node_id: peer.address for peer in self.node.membership.peers.values()}
-        return tuple(by_id[n] for n in node_ids if n in by_id)
+    async def _in_thread(self, function: Callable[..., Any], *args: Any) -> Any:
+        return await trio.to_thread.run_sync(function, *args, limiter=self._limiter)
 
     # --- the rounds ----------------------------------------------------------------------
 
-    async def run(self) -> None:
-        settings = self.settings
-        await self._wait_for_peers()
-        while self.round < settings.rounds:
-            await self._one_round(self.round)
-            self.completed = self.round
-            self.round = self._next_round(self.round)
+    async def run(self, build: Callable[[], Algorithm]) -> None:
+        """Build the algorithm (in a worker thread, while discovery runs), resume from the
+        checkpoint, then drive the rounds. Raises LearningSetupError if learning cannot start;
+        a failure in a round (a diverging loss, say) stops learning only, and `phase` says why."""
+        try:
+            self.algorithm = await self._in_thread(build)
+        except Exception as exc:  # a dataset root or device problem: the node cannot do its job
+            raise LearningSetupError(f"[data]/[model]/[algorithm]: cannot set up learning: {exc}") from exc
+        self.state.waits_for = self.algorithm.waits_for
+        self._resume()
+        try:
+            await self._wait_for_peers()
+            while not self.state.done:
+                await self._one_round(self.state.round)
+                self.state.next_round(self.algorithm.weights())
+        except Exception as exc:
+            self.phase = f"failed: {type(exc).__name__}: {exc}"
+            log.exception("learning stopped in round %d", self.state.round)
+            return
         self.phase = "done"
-        log.info("all %d rounds done", settings.rounds)
+        log.info("all %d rounds done", self.settings.rounds)
 
     async def _wait_for_peers(self) -> None:
         self.phase = "waiting for peers"
         with trio.move_on_after(self.settings.start_timeout_s):
-            while len(self.node.membership.peers) < self.settings.start_peers:
+            while len(self.network.peers()) < self.settings.start_peers:
                 await trio.sleep(0.05)
 
     async def _one_round(self, round: int) -> None:
-        node, algorithm, metrics = self.node, self.algorithm, self.node.metrics
-        node.round = round
+        algorithm = self.algorithm
         started = trio.current_time()
+        self._sent_to = set()
         self.phase = "local step"
-        report = await trio.to_thread.run_sync(algorithm.local_step, round, limiter=self._limiter)
+        report = await self._in_thread(algorithm.local_step, round)
         stepped = trio.current_time()
-        self._sync_peers()
-        await self._deliver_and_answer()
+        await self._refresh()
         self.phase = "publish"
         for out in algorithm.publish(round):
-            seq = await node.send_payload(self._addresses(out.to), out.body)
-            if seq is not None:
-                algorithm.published(round, out, seq)
+            await self._send(out, round)
         self.phase = "gather"
         expected = set(algorithm.expected(round))
         await self._gather(round, expected)
         gathered = trio.current_time()
-        arrived = expected & self._arrived(round)
-        self._sync_peers()
-        await self._deliver_and_answer()
+        came = expected & self.state.arrived(round)
+        await self._refresh()
         self.phase = "aggregate"
-        await trio.to_thread.run_sync(algorithm.end_round, round, limiter=self._limiter)
-        evaluation = await trio.to_thread.run_sync(algorithm.evaluate, limiter=self._limiter)
-        self._heard = {r: peers for r, peers in self._heard.items() if r > round}
-        traffic = metrics.learning_traffic()
-        self.history.append(
-            {
-                "round": round,
-                "accuracy": evaluation.accuracy,
-                "own_class_accuracy": evaluation.own_class_accuracy,
-                "loss": report.loss,
-                "weights": algorithm.weights(),
-                "expected": len(expected),
-                "arrived": len(arrived),
-                "missing": sorted(expected - arrived),
-                "step_s": round_s(stepped - started),
-                "gather_s": round_s(gathered - stepped),
-                "round_s": round_s(trio.current_time() - started),
-                **traffic,
-            }
+        await self._in_thread(algorithm.end_round, round)
+        evaluation = await self._in_thread(algorithm.evaluate)
+        record = RoundRecord(
+            node=algorithm.node_id,
+            round=round,
+            accuracy=evaluation.accuracy,
+            own_class_accuracy=evaluation.own_class_accuracy,
+            loss=report.loss,
+            test_loss=evaluation.loss,
+            weights=algorithm.weights(),
+            expected=len(expected),
+            arrived=len(came),
+            missing=tuple(sorted(expected - came)),
+            recipients=len(self._sent_to),
+            sent={str(kind): counts for kind, counts in self.network.sent().items()},
+            step_s=round_s(stepped - started),
+            gather_s=round_s(gathered - stepped),
+            round_s=round_s(trio.current_time() - started),
         )
-        if self.settings.checkpoint and self.checkpoint_path is not None:
-            self.phase = "checkpoint"
-            state = {
-                "format": CHECKPOINT_FORMAT,
-                "algorithm": algorithm.name,
-                "round": round,
-                "state": algorithm.state_dict(),
-                "history": list(self.history),
-            }
-            await trio.to_thread.run_sync(save_checkpoint, self.checkpoint_path, state, limiter=self._limiter)
+        self.state.finish(record)
+        await self._save_checkpoint(record)
         log.info(
             "round %d: accuracy %.3f, %d/%d expected payloads, %.2f s",
             round,
-            evaluation.accuracy,
-            len(arrived),
-            len(expected),
+            record.accuracy,
+            record.arrived,
+            record.expected,
             trio.current_time() - started,
-            extra={"round": round, "accuracy": evaluation.accuracy, "arrived": len(arrived), "expected": len(expected)},
+            extra={"round": round, "accuracy": record.accuracy, "arrived": record.arrived, "expected": record.expected},
         )
 
     async def _gather(self, round: int, expected: set[str]) -> None:
-        """Wait for the expected payloads of `round`: all of them, but once a quorum is in only
-        `straggler_grace_s` longer, and never past the round deadline. A peer that stopped
-        sending to us (its learned weight for us went to zero, or it died) costs one grace
-        period, not a deadline, and the next round no longer expects it."""
+        """Wait for the expected payloads of `round` as `Gather` decides, answering what
+        arrives meanwhile."""
         settings = self.settings
-
-        async def until(count: int) -> None:
-            while len(expected & self._arrived(round)) < count:
-                self._arrival = trio.Event()
+        gather = self.state.gather(
+            expected,
+            trio.current_time(),
+            quorum=settings.quorum,
+            deadline_s=settings.round_deadline_s,
+            grace_s=settings.straggler_grace_s,
+        )
+        while not gather.finished(self.state.arrived(round), trio.current_time()):
+            self._arrival = trio.Event()
+            with trio.move_on_at(gather.wake_at()) as waiting:
                 await self._arrival.wait()
-                # Shielded: answers already taken from the algorithm must go out even if the
-                # deadline falls meanwhile, or the peer waits for them in vain.
-                with trio.CancelScope(shield=True):
-                    await self._deliver_and_answer()
-
-        with trio.move_on_after(settings.round_deadline_s):
-            await until(math.ceil(settings.quorum * len(expected)))
-            with trio.move_on_after(settings.straggler_grace_s):
-                await until(len(expected))
-
-    async def _deliver_and_answer(self) -> None:
-        """Hand over what arrived and send the answers it is owed (computed in a worker thread:
-        scoring a model runs it on a batch)."""
-        self._deliver()
-        answers = await trio.to_thread.run_sync(self.algorithm.respond, limiter=self._limiter)
-        for out in answers:
-            seq = await self.node.send_payload(self._addresses(out.to), out.body, round=out.round)
-            if seq is not None:
-                self.algorithm.published(self.round if out.round is None else out.round, out, seq)
-
-    def _next_round(self, round: int) -> int:
-        """round + 1, unless the peers this node learns from are further ahead than the queue
-        reaches (it was down, or it is much slower): then it joins them instead of replaying
-        rounds whose payloads are gone. Peers it does not learn from (another cluster, say)
-        may run at their own pace and do not pull it along."""
-        weights = self.algorithm.weights()
-        heard = self._heard_this_round
-        self._heard_this_round = set()
-        sources = [p for p in heard if weights.get(p, 0.0) > 0] or list(heard)
-        if not sources:
-            return round + 1
-        typical = int(statistics.median_low(self._peer_round[p] for p in sources))
-        if typical > round + 1 + self.settings.max_rounds_ahead:
-            self.catch_ups += 1
-            log.info("catching up: peers are at round %d, this node finished %d", typical, round)
-            return typical
-        return round + 1
+            if not waiting.cancelled_caught:
+                await self._deliver_and_answer()
 
     # --- checkpoints ---------------------------------------------------------------------
 
-    def resume(self) -> None:
-        """Continue from the checkpoint, if there is one."""
-        if not self.settings.checkpoint or self.checkpoint_path is None or not self.checkpoint_path.exists():
+    async def _save_checkpoint(self, record: RoundRecord) -> None:
+        if self.checkpoint_path is None:
             return
-        state = load_checkpoint(self.checkpoint_path)
-        if state.get("format") != CHECKPOINT_FORMAT or state.get("algorithm") != self.algorithm.name:
-            raise CheckpointError(
-                f"{self.checkpoint_path} was written by another algorithm or format "
-                f"({state.get('algorithm')!r}, format {state.get('format')!r}); move it away to start afresh"
-            )
+        self.phase = "checkpoint"
+        checkpoint = Checkpoint(
+            self.algorithm.name, record.round, self.algorithm.state_dict(), tuple(self.state.history)
+        )
+        await self._in_thread(checkpoint.save, self.checkpoint_path)
+
+    def _resume(self) -> None:
+        """Continue from the checkpoint, if there is one."""
+        if self.checkpoint_path is None or not self.checkpoint_path.exists():
+            return
         try:
-            self.algorithm.load_state_dict(state["state"])
+            saved = Checkpoint.load(self.checkpoint_path, self.algorithm.name)
+            self.algorithm.load_state_dict(saved.state)
+        except CheckpointError as exc:
+            raise LearningSetupError(f"[node].data_dir: {exc}") from None
         except (KeyError, ValueError) as exc:
-            raise CheckpointError(f"{self.checkpoint_path}: {exc}") from None
-        self.history.extend(state.get("history", []))
-        self.completed = int(state["round"])
-        self.round = self.completed + 1
-        self.resumed_from = self.completed
-        log.info("resumed from the checkpoint of round %d", self.completed)
+            raise LearningSetupError(f"[node].data_dir: {self.checkpoint_path}: {exc}") from None
+        self.state.resume(saved.round, saved.history)
+        log.info("resumed from the checkpoint of round %d", saved.round)
 
     def status(self) -> dict[str, Any]:
-        last = self.history[-1] if self.history else None
+        state = self.state
+        last = state.history[-1] if state.history else None
         return {
             "algorithm": None if self.algorithm is None else self.algorithm.name,
             "phase": self.phase,
-            "round": self.round,
+            "round": state.round,
             "rounds": self.settings.rounds,
-            "completed": self.completed,
-            "resumed_from": self.resumed_from,
-            "catch_ups": self.catch_ups,
-            "accuracy": None if last is None else last["accuracy"],
-            "neighbours": {} if last is None else {k: v for k, v in last["weights"].items() if v > 0},
-            "missing_payloads": {} if self.algorithm is None else dict(sorted(self.algorithm.missing.items())),
-            "inbox": len(self._inbox),
-            "history": list(self.history),
+            "completed": state.completed,
+            "resumed_from": state.resumed_from,
+            "catch_ups": state.catch_ups,
+            "accuracy": None if last is None else last.accuracy,
+            "neighbours": {} if last is None else {k: v for k, v in last.weights.items() if v > 0},
+            "missing_payloads": dict(sorted(state.missing.items())),
+            "inbox": state.queued,
+            "history": [record.to_dict() for record in state.history],
         }
 
 
 def round_s(seconds: float) -> float:
     return round(seconds, 4)
-
-
-def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    import torch
-
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    write_atomically(path, buffer.getvalue())
-
-
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    import torch
-
-    try:
-        # weights_only: tensors and plain containers only; a tampered file cannot run code.
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises many kinds for a damaged file
-        raise CheckpointError(
-            f"{path} cannot be read ({type(exc).__name__}: {exc}); move it away to start afresh"
-        ) from None
-    if not isinstance(state, dict) or "round" not in state or "state" not in state:
-        raise CheckpointError(f"{path} is not a p2pnode checkpoint")
-    return state

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-__all__ = ["Metrics", "RATE_LIMITED", "UNKNOWN_PEER", "MULTIPART", "NOT_LEARNING", "LEARNING_TYPES"]
+from protocol import LEARNING_TYPES, MessageType
+
+__all__ = ["Metrics", "RATE_LIMITED", "UNKNOWN_PEER", "MULTIPART", "NOT_LEARNING"]
 
 # Refusals decided by the daemon rather than by protocol/ (those use protocol.Reason values).
 RATE_LIMITED = "rate_limited"  # over the per-connection inbound rate
@@ -12,36 +14,34 @@ UNKNOWN_PEER = "unknown_peer"  # a message that needs an admitted peer, from a s
 MULTIPART = "malformed"  # a multipart ZeroMQ message: not a p2pnode frame
 NOT_LEARNING = "not_learning"  # a learning payload for a node that runs no algorithm (yet)
 
-LEARNING_TYPES = frozenset({"PROTOTYPES", "HEAD", "SCORE", "MODEL"})
-
 
 class Metrics:
     def __init__(self) -> None:
-        self.messages_in: Counter[str] = Counter()
-        self.bytes_in: Counter[str] = Counter()
-        self.messages_out: Counter[str] = Counter()
-        self.bytes_out: Counter[str] = Counter()
+        self.messages_in: Counter[MessageType] = Counter()
+        self.bytes_in: Counter[MessageType] = Counter()
+        self.messages_out: Counter[MessageType] = Counter()
+        self.bytes_out: Counter[MessageType] = Counter()
         self.rejections: Counter[str] = Counter()
         self.rejected_bytes = 0
-        self.send_dropped: Counter[str] = Counter()  # by message type: peer queue full or not connected
-        self.payload_bytes_out: Counter[str] = Counter()  # tensor bytes inside the frames sent
+        self.send_dropped: Counter[MessageType] = Counter()  # peer queue full or not connected
+        self.beacon_sends_failed = 0
+        self.payload_bytes_out: Counter[MessageType] = Counter()  # tensor bytes inside the frames sent
 
-    def received(self, kind: str, size: int) -> None:
+    def received(self, kind: MessageType, size: int) -> None:
         self.messages_in[kind] += 1
         self.bytes_in[kind] += size
 
-    def sent(self, kind: str, size: int, payload: int = 0) -> None:
+    def sent(self, kind: MessageType, size: int, payload: int = 0) -> None:
         self.messages_out[kind] += 1
         self.bytes_out[kind] += size
         self.payload_bytes_out[kind] += payload
 
-    def learning_traffic(self) -> dict[str, int]:
-        """Cumulative learning messages sent (discovery and keep-alives left out)."""
-        kinds = [k for k in self.messages_out if k in LEARNING_TYPES]
+    def learning_sent(self) -> dict[MessageType, tuple[int, int, int]]:
+        """Learning frames sent so far, by type: (messages, bytes, payload bytes)."""
         return {
-            "messages_out": sum(self.messages_out[k] for k in kinds),
-            "bytes_out": sum(self.bytes_out[k] for k in kinds),
-            "payload_bytes_out": sum(self.payload_bytes_out[k] for k in kinds),
+            kind: (self.messages_out[kind], self.bytes_out[kind], self.payload_bytes_out[kind])
+            for kind in sorted(self.messages_out)
+            if kind in LEARNING_TYPES
         }
 
     def rejected(self, reason: str, size: int) -> None:
@@ -68,4 +68,5 @@ class Metrics:
             "rejections": dict(sorted(self.rejections.items())),
             "rejected_bytes": self.rejected_bytes,
             "send_dropped": dict(sorted(self.send_dropped.items())),
+            "beacon_sends_failed": self.beacon_sends_failed,
         }

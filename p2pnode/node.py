@@ -4,22 +4,28 @@
               ─► receive (inbound.py) / maintain peers (peers.py) / beacon ─► BYE, close
 
 The node owns all I/O and time; discovery decisions come from `Membership` as actions, learning
-(later issues) plugs into `on_payload`. Everything runs in one trio nursery: cancelling it stops
-every task, and `run` returns only after the sockets are closed.
+payloads go to the round driver (learning.py) through `on_payload`, and the driver reaches the
+network only through the narrow handles of `learning.Network`. Everything runs in one trio
+nursery: cancelling it stops every task, and `run` returns only after the sockets are closed.
+A problem that keeps the node from starting is recorded, the node stops, and `run` raises one
+NodeStartError naming every such problem once the nursery has exited. docs/architecture.md has
+the whole picture.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 import trio
 
 from protocol import (
+    DISCOVERY_TYPES,
     PROTOCOL_VERSION,
     Body,
     Decoder,
@@ -36,12 +42,13 @@ from protocol import (
 
 from . import signing
 from .beacon import run_beacon
+from .checkpoint import CHECKPOINT_NAME
 from .config import Config
 from .control import serve_control
 from .inbound import Inbound, decode_all
-from .learning import CHECKPOINT_NAME, CheckpointError, RoundDriver, build_algorithm
+from .learning import LearningSetupError, Network, RoundDriver, build_algorithm
 from .metrics import NOT_LEARNING, UNKNOWN_PEER, Metrics
-from .peers import DISCOVERY_TYPES, Action, Dial, Hangup, Membership, Send, SendHello
+from .peers import Action, Dial, Hangup, Membership, Send, SendHello
 from .prometheus import render_for, serve_prometheus
 from .state import DataDir, DataDirError
 from .transport import Transport, TransportError
@@ -56,7 +63,12 @@ def wall_clock_us() -> int:
 
 
 class NodeStartError(Exception):
-    """The node could not start; nothing is left running. The message names the culprit."""
+    """The node could not start; nothing is left running. The message names every culprit,
+    one per line, each with the setting to look at."""
+
+    def __init__(self, *problems: str) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
 
 
 class Node:
@@ -81,9 +93,8 @@ class Node:
         self.inbound = Inbound(self.transport, self.decoder, self.guard, self.metrics, config.transport, clock_us)
         self.membership: Membership | None = None
         self.address: str | None = None  # what peers dial: [node].advertise, or the bound endpoint
-        self.round = 0
-        # The round driver (learning.py) takes PROTOTYPES, HEAD, SCORE and MODEL here.
-        self.on_payload: Callable[[Envelope], Awaitable[None]] | None = None
+        # The round driver (learning.py) takes the learning payloads here.
+        self.on_payload: Callable[[Envelope], None] | None = None
         self.driver: RoundDriver | None = None
         self.metrics_port: int | None = None  # where Prometheus metrics are served, if they are
         self._counter: SequenceCounter | None = None
@@ -91,12 +102,24 @@ class Node:
         self._nursery: trio.Nursery | None = None
         self._reserving = False
         self._stop = trio.Event()
+        self._start_problems: list[str] = []
         self._started_at = 0.0
 
     # --- lifecycle -----------------------------------------------------------------------
 
     def request_stop(self) -> None:
         self._stop.set()
+
+    @property
+    def round(self) -> int:
+        """The learning round in progress (0 for a node that does not learn): frames carry it."""
+        return 0 if self.driver is None else self.driver.round
+
+    def _cannot_start(self, problem: str) -> None:
+        """Record why the node cannot do its job and stop it; `run` raises once all has stopped."""
+        log.error("%s", problem)
+        self._start_problems.append(problem)
+        self.request_stop()
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Run until `request_stop()` or cancellation; raises NodeStartError if it cannot start,
@@ -117,10 +140,7 @@ class Node:
                 self.membership.set_own_hello(self._hello_frame())
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
-                    start_error = await self._start_services(nursery)
-                    if start_error is not None:
-                        nursery.cancel_scope.cancel()
-                    else:
+                    if await self._start_services(nursery):
                         nursery.start_soon(self.inbound.run, self._handle)
                         nursery.start_soon(self._maintain)
                         if config.beacon.enabled:
@@ -131,10 +151,10 @@ class Node:
                             "node %s listening on %s, advertising %s", self.identity.node_id, endpoint, self.address
                         )
                         task_status.started(self)
-                        await self._stop.wait()
-                        nursery.cancel_scope.cancel()
-                if start_error is not None:
-                    raise start_error
+                    await self._stop.wait()
+                    nursery.cancel_scope.cancel()
+                if self._start_problems:
+                    raise NodeStartError(*self._start_problems)
             finally:
                 self._nursery = None
                 with trio.CancelScope(shield=True):
@@ -143,21 +163,28 @@ class Node:
                     await self.transport.close()
                 log.info("node %s stopped", self.identity.node_id)
 
-    async def _start_services(self, nursery: trio.Nursery) -> NodeStartError | None:
-        """The local endpoints: the control socket and, if configured, Prometheus metrics."""
+    async def _start_services(self, nursery: trio.Nursery) -> bool:
+        """The local endpoints: the control socket and, if configured, Prometheus metrics.
+        False if one could not open (recorded with `_cannot_start`)."""
         config = self.config
+        started = True
         try:
             await nursery.start(serve_control, config.control_socket, self._control)
         except OSError as exc:
-            return NodeStartError(f"[node].data_dir: cannot open the control socket: {exc.strerror or exc}")
+            self._cannot_start(f"[node].data_dir: cannot open the control socket: {exc.strerror or exc}")
+            started = False
         if config.metrics.host_port is not None:
+            render = render_for(self.metrics, self._peer_count, lambda: self.driver)
             try:
-                self.metrics_port = await nursery.start(serve_prometheus, *config.metrics.host_port, render_for(self))
+                self.metrics_port = await nursery.start(serve_prometheus, *config.metrics.host_port, render)
             except OSError as exc:
-                return NodeStartError(
-                    f"[metrics].listen: cannot listen on {config.metrics.listen}: {exc.strerror or exc}"
-                )
-        return None
+                listen = config.metrics.listen
+                self._cannot_start(f"[metrics].listen: cannot listen on {listen}: {exc.strerror or exc}")
+                started = False
+        return started
+
+    def _peer_count(self) -> int:
+        return 0 if self.membership is None else len(self.membership.peers)
 
     @contextlib.contextmanager
     def _locked_data_dir(self):
@@ -245,7 +272,7 @@ class Node:
         return seq
 
     def _send_frame(self, addresses: tuple[str, ...], body: Body, frame: bytes) -> int:
-        kind = body.TYPE.value
+        kind = body.TYPE
         payload = body.payload_bytes()
         delivered = 0
         for address in addresses:
@@ -299,7 +326,7 @@ class Node:
             return UNKNOWN_PEER  # learning payloads are taken from admitted peers only
         if self.on_payload is None:
             return NOT_LEARNING
-        await self.on_payload(envelope)
+        self.on_payload(envelope)
         return None
 
     async def _verify_relayed(self, peers: Peers) -> list[tuple[Envelope, bytes]]:
@@ -311,7 +338,7 @@ class Node:
             return []
         results = await trio.to_thread.run_sync(decode_all, self.decoder, fresh, limiter=self.inbound.verify_limiter)
         relayed = []
-        for frame, result in zip(fresh, results):
+        for frame, result in zip(fresh, results, strict=True):
             if isinstance(result, ProtocolError):
                 self.metrics.rejected(f"relayed_{result.reason.value}", len(frame))
             elif result.type is not MessageType.HELLO:
@@ -323,25 +350,20 @@ class Node:
     # --- learning ------------------------------------------------------------------------
 
     async def _learn(self, data_dir: DataDir) -> None:
-        """Build the algorithm (data and model load in a worker thread while discovery runs),
-        resume from the checkpoint, then drive the rounds; the node keeps serving afterwards."""
-        driver = RoundDriver(self, data_dir.path / CHECKPOINT_NAME)
-        self.driver = driver
-        self.on_payload = driver.on_payload  # queue (bounded) what faster peers send meanwhile
+        """Drive the rounds (learning.py); the node keeps serving afterwards. The driver exists
+        before the algorithm is built, so what faster peers send meanwhile is queued."""
+        network = Network(
+            peers=lambda: {peer.node_id: peer.address for peer in self.membership.peers.values()},
+            send=self.send_payload,
+            rejected=self.metrics.rejected,
+            sent=self.metrics.learning_sent,
+        )
+        self.driver = RoundDriver(self.config.algorithm, network, data_dir.path / CHECKPOINT_NAME)
+        self.on_payload = self.driver.on_payload
         try:
-            algorithm = await trio.to_thread.run_sync(build_algorithm, self.config, self.identity.node_id)
-        except Exception as exc:  # a dataset root or device problem: the node cannot do its job
-            raise NodeStartError(f"[data]/[model]/[algorithm]: cannot set up learning: {exc}") from exc
-        driver.attach(algorithm)
-        try:
-            driver.resume()
-        except CheckpointError as exc:
-            raise NodeStartError(f"[node].data_dir: {exc}") from None
-        try:
-            await driver.run()
-        except Exception as exc:  # e.g. a diverging loss: stop learning, keep serving, say why
-            driver.phase = f"failed: {type(exc).__name__}: {exc}"
-            log.exception("learning stopped in round %d", driver.round)
+            await self.driver.run(functools.partial(build_algorithm, self.config, self.identity.node_id))
+        except LearningSetupError as exc:
+            self._cannot_start(str(exc))
 
     # --- periodic work -------------------------------------------------------------------
 
@@ -368,7 +390,7 @@ class Node:
                 self._execute(self.membership.on_announced(result, datagram, trio.current_time(), self.clock_us()))
 
         def send_failed() -> None:
-            self.metrics.send_dropped["BEACON"] += 1
+            self.metrics.beacon_sends_failed += 1
 
         limit = self.config.limits.limits().max_frame_bytes_for(MessageType.HELLO)
         await run_beacon(self.config.beacon, limit, self._hello_frame, heard, self.metrics.rejected, send_failed)

@@ -34,9 +34,8 @@ from protocol import (
 from .config import DiscoverySettings
 from .metrics import UNKNOWN_PEER
 
-__all__ = ["Peer", "Membership", "Dial", "Hangup", "SendHello", "Send", "Action", "DISCOVERY_TYPES"]
+__all__ = ["Peer", "Membership", "Dial", "Hangup", "SendHello", "Send", "Action"]
 
-DISCOVERY_TYPES = frozenset({MessageType.HELLO, MessageType.PEERS, MessageType.PING, MessageType.PONG, MessageType.BYE})
 
 _U64 = (1 << 64) - 1
 

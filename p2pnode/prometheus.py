@@ -2,7 +2,8 @@
 
 prometheus_client's own server runs in a thread of its own; this one is a task in the node's
 nursery like everything else, and reads the node's counters at scrape time (no copies to keep
-in step). Requests are bounded: a few KiB of headers, a deadline, one request per connection.
+in step) through the handles the node passes in. Requests are bounded: a few KiB of headers, a
+deadline, one request per connection.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
-    from .node import Node
+    from .learning import RoundDriver
+    from .metrics import Metrics
 
 __all__ = ["NodeCollector", "serve_prometheus", "registry_for"]
 
@@ -29,13 +31,17 @@ REQUEST_TIMEOUT_S = 5.0
 class NodeCollector:
     """Turns the node's counters and the round driver's state into Prometheus metrics."""
 
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(
+        self, metrics: Metrics, peer_count: Callable[[], int], driver: Callable[[], RoundDriver | None]
+    ) -> None:
+        self.metrics = metrics
+        self.peer_count = peer_count
+        self.driver = driver
 
     def collect(self) -> Iterator[Metric]:
-        node, metrics = self.node, self.node.metrics
+        metrics = self.metrics
         peers = GaugeMetricFamily("p2pnode_peers", "admitted peers")
-        peers.add_metric([], len(node.membership.peers) if node.membership else 0)
+        peers.add_metric([], self.peer_count())
         yield peers
         for name, helptext, counter in (
             ("p2pnode_messages_sent", "frames sent, by message type", metrics.messages_out),
@@ -58,39 +64,42 @@ class NodeCollector:
         for reason, value in sorted(metrics.rejections.items()):
             rejected.add_metric([reason], value)
         yield rejected
-        driver = node.driver
-        if driver is None:
-            return
-        round_ = GaugeMetricFamily("p2pnode_round", "the learning round in progress")
-        round_.add_metric([], driver.round)
-        yield round_
-        completed = GaugeMetricFamily("p2pnode_rounds_completed", "learning rounds completed")
-        completed.add_metric([], driver.completed + 1)
-        yield completed
-        last = driver.history[-1] if driver.history else None
-        if last is not None:
-            accuracy = GaugeMetricFamily("p2pnode_accuracy", "accuracy on the node's own test split, last round")
-            accuracy.add_metric([], last["accuracy"])
-            yield accuracy
-            weights = GaugeMetricFamily(
-                "p2pnode_neighbour_weight", "learned collaboration weight, by peer", labels=["peer"]
-            )
-            for peer, weight in sorted(last["weights"].items()):
-                if weight > 0:
-                    weights.add_metric([peer], weight)
-            yield weights
-        if driver.algorithm is not None:
-            missing = CounterMetricFamily(
-                "p2pnode_missing_payloads", "expected payloads that did not arrive in time, by peer", labels=["peer"]
-            )
-            for peer, value in sorted(driver.algorithm.missing.items()):
-                missing.add_metric([peer], value)
-            yield missing
+        driver = self.driver()
+        if driver is not None:
+            yield from _learning(driver)
 
 
-def registry_for(node: Node) -> CollectorRegistry:
+def _learning(driver: RoundDriver) -> Iterator[Metric]:
+    state = driver.state
+    round_ = GaugeMetricFamily("p2pnode_round", "the learning round in progress")
+    round_.add_metric([], state.round)
+    yield round_
+    completed = GaugeMetricFamily("p2pnode_rounds_completed", "learning rounds completed")
+    completed.add_metric([], state.completed + 1)
+    yield completed
+    last = state.history[-1] if state.history else None
+    if last is not None:
+        accuracy = GaugeMetricFamily("p2pnode_accuracy", "accuracy on the node's own test split, last round")
+        accuracy.add_metric([], last.accuracy)
+        yield accuracy
+        weights = GaugeMetricFamily(
+            "p2pnode_neighbour_weight", "learned collaboration weight, by peer", labels=["peer"]
+        )
+        for peer, weight in sorted(last.weights.items()):
+            if weight > 0:
+                weights.add_metric([peer], weight)
+        yield weights
+    missing = CounterMetricFamily(
+        "p2pnode_missing_payloads", "expected payloads that did not arrive in time, by peer", labels=["peer"]
+    )
+    for peer, value in sorted(state.missing.items()):
+        missing.add_metric([peer], value)
+    yield missing
+
+
+def registry_for(collector: NodeCollector) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(NodeCollector(node))
+    registry.register(collector)
     return registry
 
 
@@ -132,6 +141,9 @@ async def serve_prometheus(
     await trio.serve_listeners(handle, listeners)
 
 
-def render_for(node: Node) -> Callable[[], bytes]:
-    registry = registry_for(node)
+def render_for(
+    metrics: Metrics, peer_count: Callable[[], int], driver: Callable[[], RoundDriver | None]
+) -> Callable[[], bytes]:
+    """The text of a scrape, rendered afresh each call from the handles given."""
+    registry = registry_for(NodeCollector(metrics, peer_count, driver))
     return lambda: generate_latest(registry)

@@ -18,6 +18,7 @@ log = logging.getLogger("p2pnode.runner")
 async def _serve(node: Node) -> None:
     # The receiver is open before the node starts: a signal during start-up stops it cleanly
     # instead of raising KeyboardInterrupt somewhere inside.
+    failed: NodeStartError | None = None
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
 
         async def watch() -> None:
@@ -27,16 +28,15 @@ async def _serve(node: Node) -> None:
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch)
-            await node.run()
+            try:
+                await node.run()
+            except NodeStartError as exc:  # kept out of the nursery: raised as itself, not in a group
+                failed = exc
             nursery.cancel_scope.cancel()
+    if failed is not None:
+        raise failed
 
 
 def run_until_signalled(config: Config) -> None:
-    """Raises NodeStartError if the node cannot start."""
-    try:
-        trio.run(_serve, Node(config))
-    except* NodeStartError as group:
-        first = group
-        while isinstance(first, BaseExceptionGroup):  # nurseries nest their groups
-            first = first.exceptions[0]
-        raise first from None
+    """Raises NodeStartError, naming every problem, if the node cannot start."""
+    trio.run(_serve, Node(config))

@@ -39,4 +39,6 @@ def format_status(status: dict) -> str:
         lines.append(
             "sends dropped: " + ", ".join(f"{kind} {count}" for kind, count in traffic["send_dropped"].items())
         )
+    if traffic.get("beacon_sends_failed"):
+        lines.append(f"beacon sends failed: {traffic['beacon_sends_failed']}")
     return "\n".join(lines)

@@ -21,6 +21,8 @@ from .identity import NODE_ID_LENGTH, Identity, node_id
 from .limits import DEFAULT_LIMITS, KiB, Limits, MiB
 from .messages import (
     BODY_TYPES,
+    DISCOVERY_TYPES,
+    LEARNING_TYPES,
     MAX_RELAYED_HELLOS,
     PUBLIC_KEY_SIZE,
     Body,
@@ -41,6 +43,7 @@ from .tensors import WIRE_DTYPES
 __all__ = [
     "BODY_TYPES",
     "DEFAULT_LIMITS",
+    "DISCOVERY_TYPES",
     "DOMAIN_TAG",
     "HEADER_MAX_BYTES",
     "MAX_RELAYED_HELLOS",
@@ -58,6 +61,7 @@ __all__ = [
     "Hello",
     "Identity",
     "KiB",
+    "LEARNING_TYPES",
     "Limits",
     "MessageType",
     "MiB",

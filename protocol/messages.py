@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MessageType",
+    "DISCOVERY_TYPES",
+    "LEARNING_TYPES",
     "Body",
     "Hello",
     "Peers",
@@ -40,7 +42,10 @@ __all__ = [
 PUBLIC_KEY_SIZE = 32  # Ed25519 raw public key
 
 
-class MessageType(str, enum.Enum):
+class MessageType(enum.StrEnum):
+    """Every message type. Two families: discovery (who is out there and alive: the daemon's
+    own business) and learning (an algorithm's payloads, handed to its round driver)."""
+
     HELLO = "HELLO"
     PEERS = "PEERS"
     PING = "PING"
@@ -51,8 +56,14 @@ class MessageType(str, enum.Enum):
     SCORE = "SCORE"
     MODEL = "MODEL"
 
-    def __str__(self) -> str:
-        return self.value
+    @property
+    def is_learning(self) -> bool:
+        return self in LEARNING_TYPES
+
+
+DISCOVERY_TYPES = frozenset({MessageType.HELLO, MessageType.PEERS, MessageType.PING, MessageType.PONG, MessageType.BYE})
+# A new algorithm's payload type is one more member above, listed here, with its body below.
+LEARNING_TYPES = frozenset(MessageType) - DISCOVERY_TYPES
 
 
 class Field(NamedTuple):

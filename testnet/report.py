@@ -1,22 +1,42 @@
-"""Writing a learning run's report: `report.json` and the three PNGs of DESIGN.md §7.
+"""A learning run's report, from the `RoundRecord`s its nodes wrote: one builder for the
+simulator and the learning testnet, so both produce one schema (docs/architecture.md, "Reports").
 
-The same writer serves the simulator and (next) the learning testnet, so both produce one schema:
-algorithm, dataset, scenario, nodes, rounds, seed; accuracy {mean, std, per_node, per_round}
-(fractions in [0, 1]); graph {W, W_true, l1_to_truth, within_cluster_mass, per-round series};
-comm {messages, bytes, by_type}; rejections; wall_s.
+    header ─► assemble(header, records, truth, ...) ─► check(report, thresholds) ─► write_report
+
+Per round, a node's latest record so far stands for it (a node that skipped a round keeps its
+last one; a node with none yet talks to no one and has no accuracy). The final figures are each
+node's last record.
 """
 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from algorithms.catalog import GRAPH_LEARNING
+from algorithms.graph import adjusted_rand_index, communities, l1_to_truth, within_cluster_mass
 from p2pnode.files import write_atomically
+from p2pnode.rounds import RoundRecord
 
-__all__ = ["REQUIRED_KEYS", "write_report", "write_plots", "summary_line", "gap_share"]
+from .plots import write_plots
+
+__all__ = [
+    "REQUIRED_KEYS",
+    "Truth",
+    "CheckThresholds",
+    "run_header",
+    "assemble",
+    "check",
+    "write_report",
+    "summary_line",
+    "gap_share",
+]
 
 REQUIRED_KEYS = (
     "algorithm",
@@ -30,8 +50,29 @@ REQUIRED_KEYS = (
     "comm",
     "rejections",
     "wall_s",
+    "check",
 )
-PLOTS = ("graph.png", "accuracy.png", "bytes.png")
+
+
+@dataclass(frozen=True)
+class Truth:
+    """What a run is measured against: the true collaboration matrix W* and cluster of each node."""
+
+    w: np.ndarray
+    clusters: np.ndarray
+
+    @classmethod
+    def of(cls, partition) -> Truth:
+        return cls(partition.w_true, np.array([shard.cluster for shard in partition.shards]))
+
+
+@dataclass(frozen=True)
+class CheckThresholds:
+    """What `--check` asserts, each overridable on the command line."""
+
+    accuracy: float = 0.6  # mean final accuracy on the nodes' own test splits
+    within_cluster_mass: float = 0.9  # for algorithms that learn a graph
+    rounds_completed: bool = True  # every node finished every round
 
 
 def gap_share(method: float, local: float, oracle: float) -> float | None:
@@ -41,7 +82,7 @@ def gap_share(method: float, local: float, oracle: float) -> float | None:
 
 
 def run_header(kind: str, spec, partition, ids: list[str], backbones: list[str], config: dict) -> dict[str, Any]:
-    """The fields that say what was run; the simulator and the learning testnet share them."""
+    """The fields that say what was run."""
     clusters = sorted({shard.cluster for shard in partition.shards})
     return {
         "kind": kind,
@@ -62,6 +103,152 @@ def run_header(kind: str, spec, partition, ids: list[str], backbones: list[str],
     }
 
 
+def assemble(
+    header: Mapping[str, Any],
+    records: Iterable[RoundRecord],
+    truth: Truth,
+    *,
+    rejections: Mapping[str, int],
+    wall_s: float,
+    discovery: Mapping[str, int] | None = None,
+    processes: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The report of a run. `discovery` is the traffic outside learning (the testnet's daemons;
+    none in a simulation), `processes` what only real daemons have (exit codes, logs, resumes)."""
+    ids = list(header["node_ids"])
+    by_node: list[dict[int, RoundRecord]] = [{} for _ in ids]
+    index = {node_id: i for i, node_id in enumerate(ids)}
+    for record in records:
+        by_node[index[record.node]][record.round] = record
+    series = _per_round(by_node, int(header["rounds"]), ids, truth)
+    finals = [history[max(history)] if history else None for history in by_node]
+    w = _matrix([None if f is None else f.weights for f in finals], ids)
+    found = communities(w)
+    accuracy = np.array([np.nan if f is None else f.accuracy for f in finals])
+    own_class = np.array([np.nan if f is None else f.own_class_accuracy for f in finals])
+    every = [record for history in by_node for record in history.values()]
+    return {
+        **header,
+        "accuracy": {**_spread(accuracy), "per_round": series["accuracy"]},
+        "accuracy_own_classes": {**_spread(own_class), "per_round": series["accuracy_own_classes"]},
+        "loss": {"train_per_round": series["loss"], "test_per_round": series["test_loss"]},
+        "graph": {
+            "W": w.tolist(),
+            "W_true": np.asarray(truth.w).tolist(),
+            "clusters": np.asarray(truth.clusters).tolist(),
+            "l1_to_truth": l1_to_truth(w, truth.w),
+            "within_cluster_mass": within_cluster_mass(w, truth.clusters),
+            "l1_to_truth_per_round": series["l1_to_truth"],
+            "within_cluster_mass_per_round": series["within_cluster_mass"],
+            "communities": found,
+            "community_agreement": adjusted_rand_index(found, truth.clusters),
+        },
+        "comm": _communication(finals, series, discovery),
+        "rejections": dict(sorted(rejections.items())),
+        "missing_payloads": sum(len(record.missing) for record in every),
+        "rounds_completed_per_node": [len(history) for history in by_node],
+        "timing": {
+            "local_step_s_mean": _mean_of(every, "step_s"),
+            "gather_s_mean": _mean_of(every, "gather_s"),
+            "round_s_mean": _mean_of(every, "round_s"),
+        },
+        "wall_s": wall_s,
+        "processes": None if processes is None else dict(processes),
+        "check": None,
+    }
+
+
+def _per_round(by_node: list[dict[int, RoundRecord]], rounds: int, ids: list[str], truth: Truth) -> dict[str, list]:
+    keys = ("accuracy", "accuracy_own_classes", "loss", "test_loss", "l1_to_truth", "within_cluster_mass")
+    series: dict[str, list] = {key: [] for key in (*keys, "messages", "bytes")}
+    latest: list[RoundRecord | None] = [None] * len(ids)
+    for r in range(rounds):
+        latest = [history.get(r, last) for history, last in zip(by_node, latest, strict=True)]
+        present = [record for record in latest if record is not None]
+        if not present:
+            continue
+        series["accuracy"].append(float(np.mean([e.accuracy for e in present])))
+        series["accuracy_own_classes"].append(float(np.mean([e.own_class_accuracy for e in present])))
+        series["loss"].append(float(np.mean([e.loss for e in present])))
+        series["test_loss"].append(float(np.mean([e.test_loss for e in present])))
+        w = _matrix([None if e is None else e.weights for e in latest], ids)
+        series["l1_to_truth"].append(l1_to_truth(w, truth.w))
+        series["within_cluster_mass"].append(within_cluster_mass(w, truth.clusters))
+        series["messages"].append(sum(e.messages_out for e in present))
+        series["bytes"].append(sum(e.bytes_out for e in present))
+    return series
+
+
+def _matrix(rows: Sequence[Mapping[str, float] | None], ids: list[str]) -> np.ndarray:
+    """W from each node's row; a node without one talks to no one (all its weight on itself)."""
+    index = {node_id: i for i, node_id in enumerate(ids)}
+    w = np.zeros((len(ids), len(ids)))
+    for i, row in enumerate(rows):
+        for peer, weight in (row or {ids[i]: 1.0}).items():
+            if peer in index:
+                w[i, index[peer]] = weight
+    return w
+
+
+def _communication(
+    finals: list[RoundRecord | None], series: dict[str, list], discovery: Mapping[str, int] | None
+) -> dict[str, Any]:
+    by_type: dict[str, dict[str, int]] = {}
+    payload = 0
+    for final in finals:
+        for kind, (messages, size, payload_bytes) in (final.sent if final else {}).items():
+            entry = by_type.setdefault(str(kind), {"messages": 0, "bytes": 0})
+            entry["messages"] += messages
+            entry["bytes"] += size
+            payload += payload_bytes
+    total = sum(entry["bytes"] for entry in by_type.values())
+    return {
+        "messages": sum(entry["messages"] for entry in by_type.values()),
+        "bytes": total,
+        "payload_bytes": payload,
+        "envelope_overhead": total / payload if payload else None,
+        "by_type": dict(sorted(by_type.items())),
+        "messages_cumulative_per_round": series["messages"],
+        "bytes_cumulative_per_round": series["bytes"],
+        "recipients_last_round": [None if f is None else f.recipients for f in finals],
+        "discovery": dict(discovery) if discovery is not None else {"messages": 0, "bytes": 0},
+    }
+
+
+def _spread(values: np.ndarray) -> dict[str, Any]:
+    """Mean, std and the per-node list of a per-node figure (NaN: the node reported none)."""
+    if np.all(np.isnan(values)):
+        return {"mean": None, "std": None, "per_node": [None] * len(values)}
+    listed = [None if math.isnan(v) else float(v) for v in values]
+    return {"mean": float(np.nanmean(values)), "std": float(np.nanstd(values)), "per_node": listed}
+
+
+def _mean_of(records: list[RoundRecord], name: str) -> float | None:
+    values = [getattr(record, name) for record in records if getattr(record, name) is not None]
+    return float(np.mean(values)) if values else None
+
+
+def check(report: dict[str, Any], thresholds: CheckThresholds) -> dict[str, Any]:
+    """Judge a report against `thresholds`; returns {passed, failures (in words), thresholds}."""
+    failures = []
+    rounds = report["rounds"]
+    if thresholds.rounds_completed:
+        short = [i for i, count in enumerate(report["rounds_completed_per_node"]) if count == 0]
+        if short:
+            failures.append(f"nodes {short} recorded no round")
+        if any(a is None for a in report["accuracy"]["per_node"]):
+            failures.append("some nodes reported no accuracy")
+        if len(report["accuracy"]["per_round"]) < rounds:
+            failures.append(f"only {len(report['accuracy']['per_round'])} of {rounds} rounds reported")
+    mean = report["accuracy"]["mean"]
+    if mean is None or mean < thresholds.accuracy:
+        failures.append(f"mean accuracy {mean} below {thresholds.accuracy}")
+    mass = report["graph"]["within_cluster_mass"]
+    if report["algorithm"] in GRAPH_LEARNING and mass < thresholds.within_cluster_mass:
+        failures.append(f"within-cluster mass {mass:.3f} below {thresholds.within_cluster_mass}")
+    return {"passed": not failures, "failures": failures, "thresholds": asdict(thresholds)}
+
+
 def write_report(report: dict[str, Any], out: Path) -> list[Path]:
     """Write report.json and the PNGs into `out` (created); returns the paths written."""
     missing = [key for key in REQUIRED_KEYS if key not in report]
@@ -71,60 +258,6 @@ def write_report(report: dict[str, Any], out: Path) -> list[Path]:
     path = out / "report.json"
     write_atomically(path, (json.dumps(report, indent=1) + "\n").encode())
     return [path, *write_plots(report, out)]
-
-
-def write_plots(report: dict[str, Any], out: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only; never a display
-    import matplotlib.pyplot as plt
-
-    title = f"{report['algorithm']} · {report['dataset']} · scenario {report['scenario']} · {report['nodes']} nodes"
-    written = []
-
-    fig, axes = plt.subplots(1, 2, figsize=(9, 4.2), constrained_layout=True)
-    for ax, key, name in ((axes[0], "W", "learned W"), (axes[1], "W_true", "W* (ground truth)")):
-        image = ax.imshow(
-            np.array(report["graph"][key]),
-            vmin=0,
-            vmax=max(1e-9, float(np.max(report["graph"]["W_true"]))),
-            cmap="viridis",
-        )
-        ax.set_title(name)
-        ax.set_xlabel("node j")
-        ax.set_ylabel("node i")
-    fig.colorbar(image, ax=axes, shrink=0.8, label="w_ij")
-    fig.suptitle(
-        f"{title}\nL1 to truth {report['graph']['l1_to_truth']:.3f} · "
-        f"within-cluster mass {report['graph']['within_cluster_mass']:.3f}"
-    )
-    written.append(_save(fig, out / "graph.png", plt))
-
-    fig, ax = plt.subplots(figsize=(6, 4), constrained_layout=True)
-    rounds = np.arange(1, len(report["accuracy"]["per_round"]) + 1)
-    ax.plot(rounds, np.array(report["accuracy"]["per_round"]) * 100, label="mean over nodes")
-    ax.set_xlabel("round")
-    ax.set_ylabel("test accuracy (%)")
-    ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    written.append(_save(fig, out / "accuracy.png", plt))
-
-    fig, ax = plt.subplots(figsize=(6, 4), constrained_layout=True)
-    cumulative = np.array(report["comm"]["bytes_cumulative_per_round"], dtype=float)
-    ax.plot(rounds[: len(cumulative)], cumulative / 2**20)
-    ax.set_xlabel("round")
-    ax.set_ylabel("cumulative bytes sent (MiB)")
-    ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3)
-    written.append(_save(fig, out / "bytes.png", plt))
-    return written
-
-
-def _save(fig, path: Path, plt) -> Path:
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
 
 
 def summary_line(report: dict[str, Any]) -> str:

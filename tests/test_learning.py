@@ -148,10 +148,10 @@ def test_dfedavgm_averages_models_exactly(digits_nodes):
     b.local_step(0)
     (out_a,) = a.publish(0)
     (out_b,) = b.publish(0)
-    before = {k: v.clone() for k, v in a._state().items()}
+    before = {k: v.clone() for k, v in a.shared.state().items()}
     a.receive("n1", 0, out_b.body)
     a.end_round(0)
-    for name, tensor in a._state().items():
+    for name, tensor in a.shared.state().items():
         expected = (before[name] + torch.tensor(out_b.body.tensors[name])) / 2
         torch.testing.assert_close(tensor, expected)
 
@@ -349,17 +349,19 @@ def test_a_node_can_name_its_own_classes():
 
 @pytest.mark.parametrize("algorithm", ["mapl", "fedproto", "dfedavgm"])
 def test_a_checkpoint_restores_the_node_exactly(digits_nodes, tmp_path, algorithm):
-    from p2pnode.learning import load_checkpoint, save_checkpoint
+    from p2pnode.checkpoint import Checkpoint, CheckpointError
 
     node = make_node(algorithm, digits_nodes)
     node.local_step(0)
     node.publish(0)
     node.end_round(0)
     path = tmp_path / "checkpoint.pt"
-    save_checkpoint(path, {"round": 0, "state": node.state_dict()})
+    Checkpoint(algorithm, 0, node.state_dict(), ()).save(path)
+    with pytest.raises(CheckpointError, match="another algorithm"):
+        Checkpoint.load(path, "scool-sbm")
     restored = make_node(algorithm, digits_nodes)
-    restored.load_state_dict(load_checkpoint(path)["state"])
-    for (name, a), (_, b) in zip(node.model.state_dict().items(), restored.model.state_dict().items()):
+    restored.load_state_dict(Checkpoint.load(path, algorithm).state)
+    for (name, a), (_, b) in zip(node.model.state_dict().items(), restored.model.state_dict().items(), strict=True):
         torch.testing.assert_close(a, b, msg=name)
     assert restored.weights() == node.weights()
     # Both continue identically: same data order, same optimiser moments.

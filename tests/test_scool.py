@@ -144,7 +144,7 @@ def test_the_m_step_is_d_psgd_when_the_start_is_common(digits_groups):
     a.end_round(0)
     w = a.weights()
     assert sum(w.values()) == pytest.approx(1.0) and set(w) == {a.node_id, b.node_id}
-    for name, tensor in a._state().items():
+    for name, tensor in a.shared.state().items():
         mixed = w[a.node_id] * torch.tensor(sent[0].tensors[name]) + w[b.node_id] * torch.tensor(sent[1].tensors[name])
         torch.testing.assert_close(tensor, mixed, rtol=1e-5, atol=1e-6)
 
@@ -159,7 +159,7 @@ def test_dirac_is_d_psgd_and_sends_no_scores(digits_groups):
     a.receive(b.node_id, 0, out_b.body, Frame(5, digits_groups[2][1].public_key))
     assert a.respond() == []
     a.end_round(0)
-    for name, tensor in a._state().items():
+    for name, tensor in a.shared.state().items():
         expected = (torch.tensor(out_a.body.tensors[name]) + torch.tensor(out_b.body.tensors[name])) / 2
         torch.testing.assert_close(tensor, expected)
     assert a.weights() == {a.node_id: 0.5, b.node_id: 0.5}
@@ -233,7 +233,7 @@ def test_checkpoint_round_trip(digits_groups, name):
     restored.load_state_dict(state)
     assert restored.neighbours == a.neighbours == (b.node_id,)
     assert restored.weights() == pytest.approx(a.weights())
-    for (k, v), (_, w) in zip(a._state().items(), restored._state().items()):
+    for (k, v), (_, w) in zip(a.shared.state().items(), restored.shared.state().items()):
         torch.testing.assert_close(v, w)
     with pytest.raises(ValueError):
         scool_node(name, digits_groups, 0, blocks=3).load_state_dict(

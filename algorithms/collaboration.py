@@ -1,0 +1,149 @@
+"""Whom a node collaborates with, and how much: one row of the collaboration matrix W.
+
+Two neighbourhoods, one interface, so an algorithm is composed with either:
+
+- `UniformGraph`: every peer is a neighbour and everyone (the node too) weighs the same.
+- `LearnedGraph`: MAPL's CGL. Uniform until warm-up ends; then the row is learned from how
+  similar the peers' classifier heads are (algorithms/graph.py), zero weights drop peers, and
+  every few rounds a few non-neighbours are tried again (exploration), so a zero is not final.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from .graph import GraphConfig, GraphOptimizer
+from .seam import uniform_row
+
+__all__ = ["UniformGraph", "LearnedGraph"]
+
+
+class UniformGraph:
+    """Every peer is a neighbour; W's row is uniform over the node and its peers."""
+
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+        self.peers: tuple[str, ...] = ()
+        self.w: dict[str, float] = {node_id: 1.0}
+
+    def set_peers(self, peers: Iterable[str]) -> None:
+        self.peers = tuple(peers)
+        self.w = uniform_row(self.node_id, self.peers)
+
+    def learning(self, round: int) -> bool:
+        """Whether `round` learns the row (and so needs the peers' heads)."""
+        return False
+
+    def weights(self) -> dict[str, float]:
+        total = sum(self.w.values())
+        return {node: weight / total for node, weight in self.w.items()}
+
+    def neighbours(self) -> tuple[str, ...]:
+        return tuple(node for node, weight in self.w.items() if weight > 0 and node != self.node_id)
+
+    def targets(self, round: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(neighbours, explored non-neighbours) that this round's payloads go to."""
+        return self.neighbours(), ()
+
+    def mixing(self, arrived: Iterable[str]) -> dict[str, float]:
+        """Weights over the node and the neighbours whose payload arrived, renormalised to sum 1."""
+        mix = {self.node_id: self.w.get(self.node_id, 0.0)}
+        mix.update({peer: self.w[peer] for peer in arrived if self.w.get(peer, 0.0) > 0})
+        total = sum(mix.values())
+        if total <= 0:
+            return {self.node_id: 1.0}
+        return {node: weight / total for node, weight in mix.items()}
+
+    def step(self, similarity: Mapping[str, float], sizes: Mapping[str, float]) -> None:
+        """A uniform row learns nothing."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        pass
+
+
+class LearnedGraph(UniformGraph):
+    """CGL: projected steps on w over the node and the peers whose heads it holds."""
+
+    def __init__(
+        self,
+        node_id: str,
+        config: GraphConfig,
+        *,
+        warmup_rounds: int,
+        explore_every: int,
+        explore_peers: int,
+        seed: int,
+    ) -> None:
+        super().__init__(node_id)
+        self.optimizer = GraphOptimizer(config)
+        self.warmup_rounds = warmup_rounds
+        self.explore_every = explore_every
+        self.explore_peers = explore_peers
+        self.learned = False
+        self.explore_rng = np.random.default_rng([seed, 2])
+
+    def set_peers(self, peers: Iterable[str]) -> None:
+        if not self.learned:  # before the row is learned everyone is a neighbour, uniformly
+            super().set_peers(peers)
+            return
+        self.peers = tuple(peers)
+        known = set(self.peers)
+        self.w = {node: weight for node, weight in self.w.items() if node == self.node_id or node in known}
+
+    def learning(self, round: int) -> bool:
+        return round >= self.warmup_rounds
+
+    def targets(self, round: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        if not self.learning(round):
+            return self.peers, ()
+        neighbours = self.neighbours()
+        outsiders = sorted(set(self.peers) - set(neighbours))
+        if not (self.explore_peers and outsiders and (round - self.warmup_rounds) % self.explore_every == 0):
+            return neighbours, ()
+        # Without this a zero weight is final: a peer we no longer hear from is never re-scored.
+        count = min(self.explore_peers, len(outsiders))
+        chosen = self.explore_rng.choice(len(outsiders), size=count, replace=False)
+        return neighbours, tuple(sorted(outsiders[i] for i in chosen))
+
+    def step(self, similarity: Mapping[str, float], sizes: Mapping[str, float]) -> None:
+        """One graph step from the heads' similarity to ours, s_ij per peer j, and the dataset
+        sizes n_j (the node's own included) that weigh them."""
+        if not similarity and self.learned:
+            # No evidence this round (e.g. the node was down or jumped ahead): keep the graph
+            # rather than fall back to talking to no one, which nobody could undo.
+            return
+        candidates = [self.node_id, *sorted(similarity)]
+        scores = np.array([1.0] + [similarity[peer] for peer in candidates[1:]])
+        counts = np.array([sizes[node] for node in candidates])
+        start = np.array([self.w.get(node, 0.0) for node in candidates])
+        if start.sum() <= 0:
+            start = np.full(len(candidates), 1.0 / len(candidates))
+        new = self.optimizer.step(candidates, start, scores, counts / counts.sum(), 0)
+        self.w = dict(zip(candidates, new.tolist(), strict=True))
+        self.learned = True
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "w": dict(self.w),
+            "graph_learned": self.learned,
+            "graph_moments": [dict(self.optimizer.first_moment), dict(self.optimizer.second_moment)],
+            "graph_step_count": self.optimizer.step_count,
+            "explore_rng": self.explore_rng.bit_generator.state,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        try:
+            self.w = {str(k): float(v) for k, v in state["w"].items()}
+            self.learned = bool(state["graph_learned"])
+            first, second = state["graph_moments"]
+            self.optimizer.first_moment, self.optimizer.second_moment = dict(first), dict(second)
+            self.optimizer.step_count = int(state["graph_step_count"])
+            self.explore_rng.bit_generator.state = state["explore_rng"]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"the saved graph state does not fit: {exc}") from None

@@ -1,0 +1,88 @@
+"""The learning checkpoint: everything a restarted node needs to carry on, written atomically
+after every round (`[algorithm].checkpoint`), read back with `torch.load(weights_only=True)`
+so that a tampered file cannot run code."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .files import write_atomically
+from .rounds import RoundRecord
+
+__all__ = [
+    "CHECKPOINT_NAME",
+    "CHECKPOINT_FORMAT",
+    "Checkpoint",
+    "CheckpointError",
+    "save_checkpoint",
+    "load_checkpoint",
+]
+
+CHECKPOINT_NAME = "checkpoint.pt"
+CHECKPOINT_FORMAT = 2  # 2: history entries are RoundRecords
+
+
+class CheckpointError(Exception):
+    """A checkpoint exists but cannot be used; the message says why (the node does not start)."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    algorithm: str
+    round: int  # the last round completed
+    state: dict[str, Any]  # Algorithm.state_dict()
+    history: tuple[RoundRecord, ...]
+
+    def save(self, path: Path) -> None:
+        save_checkpoint(
+            path,
+            {
+                "format": CHECKPOINT_FORMAT,
+                "algorithm": self.algorithm,
+                "round": self.round,
+                "state": self.state,
+                "history": [record.to_dict() for record in self.history],
+            },
+        )
+
+    @classmethod
+    def load(cls, path: Path, algorithm: str) -> Checkpoint:
+        """The checkpoint at `path`, which `algorithm` must have written in this format."""
+        saved = load_checkpoint(path)
+        if saved.get("format") != CHECKPOINT_FORMAT or saved.get("algorithm") != algorithm:
+            raise CheckpointError(
+                f"{path} was written by another algorithm or format ({saved.get('algorithm')!r}, format "
+                f"{saved.get('format')!r}; this node runs {algorithm!r}, format {CHECKPOINT_FORMAT}); "
+                "move it away to start afresh"
+            )
+        try:
+            history = tuple(RoundRecord.from_dict(entry) for entry in saved.get("history", []))
+            return cls(algorithm, int(saved["round"]), saved["state"], history)
+        except (ValueError, TypeError) as exc:
+            raise CheckpointError(f"{path}: {exc}; move it away to start afresh") from None
+
+
+def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    write_atomically(path, buffer.getvalue())
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    import torch
+
+    try:
+        # weights_only: tensors and plain containers only; a tampered file cannot run code.
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many kinds for a damaged file
+        raise CheckpointError(
+            f"{path} cannot be read ({type(exc).__name__}: {exc}); move it away to start afresh"
+        ) from None
+    if not isinstance(state, dict) or "round" not in state or "state" not in state:
+        raise CheckpointError(f"{path} is not a p2pnode checkpoint")
+    return state
