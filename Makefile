@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test bench bench-learning bench-scool clean
+.PHONY: venv demo test lint format bench bench-learning bench-scool clean
 
 venv: $(STAMP)
 
@@ -18,10 +18,19 @@ $(STAMP): pyproject.toml constraints.txt
 
 # Ten MAPL daemons learning over TCP on real MNIST digits, next to a Local run (about 3 minutes).
 demo: venv
-	$(BIN)/python -m testnet.demo --out demo-out
+	$(BIN)/python -m tools.demo --out demo-out
 
 test: venv
 	$(BIN)/python -m pytest
+
+# Formatting and lint rules (pyproject.toml, [tool.ruff]); `make format` applies the formatter.
+lint: venv
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+
+format: venv
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
 
 bench: venv
 	$(BIN)/p2pnode bench protocol
@@ -29,11 +38,11 @@ bench: venv
 
 # The learning benchmark of BENCHMARKS.md (about 15 minutes on 2 cores).
 bench-learning: venv
-	$(BIN)/python -m testnet.bench_learning --out bench-out/learning
+	$(BIN)/python -m tools.bench.learning --out bench-out/learning
 
 # The SCooL benchmark of BENCHMARKS.md (about 4 minutes on 2 cores).
 bench-scool: venv
-	$(BIN)/python -m testnet.bench_scool --out bench-out/scool
+	$(BIN)/python -m tools.bench.scool --out bench-out/scool
 
 clean:
 	rm -rf $(VENV) demo-out bench-out .pytest_cache .hypothesis *.egg-info

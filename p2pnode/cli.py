@@ -110,7 +110,7 @@ def _keyinfo(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from .bench import adapters, protocol, transport
+    from tools.bench import adapters, protocol, transport
 
     bench = {"protocol": protocol, "transport": transport, "adapters": adapters}[args.bench]
     sizes = tuple(args.sizes) if args.sizes else bench.DEFAULT_SIZES
@@ -123,21 +123,26 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from .protocol_demo import run
+    from tools.protocol_demo import run
 
     return run(Path(args.out))
 
 
 def _testnet(args: argparse.Namespace) -> int:
     if args.algorithm == "none":
+        from testnet.cluster import ClusterStartError
         from testnet.discovery import run_discovery_testnet
 
         if args.duration is None:
             raise CommandError("--algorithm none needs --duration S", EXIT_USAGE)
-        code, _ = run_discovery_testnet(Path(args.out), args.nodes, args.duration, exit_on_mesh=args.exit_on_mesh)
+        try:
+            code, _ = run_discovery_testnet(Path(args.out), args.nodes, args.duration, exit_on_mesh=args.exit_on_mesh)
+        except ClusterStartError as exc:
+            raise CommandError(str(exc)) from None
         return code
     from algorithms.datasets import DatasetError
     from algorithms.partitions import PartitionError
+    from testnet.cluster import ClusterStartError
     from testnet.learning import run_learning_testnet
 
     spec = _learning_spec(args)
@@ -147,6 +152,8 @@ def _testnet(args: argparse.Namespace) -> int:
         )
     except (DatasetError, PartitionError) as exc:
         raise CommandError(str(exc), EXIT_USAGE) from None
+    except ClusterStartError as exc:
+        raise CommandError(str(exc)) from None
     _write(report, Path(args.out))
     return code
 

@@ -313,7 +313,8 @@ class NodeSettings:
     advertise: str | None = option(
         Endpoint(bind=False),
         None,
-        "address peers dial, sent in HELLO; default: the address `listen` bound (required when `listen` binds all interfaces)",
+        "address peers dial, sent in HELLO; default: the address "
+        "`listen` bound (required when `listen` binds all interfaces)",
     )
     capabilities: tuple[str, ...] = option(
         ListOf(Text(_TOKEN, what="a capability token"), 32), (), "capability tokens announced in HELLO"
@@ -351,7 +352,8 @@ class DiscoverySettings:
     dial_attempts: int = option(
         Integer(1, 10_000),
         20,
-        "give up on an address learned from peers after this many unanswered HELLOs (bootstrap addresses are retried forever)",
+        "give up on an address learned from peers after this many "
+        "unanswered HELLOs (bootstrap addresses are retried forever)",
     )
 
 
@@ -398,13 +400,15 @@ class TransportSettings:
     sign_in_thread_bytes: int = option(
         Integer(0, 1 << 40),
         65536,
-        "payloads at least this large are signed in a worker thread; smaller ones on the event loop, where a thread hand-off would cost more than it saves",
+        "payloads at least this large are signed in a worker thread; smaller ones "
+        "on the event loop, where a thread hand-off would cost more than it saves",
     )
     verify_batch: int = option(Integer(1, 4096), 64, "frames handed to a verify thread at once")
     verify_batch_bytes: int = option(
         Integer(1024, 1 << 31),
         262144,
-        "a batch closes once it holds this many bytes (a single larger frame still forms a batch); bounds memory and keeps large frames fast",
+        "a batch closes once it holds this many bytes (a single larger frame "
+        "still forms a batch); bounds memory and keeps large frames fast",
     )
     verify_queue: int = option(
         Integer(1, 4096),
@@ -487,7 +491,8 @@ class DataSettings:
     classes: tuple[int, ...] = option(
         ListOf(Integer(0, 4095), 4096),
         (),
-        "instead of a shard: train on these classes (`samples_per_class` images of each, drawn with `seed` and the node index); such nodes may share images",
+        "instead of a shard: train on these classes (`samples_per_class` images of "
+        "each, drawn with `seed` and the node index); such nodes may share images",
     )
     clusters: int = option(Integer(0, 100_000), 0, "ground-truth clusters (0: the scenario's default)")
     samples_per_class: int = option(Integer(1, 1_000_000), 25, "training samples per class of this node")
@@ -505,7 +510,8 @@ class ModelSettings:
     device: str = option(
         Text(choices=("auto", "cpu", "cuda")),
         "auto",
-        "where the model trains; today `auto` and `cpu` train on the CPU and `cuda` is refused (the algorithms do not place tensors on a device yet)",
+        "where the model trains; today `auto` and `cpu` train on the CPU and "
+        "`cuda` is refused (the algorithms do not place tensors on a device yet)",
     )
     threads: int = option(
         Integer(0, 1024), 1, "torch CPU threads (0: torch's default); several daemons on one machine want 1"
@@ -527,12 +533,14 @@ class AlgorithmSettings:
     straggler_grace_s: float = option(
         Number(0, 86400),
         2.0,
-        "... wait at most this much longer for the rest (late payloads still count next round); 1.0 waits for all, up to the deadline",
+        "... wait at most this much longer for the rest (late payloads "
+        "still count next round); 1.0 waits for all, up to the deadline",
     )
     max_rounds_ahead: int = option(
         Integer(0, 1000),
         2,
-        "payloads for up to this many rounds ahead of ours are buffered; further ones count as `round_ahead` and make a lagging node catch up",
+        "payloads for up to this many rounds ahead of ours are buffered; "
+        "further ones count as `round_ahead` and make a lagging node catch up",
     )
     inbox_frames: int = option(
         Integer(1, 1_000_000),
@@ -640,11 +648,13 @@ def _cross_checks(config: Config) -> list[str]:
     d = config.discovery
     if d.peer_timeout_s <= 2 * d.ping_interval_s:
         problems.append(
-            f"[discovery].peer_timeout_s: must exceed 2 × ping_interval_s ({2 * d.ping_interval_s:g}), got {d.peer_timeout_s:g}"
+            "[discovery].peer_timeout_s: must exceed 2 × ping_interval_s "
+            f"({2 * d.ping_interval_s:g}), got {d.peer_timeout_s:g}"
         )
     if d.hello_max_age_s <= d.hello_refresh_s:
         problems.append(
-            f"[discovery].hello_max_age_s: must exceed hello_refresh_s ({d.hello_refresh_s:g}), got {d.hello_max_age_s:g}"
+            "[discovery].hello_max_age_s: must exceed hello_refresh_s "
+            f"({d.hello_refresh_s:g}), got {d.hello_max_age_s:g}"
         )
     if d.dial_retry_max_s < d.dial_retry_initial_s:
         problems.append("[discovery].dial_retry_max_s: must not be below dial_retry_initial_s")
@@ -652,12 +662,14 @@ def _cross_checks(config: Config) -> list[str]:
     wildcard = node.listen.startswith(("tcp://*:", "tcp://0.0.0.0:", "tcp://[::]:"))
     if node.advertise is None and wildcard:
         problems.append(
-            f"[node].advertise: required when listen binds all interfaces ({node.listen}): say how peers reach this node"
+            "[node].advertise: required when listen binds all "
+            f"interfaces ({node.listen}): say how peers reach this node"
         )
     socket_path = str(config.control_socket)
     if len(socket_path.encode()) > _MAX_UNIX_SOCKET_PATH:
         problems.append(
-            f"[node].data_dir: path too long for the control socket ({socket_path!r} has more than {_MAX_UNIX_SOCKET_PATH} bytes)"
+            "[node].data_dir: path too long for the control socket "
+            f"({socket_path!r} has more than {_MAX_UNIX_SOCKET_PATH} bytes)"
         )
     beacon = config.beacon
     try:

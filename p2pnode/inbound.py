@@ -6,8 +6,8 @@ the replay guard, and hand each accepted envelope to the node.
 
 Every stage is bounded: the batch (in frames and in bytes), the queue of batches (when full,
 reading stops and ZeroMQ pushes back on the senders), the number of verify threads. At most
-(verify_queue + verify_threads) batches are alive, each within verify_batch_bytes or one frame. Every refusal is counted by
-reason; none stops the loop.
+(verify_queue + verify_threads) batches are alive, each within verify_batch_bytes or one frame.
+Every refusal is counted by reason; none stops the loop.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ class Inbound:
             async for frames in batches:
                 results = await trio.to_thread.run_sync(decode_all, self.decoder, frames, limiter=self.verify_limiter)
                 now_us = self.clock_us()
-                for frame, result in zip(frames, results):
+                for frame, result in zip(frames, results, strict=True):
                     if isinstance(result, ProtocolError):
                         self.metrics.rejected(result.reason.value, len(frame))
                         continue

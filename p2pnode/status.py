@@ -28,7 +28,8 @@ def format_status(status: dict) -> str:
             f"  {kind:<10}{row['messages_in']:>7}{row['bytes_in']:>12}{row['messages_out']:>10}{row['bytes_out']:>12}"
         )
     lines.append(
-        f"  {'total':<10}{traffic['messages_in']:>7}{traffic['bytes_in']:>12}{traffic['messages_out']:>10}{traffic['bytes_out']:>12}"
+        "  "
+        f"{'total':<10}{traffic['messages_in']:>7}{traffic['bytes_in']:>12}{traffic['messages_out']:>10}{traffic['bytes_out']:>12}"
     )
     rejections = traffic["rejections"]
     lines.append(

@@ -12,7 +12,7 @@ import enum
 __all__ = ["Reason", "ProtocolError"]
 
 
-class Reason(str, enum.Enum):
+class Reason(enum.StrEnum):
     """Machine-readable rejection reasons; the values are stable and appear in metrics."""
 
     TOO_LARGE = "too_large"  # frame over the global or per-type size limit

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from .messages import MessageType
+from .kinds import MessageType
 
 __all__ = ["Limits", "DEFAULT_LIMITS", "KiB", "MiB"]
 

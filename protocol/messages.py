@@ -8,13 +8,13 @@ Cross-field rules (a head's bias matches its weight, one count per prototype) li
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeVar
 
 import numpy as np
 
 from .errors import ProtocolError, Reason
+from .kinds import DISCOVERY_TYPES, LEARNING_TYPES, MessageType
 from .schema import Blob, Choice, Codec, ListOf, Nullable, Real, Tensor, TensorMap, Text, UInt, malformed
 
 if TYPE_CHECKING:
@@ -40,30 +40,6 @@ __all__ = [
 ]
 
 PUBLIC_KEY_SIZE = 32  # Ed25519 raw public key
-
-
-class MessageType(enum.StrEnum):
-    """Every message type. Two families: discovery (who is out there and alive: the daemon's
-    own business) and learning (an algorithm's payloads, handed to its round driver)."""
-
-    HELLO = "HELLO"
-    PEERS = "PEERS"
-    PING = "PING"
-    PONG = "PONG"
-    BYE = "BYE"
-    PROTOTYPES = "PROTOTYPES"
-    HEAD = "HEAD"
-    SCORE = "SCORE"
-    MODEL = "MODEL"
-
-    @property
-    def is_learning(self) -> bool:
-        return self in LEARNING_TYPES
-
-
-DISCOVERY_TYPES = frozenset({MessageType.HELLO, MessageType.PEERS, MessageType.PING, MessageType.PONG, MessageType.BYE})
-# A new algorithm's payload type is one more member above, listed here, with its body below.
-LEARNING_TYPES = frozenset(MessageType) - DISCOVERY_TYPES
 
 
 class Field(NamedTuple):

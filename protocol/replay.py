@@ -61,7 +61,8 @@ class ReplayGuard:
         if abs(timestamp_us - now_us) > self.max_skew_us:
             raise ProtocolError(
                 Reason.STALE,
-                f"timestamp {(timestamp_us - now_us) / 1e6:+.3f} s from this node's clock (bound ±{self.max_skew_us / 1e6:g} s)",
+                f"timestamp {(timestamp_us - now_us) / 1e6:+.3f} s from "
+                f"this node's clock (bound ±{self.max_skew_us / 1e6:g} s)",
             )
         state = self._senders.get(sender)
         if state is None:
@@ -146,7 +147,8 @@ class SequenceCounter:
     def next(self) -> int:
         if self._next >= self.reserved_until:
             raise SequenceExhausted(
-                f"sequence {self._next} is not covered by a persisted reservation (reserved until {self.reserved_until})"
+                f"sequence {self._next} is not covered by a persisted "
+                f"reservation (reserved until {self.reserved_until})"
             )
         seq = self._next
         self._next += 1

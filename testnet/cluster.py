@@ -1,6 +1,10 @@
 """Many real daemons on one machine: keys and configs on disk, one process each, and a
 guarantee that every process is gone when the cluster is (`with Cluster(...)`).
 
+No port is chosen in advance: every daemon listens on port 0, the OS picks a free port when it
+binds, and the launcher reads the address back from the node's status. The first node started
+is the bootstrap of all the others (see `Cluster.start`).
+
 Children get PR_SET_PDEATHSIG, so even a launcher killed with SIGKILL leaves no daemon behind,
 and they run in their own session, so a terminal's Ctrl-C reaches the launcher alone, which
 then stops them in order (SIGTERM, then SIGKILL after a grace period).
@@ -11,7 +15,6 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,23 +28,13 @@ from p2pnode.control import ControlError, request
 from p2pnode.keystore import write_key
 from protocol import Identity
 
-__all__ = ["NodeSpec", "Cluster", "free_ports"]
+__all__ = ["NodeSpec", "Cluster", "ClusterStartError"]
 
 _PR_SET_PDEATHSIG = 1
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """Ports the kernel hands out as free right now (all held at once, so all distinct)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind((host, 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
+class ClusterStartError(RuntimeError):
+    """The first node, which every other node joins through, exited or did not answer in time."""
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -55,10 +48,10 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 class NodeSpec:
     index: int
     directory: Path
-    address: str
-    settings: dict  # the TOML document, as a dict
+    settings: dict  # the TOML document, as a dict; `Cluster.start` writes it to config_path
     node_id: str = ""
     prefix: tuple[str, ...] = ()  # run the daemon under this, e.g. ("ip", "netns", "exec", "host1")
+    address: str | None = None  # the address the node reported in its status; None until it has
     process: subprocess.Popen | None = field(default=None, repr=False)
 
     @property
@@ -75,9 +68,11 @@ class NodeSpec:
 
 
 class Cluster:
-    def __init__(self, specs: list[NodeSpec], stop_grace_s: float = 10.0) -> None:
+    def __init__(self, specs: list[NodeSpec], stop_grace_s: float = 10.0, start_timeout_s: float = 30.0) -> None:
         self.specs = specs
         self.stop_grace_s = stop_grace_s
+        self.start_timeout_s = start_timeout_s
+        self.bootstrap: str | None = None  # the address of the first node started; the others join it
 
     @classmethod
     def prepare(
@@ -90,22 +85,21 @@ class Cluster:
         discovery: dict | None = None,
         extra: dict | Callable[[int], dict] | None = None,
     ) -> Cluster:
-        """Write a key and a config per node under `out`. Node i knows only node i+1 (a ring).
-        `extra` adds sections: one table for all nodes, or a function of the node index."""
-        ports = free_ports(count, host)
-        addresses = [f"tcp://{host}:{port}" for port in ports]
+        """Write a key and a config per node under `out`, each listening on port 0 of `host`.
+        `[discovery].bootstrap` is left out: `start` fills it in. `extra` adds sections: one
+        table for all nodes, or a function of the node index."""
         specs = []
-        for index, address in enumerate(addresses):
+        for index in range(count):
             directory = out / f"node{index:02d}"
             directory.mkdir(parents=True, exist_ok=True)
             identity = Identity.generate()
             write_key(directory / "key.pem", identity, overwrite=True)
             settings = {
-                "node": {"key": "key.pem", "data_dir": "data", "network": network, "listen": address},
-                "discovery": {"bootstrap": [addresses[(index + 1) % count]] if count > 1 else [], **(discovery or {})},
+                "node": {"key": "key.pem", "data_dir": "data", "network": network, "listen": f"tcp://{host}:0"},
+                "discovery": dict(discovery or {}),
                 **((extra(index) if callable(extra) else extra) or {}),
             }
-            spec = NodeSpec(index, directory, address, settings, identity.node_id)
+            spec = NodeSpec(index, directory, settings, identity.node_id)
             spec.config_path.write_text(tomli_w.dumps(settings))
             specs.append(spec)
         return cls(specs)
@@ -117,8 +111,24 @@ class Cluster:
         self.stop()
 
     def start(self, spec: NodeSpec) -> None:
-        log = open(spec.log_path, "ab")
-        try:
+        """Write the node's config from `spec.settings` and spawn its daemon.
+
+        The first node this cluster starts, whichever it is, is the bootstrap of the others:
+        `start` waits until it answers status (`wait_until_up`) and keeps its address in
+        `self.bootstrap`. A node whose settings name no `[discovery].bootstrap` gets that address
+        as its only bootstrap peer (the first node itself gets none); settings that name one,
+        even an empty list, are kept. A node that has run before (`spec.address` known) comes back
+        on the same address: its `listen` is rewritten to it, as a restarted daemon would come
+        back on its configured port.
+        """
+        node = spec.settings.setdefault("node", {})
+        if spec.address is not None and "advertise" not in node:
+            node["listen"] = spec.address
+        discovery = spec.settings.setdefault("discovery", {})
+        if "bootstrap" not in discovery:
+            discovery["bootstrap"] = [] if self.bootstrap is None else [self.bootstrap]
+        spec.config_path.write_text(tomli_w.dumps(spec.settings))
+        with open(spec.log_path, "ab") as log:  # the child keeps its own descriptor
             spec.process = subprocess.Popen(
                 [*spec.prefix, sys.executable, "-m", "p2pnode", "start", "--config", str(spec.config_path)],
                 stdin=subprocess.DEVNULL,
@@ -127,20 +137,43 @@ class Cluster:
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
-        finally:
-            log.close()
+        if self.bootstrap is None:
+            self.bootstrap = self.wait_until_up(spec)
 
     def start_all(self) -> None:
+        """Start every node: the first alone, until it answers (see `start`), then all the
+        others at once, each with the first as its bootstrap."""
         for spec in self.specs:
             self.start(spec)
 
+    def wait_until_up(self, spec: NodeSpec, timeout: float | None = None) -> str:
+        """Wait until the node answers status; returns its address. Raises ClusterStartError,
+        naming the node's log, if it exits first or does not answer within `timeout` seconds
+        (default `start_timeout_s`)."""
+        timeout = self.start_timeout_s if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        while (status := self.status(spec, timeout=1.0)) is None:
+            if not self.alive(spec):
+                code = None if spec.process is None else spec.process.returncode
+                raise ClusterStartError(
+                    f"node {spec.index} exited (code {code}) before it answered; see {spec.log_path}"
+                )
+            if time.monotonic() >= deadline:
+                raise ClusterStartError(f"node {spec.index} did not answer within {timeout:g} s; see {spec.log_path}")
+            time.sleep(0.05)
+        return status["address"]
+
     def status(self, spec: NodeSpec, timeout: float = 2.0) -> dict | None:
-        """The node's status, or None while it is not (yet, or any more) answering."""
+        """The node's status, or None while it is not (yet, or any more) answering. The address
+        it reports is kept in `spec.address`."""
         try:
             answer = request(spec.control_socket, "status", timeout=timeout)
         except ControlError:
             return None
-        return answer.get("status") if answer.get("ok") else None
+        status = answer.get("status") if answer.get("ok") else None
+        if status and status.get("address"):
+            spec.address = status["address"]
+        return status
 
     def statuses(self) -> list[dict | None]:
         return [self.status(spec) for spec in self.specs]
@@ -150,6 +183,8 @@ class Cluster:
 
     def kill(self, spec: NodeSpec, sig: int = signal.SIGKILL) -> None:
         if self.alive(spec):
+            if spec.address is None:
+                self.status(spec, timeout=1.0)  # learn its address, so that `start` brings it back there
             spec.process.send_signal(sig)
             spec.process.wait()
 

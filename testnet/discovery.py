@@ -10,6 +10,7 @@ import statistics
 import sys
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .cluster import Cluster
@@ -40,6 +41,34 @@ def _aggregate(statuses: list[dict | None]) -> dict:
     }
 
 
+@dataclass
+class _Watch:
+    """What the launcher saw while the daemons found each other: a row per poll (elapsed s, nodes
+    up, peers min / mean / max) and when all were up and when every node knew every other."""
+
+    nodes: int
+    timeline: list[list[float]] = field(default_factory=list)
+    all_up_s: float | None = None
+    full_mesh_s: float | None = None
+    _last_print: float = -1.0
+
+    def poll(self, statuses: list[dict | None], elapsed: float, progress) -> None:
+        up = [s for s in statuses if s is not None]
+        counts = [s["peer_count"] for s in up]
+        if self.all_up_s is None and len(up) == self.nodes:
+            self.all_up_s = elapsed
+        if self.full_mesh_s is None and len(up) == self.nodes and min(counts) == self.nodes - 1:
+            self.full_mesh_s = elapsed
+        mean = round(statistics.fmean(counts), 2) if counts else 0.0
+        row = [round(elapsed, 2), len(up), min(counts, default=0), mean, max(counts, default=0)]
+        self.timeline.append(row)
+        if elapsed - self._last_print >= 1.0 or self.full_mesh_s == elapsed:
+            self._last_print = elapsed
+            mesh = "full mesh: not yet" if self.full_mesh_s is None else f"full mesh at {self.full_mesh_s:.1f} s"
+            peers = f"peers min {row[2]} mean {row[3]:.1f} max {row[4]}"
+            print(f"[{elapsed:5.1f} s] {len(up):>3}/{self.nodes} up  {peers}  {mesh}", file=progress, flush=True)
+
+
 def run_discovery_testnet(
     out: Path,
     nodes: int,
@@ -52,40 +81,15 @@ def run_discovery_testnet(
     """Returns (exit code, report). Exit code 0 iff every node knew all others within duration."""
     out.mkdir(parents=True, exist_ok=True)
     cluster = Cluster.prepare(out, nodes)
-    report: dict = {"algorithm": "none", "nodes": nodes, "duration_s": duration_s, "out": str(out)}
-    timeline = []
-    full_mesh_s = all_up_s = None
+    watch = _Watch(nodes)
     interrupted = False
     started = time.monotonic()
     with cluster:
         cluster.start_all()
         try:
-            last_print = -1.0
             while (elapsed := time.monotonic() - started) < duration_s:
-                statuses = cluster.statuses()
-                up = [s for s in statuses if s is not None]
-                counts = [s["peer_count"] for s in up]
-                if all_up_s is None and len(up) == nodes:
-                    all_up_s = elapsed
-                if full_mesh_s is None and len(up) == nodes and min(counts) == nodes - 1:
-                    full_mesh_s = elapsed
-                row = [
-                    round(elapsed, 2),
-                    len(up),
-                    min(counts, default=0),
-                    round(statistics.fmean(counts), 2) if counts else 0.0,
-                    max(counts, default=0),
-                ]
-                timeline.append(row)
-                if elapsed - last_print >= 1.0 or full_mesh_s == elapsed:
-                    last_print = elapsed
-                    mesh = f"full mesh at {full_mesh_s:.1f} s" if full_mesh_s is not None else "full mesh: not yet"
-                    print(
-                        f"[{elapsed:5.1f} s] {len(up):>3}/{nodes} up  peers min {row[2]} mean {row[3]:.1f} max {row[4]}  {mesh}",
-                        file=progress,
-                        flush=True,
-                    )
-                if exit_on_mesh and full_mesh_s is not None:
+                watch.poll(cluster.statuses(), elapsed, progress)
+                if exit_on_mesh and watch.full_mesh_s is not None:
                     break
                 dead = [spec.index for spec in cluster.specs if not cluster.alive(spec)]
                 if dead:
@@ -97,36 +101,52 @@ def run_discovery_testnet(
             print("interrupted: stopping every node", file=progress)
         final = cluster.statuses()
         exit_codes = cluster.stop()
-    report.update(
-        {
-            "wall_time_s": round(time.monotonic() - started, 3),
-            "discovery": {
-                "full_mesh_s": None if full_mesh_s is None else round(full_mesh_s, 3),
-                "all_up_s": None if all_up_s is None else round(all_up_s, 3),
-                "peer_counts": [None if s is None else s["peer_count"] for s in final],
-                "timeline": timeline,
-            },
-            **_aggregate(final),
-            "node_exit_codes": [exit_codes.get(spec.index) for spec in cluster.specs],
-            "nodes_detail": [
-                {
-                    "index": spec.index,
-                    "node_id": spec.node_id,
-                    "address": spec.address,
-                    "log": str(spec.log_path),
-                    "peer_count": None if s is None else s["peer_count"],
-                    "messages_out": None if s is None else s["traffic"]["messages_out"],
-                    "bytes_out": None if s is None else s["traffic"]["bytes_out"],
-                    "rejections": None if s is None else s["traffic"]["rejections"],
-                }
-                for spec, s in zip(cluster.specs, final)
-            ],
-        }
-    )
+    report = _report(out, cluster, watch, final, exit_codes, duration_s, time.monotonic() - started)
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    full_mesh_s = watch.full_mesh_s
     ok = full_mesh_s is not None and full_mesh_s <= duration_s and not interrupted
-    verdict = (
-        f"full mesh in {full_mesh_s:.1f} s" if full_mesh_s is not None else f"no full mesh within {duration_s:g} s"
-    )
+    verdict = f"no full mesh within {duration_s:g} s" if full_mesh_s is None else f"full mesh in {full_mesh_s:.1f} s"
     print(f"{verdict}; report: {out / 'report.json'}", file=progress)
     return (130 if interrupted else 0 if ok else 1), report
+
+
+def _report(
+    out: Path,
+    cluster: Cluster,
+    watch: _Watch,
+    final: list[dict | None],
+    exit_codes: dict[int, int | None],
+    duration_s: float,
+    wall_s: float,
+) -> dict:
+    def rounded(value: float | None) -> float | None:
+        return None if value is None else round(value, 3)
+
+    return {
+        "algorithm": "none",
+        "nodes": watch.nodes,
+        "duration_s": duration_s,
+        "out": str(out),
+        "wall_time_s": round(wall_s, 3),
+        "discovery": {
+            "full_mesh_s": rounded(watch.full_mesh_s),
+            "all_up_s": rounded(watch.all_up_s),
+            "peer_counts": [None if s is None else s["peer_count"] for s in final],
+            "timeline": watch.timeline,
+        },
+        **_aggregate(final),
+        "node_exit_codes": [exit_codes.get(spec.index) for spec in cluster.specs],
+        "nodes_detail": [
+            {
+                "index": spec.index,
+                "node_id": spec.node_id,
+                "address": spec.address,
+                "log": str(spec.log_path),
+                "peer_count": None if s is None else s["peer_count"],
+                "messages_out": None if s is None else s["traffic"]["messages_out"],
+                "bytes_out": None if s is None else s["traffic"]["bytes_out"],
+                "rejections": None if s is None else s["traffic"]["rejections"],
+            }
+            for spec, s in zip(cluster.specs, final, strict=True)
+        ],
+    }

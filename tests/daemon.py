@@ -8,11 +8,10 @@ from pathlib import Path
 import tomli_w
 import trio
 
-from p2pnode.config import Config, load_config
+from p2pnode.config import load_config
 from p2pnode.keystore import write_key
 from p2pnode.node import Node
 from protocol import Identity
-from testnet.cluster import free_ports
 
 FAST_DISCOVERY = {"ping_interval_s": 0.2, "peer_timeout_s": 1.0, "exchange_interval_s": 0.5, "dial_retry_max_s": 0.5}
 
@@ -33,16 +32,24 @@ def write_config(directory: Path, listen: str, bootstrap=(), identity: Identity 
     return path
 
 
-def ring_configs(root: Path, count: int, **sections) -> list[Config]:
-    addresses = [f"tcp://127.0.0.1:{port}" for port in free_ports(count)]
-    return [
-        load_config(write_config(root / f"n{i}", addresses[i], [addresses[(i + 1) % count]], **sections))
-        for i in range(count)
-    ]
+ANY_PORT = "tcp://127.0.0.1:0"  # the OS picks a free port when the node binds; node.address tells which
 
 
-async def start_nodes(nursery: trio.Nursery, configs: list[Config]) -> list[Node]:
-    return [await nursery.start(Node(config).run) for config in configs]
+async def start_node(
+    nursery: trio.Nursery, directory: Path, bootstrap=(), identity: Identity | None = None, **sections
+) -> Node:
+    """One node on a port the OS picks, running once this returns: its `address` is where it listens."""
+    config = load_config(write_config(directory, ANY_PORT, bootstrap, identity, **sections))
+    return await nursery.start(Node(config).run)
+
+
+async def start_chain(nursery: trio.Nursery, root: Path, count: int, **sections) -> list[Node]:
+    """`count` nodes under root/n0, root/n1, ..., started one after the other, each with the
+    node started before it as its only bootstrap peer; peer exchange does the rest."""
+    nodes: list[Node] = []
+    for i in range(count):
+        nodes.append(await start_node(nursery, root / f"n{i}", [nodes[-1].address] if nodes else [], **sections))
+    return nodes
 
 
 async def wait_until(condition, timeout: float, interval: float = 0.05) -> float:
@@ -59,6 +66,11 @@ def full_mesh(nodes: list[Node]) -> bool:
 
 
 def free_udp_port() -> int:
+    """A UDP port for a LAN beacon test. Unlike a TCP listen address this cannot be read back
+    after the fact: the beacon port is a rendezvous that every node must know before it starts
+    (each binds it with SO_REUSEADDR and sends to group:port, and `[beacon].port` cannot be 0).
+    So the port is picked here, once, for all of a test's nodes; it need not stay free (a bind
+    with SO_REUSEADDR does not fail), it only keeps concurrent tests from hearing each other."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -64,14 +64,15 @@ class SimNet:
             set(),
             ReplayGuard(),
         )
-        node.membership.set_own_hello(self._frame(node, self._hello(node)))
+        node.membership.set_own_hello(self.frame(node, self._hello(node)))
         self.nodes[address] = node
         return node
 
     def _hello(self, node: SimNode) -> Hello:
         return Hello(address=node.address, capabilities=(), dataset_size=0, protocol_versions=(PROTOCOL_VERSION,))
 
-    def _frame(self, node: SimNode, body) -> bytes:
+    def frame(self, node: SimNode, body) -> bytes:
+        """`body` signed by `node`, as it would send it now."""
         return node.encoder.encode(body, seq=next(node.seq), timestamp_us=self.now_us(), round=0)
 
     def kill(self, node: SimNode) -> None:
@@ -95,10 +96,10 @@ class SimNet:
             elif isinstance(action, Hangup):
                 node.connections.discard(action.address)
             elif isinstance(action, SendHello):
-                ok = self._send(node, action.address, self._frame(node, self._hello(node)))
+                ok = self._send(node, action.address, self.frame(node, self._hello(node)))
                 self.execute(node, node.membership.hello_sent(action.address, ok, self.now))
             elif isinstance(action, Send):
-                frame = self._frame(node, action.body)
+                frame = self.frame(node, action.body)
                 for address in action.addresses:
                     self._send(node, address, frame)
 
@@ -110,7 +111,9 @@ class SimNet:
         node.guard.admit(envelope.sender, envelope.seq, envelope.timestamp_us, self.now_us())
         relayed = []
         if envelope.type is MessageType.PEERS:
-            for hello, raw in zip(decode_all(self.decoder, list(envelope.body.hellos)), envelope.body.hellos):
+            for hello, raw in zip(
+                decode_all(self.decoder, list(envelope.body.hellos)), envelope.body.hellos, strict=True
+            ):
                 if not isinstance(hello, ProtocolError) and hello.type is MessageType.HELLO:
                     relayed.append((hello, raw))
         actions, _ = node.membership.on_message(envelope, frame, self.now, self.now_us(), relayed)

@@ -3,7 +3,16 @@
 import re
 from pathlib import Path
 
-from protocol import BODY_TYPES, DEFAULT_LIMITS, DOMAIN_TAG, HEADER_MAX_BYTES, MessageType, Reason
+from protocol import (
+    BODY_TYPES,
+    DEFAULT_LIMITS,
+    DISCOVERY_TYPES,
+    DOMAIN_TAG,
+    HEADER_MAX_BYTES,
+    LEARNING_TYPES,
+    MessageType,
+    Reason,
+)
 
 from . import vectors
 
@@ -26,6 +35,9 @@ def test_every_reason_and_type_is_documented():
     for reason in Reason:
         assert f"| `{reason.value}` |" in SPEC
     assert " ".join(kind.value for kind in MessageType) in SPEC
+    for family, kinds in (("Discovery", DISCOVERY_TYPES), ("Learning", LEARNING_TYPES)):
+        listed = " ".join(kind.value for kind in MessageType if kind in kinds)
+        assert f"**{family}**: `{listed}" in SPEC.replace("\n", " "), family
 
 
 def test_constants_match():

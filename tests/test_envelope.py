@@ -184,7 +184,7 @@ def test_malformed_envelope_shape(alice, decoder, envelope):
 
 
 def test_malformed_envelope_arity(alice, decoder):
-    refused(decoder, seal_raw(alice, ping_envelope(alice) + [None]), Reason.MALFORMED)
+    refused(decoder, seal_raw(alice, [*ping_envelope(alice), None]), Reason.MALFORMED)
     refused(decoder, seal_raw(alice, ping_envelope(alice)[:7]), Reason.MALFORMED)
 
 

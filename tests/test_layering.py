@@ -1,4 +1,4 @@
-"""The dependency rules of DESIGN.md §2, checked on the source: who may import what."""
+"""The dependency rules of docs/architecture.md, checked on the source: who may import what."""
 
 import ast
 import subprocess
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("protocol", "algorithms", "p2pnode", "testnet")
+PACKAGES = ("protocol", "algorithms", "p2pnode", "testnet", "tools")
 IO_AND_CLOCKS = {"socket", "asyncio", "selectors", "subprocess", "time", "datetime", "trio", "zmq"}
 
 
@@ -56,6 +56,19 @@ def test_daemon_never_imports_testnet_and_nothing_imports_the_cli():
                 assert not any(top(n) == "testnet" for n in names), f"{relative} imports testnet"
             if not is_cli and relative != Path("p2pnode/__main__.py"):
                 assert not any(n.startswith("p2pnode.cli") for n in names), f"{relative} imports the CLI"
+
+
+def test_only_the_cli_imports_tools_and_tools_imports_anything_but_the_cli():
+    """Benchmarks and demos (tools/) may use every package; the daemon, the launcher, the
+    algorithms and the protocol never depend on them, only the CLI runs them."""
+    for package in PACKAGES:
+        for path in files(package):
+            relative = path.relative_to(ROOT)
+            names = imports(path)
+            if package == "tools":
+                assert not any(n.startswith("p2pnode.cli") for n in names), f"{relative} imports the CLI"
+            elif relative.parts[:2] not in {("p2pnode", "cli.py"), ("p2pnode", "cli")}:
+                assert not any(top(n) == "tools" for n in names), f"{relative} imports tools"
 
 
 @pytest.mark.parametrize("package", ["protocol", "p2pnode"])

@@ -146,7 +146,7 @@ def test_dfedavgm_averages_models_exactly(digits_nodes):
     b = make_node("dfedavgm", digits_nodes, 1)
     a.local_step(0)
     b.local_step(0)
-    (out_a,) = a.publish(0)
+    a.publish(0)
     (out_b,) = b.publish(0)
     before = {k: v.clone() for k, v in a.shared.state().items()}
     a.receive("n1", 0, out_b.body)

@@ -8,12 +8,11 @@ import pytest
 import trio
 
 from algorithms.catalog import ALGORITHM_NAMES, GRAPH_LEARNING
-from p2pnode.config import ConfigError, load_config
 from p2pnode.checkpoint import CHECKPOINT_NAME
+from p2pnode.config import ConfigError, load_config
 from protocol import Identity, Prototypes, seal_raw
-from testnet.cluster import free_ports
 
-from .daemon import full_mesh, start_nodes, wait_until, write_config
+from .daemon import ANY_PORT, full_mesh, start_node, wait_until, write_config
 
 
 def learning_sections(index: int, nodes: int, rounds: int = 4, **algorithm) -> dict:
@@ -74,22 +73,11 @@ async def scrape(port: int, request: bytes) -> bytes:
 
 
 async def test_a_hostile_neighbour_is_rejected_and_counted_while_training_goes_on(tmp_path):
-    addresses = [f"tcp://127.0.0.1:{port}" for port in free_ports(3)]
-    configs = [
-        load_config(
-            write_config(
-                tmp_path / f"n{i}",
-                addresses[i],
-                [addresses[(i + 1) % 3]],
-                metrics={"listen": "127.0.0.1:0"},
-                **learning_sections(i, 3, rounds=5),
-            )
-        )
-        for i in range(2)
-    ]
-    configs.append(load_config(write_config(tmp_path / "mallory", addresses[2], [addresses[0]])))  # learns nothing
+    sections = [{"metrics": {"listen": "127.0.0.1:0"}, **learning_sections(i, 3, rounds=5)} for i in range(2)]
     async with trio.open_nursery() as nursery:
-        a, b, mallory = await start_nodes(nursery, configs)
+        a = await start_node(nursery, tmp_path / "n0", **sections[0])
+        b = await start_node(nursery, tmp_path / "n1", [a.address], **sections[1])
+        mallory = await start_node(nursery, tmp_path / "mallory", [a.address])  # learns nothing
         await wait_until(lambda: full_mesh([a, b, mallory]), timeout=15)
         await wait_until(lambda: a.driver and a.driver.algorithm and b.driver and b.driver.algorithm, timeout=60)
         k, latent, dim = 10, 128, 128
@@ -242,9 +230,7 @@ def test_a_late_joiner_is_picked_up_and_a_killed_daemon_resumes(tmp_path):
 async def test_a_damaged_checkpoint_stops_the_start_and_says_what_to_do(tmp_path):
     from p2pnode.node import Node, NodeStartError
 
-    config = load_config(
-        write_config(tmp_path / "n", f"tcp://127.0.0.1:{free_ports(1)[0]}", **learning_sections(0, 1, rounds=2))
-    )
+    config = load_config(write_config(tmp_path / "n", ANY_PORT, **learning_sections(0, 1, rounds=2)))
     config.node.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     (config.node.data_dir / CHECKPOINT_NAME).write_bytes(b"not a checkpoint")
     with trio.fail_after(60), pytest.raises(NodeStartError) as caught:  # the failure ends the node in seconds
@@ -260,19 +246,11 @@ async def test_scores_for_models_never_sent_or_sent_twice_are_counted(tmp_path):
     is refused and counted, while the two honest daemons score each other and finish."""
     from protocol import Score
 
-    addresses = [f"tcp://127.0.0.1:{port}" for port in free_ports(3)]
     scool = {"name": "scool-sbm", "settings": {"prune_round": 0}}
-    configs = [
-        load_config(
-            write_config(
-                tmp_path / f"n{i}", addresses[i], [addresses[(i + 1) % 3]], **learning_sections(i, 3, rounds=4, **scool)
-            )
-        )
-        for i in range(2)
-    ]
-    configs.append(load_config(write_config(tmp_path / "mallory", addresses[2], [addresses[0]])))
     async with trio.open_nursery() as nursery:
-        a, b, mallory = await start_nodes(nursery, configs)
+        a = await start_node(nursery, tmp_path / "n0", **learning_sections(0, 3, rounds=4, **scool))
+        b = await start_node(nursery, tmp_path / "n1", [a.address], **learning_sections(1, 3, rounds=4, **scool))
+        mallory = await start_node(nursery, tmp_path / "mallory", [a.address])
         await wait_until(lambda: full_mesh([a, b, mallory]), timeout=15)
         await wait_until(lambda: a.driver and a.driver.algorithm and a.driver.algorithm.exchange.sent, timeout=60)
         round, frames = next(iter(a.driver.algorithm.exchange.sent.items()))

@@ -128,6 +128,6 @@ def test_ping_pong_bye_from_strangers_are_refused():
     net = SimNet()
     a, stranger = net.add(0), net.add(9)
     for body in (Ping(nonce=1), Bye(reason="x")):
-        envelope = net.decoder.decode(net._frame(stranger, body))
+        envelope = net.decoder.decode(net.frame(stranger, body))
         actions, refusal = a.membership.on_message(envelope, b"", net.now, net.now_us())
         assert actions == [] and refusal == "unknown_peer"

@@ -226,7 +226,7 @@ IDENTITY = AugmentSpec(max_shift=0.0, max_rotation_deg=0.0, scale=(1.0, 1.0), no
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("image_shape", SHAPES + [(3, 20, 30)])
+@pytest.mark.parametrize("image_shape", [*SHAPES, (3, 20, 30)])
 def test_augment_keeps_shape_and_dtype(image_shape, dtype):
     images = torch.rand(5, *image_shape, dtype=dtype)
     spec = AugmentSpec(noise_std=0.1, horizontal_flip=True)
@@ -279,9 +279,9 @@ def test_horizontal_flip_mirrors():
     images = torch.rand(64, 1, 6, 6)
     spec = AugmentSpec(max_shift=0.0, max_rotation_deg=0.0, scale=(1.0, 1.0), horizontal_flip=True)
     out = augment(images, spec, generator(3))
-    flipped = [torch.allclose(o, i.flip(-1), atol=1e-5) for o, i in zip(out, images)]
-    kept = [torch.allclose(o, i, atol=1e-5) for o, i in zip(out, images)]
-    assert all(f or k for f, k in zip(flipped, kept))
+    flipped = [torch.allclose(o, i.flip(-1), atol=1e-5) for o, i in zip(out, images, strict=True)]
+    kept = [torch.allclose(o, i, atol=1e-5) for o, i in zip(out, images, strict=True)]
+    assert all(f or k for f, k in zip(flipped, kept, strict=True))
     assert 10 < sum(flipped) < 54
 
 

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import time
+import tomllib
 import uuid
 
 import pytest
@@ -16,7 +17,7 @@ import pytest
 from protocol import Identity
 from testnet.cluster import Cluster, NodeSpec
 
-from .daemon import free_udp_port, write_config
+from .daemon import write_config
 from .test_processes import peer_ids, wait_for
 
 
@@ -63,14 +64,17 @@ def two_hosts():
 
 
 def _spec(tmp_path, name, namespace, address, **sections) -> NodeSpec:
+    """A node on a fixed address: the namespaces are this test's own, so no other process can
+    hold the port. Its config names its bootstrap list (maybe empty), which the cluster keeps."""
     identity = Identity.generate()
     path = write_config(tmp_path / name, address, identity=identity, **sections)
-    return NodeSpec(0, path.parent, address, {}, identity.node_id, prefix=("ip", "netns", "exec", namespace))
+    settings = tomllib.loads(path.read_text())
+    return NodeSpec(0, path.parent, settings, identity.node_id, prefix=("ip", "netns", "exec", namespace))
 
 
 def test_nodes_on_two_hosts_peer_over_tcp_and_beacon_and_survive_a_link_outage(tmp_path, two_hosts):
     (ns_a, _, ip_a), (ns_b, link_b, ip_b) = two_hosts["a"], two_hosts["b"]
-    beacon = {"enabled": True, "interval_s": 0.3, "port": free_udp_port()}
+    beacon = {"enabled": True, "interval_s": 0.3}  # the default port: no other beacon reaches these namespaces
     a = _spec(tmp_path, "a", ns_a, f"tcp://{ip_a}:7000")
     b = _spec(tmp_path, "b", ns_b, f"tcp://{ip_b}:7000", discovery={"bootstrap": [f"tcp://{ip_a}:7000"]})
     c = _spec(tmp_path, "c", ns_a, f"tcp://{ip_a}:7001", beacon={**beacon, "interface": ip_a})

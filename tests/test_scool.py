@@ -66,7 +66,7 @@ def test_sbm_e_step_one_sweep_by_hand_and_damping():
     y, t = np.array([-0.1, -0.2, -3.0]), 2.0
     logit = np.log(b / (1 - b))
     prior = [own @ logit @ own, own @ logit @ others[0], own @ logit @ others[1]]
-    edges = [logistic((yj + pj) / t) for yj, pj in zip(y, prior)]
+    edges = [logistic((yj + pj) / t) for yj, pj in zip(y, prior, strict=True)]
     q, membership = sbm_e_step(y, own, others, b, np.array([0.5, 0.5]), temperature=t, sweeps=1)
     assert q == pytest.approx(edges)
     assert membership == pytest.approx(sbm_membership(np.array(edges[1:]), others, b, np.array([0.5, 0.5])))
@@ -233,7 +233,7 @@ def test_checkpoint_round_trip(digits_groups, name):
     restored.load_state_dict(state)
     assert restored.neighbours == a.neighbours == (b.node_id,)
     assert restored.weights() == pytest.approx(a.weights())
-    for (k, v), (_, w) in zip(a.shared.state().items(), restored.shared.state().items()):
+    for (_, v), (_, w) in zip(a.shared.state().items(), restored.shared.state().items(), strict=True):
         torch.testing.assert_close(v, w)
     with pytest.raises(ValueError):
         scool_node(name, digits_groups, 0, blocks=3).load_state_dict(

@@ -59,7 +59,7 @@ def widest(obj) -> bytes:
 # --- strategies --------------------------------------------------------------------------
 
 FLOAT_DTYPES = ("float16", "float32", "float64")
-ALL_DTYPES = FLOAT_DTYPES + ("int8", "uint8", "int16", "int32", "int64", "bool")
+ALL_DTYPES = (*FLOAT_DTYPES, "int8", "uint8", "int16", "int32", "int64", "bool")
 
 
 def arrays(dtypes=ALL_DTYPES, min_dims=0, max_dims=4, max_side=5, shape=None):

@@ -1,6 +1,6 @@
 """`make demo`: ten MAPL daemons learn over TCP on real MNIST digits, next to a Local run.
 
-    python -m testnet.demo --out demo-out [--nodes 10] [--rounds 60]
+    python -m tools.demo --out demo-out [--nodes 10] [--rounds 60]
 
 The daemons run the MAPL testnet (Scenario 1: two clusters with disjoint classes, 25 training
 samples per class per node, the four CPU backbones); the same nodes then train alone in the
@@ -13,9 +13,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from .learning import CheckThresholds, run_learning_testnet
-from .report import summary_line, write_report
-from .simulator import SimulationSpec, run_simulation
+from testnet.learning import CheckThresholds, run_learning_testnet
+from testnet.report import summary_line, write_report
+from testnet.simulator import SimulationSpec, run_simulation
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,16 +57,16 @@ def format_table(mapl: dict, local: dict) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     weights = mapl["graph"]["W"]
-    for i, (m, l) in enumerate(zip(mapl["accuracy"]["per_node"], local["accuracy"]["per_node"])):
+    for i, (m, lo) in enumerate(zip(mapl["accuracy"]["per_node"], local["accuracy"]["per_node"], strict=True)):
         neighbours = ", ".join(str(j) for j, w in enumerate(weights[i]) if w > 0 and j != i)
         classes = "".join(map(str, mapl["node_classes"][i]))
         acc = "—" if m is None else f"{100 * m:.1f} %"
-        delta = "—" if m is None else f"{100 * (m - l):+.1f}"
-        rows.append(f"| {i} | {mapl['backbones'][i]} | {classes} | {neighbours} | {100 * l:.1f} % | {acc} | {delta} |")
-    m, l = mapl["accuracy"]["mean"], local["accuracy"]["mean"]
+        delta = "—" if m is None else f"{100 * (m - lo):+.1f}"
+        rows.append(f"| {i} | {mapl['backbones'][i]} | {classes} | {neighbours} | {100 * lo:.1f} % | {acc} | {delta} |")
+    m, lo = mapl["accuracy"]["mean"], local["accuracy"]["mean"]
     rows.append(
-        f"| mean | | | | {100 * l:.1f} % | {'—' if m is None else f'{100 * m:.1f} %'} | "
-        f"{'—' if m is None else f'{100 * (m - l):+.1f}'} |"
+        f"| mean | | | | {100 * lo:.1f} % | {'—' if m is None else f'{100 * m:.1f} %'} | "
+        f"{'—' if m is None else f'{100 * (m - lo):+.1f}'} |"
     )
     return "\n".join(rows)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from p2pnode.keystore import KeyFileError, load_key, write_key
 from protocol import (
     PROTOCOL_VERSION,
     Bye,
@@ -35,9 +36,7 @@ from protocol import (
     SequenceCounter,
     seal_raw,
 )
-
-from .bench import protocol as bench
-from .keystore import KeyFileError, load_key, write_key
+from tools.bench import protocol as bench
 
 NETWORK = "demo"
 
@@ -46,19 +45,23 @@ def _clock_us() -> int:
     return time.time_ns() // 1000
 
 
-def _identity(keys: Path, name: str) -> tuple[Identity, str]:
+def _identity(keys: Path, name: str) -> Identity:
+    """The demo key `name`, loaded if it exists, created (mode 0600) if not."""
     path = keys / f"{name}.pem"
     if path.exists():
-        return load_key(path), "loaded"
-    identity = Identity.generate()
-    write_key(path, identity)
-    return identity, "created"
+        identity, state = load_key(path), "loaded"
+    else:
+        identity, state = Identity.generate(), "created"
+        write_key(path, identity)
+    print(f"  {name:<8} node id {identity.node_id}  ({state} {path}, mode 0600)")
+    return identity
 
 
 class _Sender:
     """One node's outgoing side: its encoder and never-repeating sequence numbers."""
 
     def __init__(self, identity: Identity, network: str = NETWORK) -> None:
+        self.identity = identity
         self.encoder = Encoder(identity, network)
         self.counter = SequenceCounter(persisted=0, now_us=_clock_us())
         # The daemon persists each reservation (state.json) before using it; the demo keeps it in memory.
@@ -87,27 +90,29 @@ class _Receiver:
 
 def run(out: Path) -> int:
     print("p2pnode protocol demo: signed msgpack frames between two node identities.")
-    print("There is no learning yet (issues #4-#5); tensors are random, of MAPL's shapes.\n")
+    print("The tensors are random, of MAPL's shapes; `make demo` shows daemons learning over the network.\n")
+    keys = out / "keys"
     try:
-        keys = out / "keys"
-        alice, alice_state = _identity(keys, "alice")
-        bob, bob_state = _identity(keys, "bob")
-        mallory, mallory_state = _identity(keys, "mallory")
+        alice, bob, mallory = [_identity(keys, name) for name in ("alice", "bob", "mallory")]
     except KeyFileError as exc:
         print(f"p2pnode: error: {exc}")
         return 1
-    for name, who, state in (
-        ("alice", alice, alice_state),
-        ("bob", bob, bob_state),
-        ("mallory", mallory, mallory_state),
-    ):
-        print(f"  {name:<8} node id {who.node_id}  ({state} {keys / (name + '.pem')}, mode 0600)")
-
-    rng = np.random.default_rng(0)
     sender = _Sender(alice)
     limits = Limits(frame_bytes_by_type={MessageType.MODEL: 4 * MiB}, max_tensor_norm=1e4)
     bob_in = _Receiver(Decoder(NETWORK, limits, allowed_senders={alice.public_key, bob.public_key}))
+    ping = _every_type(sender, bob, bob_in)
+    if ping is None or not _attacks(sender, mallory, bob_in, ping):
+        return 1
+    print(f"\n3) bob's rejection counters: {dict(sorted(bob_in.rejections.items()))}")
+    print("\n4) protocol benchmark, quick run (numbers: `make bench`, results in BENCHMARKS.md)")
+    print("   " + bench.format_table(bench.run(trials=3, seconds=0.02)).replace("\n", "\n   "))
+    print(f"\nKeys are in {keys}. Real daemons finding each other: p2pnode testnet --nodes 10 --duration 20 --out DIR")
+    return 0
 
+
+def _every_type(sender: _Sender, bob: Identity, bob_in: _Receiver) -> bytes | None:
+    """Alice sends Bob one frame of each type; returns the PING frame (None if any was refused)."""
+    rng = np.random.default_rng(0)
     hello = sender.frame(
         Hello(
             address="tcp://127.0.0.1:7001",
@@ -137,18 +142,24 @@ def run(out: Path) -> int:
     print("\n1) alice -> bob: one frame of each type, decoded, signature-checked, replay-checked")
     print(f"   {'type':<11} {'bytes':>7}  result")
     ping = None
-    for frame in [hello] + [sender.frame(body) for body in bodies]:
+    for frame in [hello, *(sender.frame(body) for body in bodies)]:
         result = bob_in.receive(frame)
         if isinstance(result, ProtocolError):
             print(f"   unexpected rejection: {result}")
-            return 1
+            return None
         if result.type is MessageType.PING:
             ping = frame
         print(f"   {result.type.value:<11} {len(frame):>7}  accepted: {result.body!r}"[:118])
+    return ping
 
+
+def _attacks(sender: _Sender, mallory: Identity, bob_in: _Receiver, ping: bytes) -> bool:
+    """Frames Bob must refuse, each with its reason; False if one got through."""
+    alice = sender.identity
     flipped = bytearray(ping)
     flipped[len(flipped) // 2] ^= 0x01
     huge = Model(kind="params", tensors={"w": np.zeros(5 * MiB // 4, np.float32)})
+    big_norm = Prototypes(classes=(0,), counts=(1,), prototypes=np.full((1, 128), 1e4, np.float32))
     attacks = [
         ("the same PING frame again", ping),
         ("one bit flipped in a PING", bytes(flipped)),
@@ -156,10 +167,7 @@ def run(out: Path) -> int:
         ("PING for network 'other'", _Sender(alice, "other").frame(Ping(nonce=2))),
         ("PING from mallory (not allowed)", _Sender(mallory).frame(Ping(nonce=3))),
         ("5 MiB MODEL (bob allows 4 MiB)", sender.frame(huge)),
-        (
-            "prototypes of norm ~1e5 (bound 1e4)",
-            sender.frame(Prototypes(classes=(0,), counts=(1,), prototypes=np.full((1, 128), 1e4, np.float32))),
-        ),
+        ("prototypes of norm ~1e5 (bound 1e4)", sender.frame(big_norm)),
         ("a PING cut short", sender.frame(Ping(nonce=4))[:-20]),
         (
             "envelope version 2",
@@ -175,17 +183,8 @@ def run(out: Path) -> int:
     print("\n2) frames bob refuses")
     for what, frame in attacks:
         result = bob_in.receive(frame)
-        verdict = (
-            f"rejected, {result.reason.value}: {result.detail}"
-            if isinstance(result, ProtocolError)
-            else "ACCEPTED (bug)"
-        )
-        print(f"   {what:<38} {verdict}"[:118])
         if not isinstance(result, ProtocolError):
-            return 1
-    print(f"\n3) bob's rejection counters: {dict(sorted(bob_in.rejections.items()))}")
-
-    print("\n4) protocol benchmark, quick run (numbers: `make bench`, results in BENCHMARKS.md)")
-    print("   " + bench.format_table(bench.run(trials=3, seconds=0.02)).replace("\n", "\n   "))
-    print(f"\nKeys are in {keys}. Real daemons finding each other: p2pnode testnet --nodes 10 --duration 20 --out DIR")
-    return 0
+            print(f"   {what:<38} ACCEPTED (bug)")
+            return False
+        print(f"   {what:<38} rejected, {result.reason.value}: {result.detail}"[:118])
+    return True

@@ -16,8 +16,8 @@ import time
 import trio
 import zmq
 
-from ..config import TransportSettings
-from ..zmqtrio import receive_batch
+from p2pnode.config import TransportSettings
+from p2pnode.zmqtrio import receive_batch
 
 DEFAULT_SIZES = (1024, 20 * 1024, 200 * 1024)
 _HWM = 1000
@@ -108,7 +108,8 @@ def run(sizes=DEFAULT_SIZES, *, trials: int = 3, seconds: float = 0.5) -> dict:
         results.append(row)
     return {
         "benchmark": "adapters",
-        "method": f"median of {trials} interleaved trials of ~{seconds:g} s; unsigned frames from a blocking sender thread, loopback TCP, HWM {_HWM}",
+        "method": f"median of {trials} interleaved trials of ~{seconds:g} s; "
+        f"unsigned frames from a blocking sender thread, loopback TCP, HWM {_HWM}",
         "machine": {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count()},
         "results": results,
     }
@@ -123,7 +124,8 @@ def format_table(report: dict) -> str:
             else f"{r['zmq_anyio_per_s']:>12.0f} {r['zmq_anyio_ratio']:>6.2f}"
         )
         lines.append(
-            f"{r['payload_bytes']:>9} {r['blocking_per_s']:>11.0f} {r['zmqtrio_per_s']:>10.0f} {r['zmqtrio_ratio']:>6.2f} {anyio:>19}"
+            f"{r['payload_bytes']:>9} {r['blocking_per_s']:>11.0f} {r['zmqtrio_per_s']:>10.0f} "
+            f"{r['zmqtrio_ratio']:>6.2f} {anyio:>19}"
         )
     lines.append(report["method"])
     return "\n".join(lines)

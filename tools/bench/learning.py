@@ -1,7 +1,7 @@
 """The learning benchmark of BENCHMARKS.md: every method on mnist5k, 10 nodes, 25 samples per
 class, heterogeneous CPU backbones, Scenarios 1 and 2, simulated; prints one markdown table.
 
-    python -m testnet.bench_learning --out bench-out/learning [--rounds 60] [--workers 2]
+    python -m tools.bench.learning --out bench-out/learning [--rounds 60] [--workers 2]
 
 Each run is one process with one torch thread; `--workers` runs that many at once.
 """

@@ -16,8 +16,7 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from protocol import SIGNATURE_SIZE, Decoder, Encoder, Identity, Model, ReplayGuard, SequenceCounter
-
-from .timing import interleaved
+from tools.bench.timing import interleaved
 
 DEFAULT_SIZES = (1024, 20 * 1024, 200 * 1024)
 GOAL_OVERHEAD = 0.10
@@ -89,12 +88,14 @@ def run(sizes=DEFAULT_SIZES, *, trials: int = 9, seconds: float = 0.1) -> dict:
 
 def format_table(report: dict) -> str:
     lines = [
-        f"{'payload':>9} {'frame':>8} {'encode/s':>10} {'sign/s':>10} {'decode/s':>10} {'verify/s':>10} {'overhead':>9}  goal<=10%",
+        f"{'payload':>9} {'frame':>8} {'encode/s':>10} {'sign/s':>10} {'decode/s':>10} {'verify/s':>10} "
+        f"{'overhead':>9}  goal<=10%",
     ]
     for r in report["results"]:
         lines.append(
             f"{r['payload_bytes']:>9} {r['frame_bytes']:>8} {r['encode_per_s']:>10.0f} {r['sign_per_s']:>10.0f} "
-            f"{r['decode_per_s']:>10.0f} {r['verify_per_s']:>10.0f} {r['overhead']:>+9.1%}  {'yes' if r['goal_met'] else 'NO'}"
+            f"{r['decode_per_s']:>10.0f} {r['verify_per_s']:>10.0f} {r['overhead']:>+9.1%}  "
+            f"{'yes' if r['goal_met'] else 'NO'}"
         )
     lines.append(report["method"] + "; overhead = (encode + decode) / (sign + verify) - 1")
     return "\n".join(lines)

@@ -2,7 +2,7 @@
 SCooL-attention on mnist5k's non-IID SBM partition (groups of nodes with a disjoint pair of
 classes each), 10 training samples per class per node, 10 and 20 nodes, 3 seeds, simulated.
 
-    python -m testnet.bench_scool --out bench-out/scool [--rounds 30] [--workers 2]
+    python -m tools.bench.scool --out bench-out/scool [--rounds 30] [--workers 2]
 
 Prints mean ± std over seeds of the 10-way and own-class accuracy, the worst node, L1 to truth at
 rounds 10 and 20 and at the end (worst seed), peers talked to after pruning, and bytes per node
@@ -67,7 +67,7 @@ def format_table(reports: list[dict]) -> str:
         own = np.array([r["accuracy_own_classes"]["mean"] for r in runs]) * 100
         worst = min(min(r["accuracy_own_classes"]["per_node"]) for r in runs) * 100
         l1 = [r["graph"]["l1_to_truth_per_round"] for r in runs]
-        at = lambda k: f"{np.mean([x[k - 1] for x in l1]):.3f} (max {max(x[k - 1] for x in l1):.3f})"  # noqa: E731
+        at = lambda k, l1=l1: f"{np.mean([x[k - 1] for x in l1]):.3f} (max {max(x[k - 1] for x in l1):.3f})"  # noqa: E731
         final = max(x[-1] for x in l1)
         kb = np.mean([r["comm"]["bytes"] / (nodes * r["rounds"]) / 1024 for r in runs])
         talk = max(talked_to(r) for r in runs)

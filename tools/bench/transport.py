@@ -22,14 +22,13 @@ import numpy as np
 import trio
 import zmq
 
+from p2pnode.config import TransportSettings
+from p2pnode.inbound import Inbound
+from p2pnode.metrics import Metrics
+from p2pnode.signing import encode
+from p2pnode.transport import Transport
+from p2pnode.zmqtrio import send_waiting
 from protocol import Decoder, Encoder, Identity, Model, ReplayGuard, SequenceCounter
-
-from ..config import TransportSettings
-from ..inbound import Inbound
-from ..metrics import Metrics
-from ..signing import encode
-from ..transport import Transport
-from ..zmqtrio import send_waiting
 
 DEFAULT_SIZES = (1024, 20 * 1024, 200 * 1024)
 GOAL_RATIO_20K = 0.7
@@ -174,7 +173,8 @@ def run(sizes=DEFAULT_SIZES, *, trials: int = 3, seconds: float = 1.0, verify_th
         "benchmark": "transport",
         "goal": f"ratio >= {GOAL_RATIO_20K} at 20 KiB",
         "goal_met": None if twenty is None else twenty["ratio"] >= GOAL_RATIO_20K,
-        "method": f"median of {trials} interleaved trials of ~{seconds:g} s; signed MODEL frames, loopback TCP, verify_threads={verify_threads}",
+        "method": f"median of {trials} interleaved trials of ~{seconds:g} s; "
+        f"signed MODEL frames, loopback TCP, verify_threads={verify_threads}",
         "adapter": "p2pnode.zmqtrio (ZMQ_FD + ZMQ_EVENTS, NOBLOCK)",
         "machine": {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count()},
         "results": results,
@@ -185,7 +185,8 @@ def format_table(report: dict) -> str:
     lines = [f"{'payload':>9} {'messages':>9} {'trio msg/s':>11} {'blocking msg/s':>15} {'ratio':>7}"]
     for r in report["results"]:
         lines.append(
-            f"{r['payload_bytes']:>9} {r['messages']:>9} {r['trio_per_s']:>11.0f} {r['blocking_per_s']:>15.0f} {r['ratio']:>7.2f}"
+            f"{r['payload_bytes']:>9} {r['messages']:>9} {r['trio_per_s']:>11.0f} "
+            f"{r['blocking_per_s']:>15.0f} {r['ratio']:>7.2f}"
         )
     met = {True: "met", False: "NOT met", None: "not measured"}[report["goal_met"]]
     lines.append(f"goal {report['goal']}: {met}. {report['method']}")

@@ -1,0 +1,35 @@
+"""The message types of the protocol, in their two families.
+
+Kept apart from the bodies (messages.py) so that limits, which are set per type, need not import
+the bodies.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["MessageType", "DISCOVERY_TYPES", "LEARNING_TYPES"]
+
+
+class MessageType(enum.StrEnum):
+    """Every message type. Two families: discovery (who is out there and alive: the daemon's
+    own business) and learning (an algorithm's payloads, handed to its round driver)."""
+
+    HELLO = "HELLO"
+    PEERS = "PEERS"
+    PING = "PING"
+    PONG = "PONG"
+    BYE = "BYE"
+    PROTOTYPES = "PROTOTYPES"
+    HEAD = "HEAD"
+    SCORE = "SCORE"
+    MODEL = "MODEL"
+
+    @property
+    def is_learning(self) -> bool:
+        return self in LEARNING_TYPES
+
+
+DISCOVERY_TYPES = frozenset({MessageType.HELLO, MessageType.PEERS, MessageType.PING, MessageType.PONG, MessageType.BYE})
+# A new algorithm's payload type is one more member above, listed here, with its body below.
+LEARNING_TYPES = frozenset(MessageType) - DISCOVERY_TYPES

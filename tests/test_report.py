@@ -1,0 +1,82 @@
+"""The one report builder, on hand-made round records: what a round and a run add up to."""
+
+import numpy as np
+import pytest
+
+from algorithms.graph import adjusted_rand_index, communities
+from testnet.report import CheckThresholds, Truth, assemble, check
+
+from .test_rounds import record
+
+IDS = ["a", "b", "c", "d"]
+TRUTH = Truth(w=np.kron(np.eye(2), np.full((2, 2), 0.5)), clusters=np.array([0, 0, 1, 1]))
+
+
+def header(rounds: int = 3) -> dict:
+    return {"algorithm": "mapl", "node_ids": IDS, "rounds": rounds}
+
+
+def run_of(records, **extra) -> dict:
+    return assemble(header(), records, TRUTH, rejections={"bad_shape": 2}, wall_s=1.5, **extra)
+
+
+def test_every_node_every_round():
+    records = []
+    for r in range(3):
+        for i, node in enumerate(IDS):
+            partner = IDS[i ^ 1]
+            sent = {"PROTOTYPES": ((r + 1) * 3, (r + 1) * 3000, (r + 1) * 2700)}
+            records.append(
+                record(node, r, accuracy=0.5 + 0.1 * r, weights={node: 0.5, partner: 0.5}, sent=sent, recipients=3)
+            )
+    report = run_of(records)
+    assert report["accuracy"]["per_round"] == pytest.approx([0.5, 0.6, 0.7])
+    assert report["accuracy"]["per_node"] == pytest.approx([0.7] * 4) and report["accuracy"]["std"] == 0
+    assert report["graph"]["l1_to_truth"] == 0 and report["graph"]["within_cluster_mass"] == 1
+    assert report["graph"]["communities"] == [0, 0, 1, 1] and report["graph"]["community_agreement"] == 1
+    comm = report["comm"]
+    assert comm["by_type"] == {"PROTOTYPES": {"messages": 36, "bytes": 36000}}
+    assert comm["bytes_cumulative_per_round"] == [12000, 24000, 36000]
+    assert comm["envelope_overhead"] == pytest.approx(36000 / 32400)
+    assert comm["recipients_last_round"] == [3] * 4 and comm["discovery"] == {"messages": 0, "bytes": 0}
+    assert report["rejections"] == {"bad_shape": 2} and report["processes"] is None and report["check"] is None
+    assert report["timing"]["gather_s_mean"] is None  # nobody measured a gather
+
+
+def test_a_late_node_and_a_node_that_skipped_a_round():
+    records = [
+        record("a", 0, accuracy=0.4),
+        record("b", 0, accuracy=0.6),
+        record("a", 2, accuracy=0.8),  # skipped round 1: its round-0 record stands in for it
+        record("b", 1, accuracy=0.7),
+        record("b", 2, accuracy=0.9),
+        record("c", 2, accuracy=0.5, missing=("a", "b")),  # joined late
+    ]
+    report = run_of(records)
+    assert report["accuracy"]["per_round"] == pytest.approx([0.5, 0.55, (0.8 + 0.9 + 0.5) / 3])
+    assert report["accuracy"]["per_node"] == [0.8, 0.9, 0.5, None]
+    assert report["accuracy"]["mean"] == pytest.approx(2.2 / 3)
+    assert report["rounds_completed_per_node"] == [2, 3, 1, 0]
+    assert report["missing_payloads"] == 2
+    w = np.array(report["graph"]["W"])
+    assert w[3].tolist() == [0, 0, 0, 1]  # no record: the node talks to no one
+    failures = check(report, CheckThresholds())["failures"]
+    assert failures == ["nodes [3] recorded no round", "some nodes reported no accuracy"]
+
+
+def test_the_check_judges_accuracy_and_a_learned_graph():
+    across = {"a": "c", "b": "d", "c": "a", "d": "b"}  # half of each row on the other cluster
+    records = [record(node, 0, accuracy=0.5, weights={node: 0.5, across[node]: 0.5}) for node in IDS]
+    verdict = check(run_of(records), CheckThresholds(accuracy=0.6, within_cluster_mass=0.9))
+    assert not verdict["passed"]
+    assert verdict["failures"] == ["mean accuracy 0.5 below 0.6", "within-cluster mass 0.500 below 0.9"]
+    assert verdict["thresholds"] == {"accuracy": 0.6, "within_cluster_mass": 0.9, "rounds_completed": True}
+
+
+def test_louvain_communities_and_their_agreement_with_the_truth():
+    two_blocks = TRUTH.w
+    assert communities(two_blocks) == [0, 0, 1, 1]
+    assert communities(np.eye(4)) == [0, 1, 2, 3]  # no edges: every node alone
+    assert adjusted_rand_index([0, 0, 1, 1], [1, 1, 0, 0]) == 1.0  # labels do not matter
+    assert adjusted_rand_index([0, 0, 1, 1], [0, 1, 0, 1]) == pytest.approx(-0.5)
+    assert adjusted_rand_index([0, 1, 2, 3], [0, 0, 1, 1]) == 0.0

@@ -1,0 +1,66 @@
+"""The shape of the code, checked on the source: no import circles, no long functions."""
+
+import ast
+from pathlib import Path
+
+import networkx as nx
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("protocol", "algorithms", "p2pnode", "testnet", "tools")
+MAX_FUNCTION_LINES = 60
+# Long by nature: a flat list of declarations, and the decoder that checks a frame field by field.
+LONG_ALLOWED = {("p2pnode/cli.py", "build_parser"), ("protocol/envelope.py", "decode")}
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def imported(module: str, path: Path, known: set[str]) -> set[str]:
+    """The project modules `module` imports anywhere in its file: at the top, inside functions,
+    or for type checking only; `from package import name` counts as importing the submodule
+    `package.name` if there is one, else the package."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    targets = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            for alias in node.names:
+                targets.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base)
+    return {target for target in targets if target in known and target != module}
+
+
+def test_there_is_no_import_circle():
+    known = modules()
+    graph = nx.DiGraph()
+    for module, path in known.items():
+        graph.add_node(module)
+        graph.add_edges_from((module, target) for target in imported(module, path, set(known)))
+    # A package's __init__ re-exports its own submodules; a submodule importing its package back
+    # (e.g. `from protocol import X` inside protocol/) would close a circle through it.
+    cycles = list(nx.simple_cycles(graph))
+    assert cycles == [], [" → ".join([*cycle, cycle[0]]) for cycle in cycles[:5]]
+    assert graph.has_edge("p2pnode.node", "p2pnode.learning")  # the graph is real: a known edge is in it
+    assert not nx.has_path(graph, "p2pnode.learning", "p2pnode.node")
+
+
+def test_no_function_is_longer_than_sixty_lines():
+    long = []
+    for path in modules().values():
+        relative = path.relative_to(ROOT).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES and (relative, node.name) not in LONG_ALLOWED:
+                    long.append(f"{relative}:{node.lineno} {node.name} ({lines} lines)")
+    assert long == [], long
