@@ -96,6 +96,8 @@ class Exchange:
 
     def _deliver(self, sender: int, out: Outbound, tag: int, heard: list[dict[str, set[MessageType]]] | None) -> None:
         """Sign `out` once, as the daemon does, and hand the decoded body to each addressee."""
+        if out.body.TYPE not in self.nodes[sender].sends:  # its peers would refuse it: a bug, not a rejection
+            raise RuntimeError(f"{self.nodes[sender].name} published a {out.body.TYPE}, which it does not declare")
         self._seq[sender] += 1
         seq = self._seq[sender]
         frame = self.encoders[sender].encode(out.body, seq=seq, timestamp_us=0, round=tag)

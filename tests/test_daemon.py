@@ -150,6 +150,20 @@ async def test_a_data_directory_serves_one_node_only(tmp_path):
         first.request_stop()
 
 
+async def test_a_busy_metrics_port_stops_the_start_with_every_problem_named(tmp_path):
+    import socket
+
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        port = blocker.getsockname()[1]
+        config = load_config(write_config(tmp_path / "n", ANY_PORT, metrics={"listen": f"127.0.0.1:{port}"}))
+        with trio.fail_after(30), pytest.raises(NodeStartError) as caught:
+            await Node(config).run()  # raised as itself, after the node's nursery has exited
+    assert caught.value.problems == (f"[metrics].listen: cannot listen on 127.0.0.1:{port}: Address already in use",)
+    assert not config.control_socket.exists()  # the control socket it had opened is gone again
+
+
 async def test_busy_address_is_a_start_error_and_leaves_nothing_behind(tmp_path):
     context = zmq.Context()
     blocker = context.socket(zmq.ROUTER)

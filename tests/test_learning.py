@@ -15,7 +15,7 @@ from algorithms.partitions import PartitionSpec, make_partition
 from algorithms.registry import ALGORITHMS, ConfigOverrideError, apply_overrides, default_config, make_algorithm
 from algorithms.seam import NeighbourView, NodeSetup, PayloadRejected
 from algorithms.setup import node_data
-from protocol.messages import Head, Model, Ping, Prototypes
+from protocol.messages import Head, MessageType, Model, Ping, Prototypes
 from testnet.simulator import SimulationSpec, run_simulation
 
 
@@ -124,6 +124,20 @@ def test_mapl_rejects_payloads_of_the_wrong_shape_type_or_sender(digits_nodes):
         with pytest.raises(PayloadRejected) as caught:
             node.receive(sender, 0, body)
         assert caught.value.reason == reason, (body, caught.value)
+
+
+def test_each_algorithm_declares_what_it_sends_and_waits_for():
+    from algorithms.seam import Algorithm
+
+    for name, info in ALGORITHMS.items():
+        assert info.cls.waits_for <= info.cls.sends, name
+    assert ALGORITHMS["mapl+"].cls.sends == {MessageType.PROTOTYPES, MessageType.MODEL}
+    assert ALGORITHMS["scool-sbm"].cls.waits_for == {MessageType.MODEL, MessageType.SCORE}
+    assert not ALGORITHMS["local"].cls.sends and not ALGORITHMS["scool-local"].cls.sends
+    with pytest.raises(TypeError, match="waits for"):
+
+        class WaitsInVain(Algorithm):  # would wait every round for a payload nobody sends
+            waits_for = frozenset({MessageType.SCORE})
 
 
 def test_neighbour_view_keeps_the_freshest_payload_within_staleness():
