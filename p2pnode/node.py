@@ -353,7 +353,7 @@ class Node:
         """Drive the rounds (learning.py); the node keeps serving afterwards. The driver exists
         before the algorithm is built, so what faster peers send meanwhile is queued."""
         network = Network(
-            peers=lambda: {peer.node_id: peer.address for peer in self.membership.peers.values()},
+            peers=lambda: {peer.node_id: peer.address for peer in self.membership.ready()},
             send=self.send_payload,
             rejected=self.metrics.rejected,
             sent=self.metrics.learning_sent,

@@ -85,6 +85,7 @@ class Peer:
     rtt_s: float | None = None
     last_answer_at: float = float("-inf")
     answer_at: float | None = None  # a PEERS owed to it, once its connection is up
+    admitted_us: bool = False  # it knows us: it answered our HELLO, or our answer to its HELLO went out
 
     @property
     def node_id(self) -> str:
@@ -160,6 +161,7 @@ class Membership:
         peer.last_answer_at = now
         if not known:
             return self._answer_soon(peer, now)
+        peer.admitted_us = True  # our answer goes out now, ahead of anything we send it later
         return [Send((peer.address,), self._peers_body())]
 
     def on_peers(
@@ -172,6 +174,8 @@ class Membership:
                 # The sender's own HELLO: it is alive and answering, so it is admitted at once.
                 known = hello.sender in self.peers
                 peer = self._admit_or_update(hello, frame, now)
+                if peer is not None:
+                    peer.admitted_us = True  # it answers only a HELLO it accepted
                 if peer is not None and not known:
                     actions += self._answer_soon(peer, now)
             else:
@@ -217,6 +221,12 @@ class Membership:
             return [] if self._in_use(address) else [Hangup(address)]
         return []
 
+    def ready(self) -> list[Peer]:
+        """The peers that have admitted this node too, or will before anything else we send
+        them arrives (our PEERS answer went out first on that connection). Only these are
+        pinged and sent learning payloads: the others would refuse them as from an unknown peer."""
+        return [peer for peer in self.peers.values() if peer.admitted_us]
+
     def on_frame(self, key: bytes, now: float) -> bool:
         """Any verified frame from `key`; True if it is a peer."""
         peer = self.peers.get(key)
@@ -248,9 +258,9 @@ class Membership:
         if owed:
             for peer in owed:
                 peer.answer_at = None
+                peer.admitted_us = True  # our answer, sent now, admits us there before anything else
             actions.append(Send(self._addresses(owed), self._peers_body()))
-        # A peer we still owe our PEERS answer has not admitted us yet: leave it out for now.
-        ready = [peer for peer in self.peers.values() if peer.answer_at is None]
+        ready = self.ready()
         if now >= self._next_ping_at and ready:
             # One nonce per round: one signed PING serves every peer, and each PONG times one.
             self._ping_nonce = self.rng.randint(0, _U64)

@@ -32,6 +32,20 @@ def test_handshake_is_hello_then_peers_and_never_loops():
     assert not b.membership.dialing and not a.membership.dialing
 
 
+def test_a_peer_is_ready_for_learning_payloads_only_once_it_admitted_us():
+    """b admits a from a's HELLO at once but answers a moment later; until its PEERS answer is
+    sent a does not know b, so b must not count a among the peers it sends payloads to."""
+    net = SimNet()
+    a, b = net.add(0, ["tcp://10.0.0.1:7000"]), net.add(1)
+    net.run_until(lambda: a.key in b.membership.peers, timeout=2)
+    assert b.key not in a.membership.peers
+    assert [peer.key for peer in b.membership.ready()] == []
+    net.run_until(lambda: b.membership.ready(), timeout=2)
+    # The answer went out on the connection that anything b sends a next will follow.
+    net.run_until(lambda: b.key in a.membership.peers, timeout=0.1)
+    assert [peer.key for peer in a.membership.ready()] == [b.key]
+
+
 def test_table_never_exceeds_max_peers():
     net = SimNet()
     nodes = ring(net, 10, max_peers=3)
