@@ -317,7 +317,9 @@ class NodeSettings:
         "`listen` bound (required when `listen` binds all interfaces)",
     )
     capabilities: tuple[str, ...] = option(
-        ListOf(Text(_TOKEN, what="a capability token"), 32), (), "capability tokens announced in HELLO"
+        ListOf(Text(_TOKEN, what="a capability token"), 31),
+        (),
+        "capability tokens announced in HELLO; a learning node adds `algorithm:<name>` itself",
     )
 
 
@@ -525,7 +527,12 @@ class AlgorithmSettings:
     )
     rounds: int = option(Integer(1, 10_000_000), 60, "rounds to run; afterwards the node keeps serving until stopped")
     start_peers: int = option(Integer(0, 4096), 0, "wait for this many admitted peers before round 0 ...")
-    start_timeout_s: float = option(Number(0, 86400), 60.0, "... or this long, whichever comes first")
+    start_timeout_s: float = option(
+        Number(0, 86400),
+        60.0,
+        "... or this long, whichever comes first; until then the first round waits for its peers' payloads "
+        "(they may still be loading), even past `round_deadline_s`",
+    )
     round_deadline_s: float = option(
         Number(0.01, 86400), 30.0, "after publishing, wait at most this long for the neighbours' payloads of the round"
     )

@@ -17,6 +17,7 @@ imports nothing of node.py. docs/architecture.md shows where it sits.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 
     from .config import AlgorithmSettings, Config
 
-__all__ = ["Network", "RoundDriver", "LearningSetupError", "build_algorithm"]
+__all__ = ["Network", "RoundDriver", "LearningSetupError", "build_algorithm", "learning_capability"]
 
 log = logging.getLogger("p2pnode.learning")
 
@@ -47,10 +48,17 @@ class LearningSetupError(Exception):
 class Network:
     """What the round driver may do with the node: narrow handles, nothing else."""
 
-    peers: Callable[[], Mapping[str, str]]  # admitted peers: node id → address
+    peers: Callable[[], Mapping[str, str]]  # learning peers (ready, same algorithm): node id → address
     send: Callable[[tuple[str, ...], Body, int], Awaitable[int | None]]  # to addresses, tagged round → seq
     rejected: Callable[[str, int], None]  # count a refused payload: reason, frame size
     sent: Callable[[], Mapping[MessageType, tuple[int, int, int]]]  # learning frames sent so far, by type
+
+
+def learning_capability(algorithm: str) -> str:
+    """The HELLO capability of a node that learns with `algorithm`: its learning peers are the
+    peers that announce the same one (a node that only relays, or runs something else, is
+    neither sent payloads nor waited for). Capability tokens have no '+': mapl+ is mapl.plus."""
+    return "algorithm:" + algorithm.replace("+", ".plus")
 
 
 def build_algorithm(config: Config, node_id: str) -> Algorithm:
@@ -99,6 +107,10 @@ class RoundDriver:
         self._arrival = trio.Event()
         self._limiter = trio.CapacityLimiter(1)  # one algorithm call at a time
         self._sent_to: set[str] = set()  # peers sent anything in the round in progress
+        # Until then the first round waits for its peers, whatever the round deadline: a peer
+        # admitted at start-up may still be loading its data and model, and a node that went
+        # ahead alone would find nobody to wait for in the rounds after.
+        self._start_deadline = -math.inf
 
     @property
     def round(self) -> int:
@@ -171,7 +183,8 @@ class RoundDriver:
 
     async def _wait_for_peers(self) -> None:
         self.phase = "waiting for peers"
-        with trio.move_on_after(self.settings.start_timeout_s):
+        self._start_deadline = trio.current_time() + self.settings.start_timeout_s
+        with trio.move_on_at(self._start_deadline):
             while len(self.network.peers()) < self.settings.start_peers:
                 await trio.sleep(0.05)
 
@@ -234,8 +247,10 @@ class RoundDriver:
             quorum=settings.quorum,
             deadline_s=settings.round_deadline_s,
             grace_s=settings.straggler_grace_s,
+            hold_until=self._start_deadline,
         )
-        while not gather.finished(self.state.arrived(round), trio.current_time()):
+        self._start_deadline = -math.inf  # only the first round this node runs
+        while not gather.finished(self.state.settled(round), trio.current_time()):
             self._arrival = trio.Event()
             with trio.move_on_at(gather.wake_at()) as waiting:
                 await self._arrival.wait()

@@ -46,7 +46,7 @@ from .checkpoint import CHECKPOINT_NAME
 from .config import Config
 from .control import serve_control
 from .inbound import Inbound, decode_all
-from .learning import LearningSetupError, Network, RoundDriver, build_algorithm
+from .learning import LearningSetupError, Network, RoundDriver, build_algorithm, learning_capability
 from .metrics import NOT_LEARNING, UNKNOWN_PEER, Metrics
 from .peers import Action, Dial, Hangup, Membership, Send, SendHello
 from .prometheus import render_for, serve_prometheus
@@ -283,10 +283,22 @@ class Node:
                 self.metrics.send_dropped[kind] += 1
         return delivered
 
+    def _capabilities(self) -> tuple[str, ...]:
+        """What HELLO announces: the configured tokens, and the algorithm this node learns with."""
+        algorithm = self.config.algorithm.name
+        own = () if algorithm == "none" else (learning_capability(algorithm),)
+        return tuple(dict.fromkeys((*self.config.node.capabilities, *own)))
+
+    def _learning_peers(self) -> dict[str, str]:
+        """The peers to send learning payloads to and wait for: ready ones (they admitted this
+        node) that learn with the same algorithm."""
+        wanted = learning_capability(self.config.algorithm.name)
+        return {peer.node_id: peer.address for peer in self.membership.ready() if wanted in peer.capabilities}
+
     def _hello_body(self) -> Hello:
         return Hello(
             address=self.address,
-            capabilities=self.config.node.capabilities,
+            capabilities=self._capabilities(),
             dataset_size=0,
             protocol_versions=(PROTOCOL_VERSION,),
         )
@@ -353,7 +365,7 @@ class Node:
         """Drive the rounds (learning.py); the node keeps serving afterwards. The driver exists
         before the algorithm is built, so what faster peers send meanwhile is queued."""
         network = Network(
-            peers=lambda: {peer.node_id: peer.address for peer in self.membership.ready()},
+            peers=self._learning_peers,
             send=self.send_payload,
             rejected=self.metrics.rejected,
             sent=self.metrics.learning_sent,

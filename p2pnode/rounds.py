@@ -170,14 +170,30 @@ class RoundState(Generic[Item]):
     def arrived(self, round: int) -> set[str]:
         return arrived(self._heard.get(round, {}), self.waits_for)
 
+    def settled(self, round: int) -> set[str]:
+        """Peers not worth waiting for any more in `round`: those that arrived, and those already
+        heard from in a later round (a peer sends its rounds in order on one connection, so what
+        it sent for `round` is in, or will never come)."""
+        passed = {peer for peer, latest in self._peer_round.items() if latest > round}
+        return self.arrived(round) | passed
+
     # --- the round -----------------------------------------------------------------------
 
     def gather(
-        self, expected: Iterable[str], now: float, *, quorum: float, deadline_s: float, grace_s: float
+        self,
+        expected: Iterable[str],
+        now: float,
+        *,
+        quorum: float,
+        deadline_s: float,
+        grace_s: float,
+        hold_until: float = -math.inf,
     ) -> Gather:
-        """Start waiting, at `now`, for the round's payloads from `expected`."""
+        """Start waiting, at `now`, for the round's payloads from `expected`, until `deadline_s`
+        from now or `hold_until`, whichever is later (the first round: peers may still be loading
+        their data and model)."""
         peers = frozenset(expected)
-        return Gather(peers, math.ceil(quorum * len(peers)), now + deadline_s, grace_s)
+        return Gather(peers, math.ceil(quorum * len(peers)), max(now + deadline_s, hold_until), grace_s)
 
     def finish(self, record: RoundRecord) -> None:
         """The round of `record` is done: count who was missing, keep the record, forget what

@@ -26,7 +26,7 @@ from .cluster import Cluster
 from .report import CheckThresholds, Truth, assemble, check, run_header
 from .simulator import SimulationSpec
 
-__all__ = ["CheckThresholds", "run_learning_testnet", "testnet_report", "node_settings", "DISCOVERY"]
+__all__ = ["run_learning_testnet", "testnet_report", "node_settings", "DISCOVERY"]
 
 # Daemons of one machine: quick failure detection, so a killed node stops being waited for.
 DISCOVERY = {"ping_interval_s": 0.5, "peer_timeout_s": 3.0, "exchange_interval_s": 0.5, "dial_retry_max_s": 1.0}

@@ -54,6 +54,9 @@ REQUIRED_KEYS = (
 )
 
 
+PROCESS_KEYS = ("exit_codes", "logs", "resumed_from", "catch_ups")  # per node; only real daemons have them
+
+
 @dataclass(frozen=True)
 class Truth:
     """What a run is measured against: the true collaboration matrix W* and cluster of each node."""
@@ -114,7 +117,8 @@ def assemble(
     processes: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The report of a run. `discovery` is the traffic outside learning (the testnet's daemons;
-    none in a simulation), `processes` what only real daemons have (exit codes, logs, resumes)."""
+    none in a simulation), `processes` what only real daemons have (PROCESS_KEYS: exit codes,
+    logs, resumes, catch-ups; null in a simulation)."""
     ids = list(header["node_ids"])
     by_node: list[dict[int, RoundRecord]] = [{} for _ in ids]
     index = {node_id: i for i, node_id in enumerate(ids)}
@@ -153,7 +157,7 @@ def assemble(
             "round_s_mean": _mean_of(every, "round_s"),
         },
         "wall_s": wall_s,
-        "processes": None if processes is None else dict(processes),
+        "processes": dict.fromkeys(PROCESS_KEYS) | dict(processes or {}),
         "check": None,
     }
 

@@ -10,6 +10,7 @@ import trio
 from algorithms.catalog import ALGORITHM_NAMES, GRAPH_LEARNING
 from p2pnode.checkpoint import CHECKPOINT_NAME
 from p2pnode.config import ConfigError, load_config
+from p2pnode.learning import learning_capability
 from protocol import Identity, Prototypes, seal_raw
 
 from .daemon import ANY_PORT, full_mesh, start_node, wait_until, write_config
@@ -73,13 +74,19 @@ async def scrape(port: int, request: bytes) -> bytes:
 
 
 async def test_a_hostile_neighbour_is_rejected_and_counted_while_training_goes_on(tmp_path):
-    sections = [{"metrics": {"listen": "127.0.0.1:0"}, **learning_sections(i, 3, rounds=5)} for i in range(2)]
+    sections = [
+        # Enough rounds (a few seconds) for the hostile frames to reach nodes that are still learning.
+        {"metrics": {"listen": "127.0.0.1:0"}, **learning_sections(i, 3, rounds=40, start_peers=1)}
+        for i in range(2)
+    ]
     async with trio.open_nursery() as nursery:
         a = await start_node(nursery, tmp_path / "n0", **sections[0])
         b = await start_node(nursery, tmp_path / "n1", [a.address], **sections[1])
-        mallory = await start_node(nursery, tmp_path / "mallory", [a.address])  # learns nothing
+        mallory = await start_node(nursery, tmp_path / "mallory", [a.address])  # learns nothing: not a learning peer
         await wait_until(lambda: full_mesh([a, b, mallory]), timeout=15)
         await wait_until(lambda: a.driver and a.driver.algorithm and b.driver and b.driver.algorithm, timeout=60)
+        await wait_until(lambda: a.driver.algorithm.peers == (b.identity.node_id,), timeout=15)
+        assert mallory.identity.node_id not in b.driver.algorithm.peers  # a peer, but no learning peer
         k, latent, dim = 10, 128, 128
         wrong_head = Prototypes(
             classes=tuple(range(k)),
@@ -105,7 +112,7 @@ async def test_a_hostile_neighbour_is_rejected_and_counted_while_training_goes_o
         for node in (a, b):
             assert node.metrics.rejections["bad_shape"] >= 1, node.metrics.rejections
             status = node.status()["learning"]
-            assert status["completed"] == 4 and len(status["history"]) == 5
+            assert status["completed"] == 39 and len(status["history"]) == 40
             assert status["accuracy"] > 0.3  # 5 classes per node: chance is 0.2
             assert mallory.identity.node_id not in status["neighbours"] or status["history"][-1]["round"] < 2
         assert a.metrics.rejections["bad_tensor"] >= 1
@@ -116,7 +123,7 @@ async def test_a_hostile_neighbour_is_rejected_and_counted_while_training_goes_o
         assert scraped.startswith(b"HTTP/1.1 200 OK")
         for line in (
             b'p2pnode_rejections_total{reason="bad_shape"}',
-            b"p2pnode_rounds_completed 5.0",
+            b"p2pnode_rounds_completed 40.0",
             b"p2pnode_accuracy ",
             b'p2pnode_messages_sent_total{type="PROTOTYPES"}',
             b"p2pnode_peers 2.0",
@@ -128,8 +135,8 @@ async def test_a_hostile_neighbour_is_rejected_and_counted_while_training_goes_o
 
 
 def same_keys(a: dict, b: dict, path: str = "") -> list[str]:
-    """Where two reports' keys differ, section by section (a section that is a dict in one and
-    not in the other is compared no deeper)."""
+    """Where two reports' keys differ, at every level (the traffic by type and the algorithm's
+    configuration are data, not schema)."""
     differences = [f"{path}{key}" for key in sorted(set(a) ^ set(b), key=str)]
     for key in set(a) & set(b):
         if isinstance(a[key], dict) and isinstance(b[key], dict) and key not in ("by_type", "config"):
@@ -139,7 +146,8 @@ def same_keys(a: dict, b: dict, path: str = "") -> list[str]:
 
 def test_testnet_learns_and_matches_the_simulator(tmp_path):
     """4 daemons on digits: the report has the simulator's schema and the simulator's numbers."""
-    from testnet.learning import CheckThresholds, run_learning_testnet
+    from testnet.learning import run_learning_testnet
+    from testnet.report import CheckThresholds
     from testnet.simulator import SimulationSpec, run_simulation
 
     spec = SimulationSpec(
@@ -160,8 +168,8 @@ def test_testnet_learns_and_matches_the_simulator(tmp_path):
     assert report["comm"]["by_type"]["PROTOTYPES"]["messages"] == simulated["comm"]["by_type"]["PROTOTYPES"]["messages"]
     assert 1.0 < report["comm"]["envelope_overhead"] < 1.1
     assert report["processes"]["exit_codes"] == [0, 0, 0, 0]
-    # One report builder: the same keys at every level, but for what only processes have.
-    assert report["processes"] is not None and simulated["processes"] is None
+    # One report builder: the same keys at every level; what only processes have is null in a simulation.
+    assert simulated["processes"]["exit_codes"] is None and report["processes"]["catch_ups"] == [0, 0, 0, 0]
     assert same_keys(report, simulated) == []
 
 
@@ -246,11 +254,14 @@ async def test_scores_for_models_never_sent_or_sent_twice_are_counted(tmp_path):
     is refused and counted, while the two honest daemons score each other and finish."""
     from protocol import Score
 
-    scool = {"name": "scool-sbm", "settings": {"prune_round": 0}}
+    # mallory claims to learn with SCooL, so a sends it its models; it never sends one, and the
+    # first round waits for it only until the start timeout.
+    scool = {"name": "scool-sbm", "settings": {"prune_round": 0}, "start_timeout_s": 3.0}
     async with trio.open_nursery() as nursery:
         a = await start_node(nursery, tmp_path / "n0", **learning_sections(0, 3, rounds=4, **scool))
         b = await start_node(nursery, tmp_path / "n1", [a.address], **learning_sections(1, 3, rounds=4, **scool))
-        mallory = await start_node(nursery, tmp_path / "mallory", [a.address])
+        impostor = {"capabilities": [learning_capability("scool-sbm")]}
+        mallory = await start_node(nursery, tmp_path / "mallory", [a.address], node=impostor)
         await wait_until(lambda: full_mesh([a, b, mallory]), timeout=15)
         await wait_until(lambda: a.driver and a.driver.algorithm and a.driver.algorithm.exchange.sent, timeout=60)
         round, frames = next(iter(a.driver.algorithm.exchange.sent.items()))
@@ -277,7 +288,8 @@ async def test_scores_for_models_never_sent_or_sent_twice_are_counted(tmp_path):
 def test_scool_testnet_separates_two_groups_and_matches_the_simulator(tmp_path):
     """4 SCooL-SBM daemons on digits, two groups of two: the learned graph finds each node's
     partner, pruning cuts the traffic to it, and the numbers are the simulator's."""
-    from testnet.learning import CheckThresholds, run_learning_testnet
+    from testnet.learning import run_learning_testnet
+    from testnet.report import CheckThresholds
     from testnet.simulator import SimulationSpec, run_simulation
 
     spec = SimulationSpec(

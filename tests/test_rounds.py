@@ -74,6 +74,26 @@ def test_the_gather_ends_when_all_arrived_or_grace_after_a_quorum_or_at_the_dead
     assert Gather(frozenset(), 0, 10.0, 1.0).finished(set(), 0.0)  # nobody expected: nothing to wait for
 
 
+def test_a_peer_heard_in_a_later_round_is_not_waited_for():
+    rounds = state()
+    rounds.offer("p", 0, MODEL, "m")
+    rounds.offer("q", 1, MODEL, "next round's")  # q is past round 0: what it sent for it is in, or lost
+    assert rounds.arrived(0) == set() and rounds.settled(0) == {"q"}
+    gather = rounds.gather({"p", "q"}, 0.0, quorum=1.0, deadline_s=30.0, grace_s=2.0)
+    assert not gather.finished(rounds.settled(0), 1.0)
+    rounds.offer("p", 0, SCORE, "s")
+    assert gather.finished(rounds.settled(0), 1.1)
+
+
+def test_the_first_round_waits_for_peers_still_loading_until_the_start_timeout():
+    rounds = state()
+    first = rounds.gather({"p"}, 10.0, quorum=1.0, deadline_s=5.0, grace_s=2.0, hold_until=130.0)
+    assert not first.finished(set(), 15.0) and first.wake_at() == 130.0
+    assert first.finished({"p"}, 40.0)
+    later = rounds.gather({"p"}, 200.0, quorum=1.0, deadline_s=5.0, grace_s=2.0, hold_until=130.0)
+    assert later.wake_at() == 205.0  # a start deadline already past changes nothing
+
+
 def test_a_node_follows_its_neighbours_when_they_are_further_ahead_than_the_queue_reaches():
     rounds = state(rounds=100)
     rounds.finish(record(round=0))

@@ -13,8 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from testnet.learning import CheckThresholds, run_learning_testnet
-from testnet.report import summary_line, write_report
+from testnet.learning import run_learning_testnet
+from testnet.report import CheckThresholds, summary_line, write_report
 from testnet.simulator import SimulationSpec, run_simulation
 
 
