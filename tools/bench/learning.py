@@ -9,35 +9,14 @@ Each run is one process with one torch thread; `--workers` runs that many at onc
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from testnet.simulator import SimulationSpec
+
+from .runs import simulate_all, write_summary
+
 METHODS = ("local", "oracle", "fedproto", "mapl-nocgl", "mapl")
-
-
-def _run(job: tuple[str, str, int, int, str]) -> dict:
-    import torch
-
-    from testnet.report import write_report
-    from testnet.simulator import SimulationSpec, run_simulation
-
-    algorithm, scenario, seed, rounds, out = job
-    torch.set_num_threads(1)
-    report = run_simulation(
-        SimulationSpec(
-            algorithm=algorithm,
-            dataset="mnist5k",
-            scenario=scenario,
-            nodes=10,
-            rounds=rounds,
-            seed=seed,
-            samples_per_class=25,
-        )
-    )
-    write_report(report, Path(out))
-    return report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,20 +26,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--scenarios", nargs="+", default=["1", "2"])
     args = parser.parse_args(argv)
-    jobs = [(m, s, 0, args.rounds, f"{args.out}/sc{s}-{m}-seed0") for s in args.scenarios for m in METHODS]
-    jobs += [("mapl", s, 1, args.rounds, f"{args.out}/sc{s}-mapl-seed1") for s in args.scenarios]
-    with ProcessPoolExecutor(args.workers) as pool:
-        reports = list(pool.map(_run, jobs))
-    print(format_table(reports))
-    Path(args.out, "summary.json").write_text(
-        json.dumps(
-            [
-                {k: r[k] for k in ("algorithm", "scenario", "seed", "accuracy", "graph", "comm", "wall_s")}
-                for r in reports
-            ],
-            indent=1,
+
+    def spec(method: str, scenario: str, seed: int) -> SimulationSpec:
+        return SimulationSpec(
+            algorithm=method,
+            dataset="mnist5k",
+            scenario=scenario,
+            nodes=10,
+            rounds=args.rounds,
+            seed=seed,
+            samples_per_class=25,
         )
-    )
+
+    jobs = [(spec(m, s, 0), f"{args.out}/sc{s}-{m}-seed0") for s in args.scenarios for m in METHODS]
+    jobs += [(spec("mapl", s, 1), f"{args.out}/sc{s}-mapl-seed1") for s in args.scenarios]
+    reports = simulate_all(jobs, args.workers)
+    print(format_table(reports))
+    keys = ("algorithm", "scenario", "seed", "accuracy", "graph", "comm", "wall_s")
+    write_summary(reports, keys, Path(args.out, "summary.json"))
     return 0
 
 

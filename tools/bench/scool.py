@@ -12,37 +12,15 @@ per round. Each run is one process with one torch thread.
 from __future__ import annotations
 
 import argparse
-import json
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
+from testnet.simulator import SimulationSpec
+
+from .runs import simulate_all, write_summary
+
 METHODS = ("scool-local", "scool-dirac", "scool-sbm", "scool-attention")
-
-
-def _run(job: tuple[str, int, int, int, str]) -> dict:
-    import torch
-
-    from testnet.report import write_report
-    from testnet.simulator import SimulationSpec, run_simulation
-
-    algorithm, nodes, seed, rounds, out = job
-    torch.set_num_threads(1)
-    report = run_simulation(
-        SimulationSpec(
-            algorithm=algorithm,
-            dataset="mnist5k",
-            scenario="noniid-sbm",
-            nodes=nodes,
-            rounds=rounds,
-            seed=seed,
-            samples_per_class=10,
-            test_per_class=15,
-        )
-    )
-    write_report(report, Path(out))
-    return report
 
 
 def talked_to(report: dict) -> float:
@@ -87,36 +65,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--methods", nargs="+", default=list(METHODS))
     args = parser.parse_args(argv)
+
+    def spec(method: str, nodes: int, seed: int) -> SimulationSpec:
+        return SimulationSpec(
+            algorithm=method,
+            dataset="mnist5k",
+            scenario="noniid-sbm",
+            nodes=nodes,
+            rounds=args.rounds,
+            seed=seed,
+            samples_per_class=10,
+            test_per_class=15,
+        )
+
     jobs = [
-        (m, n, s, args.rounds, f"{args.out}/n{n}-{m}-seed{s}")
+        (spec(m, n, s), f"{args.out}/n{n}-{m}-seed{s}")
         for n in args.nodes
         for m in args.methods
         for s in range(args.seeds)
     ]
-    with ProcessPoolExecutor(args.workers) as pool:
-        reports = list(pool.map(_run, jobs))
+    reports = simulate_all(jobs, args.workers)
     print(format_table(reports))
-    Path(args.out, "summary.json").write_text(
-        json.dumps(
-            [
-                {
-                    k: r[k]
-                    for k in (
-                        "algorithm",
-                        "nodes",
-                        "seed",
-                        "accuracy",
-                        "accuracy_own_classes",
-                        "graph",
-                        "comm",
-                        "wall_s",
-                    )
-                }
-                for r in reports
-            ],
-            indent=1,
-        )
-    )
+    keys = ("algorithm", "nodes", "seed", "accuracy", "accuracy_own_classes", "graph", "comm", "wall_s")
+    write_summary(reports, keys, Path(args.out, "summary.json"))
     return 0
 
 
