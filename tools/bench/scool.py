@@ -45,7 +45,11 @@ def format_table(reports: list[dict]) -> str:
         own = np.array([r["accuracy_own_classes"]["mean"] for r in runs]) * 100
         worst = min(min(r["accuracy_own_classes"]["per_node"]) for r in runs) * 100
         l1 = [r["graph"]["l1_to_truth_per_round"] for r in runs]
-        at = lambda k, l1=l1: f"{np.mean([x[k - 1] for x in l1]):.3f} (max {max(x[k - 1] for x in l1):.3f})"  # noqa: E731
+        at = lambda k, l1=l1: (  # noqa: E731
+            f"{np.mean([x[k - 1] for x in l1]):.3f} (max {max(x[k - 1] for x in l1):.3f})"
+            if all(len(x) >= k for x in l1)
+            else "—"  # a run shorter than k rounds
+        )
         final = max(x[-1] for x in l1)
         kb = np.mean([r["comm"]["bytes"] / (nodes * r["rounds"]) / 1024 for r in runs])
         talk = max(talked_to(r) for r in runs)
