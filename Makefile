@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test lint format bench bench-learning bench-scool clean
+.PHONY: venv demo test lint format bench bench-learning bench-scool bench-heterogeneous clean
 
 venv: $(STAMP)
 
@@ -39,6 +39,11 @@ bench: venv
 # The learning benchmark of BENCHMARKS.md (about 15 minutes on 2 cores).
 bench-learning: venv
 	$(BIN)/python -m tools.bench.learning --out bench-out/learning
+
+# The heterogeneous-learning benchmark of BENCHMARKS.md (issue #13): every method, 3 seeds,
+# 2 scenarios, 5 and 10 samples per class (about 2 hours on 2 cores; finished runs are reused).
+bench-heterogeneous: venv
+	$(BIN)/python -m tools.bench.heterogeneous --out bench-out/heterogeneous
 
 # The SCooL benchmark of BENCHMARKS.md (about 4 minutes on 2 cores).
 bench-scool: venv

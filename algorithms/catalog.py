@@ -10,17 +10,23 @@ ALGORITHM_NAMES = (
     "mapl",
     "mapl-nocgl",
     "mapl+",
+    "mapl-dual",
+    "fedmrl",
     "dfedavgm",
     "scool-local",
     "scool-dirac",
     "scool-sbm",
     "scool-attention",
+    "sfmtl",
 )
 GRAPH_LEARNING = (
     "mapl",
     "mapl+",
+    "mapl-dual",
+    "fedmrl",
     "scool-sbm",
     "scool-attention",
+    "sfmtl",
 )  # the algorithms whose W is learned (the others' is fixed)
 CPU_BACKBONES = ("convnet", "resnet", "mobilenet", "mlp")
 GPU_BACKBONES = ("resnet18", "shufflenet", "googlenet", "alexnet")

@@ -11,14 +11,16 @@ Two neighbourhoods, one interface, so an algorithm is composed with either:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
-from .graph import GraphConfig, GraphOptimizer
-from .seam import uniform_row
+from protocol.messages import MessageType
 
-__all__ = ["UniformGraph", "LearnedGraph"]
+from .graph import GraphConfig, GraphOptimizer
+from .seam import NeighbourView, uniform_row
+
+__all__ = ["UniformGraph", "LearnedGraph", "InNeighbourhood"]
 
 
 class UniformGraph:
@@ -147,3 +149,48 @@ class LearnedGraph(UniformGraph):
             self.explore_rng.bit_generator.state = state["explore_rng"]
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"the saved graph state does not fit: {exc}") from None
+
+
+class InNeighbourhood:
+    """Mixed into an Algorithm that keeps a neighbourhood (`graph`) and a view of what its peers
+    sent (`view`): peers, its row of W, whom a round waits for, and the graph in checkpoints.
+    `heard_by` is the payload type every neighbour sends every round."""
+
+    graph: UniformGraph
+    view: NeighbourView
+    heard_by: ClassVar[MessageType]
+
+    def set_peers(self, peers: Iterable[str]) -> None:
+        super().set_peers(peers)  # type: ignore[misc]
+        self.view.set_peers(self.peers)  # type: ignore[attr-defined]
+        self.graph.set_peers(self.peers)  # type: ignore[attr-defined]
+
+    def weights(self) -> dict[str, float]:
+        return self.graph.weights()
+
+    def neighbours(self) -> tuple[str, ...]:
+        return self.graph.neighbours()
+
+    def expected(self, round: int) -> tuple[str, ...]:
+        """Everyone at round 0; afterwards the neighbours that sent last round. A peer sends only
+        if it gives us weight, which we cannot see, and a peer that stopped (finished, died, or
+        cut us) should cost one wait, not one per round."""
+        if round == 0:
+            return self.peers  # type: ignore[attr-defined]
+        neighbours = set(self.graph.neighbours())
+        return tuple(p for p in self.view.senders_since(self.heard_by, round - 1) if p in neighbours)
+
+    def mix_models(self, shared: Any, round: int) -> None:
+        """Mix `shared` (payloads.SharedModules, small.SmallShare) with the neighbours' fresh MODEL
+        payloads: own ← w_ii · own + Σ_j w_ij · theirs, over those that arrived, renormalised."""
+        models = self.view.fresh(MessageType.MODEL, round)
+        mix = self.graph.mixing(models)
+        own_weight = mix.pop(self.node_id)  # type: ignore[attr-defined]
+        shared.mix(own_weight, [(weight, models[peer]) for peer, weight in mix.items()])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), **self.graph.state_dict()}  # type: ignore[misc]
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)  # type: ignore[misc]
+        self.graph.load_state_dict(state)

@@ -238,17 +238,20 @@ def within_cluster_mass(w: np.ndarray, clusters: np.ndarray) -> float:
     return float((np.asarray(w) * same).sum(axis=1).mean())
 
 
-def communities(w: np.ndarray, seed: int = 0) -> list[int]:
+def communities(w: np.ndarray, seed: int = 0, resolution: float = 1.0) -> list[int]:
     """Louvain communities of a weight matrix, as one community number per node: the graph is
     W made symmetric, (W + Wᵀ) / 2, without self-loops; communities are numbered in the order of
-    their lowest node. A node with no edge is a community of its own."""
+    their lowest node. A node with no edge is a community of its own. A `resolution` above 1
+    favours smaller communities, below 1 larger ones (networkx's modularity resolution)."""
     w = np.asarray(w, dtype=np.float64)
     symmetric = (w + w.T) / 2
     graph = nx.Graph()
     graph.add_nodes_from(range(len(w)))
     rows, cols = np.nonzero(np.triu(symmetric, k=1))
     graph.add_weighted_edges_from((int(i), int(j), float(symmetric[i, j])) for i, j in zip(rows, cols, strict=True))
-    found = sorted((sorted(part) for part in nx.community.louvain_communities(graph, seed=seed)), key=min)
+    found = sorted(
+        (sorted(part) for part in nx.community.louvain_communities(graph, seed=seed, resolution=resolution)), key=min
+    )
     labels = [0] * len(w)
     for number, members in enumerate(found):
         for node in members:

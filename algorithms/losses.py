@@ -11,10 +11,19 @@ All three contrastive-style losses follow the MAPL paper's public code in what t
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
-__all__ = ["supervised_contrastive", "prototype_alignment", "prototype_uniformity", "prototype_logits"]
+__all__ = [
+    "supervised_contrastive",
+    "prototype_alignment",
+    "prototype_uniformity",
+    "prototype_logits",
+    "distillation",
+    "ensemble_logits",
+]
 
 
 def supervised_contrastive(projections: torch.Tensor, labels: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -52,3 +61,21 @@ def prototype_uniformity(prototypes: torch.Tensor, temperature: float) -> torch.
     similarity = torch.exp(xi @ xi.T / temperature)
     off_diagonal = ~torch.eye(len(xi), dtype=torch.bool, device=xi.device)
     return (similarity * off_diagonal).sum(dim=1).mean()
+
+
+def distillation(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Hinton's knowledge distillation: T² · KL(softmax(teacher / T) ‖ softmax(student / T)),
+    averaged over the batch. The T² keeps its gradient on the scale of a cross-entropy's as T
+    grows. Gradients flow into `student` only if the caller detaches `teacher`."""
+    if student.shape != teacher.shape:
+        raise ValueError(f"student logits {tuple(student.shape)} and teacher logits {tuple(teacher.shape)} differ")
+    log_student = F.log_softmax(student / temperature, dim=1)
+    log_teacher = F.log_softmax(teacher / temperature, dim=1)
+    return F.kl_div(log_student, log_teacher, reduction="batchmean", log_target=True) * temperature**2
+
+
+def ensemble_logits(*logits: torch.Tensor) -> torch.Tensor:
+    """log of the mean of the members' class probabilities: the ensemble's prediction, in a
+    form that argmax and cross-entropy take like any logits."""
+    log_probabilities = torch.stack([F.log_softmax(each, dim=1) for each in logits])
+    return torch.logsumexp(log_probabilities, dim=0) - math.log(len(logits))

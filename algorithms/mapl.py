@@ -16,7 +16,6 @@ the learned weights.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -24,9 +23,10 @@ import torch.nn.functional as F
 from protocol.messages import Body, Head, MessageType, Model, Prototypes
 
 from .augment import default_augment, two_views
-from .collaboration import LearnedGraph, UniformGraph
+from .collaboration import InNeighbourhood, LearnedGraph, UniformGraph
 from .graph import GraphConfig, head_similarity
 from .losses import prototype_alignment, prototype_uniformity, supervised_contrastive
+from .models import ModelOutput
 from .payloads import SharedModules, check_head, check_prototypes, to_numpy
 from .seam import Algorithm, Frame, LocalReport, NeighbourView, NodeSetup, Outbound
 from .training import LocalTrainer, TrainedLocally, TrainingConfig, node_model
@@ -96,12 +96,20 @@ class PmlNode(TrainedLocally, Algorithm):
         self.augment = default_augment(self.spec.image_shape)
         self.class_counts = tuple(int(c) for c in self.data.class_counts)
 
-    def _pml_loss(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        cfg = self.config
-        # The views are drawn from the trainer's generator: one stream per node for batches and views.
+    def _views(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Two augmented views of the batch, stacked, and their labels. The views are drawn from
+        the trainer's generator: one stream per node for batches and views."""
         first, second = two_views(images, self.augment, self.trainer.generator)
-        out = self.model(torch.cat([first, second]))
-        both = labels.repeat(2)
+        return torch.cat([first, second]), labels.repeat(2)
+
+    def _pml_loss(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        views, both = self._views(images, labels)
+        loss, parts = self._pml_terms(self.model(views), both)
+        return loss, {name: value.item() for name, value in parts.items()}
+
+    def _pml_terms(self, out: ModelOutput, both: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """PML's four terms on the model's output for two views, and their weighted sum."""
+        cfg = self.config
         parts = {
             "supcon": supervised_contrastive(out.projection, both, cfg.supcon_temperature),
             "cross_entropy": F.cross_entropy(out.logits, both),
@@ -114,7 +122,7 @@ class PmlNode(TrainedLocally, Algorithm):
             + cfg.weight_prototype * parts["prototype"]
             + cfg.weight_uniformity * parts["uniformity"]
         )
-        return loss, {name: value.item() for name, value in parts.items()}
+        return loss, parts
 
     def local_step(self, round: int) -> LocalReport:
         return self.trainer.run(self._pml_loss)
@@ -133,11 +141,12 @@ class Oracle(PmlNode):
     name = "oracle"
 
 
-class Mapl(PmlNode):
+class Mapl(InNeighbourhood, PmlNode):
     """PML + prototypes (and, in graph rounds, heads) to the neighbours + a learned graph."""
 
     name = "mapl"
     sends = frozenset({MessageType.PROTOTYPES})
+    heard_by = MessageType.PROTOTYPES
 
     def __init__(self, setup: NodeSetup, config: MaplConfig | None = None) -> None:
         super().__init__(setup, config)
@@ -155,58 +164,28 @@ class Mapl(PmlNode):
             seed=self.setup.seed,
         )
 
-    # -- peers and weights ------------------------------------------------------------------
-
-    def set_peers(self, peers) -> None:
-        super().set_peers(peers)
-        self.view.set_peers(self.peers)
-        self.graph.set_peers(self.peers)
-
-    def weights(self) -> dict[str, float]:
-        return self.graph.weights()
-
-    def neighbours(self) -> tuple[str, ...]:
-        return self.graph.neighbours()
-
-    def expected(self, round: int) -> tuple[str, ...]:
-        """Everyone at round 0; afterwards the neighbours that sent last round. A peer sends only
-        if it gives us weight, which we cannot see, and a peer that stopped (finished, died, or
-        cut us) should cost one wait, not one per round."""
-        if round == 0:
-            return self.peers
-        neighbours = set(self.graph.neighbours())
-        return tuple(p for p in self.view.senders_since(MessageType.PROTOTYPES, round - 1) if p in neighbours)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), **self.graph.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.graph.load_state_dict(state)
-
     # -- publish and receive ----------------------------------------------------------------
 
     def publish(self, round: int) -> list[Outbound]:
         neighbours, explored = self.graph.targets(round)
         warmup, every = self.config.warmup_rounds, self.config.head_every
         head_round = self.graph.learning(round) and (round - warmup) % every == 0
-
-        def prototypes(with_head: bool) -> Prototypes:
-            return Prototypes(
-                classes=tuple(range(self.spec.num_classes)),
-                counts=self.class_counts,
-                prototypes=to_numpy(self.model.prototypes),
-                head=to_numpy(self.model.head.weight) if with_head else None,
-            )
-
         # An explored peer always gets the head: without it, it cannot score us.
         with_head = (*neighbours, *explored) if head_round else explored
         without_head = () if head_round else neighbours
         return [
-            Outbound(to=tuple(sorted(to)), body=prototypes(head))
+            Outbound(to=tuple(sorted(to)), body=self._prototypes(head))
             for to, head in ((with_head, True), (without_head, False))
             if to
         ]
+
+    def _prototypes(self, with_head: bool) -> Prototypes:
+        return Prototypes(
+            classes=tuple(range(self.spec.num_classes)),
+            counts=self.class_counts,
+            prototypes=to_numpy(self.model.prototypes),
+            head=to_numpy(self.model.head.weight) if with_head else None,
+        )
 
     def accept(self, peer: str, round: int, body: Body, frame: Frame | None) -> None:
         assert isinstance(body, Prototypes)
@@ -222,7 +201,8 @@ class Mapl(PmlNode):
 
     def end_round(self, round: int) -> None:
         if self.graph.learning(round):
-            self._graph_step(round)
+            similarity = self._similarities(round)
+            self.graph.step(similarity, self._dataset_sizes(similarity))
         prototypes = self.view.fresh(MessageType.PROTOTYPES, round)
         mix = self.graph.mixing(prototypes)
         with torch.no_grad():
@@ -232,15 +212,15 @@ class Mapl(PmlNode):
                 mixed += weight * torch.tensor(prototypes[peer].prototypes)
             own.copy_(mixed)
 
-    def _graph_step(self, round: int) -> None:
+    def _similarities(self, round: int) -> dict[str, float]:
+        """s_ij for each peer whose head is fresh enough: the graph step's evidence."""
         cfg = self.config
         heads = self.view.fresh(MessageType.HEAD, round, cfg.head_every - 1 + cfg.max_staleness)
         own_head = to_numpy(self.model.head.weight)
-        similarity = {
+        return {
             peer: head_similarity(own_head, body.weight, cfg.graph.similarity, self.initial_head)
             for peer, body in heads.items()
         }
-        self.graph.step(similarity, self._dataset_sizes(heads))
 
     def _dataset_sizes(self, peers) -> dict[str, float]:
         """n_j as each peer advertises it (the counts in its prototypes); own size for itself."""
@@ -284,7 +264,4 @@ class MaplPlus(Mapl):
 
     def end_round(self, round: int) -> None:
         super().end_round(round)
-        models = self.view.fresh(MessageType.MODEL, round)
-        mix = self.graph.mixing(models)
-        own_weight = mix.pop(self.node_id)
-        self.shared.mix(own_weight, [(weight, models[peer]) for peer, weight in mix.items()])
+        self.mix_models(self.shared, round)

@@ -35,6 +35,7 @@ __all__ = [
     "ModelOutput",
     "ModelSpec",
     "PersonalModel",
+    "SmallModel",
     "make_backbone",
     "make_model",
     "parameter_count",
@@ -366,6 +367,36 @@ class PersonalModel(nn.Module):
 
 def make_model(spec: ModelSpec) -> PersonalModel:
     return PersonalModel(spec)
+
+
+class SmallModel(nn.Module):
+    """The small homogeneous model that every node of a dual algorithm also trains and shares
+    (MAPL-Dual's S, FedMRL's G): two conv-BN-ReLU-maxpool stages, pooled to 3×3 whatever the
+    image size, a linear layer to `latent_dim`, and a linear head. About 25 k parameters on
+    28×28 images, a fifth of the convnet backbone: it is what travels every round."""
+
+    POOLED_SIDE = 3
+
+    def __init__(self, image_shape: tuple[int, int, int], num_classes: int, latent_dim: int = 64):
+        super().__init__()
+        side = self.POOLED_SIDE
+        self.backbone = nn.Sequential(
+            *_conv_bn_relu(image_shape[0], 16, nhwc=True),
+            nn.MaxPool2d(2, ceil_mode=True),
+            *_conv_bn_relu(16, 32),
+            nn.MaxPool2d(2, ceil_mode=True),
+            nn.AdaptiveAvgPool2d(side),
+            nn.Flatten(),
+            nn.Linear(32 * side * side, latent_dim),
+            nn.ReLU(inplace=True),
+        )
+        self.head = nn.Linear(latent_dim, num_classes)
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.head(self.backbone(images))
+
+    def classify(self, images: Tensor) -> Tensor:
+        return self(images)
 
 
 def parameter_count(module: nn.Module) -> int:

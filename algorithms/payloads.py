@@ -71,6 +71,8 @@ def check_model(body: Model, reference: Mapping[str, torch.Tensor | np.ndarray])
     for name, tensor in reference.items():
         if body.tensors[name].shape != tuple(tensor.shape):
             raise PayloadRejected("bad_shape", f"{name} is {body.tensors[name].shape}, expected {tuple(tensor.shape)}")
+        if body.tensors[name].dtype.kind != "f":  # a float16 encoding is fine; integers are not parameters
+            raise PayloadRejected("bad_dtype", f"{name} is {body.tensors[name].dtype}, expected floating point")
 
 
 @torch.no_grad()

@@ -9,9 +9,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from .baselines import DFedAvgM, FedProto
+from .dual import MaplDual
+from .fedmrl import FedMrl
 from .mapl import Local, Mapl, MaplNoCgl, MaplPlus, Oracle
 from .scool import ScoolAttention, ScoolDirac, ScoolLocal, ScoolSbm
 from .seam import Algorithm, NodeSetup
+from .sfmtl import Sfmtl
 
 __all__ = [
     "ALGORITHMS",
@@ -46,12 +49,21 @@ ALGORITHMS: Mapping[str, AlgorithmInfo] = {
     "mapl": AlgorithmInfo(Mapl, "MAPL: PML + learned collaboration graph (CGL) + prototype aggregation"),
     "mapl-nocgl": AlgorithmInfo(MaplNoCgl, "MAPL with the graph fixed all-to-all uniform"),
     "mapl+": AlgorithmInfo(MaplPlus, "MAPL+: MAPL that also averages backbones (one backbone everywhere)"),
+    "mapl-dual": AlgorithmInfo(
+        MaplDual, "MAPL-Dual: MAPL + a small shared model mixed over a graph learned from its heads"
+    ),
+    "fedmrl": AlgorithmInfo(
+        FedMrl, "FedMRL: own + small shared model fused into nested heads; the small one mixed over CGL"
+    ),
     "dfedavgm": AlgorithmInfo(DFedAvgM, "DFedAvgM: momentum SGD + uniform model averaging (one backbone)"),
     "scool-local": AlgorithmInfo(ScoolLocal, "SCooL's model and optimiser, no communication (its floor)"),
     "scool-dirac": AlgorithmInfo(ScoolDirac, "SCooL with the Dirac prior = D-PSGD: fixed uniform graph, model mixing"),
     "scool-sbm": AlgorithmInfo(ScoolSbm, "SCooL, stochastic-block-model prior: W from cross-client scores (EM)"),
     "scool-attention": AlgorithmInfo(
         ScoolAttention, "SCooL, attention prior over model updates: W from cross-client scores (EM)"
+    ),
+    "sfmtl": AlgorithmInfo(
+        Sfmtl, "SFMTL-Graph: feature anchors + heads, Louvain communities, per-community aggregation (one backbone)"
     ),
 }
 

@@ -113,6 +113,9 @@ class Evaluation:
     total: int
     own_class_correct: int = 0  # the prediction restricted to the node's own classes
     loss: float = float("nan")
+    # Accuracy of each predictor a node can use, where it has several (MAPL-Dual: its own model,
+    # the shared one, their ensemble); the fields above are those of the one it predicts with.
+    by_predictor: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def accuracy(self) -> float:

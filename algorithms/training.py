@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +14,15 @@ from torch import nn
 from .models import ModelSpec, PersonalModel, make_model
 from .seam import Evaluation, LocalData, LocalReport, NodeSetup
 
-__all__ = ["TrainingConfig", "LocalTrainer", "TrainedLocally", "evaluate_model", "seeded_generator", "node_model"]
+__all__ = [
+    "TrainingConfig",
+    "LocalTrainer",
+    "TrainedLocally",
+    "evaluate_model",
+    "evaluate_predictors",
+    "seeded_generator",
+    "node_model",
+]
 
 
 @dataclass(frozen=True)
@@ -174,26 +182,46 @@ class TrainedLocally:
         self.trainer.load_state_dict(state["trainer"])
 
 
-@torch.no_grad()
 def evaluate_model(
     classify: Callable[[torch.Tensor], torch.Tensor], model: nn.Module, data: LocalData, batch_size: int = 512
 ) -> Evaluation:
     """Accuracy on the node's own test split; also restricted to its own classes (SCooL's measure)."""
+    return evaluate_predictors(lambda images: {"model": classify(images)}, "model", model, data, batch_size)
+
+
+@torch.no_grad()
+def evaluate_predictors(
+    predict: Callable[[torch.Tensor], Mapping[str, torch.Tensor]],
+    chosen: str,
+    model: nn.Module,
+    data: LocalData,
+    batch_size: int = 512,
+) -> Evaluation:
+    """Like `evaluate_model` for a node with several predictors: `predict` maps a batch to the
+    logits of each (one forward pass feeds them all). The evaluation is that of `chosen`; the
+    accuracy of every predictor goes into `by_predictor` when there is more than one."""
     was_training = model.training
     model.eval()
     own = torch.zeros(data.num_classes, dtype=torch.bool)
     own[list(data.own_classes)] = True
-    correct = own_correct = 0
+    correct: dict[str, int] = {}
+    own_correct = 0
     loss = 0.0
     for start in range(0, len(data.test_labels), batch_size):
         images = data.test_images[start : start + batch_size]
         labels = data.test_labels[start : start + batch_size]
-        logits = classify(images)
+        outputs = predict(images)
+        for name, each in outputs.items():
+            correct[name] = correct.get(name, 0) + int((each.argmax(1) == labels).sum())
+        logits = outputs[chosen]
         loss += F.cross_entropy(logits, labels, reduction="sum").item()
-        correct += (logits.argmax(1) == labels).sum().item()
-        own_correct += (logits.masked_fill(~own, -math.inf).argmax(1) == labels).sum().item()
+        own_correct += int((logits.masked_fill(~own, -math.inf).argmax(1) == labels).sum())
     model.train(was_training)
     total = len(data.test_labels)
     return Evaluation(
-        correct=correct, total=total, own_class_correct=own_correct, loss=loss / total if total else float("nan")
+        correct=correct.get(chosen, 0),
+        total=total,
+        own_class_correct=own_correct,
+        loss=loss / total if total else float("nan"),
+        by_predictor={name: hits / total for name, hits in correct.items()} if len(correct) > 1 and total else {},
     )

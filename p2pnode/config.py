@@ -507,7 +507,9 @@ class DataSettings:
 @dataclass(frozen=True, kw_only=True)
 class ModelSettings:
     backbone: str = option(
-        Text(choices=BACKBONES), "convnet", "this node's backbone; nodes may differ (except for mapl+ and dfedavgm)"
+        Text(choices=BACKBONES),
+        "convnet",
+        "this node's backbone; nodes may differ, except under mapl+, dfedavgm, scool-* and sfmtl",
     )
     device: str = option(
         Text(choices=("auto", "cpu", "cuda")),

@@ -224,6 +224,7 @@ class RoundDriver:
             step_s=round_s(stepped - started),
             gather_s=round_s(gathered - stepped),
             round_s=round_s(trio.current_time() - started),
+            accuracy_by_predictor=evaluation.by_predictor,
         )
         self.state.finish(record)
         await self._save_checkpoint(record)

@@ -48,6 +48,7 @@ class RoundRecord:
     step_s: float  # the local step
     gather_s: float | None = None  # waiting for the neighbours (None: no network, as in the simulator)
     round_s: float | None = None  # the whole round, checkpoint included (None: not measured alone)
+    accuracy_by_predictor: Mapping[str, float] = field(default_factory=dict)  # where a node has several
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON types (status, checkpoints)."""
@@ -56,6 +57,7 @@ class RoundRecord:
             "weights": dict(self.weights),
             "missing": list(self.missing),
             "sent": {kind: list(counts) for kind, counts in self.sent.items()},
+            "accuracy_by_predictor": dict(self.accuracy_by_predictor),
         }
 
     @classmethod

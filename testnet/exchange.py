@@ -90,6 +90,7 @@ class Exchange:
                     recipients=len(recipients[i]),
                     sent={kind: (m, b, p) for kind, (m, b, p) in sorted(self._sent[i].items())},
                     step_s=step_s[i],
+                    accuracy_by_predictor=evaluation.by_predictor,
                 )
             )
         return records

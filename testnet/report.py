@@ -135,6 +135,7 @@ def assemble(
         **header,
         "accuracy": {**_spread(accuracy), "per_round": series["accuracy"]},
         "accuracy_own_classes": {**_spread(own_class), "per_round": series["accuracy_own_classes"]},
+        "accuracy_by_predictor": _by_predictor(finals),
         "loss": {"train_per_round": series["loss"], "test_per_round": series["test_loss"]},
         "graph": {
             "W": w.tolist(),
@@ -159,6 +160,15 @@ def assemble(
         "wall_s": wall_s,
         "processes": dict.fromkeys(PROCESS_KEYS) | dict(processes or {}),
         "check": None,
+    }
+
+
+def _by_predictor(finals: list[RoundRecord | None]) -> dict[str, dict[str, Any]]:
+    """The final accuracy of each predictor of nodes that have several (empty otherwise)."""
+    names = sorted({name for f in finals if f is not None for name in f.accuracy_by_predictor})
+    return {
+        name: _spread(np.array([np.nan if f is None else f.accuracy_by_predictor.get(name, np.nan) for f in finals]))
+        for name in names
     }
 
 

@@ -229,7 +229,9 @@ def test_simulate_on_digits_learns_and_recovers_two_clusters(tmp_path):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize("algorithm", ["local", "oracle", "fedproto", "mapl-nocgl", "mapl+", "dfedavgm"])
+@pytest.mark.parametrize(
+    "algorithm", ["local", "oracle", "fedproto", "mapl-nocgl", "mapl+", "dfedavgm", "mapl-dual", "fedmrl"]
+)
 def test_every_algorithm_runs_through_the_simulator(algorithm):
     spec = SimulationSpec(
         algorithm=algorithm,
@@ -361,7 +363,7 @@ def test_a_node_can_name_its_own_classes():
         class_list_data(dataset, (10,), samples_per_class=1, test_per_class=1, seed=0)
 
 
-@pytest.mark.parametrize("algorithm", ["mapl", "fedproto", "dfedavgm"])
+@pytest.mark.parametrize("algorithm", ["mapl", "fedproto", "dfedavgm", "mapl-dual", "fedmrl"])
 def test_a_checkpoint_restores_the_node_exactly(digits_nodes, tmp_path, algorithm):
     from p2pnode.checkpoint import Checkpoint, CheckpointError
 

@@ -27,10 +27,32 @@ def _simulate(job: tuple[SimulationSpec, str]) -> dict:
     return report
 
 
-def simulate_all(jobs: Sequence[tuple[SimulationSpec, str]], workers: int) -> list[dict]:
-    """Run each (spec, output folder); returns the reports in the order of `jobs`."""
+def simulate_all(jobs: Sequence[tuple[SimulationSpec, str]], workers: int, *, reuse: bool = False) -> list[dict]:
+    """Run each (spec, output folder); returns the reports in the order of `jobs`. With `reuse`,
+    a folder that already holds the report of the same spec is read instead of run again, so an
+    interrupted or extended benchmark only runs what is missing."""
+    done = {index: _finished(spec, out) for index, (spec, out) in enumerate(jobs)} if reuse else {}
+    todo = [job for index, job in enumerate(jobs) if done.get(index) is None]
     with ProcessPoolExecutor(workers) as pool:
-        return list(pool.map(_simulate, jobs))
+        fresh = iter(pool.map(_simulate, todo))
+    return [done.get(index) or next(fresh) for index in range(len(jobs))]
+
+
+def _finished(spec: SimulationSpec, out: str) -> dict | None:
+    path = Path(out, "report.json")
+    if not path.exists():
+        return None
+    report = json.loads(path.read_text())
+    same = (
+        report.get("algorithm") == spec.algorithm
+        and report.get("config") == json.loads(json.dumps(spec.config_dict()))
+        and report.get("backbones") == spec.node_backbones()
+        and (report.get("scenario"), report.get("seed"), report.get("rounds"))
+        == (spec.scenario, spec.seed, spec.rounds)
+        and (report.get("samples_per_class"), report.get("test_per_class"))
+        == (spec.samples_per_class, spec.test_per_class)
+    )
+    return report if same else None
 
 
 def write_summary(reports: list[dict], keys: Sequence[str], path: Path) -> None:

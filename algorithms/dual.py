@@ -1,0 +1,157 @@
+"""MAPL-Dual: heterogeneous nodes that gain from each other through a small shared model.
+
+MAPL's prototypes give heterogeneous nodes the right graph but little knowledge (BENCHMARKS.md);
+parameters carry knowledge but need one architecture. FedMRL's answer, carried over to MAPL:
+node i keeps its own heterogeneous model H_i, trained with MAPL's PML loss, and also trains a
+small homogeneous model S_i (algorithms/small.py: the same architecture and initial weights on
+every node).
+
+- Local step, on the same two augmented views: PML(H_i) + cross-entropy(S_i), and after warm-up
+  λ · T² · KL distillation from S_i into H_i (by default; into S_i too, or instead, as set).
+- On the wire: MAPL's PROTOTYPES (without H's head, which nothing needs any more) and S_i as one
+  MODEL payload (its backbone, and its head for the graph), to the same peers.
+- Graph: CGL on the similarity of S's head updates since the common start. S's heads are
+  homogeneous and start alike, so they compare across nodes. That head is never averaged
+  (small.py says why) and by default nothing is distilled into S, so H cannot blur the graph.
+- Aggregation with the learned row w: ξ_i ← Σ_j w_ij ξ_j, and S_i's backbone ← Σ_j w_ij S_j's
+  (BatchNorm statistics included).
+- Prediction: H_i, S_i, or the ensemble of both (mean of their class probabilities); the
+  evaluation reports all three.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from protocol.messages import Body, MessageType, Model
+
+from .graph import GraphConfig
+from .losses import distillation, ensemble_logits
+from .mapl import Mapl, MaplConfig
+from .seam import Evaluation, Frame, LocalReport, NodeSetup, Outbound
+from .small import ENCODINGS, SmallShare, shared_small_model
+from .training import LocalTrainer, evaluate_predictors
+
+__all__ = ["DualConfig", "MaplDual", "PREDICTORS"]
+
+PREDICTORS = ("personal", "shared", "ensemble")
+DISTILL_INTO = ("both", "small", "personal")
+
+
+@dataclass(frozen=True)
+class DualConfig(MaplConfig):
+    # S's heads are homogeneous on features every node shares: their updates compare row by row.
+    # (update-gram, MAPL's default for heterogeneous heads, separated the clusters 5× slower.)
+    graph: GraphConfig = field(default_factory=lambda: GraphConfig(similarity="update-cosine"))
+    small_latent_dim: int = 64  # the small model's representation width
+    weight_small: float = 1.0  # the small model's cross-entropy
+    distill_weight: float = 1.0  # λ of the distillation terms
+    distill_temperature: float = 2.0  # T
+    # Which model learns from the other: "personal" (S into H), "small" (H into S) or "both".
+    # Distilling into S moves S's head, the graph's evidence, towards what H believes: mass stayed
+    # 1.0, but L1 to the true graph rose from 0.07 to 0.19 and from 0.16 to 0.27 (BENCHMARKS.md).
+    distill_into: str = "personal"
+    distill_after: int | None = None  # the first round with distillation (default: the end of warm-up)
+    predict: str = "ensemble"  # "personal" (H) | "shared" (S) | "ensemble"
+    encoding: str = "float32"  # how S travels: "float32" | "float16"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.small_latent_dim < 1:
+            raise ValueError("small_latent_dim must be ≥ 1")
+        if self.weight_small < 0 or self.distill_weight < 0:
+            raise ValueError("weight_small and distill_weight must be ≥ 0")
+        if not self.distill_temperature > 0:
+            raise ValueError("distill_temperature must be > 0")
+        if self.distill_after is not None and self.distill_after < 0:
+            raise ValueError("distill_after must be ≥ 0")
+        if self.distill_into not in DISTILL_INTO:
+            raise ValueError(f"distill_into must be one of {', '.join(DISTILL_INTO)}, got {self.distill_into!r}")
+        if self.predict not in PREDICTORS:
+            raise ValueError(f"predict must be one of {', '.join(PREDICTORS)}, got {self.predict!r}")
+        if self.encoding not in ENCODINGS:
+            raise ValueError(f"encoding must be one of {', '.join(ENCODINGS)}, got {self.encoding!r}")
+
+    @property
+    def first_distilled_round(self) -> int:
+        return self.warmup_rounds if self.distill_after is None else self.distill_after
+
+
+class MaplDual(Mapl):
+    """MAPL on the node's own model, plus a small shared model mixed over the learned graph."""
+
+    name = "mapl-dual"
+    config_type = DualConfig
+    sends = frozenset({MessageType.PROTOTYPES, MessageType.MODEL})
+    waits_for = frozenset({MessageType.PROTOTYPES, MessageType.MODEL})
+
+    def __init__(self, setup: NodeSetup, config: DualConfig | None = None) -> None:
+        super().__init__(setup, config or DualConfig())
+        cfg: DualConfig = self.config
+        self.small = shared_small_model(setup, cfg.small_latent_dim)
+        self.share = SmallShare(self.small, cfg.encoding)
+        # One optimiser over both models: they train on the same batches, in one backward pass.
+        both = nn.ModuleDict({"personal": self.model, "shared": self.small})
+        self.trainer = LocalTrainer.for_node(both, self.data, cfg.training, setup.seed)
+        self.distilling = False
+
+    # -- local step and prediction ----------------------------------------------------------
+
+    def local_step(self, round: int) -> LocalReport:
+        self.distilling = round >= self.config.first_distilled_round
+        return self.trainer.run(self._dual_loss)
+
+    def _dual_loss(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        cfg: DualConfig = self.config
+        views, both = self._views(images, labels)
+        out = self.model(views)
+        small_logits = self.small(views)
+        loss, parts = self._pml_terms(out, both)
+        parts["small_cross_entropy"] = F.cross_entropy(small_logits, both)
+        loss = loss + cfg.weight_small * parts["small_cross_entropy"]
+        if self.distilling and cfg.distill_weight > 0:
+            temperature = cfg.distill_temperature
+            if cfg.distill_into in ("both", "small"):
+                parts["distill_into_small"] = distillation(small_logits, out.logits.detach(), temperature)
+                loss = loss + cfg.distill_weight * parts["distill_into_small"]
+            if cfg.distill_into in ("both", "personal"):
+                parts["distill_into_personal"] = distillation(out.logits, small_logits.detach(), temperature)
+                loss = loss + cfg.distill_weight * parts["distill_into_personal"]
+        return loss, {name: value.item() for name, value in parts.items()}
+
+    def _predictions(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        personal, shared = self.model.classify(images), self.small(images)
+        return {"personal": personal, "shared": shared, "ensemble": ensemble_logits(personal, shared)}
+
+    def evaluate(self) -> Evaluation:
+        return evaluate_predictors(self._predictions, self.config.predict, self.trainer.model, self.data)
+
+    # -- publish and receive ----------------------------------------------------------------
+
+    def publish(self, round: int) -> list[Outbound]:
+        neighbours, explored = self.graph.targets(round)
+        to = tuple(sorted({*neighbours, *explored}))
+        if not to:
+            return []
+        return [Outbound(to=to, body=self._prototypes(with_head=False)), Outbound(to=to, body=self.share.body())]
+
+    def accept(self, peer: str, round: int, body: Body, frame: Frame | None) -> None:
+        if isinstance(body, Model):
+            self.share.check(body)
+            self.view.put(peer, round, body)
+        else:
+            super().accept(peer, round, body, frame)
+
+    # -- graph step and aggregation ---------------------------------------------------------
+
+    def _similarities(self, round: int) -> dict[str, float]:
+        models = self.view.fresh(MessageType.MODEL, round)
+        return {peer: self.share.similarity(body, self.config.graph.similarity) for peer, body in models.items()}
+
+    def end_round(self, round: int) -> None:
+        super().end_round(round)  # graph step, prototypes
+        self.mix_models(self.share, round)

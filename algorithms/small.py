@@ -1,0 +1,91 @@
+"""The small homogeneous model that heterogeneous nodes share: one part, used by MAPL-Dual and
+FedMRL.
+
+Every node builds the same `SmallModel` from the network's shared seed, so parameters compare
+and average across nodes whatever each node's own backbone. What travels, as one MODEL payload:
+
+- the small backbone's floating-point state (parameters and BatchNorm statistics), which is
+  mixed with the node's collaboration weights;
+- the small head's weight, which is *not* mixed: it stays personal and is the graph's evidence.
+  Its update since the common start reflects only the node's own data (on features every node
+  shares), so mixing cannot blur it: if the heads were averaged, the heads of a neighbourhood
+  would agree because they were averaged, not because their data do.
+
+`encoding` trades accuracy for bytes: "float32" as trained, or "float16", half the bytes (a
+tensor with a value beyond float16's range goes as float32 instead of overflowing).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from protocol.messages import Model
+
+from .graph import head_similarity
+from .models import SmallModel
+from .payloads import SharedModules, check_model, to_numpy
+from .seam import NodeSetup
+
+__all__ = ["ENCODINGS", "HEAD_KEY", "SmallShare", "encode_state", "shared_small_model"]
+
+ENCODINGS = ("float32", "float16")
+HEAD_KEY = "head.weight"
+FLOAT16_MAX = float(np.finfo(np.float16).max)
+
+
+def shared_small_model(setup: NodeSetup, latent_dim: int) -> SmallModel:
+    """The small model, initialised from the network's shared seed: the same on every node.
+    The global torch RNG is left as it was."""
+    data = setup.data
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(setup.shared_seed)
+        return SmallModel(tuple(data.train_images.shape[1:]), data.num_classes, latent_dim)
+
+
+def encode_state(state: dict[str, torch.Tensor], encoding: str) -> dict[str, np.ndarray]:
+    """Tensors as they go on the wire in `encoding` (see the module docstring)."""
+    if encoding not in ENCODINGS:
+        raise ValueError(f"unknown encoding {encoding!r}; choose from {', '.join(ENCODINGS)}")
+    arrays = {name: to_numpy(tensor) for name, tensor in state.items()}
+    if encoding == "float32":
+        return arrays
+    return {
+        name: array.astype(np.float16) if np.abs(array).max(initial=0.0) <= FLOAT16_MAX else array
+        for name, array in arrays.items()
+    }
+
+
+class SmallShare:
+    """The small model on the wire: its body, the checks on a peer's, mixing, and head similarity."""
+
+    def __init__(self, model: SmallModel, encoding: str = "float32") -> None:
+        if encoding not in ENCODINGS:
+            raise ValueError(f"unknown encoding {encoding!r}; choose from {', '.join(ENCODINGS)}")
+        self.model = model
+        self.encoding = encoding
+        self.mixed = SharedModules({"backbone": model.backbone})
+        self.initial_head = to_numpy(model.head.weight)
+
+    def _state(self) -> dict[str, torch.Tensor]:
+        return {**self.mixed.state(), HEAD_KEY: self.model.head.weight}
+
+    def body(self) -> Model:
+        return Model(kind="params", tensors=encode_state(self._state(), self.encoding))
+
+    def check(self, body: Model) -> None:
+        """Raises PayloadRejected unless `body` is a small model of exactly our shapes."""
+        check_model(body, self._state())
+
+    def mix(self, own_weight: float, others: list[tuple[float, Model]]) -> None:
+        """backbone ← own_weight · backbone + Σ weight · peer's backbone; the head stays."""
+        self.mixed.mix(own_weight, others)
+
+    def similarity(self, body: Model, measure: str) -> float:
+        """How alike a peer's head update and ours are, since the common start (graph.py)."""
+        return head_similarity(
+            to_numpy(self.model.head.weight),
+            np.asarray(body.tensors[HEAD_KEY], dtype=np.float32),
+            measure,
+            self.initial_head,
+        )
