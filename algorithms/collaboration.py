@@ -156,14 +156,16 @@ class InNeighbourhood:
     sent (`view`): peers, its row of W, whom a round waits for, and the graph in checkpoints.
     `heard_by` is the payload type every neighbour sends every round."""
 
+    node_id: str
+    peers: tuple[str, ...]
     graph: UniformGraph
     view: NeighbourView
     heard_by: ClassVar[MessageType]
 
     def set_peers(self, peers: Iterable[str]) -> None:
-        super().set_peers(peers)  # type: ignore[misc]
-        self.view.set_peers(self.peers)  # type: ignore[attr-defined]
-        self.graph.set_peers(self.peers)  # type: ignore[attr-defined]
+        super().set_peers(peers)
+        self.view.set_peers(self.peers)
+        self.graph.set_peers(self.peers)
 
     def weights(self) -> dict[str, float]:
         return self.graph.weights()
@@ -176,7 +178,7 @@ class InNeighbourhood:
         if it gives us weight, which we cannot see, and a peer that stopped (finished, died, or
         cut us) should cost one wait, not one per round."""
         if round == 0:
-            return self.peers  # type: ignore[attr-defined]
+            return self.peers
         neighbours = set(self.graph.neighbours())
         return tuple(p for p in self.view.senders_since(self.heard_by, round - 1) if p in neighbours)
 
@@ -185,12 +187,12 @@ class InNeighbourhood:
         payloads: own ← w_ii · own + Σ_j w_ij · theirs, over those that arrived, renormalised."""
         models = self.view.fresh(MessageType.MODEL, round)
         mix = self.graph.mixing(models)
-        own_weight = mix.pop(self.node_id)  # type: ignore[attr-defined]
+        own_weight = mix.pop(self.node_id)
         shared.mix(own_weight, [(weight, models[peer]) for peer, weight in mix.items()])
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), **self.graph.state_dict()}  # type: ignore[misc]
+        return {**super().state_dict(), **self.graph.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)  # type: ignore[misc]
+        super().load_state_dict(state)
         self.graph.load_state_dict(state)
