@@ -45,6 +45,7 @@ from .beacon import run_beacon
 from .checkpoint import CHECKPOINT_NAME
 from .config import Config
 from .control import serve_control
+from .files import describe_os_error
 from .inbound import Inbound, decode_all
 from .learning import LearningSetupError, Network, RoundDriver, build_algorithm, learning_capability
 from .metrics import NOT_LEARNING, UNKNOWN_PEER, Metrics
@@ -69,6 +70,12 @@ class NodeStartError(Exception):
     def __init__(self, *problems: str) -> None:
         super().__init__("\n".join(problems))
         self.problems = problems
+
+
+def _data_dir_problem(exc: DataDirError) -> NodeStartError:
+    # Before the node has started, another directory is a way out too; once it runs, it is not.
+    elsewhere = ", or point [node].data_dir elsewhere" if exc.unwritable else ""
+    return NodeStartError(f"[node].data_dir: {exc}{elsewhere}")
 
 
 class Node:
@@ -171,7 +178,9 @@ class Node:
         try:
             await nursery.start(serve_control, config.control_socket, self._control)
         except OSError as exc:
-            self._cannot_start(f"[node].data_dir: cannot open the control socket: {exc.strerror or exc}")
+            path = config.control_socket
+            problem = f"[node].data_dir: cannot open the control socket {path}: {describe_os_error(exc)}"
+            self._cannot_start(problem + ", or point [node].data_dir elsewhere")
             started = False
         if config.metrics.host_port is not None:
             render = render_for(self.metrics, self._peer_count, lambda: self.driver)
@@ -191,7 +200,7 @@ class Node:
         try:
             data_dir = DataDir(self.config.node.data_dir).__enter__()
         except DataDirError as exc:
-            raise NodeStartError(f"[node].data_dir: {exc}") from None
+            raise _data_dir_problem(exc) from None
         self._data_dir = data_dir
         try:
             yield data_dir
@@ -202,13 +211,13 @@ class Node:
     def _start_sequence(self, data_dir: DataDir) -> SequenceCounter:
         try:
             state = data_dir.load_state()
+            persisted = state.get("seq_reserved", 0)
+            if type(persisted) is not int or persisted < 0:
+                raise DataDirError(f"state file holds an invalid seq_reserved {persisted!r}")
+            counter = SequenceCounter(persisted=persisted, now_us=self.clock_us())
+            self._persist_reservation(counter)  # before the first frame goes out
         except DataDirError as exc:
-            raise NodeStartError(f"[node].data_dir: {exc}") from None
-        persisted = state.get("seq_reserved", 0)
-        if type(persisted) is not int or persisted < 0:
-            raise NodeStartError(f"[node].data_dir: state file holds an invalid seq_reserved {persisted!r}")
-        counter = SequenceCounter(persisted=persisted, now_us=self.clock_us())
-        self._persist_reservation(counter)  # before the first frame goes out
+            raise _data_dir_problem(exc) from None
         return counter
 
     def _persist_reservation(self, counter: SequenceCounter) -> None:

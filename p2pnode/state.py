@@ -1,7 +1,8 @@
 """The node's data directory: an exclusive lock, and small state that must survive restarts.
 
 State is written atomically (files.py): after a crash at any moment the state file holds
-either the old or the new content, never a mix.
+either the old or the new content, never a mix. Every failed write (a full disk, a read-only
+file system) becomes a DataDirError saying what and why, and leaves the old content in place.
 """
 
 from __future__ import annotations
@@ -12,13 +13,18 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .files import write_atomically
+from .files import describe_os_error, write_atomically
 
 __all__ = ["DataDir", "DataDirError"]
 
 
 class DataDirError(Exception):
-    """The data directory cannot be used; the message says why."""
+    """The data directory cannot be used; the message says why. `unwritable`: writing to it
+    failed (full, read-only, ...), so another directory would do."""
+
+    def __init__(self, message: str, *, unwritable: bool = False) -> None:
+        super().__init__(message)
+        self.unwritable = unwritable
 
 
 class DataDir:
@@ -35,18 +41,31 @@ class DataDir:
         try:
             self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as exc:
-            raise DataDirError(f"cannot create data directory {self.path}: {exc.strerror or exc}") from None
+            raise DataDirError(
+                f"cannot create data directory {self.path}: {describe_os_error(exc)}", unwritable=True
+            ) from None
         if not os.access(self.path, os.W_OK | os.X_OK):
-            raise DataDirError(f"data directory {self.path} is not writable")
-        fd = os.open(self.path / self.LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+            raise DataDirError(_not_writable(self.path), unwritable=True)
+        lock = self.path / self.LOCK
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise DataDirError(f"cannot open the lock file {lock}: {describe_os_error(exc)}", unwritable=True) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
             os.close(fd)
             raise DataDirError(f"another p2pnode (pid {holder}) is running with data directory {self.path}") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        try:
+            # The pid only tells a second node who holds the lock; flock is the lock.
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except OSError as exc:
+            os.close(fd)  # releases the lock: nothing of this node stays behind
+            raise DataDirError(
+                f"cannot write the lock file {lock}: {describe_os_error(exc)}", unwritable=True
+            ) from None
         self._lock_fd = fd
         return self
 
@@ -68,4 +87,21 @@ class DataDir:
         return state
 
     def save_state(self, state: dict[str, Any]) -> None:
-        write_atomically(self.path / self.STATE, json.dumps(state, sort_keys=True).encode())
+        """Replace the state file; on failure the old one stays as it was."""
+        path = self.path / self.STATE
+        try:
+            write_atomically(path, json.dumps(state, sort_keys=True).encode())
+        except OSError as exc:
+            raise DataDirError(
+                f"cannot write the state file {path}: {describe_os_error(exc)}", unwritable=True
+            ) from None
+
+
+def _not_writable(path: Path) -> str:
+    try:
+        read_only = bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    if read_only:
+        return f"data directory {path} is on a read-only file system: remount it read-write"
+    return f"data directory {path} is not writable by this user (uid {os.getuid()}): give it write access"

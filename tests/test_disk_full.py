@@ -1,0 +1,182 @@
+"""A full or read-only data directory (issue #14, item 8): clear errors at start.
+
+The disk is real: a small tmpfs mounted for the test, filled to the last byte (tmpfs gives
+ENOSPC exactly like a full disk, and can be remounted read-only). Mounting needs root (CI runs
+as root); where it is refused these tests are skipped with the reason. Only what a tmpfs cannot
+show, an fsync that reports the lost write, is injected at the OS-call boundary.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from p2pnode import files
+from p2pnode.config import load_config
+from p2pnode.node import Node, NodeStartError
+from p2pnode.state import DataDir, DataDirError
+
+from .daemon import ANY_PORT, write_config
+
+NO_SPACE = "no space left on device (errno 28): free space on its file system"
+
+
+class SmallDisk:
+    """A tmpfs of `size` bytes at `path`, to fill, free and remount read-only."""
+
+    def __init__(self, path: Path, size: int) -> None:
+        self.path = path
+        self.filler = path / "filler"
+        path.mkdir()
+        if shutil.which("mount") is None:
+            pytest.skip("no mount command: cannot make a small file system to fill")
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs to fill (needs root): {done.stderr.strip()}")
+
+    def fill(self) -> None:
+        """Take every free byte (the node's own writes may free some meanwhile: call again)."""
+        fd = os.open(self.filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            for chunk in (1 << 16, 4096, 1):
+                try:
+                    while True:
+                        os.write(fd, bytes(chunk))
+                except OSError as exc:
+                    if exc.errno != errno.ENOSPC:
+                        raise
+        finally:
+            os.close(fd)
+
+    def free(self) -> None:
+        self.filler.unlink()
+
+    def read_only(self) -> None:
+        subprocess.run(["mount", "-o", "remount,ro", str(self.path)], check=True)
+
+    def unmount(self) -> None:
+        subprocess.run(["umount", "-l", str(self.path)], check=True)
+
+
+@pytest.fixture
+def disk(tmp_path):
+    """A 1 MiB file system: room for a node's state, none to spare once filled."""
+    small = SmallDisk(tmp_path / "disk", 1 << 20)
+    yield small
+    small.unmount()
+
+
+def leftovers(directory: Path) -> list[str]:
+    """What a failed start must not leave: temporary files and the control socket."""
+    return sorted(p.name for p in directory.iterdir() if p.name.endswith(".tmp") or p.name == "control.sock")
+
+
+def lock_is_free(directory: Path) -> bool:
+    fd = os.open(directory / DataDir.LOCK, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def node_config(tmp_path: Path, data_dir: Path, **sections):
+    return load_config(write_config(tmp_path / "n", ANY_PORT, node={"data_dir": str(data_dir)}, **sections))
+
+
+async def test_a_full_disk_stops_a_fresh_start_naming_the_setting_and_the_lock_file(tmp_path, disk):
+    """The finding behind the item: the pid written into node.lock hit ENOSPC and the node died
+    with a traceback. Now: one NodeStartError that says what, where and what to do."""
+    config = node_config(tmp_path, disk.path / "data")
+    disk.fill()
+    with trio.fail_after(30), pytest.raises(NodeStartError) as caught:
+        await Node(config).run()
+    lock = disk.path / "data" / "node.lock"
+    assert caught.value.problems == (
+        f"[node].data_dir: cannot write the lock file {lock}: {NO_SPACE}, or point [node].data_dir elsewhere",
+    )
+    assert leftovers(disk.path / "data") == [] and lock_is_free(disk.path / "data")
+
+
+async def test_a_full_disk_stops_a_restart_and_the_old_state_stays(tmp_path, disk):
+    """A data directory used before: the lock file's page is reused, so the state file's
+    sequence reservation is the write that fails; the old state.json is untouched, its
+    temporary file gone, the lock released, and once there is room the node starts."""
+    config = node_config(tmp_path, disk.path / "data")
+    async with trio.open_nursery() as nursery:
+        (await nursery.start(Node(config).run)).request_stop()
+    state = disk.path / "data" / "state.json"
+    before = state.read_bytes()
+    disk.fill()
+    with trio.fail_after(30), pytest.raises(NodeStartError) as caught:
+        await Node(config).run()
+    assert caught.value.problems == (
+        f"[node].data_dir: cannot write the state file {state}: {NO_SPACE}, or point [node].data_dir elsewhere",
+    )
+    assert state.read_bytes() == before and json.loads(before)["seq_reserved"] > 0
+    assert leftovers(disk.path / "data") == [] and lock_is_free(disk.path / "data")
+    disk.free()
+    async with trio.open_nursery() as nursery:
+        (await nursery.start(Node(config).run)).request_stop()
+    assert json.loads(state.read_bytes())["seq_reserved"] > json.loads(before)["seq_reserved"]
+
+
+async def test_a_read_only_data_directory_stops_the_start_with_the_reason(tmp_path, disk):
+    config = node_config(tmp_path, disk.path / "data")
+    (disk.path / "data").mkdir(mode=0o700)
+    disk.read_only()
+    with trio.fail_after(30), pytest.raises(NodeStartError) as caught:
+        await Node(config).run()
+    assert caught.value.problems == (
+        f"[node].data_dir: data directory {disk.path / 'data'} is on a read-only file system: "
+        "remount it read-write, or point [node].data_dir elsewhere",
+    )
+
+
+def test_p2pnode_start_on_a_full_disk_exits_1_with_the_message_and_no_traceback(tmp_path, disk):
+    path = write_config(tmp_path / "n", ANY_PORT, node={"data_dir": str(disk.path / "data")})
+    disk.fill()
+    done = subprocess.run(
+        [sys.executable, "-m", "p2pnode", "start", "--config", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    lock = disk.path / "data" / "node.lock"
+    assert done.stderr.splitlines()[-1] == (
+        f"p2pnode: error: [node].data_dir: cannot write the lock file {lock}: {NO_SPACE}, "
+        "or point [node].data_dir elsewhere"
+    )
+
+
+def test_an_fsync_that_reports_a_lost_write_leaves_the_old_state_and_no_temporary_file(tmp_path, monkeypatch):
+    """Injected: tmpfs never fails fsync, but a thin-provisioned or network disk reports the
+    lost write there (ENOSPC on fsync). The old file stays and the temporary file is removed."""
+    with DataDir(tmp_path / "data") as data_dir:
+        data_dir.save_state({"seq_reserved": 1})
+
+        def fsync(fd: int) -> None:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        monkeypatch.setattr(files.os, "fsync", fsync)
+        with pytest.raises(DataDirError) as caught:
+            data_dir.save_state({"seq_reserved": 2})
+        monkeypatch.undo()
+        assert str(caught.value) == f"cannot write the state file {tmp_path / 'data' / 'state.json'}: {NO_SPACE}"
+        assert caught.value.unwritable
+        assert data_dir.load_state() == {"seq_reserved": 1}
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["node.lock", "state.json"]
