@@ -30,13 +30,13 @@ def _membership_request(settings: BeaconSettings) -> bytes:
 async def run_beacon(
     settings: BeaconSettings,
     max_bytes: int,
-    make_hello: Callable[[], bytes],
+    make_hello: Callable[[], bytes | None],
     on_datagram: Callable[[bytes], Awaitable[None]],
     on_refused: Callable[[str, int], None],
     on_send_failed: Callable[[], None],
 ) -> None:
-    """Send `make_hello()` every interval and pass each heard datagram to `on_datagram`;
-    datagrams dropped unread go to `on_refused(reason, size)`."""
+    """Send `make_hello()` every interval (none while it returns None) and pass each heard
+    datagram to `on_datagram`; datagrams dropped unread go to `on_refused(reason, size)`."""
     listener = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sender = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     with listener, sender:
@@ -50,8 +50,10 @@ async def run_beacon(
 
         async def announce() -> None:
             while True:
+                hello = make_hello()
                 try:
-                    await sender.sendto(make_hello(), (settings.group, settings.port))
+                    if hello is not None:
+                        await sender.sendto(hello, (settings.group, settings.port))
                 except OSError:  # no route to the group (interface down): try again later
                     on_send_failed()
                 await trio.sleep(settings.interval_s)

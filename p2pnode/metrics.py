@@ -24,6 +24,8 @@ class Metrics:
         self.rejections: Counter[str] = Counter()
         self.rejected_bytes = 0
         self.send_dropped: Counter[MessageType] = Counter()  # peer queue full or not connected
+        self.send_refused: Counter[MessageType] = Counter()  # not signed: no sequence number reserved
+        self.state_write_failures = 0  # the sequence reservation could not be saved (a full disk)
         self.beacon_sends_failed = 0
         self.payload_bytes_out: Counter[MessageType] = Counter()  # tensor bytes inside the frames sent
 
@@ -68,5 +70,6 @@ class Metrics:
             "rejections": dict(sorted(self.rejections.items())),
             "rejected_bytes": self.rejected_bytes,
             "send_dropped": dict(sorted(self.send_dropped.items())),
+            "send_refused": dict(sorted(self.send_refused.items())),
             "beacon_sends_failed": self.beacon_sends_failed,
         }

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import os
 import random
 import time
@@ -57,6 +58,10 @@ from .transport import Transport, TransportError
 __all__ = ["Node", "NodeStartError", "wall_clock_us"]
 
 log = logging.getLogger("p2pnode.node")
+
+# After a failed attempt to extend the sequence reservation (a full disk), wait this long
+# before the next: every send would otherwise start one, and each logs why it failed.
+RESERVATION_RETRY_S = 5.0
 
 
 def wall_clock_us() -> int:
@@ -108,6 +113,8 @@ class Node:
         self._data_dir: DataDir | None = None
         self._nursery: trio.Nursery | None = None
         self._reserving = False
+        self._reserve_retry_at = -math.inf  # no extension of the reservation before this time
+        self._refusing_sends = False  # no sequence number is reserved: sends are refused
         self._stop = trio.Event()
         self._start_problems: list[str] = []
         self._started_at = 0.0
@@ -228,28 +235,55 @@ class Node:
         self._data_dir.save_state(state)
         counter.confirm_reservation(limit)
 
+    def _extend_reservation_soon(self) -> None:
+        """Persist a new block of sequence numbers in the background, unless an attempt is
+        under way or one failed a moment ago."""
+        if self._reserving or self._nursery is None or trio.current_time() < self._reserve_retry_at:
+            return
+        self._reserving = True
+        self._nursery.start_soon(self._extend_reservation)
+
     async def _extend_reservation(self) -> None:
         try:
             await trio.to_thread.run_sync(self._persist_reservation, self._counter)
-        except (OSError, DataDirError) as exc:
-            log.error("cannot persist the sequence reservation: %s", exc)
+        except DataDirError as exc:
+            # The numbers already reserved are still used; none beyond them, so none repeats.
+            self.metrics.state_write_failures += 1
+            self._reserve_retry_at = trio.current_time() + RESERVATION_RETRY_S
+            log.error(
+                "[node].data_dir: the sequence reservation was not extended: %s; the node signs with "
+                "the numbers still reserved, then refuses to send until it is saved (retried every %g s)",
+                exc,
+                RESERVATION_RETRY_S,
+            )
+        else:
+            if self._refusing_sends:
+                log.warning("the sequence reservation is saved again: sending resumes")
+            self._refusing_sends = False
         finally:
             self._reserving = False
 
     # --- sending -------------------------------------------------------------------------
 
     def _next_seq(self, body: Body) -> int | None:
+        """The next sequence number, or None (counted, and logged once) while none is reserved."""
         counter = self._counter
         assert counter is not None
+        if counter.needs_reservation:  # an exhausted counter too: that is how sending resumes
+            self._extend_reservation_soon()
         try:
-            seq = counter.next()
+            return counter.next()
         except SequenceExhausted as exc:
-            log.error("not sending %s: %s", body.TYPE.value, exc)
+            self.metrics.send_refused[body.TYPE] += 1
+            if not self._refusing_sends:
+                self._refusing_sends = True
+                log.error(
+                    "not sending %s, nor anything else until the sequence reservation is saved in "
+                    "[node].data_dir: %s; refused sends are counted as send_refused",
+                    body.TYPE.value,
+                    exc,
+                )
             return None
-        if counter.needs_reservation and not self._reserving and self._nursery is not None:
-            self._reserving = True
-            self._nursery.start_soon(self._extend_reservation)
-        return seq
 
     def _encode(self, body: Body) -> bytes | None:
         seq = self._next_seq(body)
@@ -312,10 +346,9 @@ class Node:
             protocol_versions=(PROTOCOL_VERSION,),
         )
 
-    def _hello_frame(self) -> bytes:
-        frame = self._encode(self._hello_body())
-        assert frame is not None
-        return frame
+    def _hello_frame(self) -> bytes | None:
+        """A freshly signed HELLO; None while no sequence number is reserved."""
+        return self._encode(self._hello_body())
 
     def _execute(self, actions: list[Action]) -> None:
         membership = self.membership
@@ -395,8 +428,12 @@ class Node:
         while True:
             now = trio.current_time()
             if now >= next_refresh:
-                self.membership.set_own_hello(self._hello_frame())
-                next_refresh = now + discovery.hello_refresh_s
+                hello = self._hello_frame()
+                if hello is not None:
+                    self.membership.set_own_hello(hello)
+                    next_refresh = now + discovery.hello_refresh_s
+                else:  # no sequence number reserved: the old HELLO serves a while longer
+                    next_refresh = now + RESERVATION_RETRY_S
             self._execute(self.membership.tick(now))
             await trio.sleep(period)
 
@@ -438,6 +475,7 @@ class Node:
             "traffic": self.metrics.snapshot(),
             "learning": None if self.driver is None else self.driver.status(),
             "metrics_port": self.metrics_port,
+            "state_write_failures": self.metrics.state_write_failures,
         }
 
     async def _control(self, request: dict) -> dict:

@@ -53,6 +53,11 @@ class NodeCollector:
                 "frames not sent (peer queue full or not connected), by type",
                 metrics.send_dropped,
             ),
+            (
+                "p2pnode_sends_refused",
+                "frames not signed: no sequence number reserved (the data directory is full), by type",
+                metrics.send_refused,
+            ),
         ):
             family = CounterMetricFamily(name, helptext, labels=["type"])
             for kind, value in sorted(counter.items()):
@@ -64,6 +69,11 @@ class NodeCollector:
         for reason, value in sorted(metrics.rejections.items()):
             rejected.add_metric([reason], value)
         yield rejected
+        state = CounterMetricFamily(
+            "p2pnode_state_write_failures", "failed saves of the sequence reservation to the data directory"
+        )
+        state.add_metric([], metrics.state_write_failures)
+        yield state
         driver = self.driver()
         if driver is not None:
             yield from _learning(driver)

@@ -1,4 +1,5 @@
-"""A full or read-only data directory (issue #14, item 8): clear errors at start.
+"""A full or read-only data directory (issue #14, item 8): clear errors at start, and a running
+node that keeps serving and never reuses a sequence number.
 
 The disk is real: a small tmpfs mounted for the test, filled to the last byte (tmpfs gives
 ENOSPC exactly like a full disk, and can be remounted read-only). Mounting needs root (CI runs
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import json
 import os
 import shutil
@@ -20,12 +22,15 @@ from pathlib import Path
 import pytest
 import trio
 
+import p2pnode.node
 from p2pnode import files
+from p2pnode.cli import main as cli
 from p2pnode.config import load_config
 from p2pnode.node import Node, NodeStartError
 from p2pnode.state import DataDir, DataDirError
+from protocol import Ping, SequenceCounter
 
-from .daemon import ANY_PORT, write_config
+from .daemon import ANY_PORT, start_node, wait_until, write_config
 
 NO_SPACE = "no space left on device (errno 28): free space on its file system"
 
@@ -180,3 +185,50 @@ def test_an_fsync_that_reports_a_lost_write_leaves_the_old_state_and_no_temporar
         assert caught.value.unwritable
         assert data_dir.load_state() == {"seq_reserved": 1}
     assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["node.lock", "state.json"]
+
+
+async def test_a_reservation_that_cannot_be_saved_stops_sends_without_reusing_a_number(
+    tmp_path, disk, monkeypatch, caplog
+):
+    """Blocks of 16 numbers, so the reservation runs out after a few sends. On a full disk the
+    node signs with what is reserved, then refuses (counted, logged once) and keeps serving;
+    with room again it saves a new reservation and sends with numbers never used before."""
+    monkeypatch.setattr(p2pnode.node, "SequenceCounter", functools.partial(SequenceCounter, block=16))
+    monkeypatch.setattr(p2pnode.node, "RESERVATION_RETRY_S", 0.1)
+    state = disk.path / "data" / "state.json"
+    async with trio.open_nursery() as nursery:
+        node = await start_node(nursery, tmp_path / "n", node={"data_dir": str(disk.path / "data")})
+        reserved = json.loads(state.read_text())["seq_reserved"]
+        disk.fill()
+        used = []
+        while (seq := await node.send_payload((), Ping(nonce=len(used)))) is not None:
+            used.append(seq)
+        for nonce in range(3):  # refused again, and logged only the first time
+            assert await node.send_payload((), Ping(nonce=nonce)) is None
+        await wait_until(lambda: node.metrics.state_write_failures >= 1, timeout=10)
+        assert used and len(set(used)) == len(used) and max(used) < reserved  # only reserved numbers
+        assert json.loads(state.read_text())["seq_reserved"] == reserved
+        assert leftovers(disk.path / "data") == ["control.sock"]
+        status = json.loads(await trio.to_thread.run_sync(status_json, node))
+        assert status["traffic"]["send_refused"] == {"PING": 4} and status["state_write_failures"] >= 1
+        refusals = [r.getMessage() for r in caplog.records if r.getMessage().startswith("not sending PING")]
+        assert len(refusals) == 1 and "until the sequence reservation is saved" in refusals[0], refusals
+        saving = [r.getMessage() for r in caplog.records if "reservation was not extended" in r.getMessage()]
+        assert NO_SPACE in saving[0], saving
+        disk.free()
+        with trio.fail_after(10):
+            while (seq := await node.send_payload((), Ping(nonce=0))) is None:
+                await trio.sleep(0.05)
+        assert seq > max(used) and json.loads(state.read_text())["seq_reserved"] > seq
+        node.request_stop()
+
+
+def status_json(node: Node) -> str:
+    """`p2pnode status --json` for `node`, as a shell user would run it."""
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli(["status", "--json", "--config", str(node.config.source)]) == 0
+    return out.getvalue()
