@@ -28,6 +28,7 @@ import trio
 from protocol import Body, Envelope, MessageType
 
 from .checkpoint import Checkpoint, CheckpointError
+from .files import describe_os_error
 from .rounds import RoundRecord, RoundState
 
 if TYPE_CHECKING:
@@ -106,6 +107,9 @@ class RoundDriver:
         )
         self._arrival = trio.Event()
         self._limiter = trio.CapacityLimiter(1)  # one algorithm call at a time
+        self.checkpoint_round: int | None = None  # the round of the checkpoint on disk
+        self.checkpoint_failures = 0  # saves that failed (a full disk): the older checkpoint stays
+        self.checkpoint_error: str | None = None  # why the last save failed; None once one succeeds
         self._sent_to: set[str] = set()  # peers sent anything in the round in progress
         # Until then the first round waits for its peers, whatever the round deadline: a peer
         # admitted at start-up may still be loading its data and model, and a node that went
@@ -267,7 +271,26 @@ class RoundDriver:
         checkpoint = Checkpoint(
             self.algorithm.name, record.round, self.algorithm.state_dict(), tuple(self.state.history)
         )
-        await self._in_thread(checkpoint.save, self.checkpoint_path)
+        try:
+            await self._in_thread(checkpoint.save, self.checkpoint_path)
+        except OSError as exc:
+            # Written atomically: the previous checkpoint is intact, and a restart resumes from
+            # it. Learning goes on; the next round's save tries again.
+            self.checkpoint_failures += 1
+            self.checkpoint_error = f"round {record.round}: {describe_os_error(exc)}"
+            kept = self.checkpoint_round
+            on_disk = "none is on disk yet" if kept is None else f"the one of round {kept} on disk stays valid"
+            log.error(
+                "[node].data_dir: checkpoint of round %d not saved to %s: %s; %s, learning goes on "
+                "and the next round tries again",
+                record.round,
+                self.checkpoint_path,
+                describe_os_error(exc),
+                on_disk,
+            )
+            return
+        self.checkpoint_round = record.round
+        self.checkpoint_error = None
 
     def _resume(self) -> None:
         """Continue from the checkpoint, if there is one."""
@@ -281,6 +304,7 @@ class RoundDriver:
         except (KeyError, ValueError) as exc:
             raise LearningSetupError(f"[node].data_dir: {self.checkpoint_path}: {exc}") from None
         self.state.resume(saved.round, saved.history)
+        self.checkpoint_round = saved.round
         log.info("resumed from the checkpoint of round %d", saved.round)
 
     def status(self) -> dict[str, Any]:
@@ -298,6 +322,9 @@ class RoundDriver:
             "neighbours": {} if last is None else {k: v for k, v in last.weights.items() if v > 0},
             "missing_payloads": dict(sorted(state.missing.items())),
             "inbox": state.queued,
+            "checkpoint_round": self.checkpoint_round,
+            "checkpoint_failures": self.checkpoint_failures,
+            "checkpoint_error": self.checkpoint_error,
             "history": [record.to_dict() for record in state.history],
         }
 

@@ -99,6 +99,11 @@ def _learning(driver: RoundDriver) -> Iterator[Metric]:
             if weight > 0:
                 weights.add_metric([peer], weight)
         yield weights
+    failures = CounterMetricFamily(
+        "p2pnode_checkpoint_failures", "checkpoints not saved (the previous one stays), e.g. on a full disk"
+    )
+    failures.add_metric([], driver.checkpoint_failures)
+    yield failures
     missing = CounterMetricFamily(
         "p2pnode_missing_payloads", "expected payloads that did not arrive in time, by peer", labels=["peer"]
     )

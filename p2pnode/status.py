@@ -40,6 +40,19 @@ def format_status(status: dict) -> str:
         lines.append(
             "sends dropped: " + ", ".join(f"{kind} {count}" for kind, count in traffic["send_dropped"].items())
         )
+    if traffic.get("send_refused"):
+        lines.append(
+            "sends refused (no sequence number reserved): "
+            + ", ".join(f"{kind} {count}" for kind, count in traffic["send_refused"].items())
+        )
+    if status.get("state_write_failures"):
+        lines.append(f"sequence reservation not saved: {status['state_write_failures']} times (see the log)")
+    learning = status.get("learning") or {}
+    if learning.get("checkpoint_failures"):
+        lines.append(
+            f"checkpoints not saved: {learning['checkpoint_failures']} (on disk: round {learning['checkpoint_round']}; "
+            f"last error: {learning['checkpoint_error'] or 'none since'})"
+        )
     if traffic.get("beacon_sends_failed"):
         lines.append(f"beacon sends failed: {traffic['beacon_sends_failed']}")
     return "\n".join(lines)

@@ -1,5 +1,5 @@
 """A full or read-only data directory (issue #14, item 8): clear errors at start, and a running
-node that keeps serving and never reuses a sequence number.
+node that keeps serving, never reuses a sequence number and keeps its last checkpoint valid.
 
 The disk is real: a small tmpfs mounted for the test, filled to the last byte (tmpfs gives
 ENOSPC exactly like a full disk, and can be remounted read-only). Mounting needs root (CI runs
@@ -13,7 +13,9 @@ import errno
 import fcntl
 import functools
 import json
+import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -24,13 +26,16 @@ import trio
 
 import p2pnode.node
 from p2pnode import files
+from p2pnode.checkpoint import CHECKPOINT_NAME, Checkpoint
 from p2pnode.cli import main as cli
 from p2pnode.config import load_config
 from p2pnode.node import Node, NodeStartError
 from p2pnode.state import DataDir, DataDirError
+from p2pnode.status import format_status
 from protocol import Ping, SequenceCounter
 
 from .daemon import ANY_PORT, start_node, wait_until, write_config
+from .test_learning_daemon import learning_sections, scrape
 
 NO_SPACE = "no space left on device (errno 28): free space on its file system"
 
@@ -211,6 +216,7 @@ async def test_a_reservation_that_cannot_be_saved_stops_sends_without_reusing_a_
         assert leftovers(disk.path / "data") == ["control.sock"]
         status = json.loads(await trio.to_thread.run_sync(status_json, node))
         assert status["traffic"]["send_refused"] == {"PING": 4} and status["state_write_failures"] >= 1
+        assert "sends refused (no sequence number reserved): PING 4" in format_status(status)
         refusals = [r.getMessage() for r in caplog.records if r.getMessage().startswith("not sending PING")]
         assert len(refusals) == 1 and "until the sequence reservation is saved" in refusals[0], refusals
         saving = [r.getMessage() for r in caplog.records if "reservation was not extended" in r.getMessage()]
@@ -232,3 +238,44 @@ def status_json(node: Node) -> str:
     with contextlib.redirect_stdout(out):
         assert cli(["status", "--json", "--config", str(node.config.source)]) == 0
     return out.getvalue()
+
+
+async def test_a_checkpoint_that_cannot_be_saved_keeps_the_previous_one_and_learning_goes_on(tmp_path, caplog):
+    """A learning node whose disk fills between rounds: each failed save is logged and counted
+    (status, Prometheus), the checkpoint on disk still loads, rounds go on, and once there is
+    room again the next round's checkpoint is saved."""
+    disk = SmallDisk(tmp_path / "disk", 32 << 20)
+    caplog.set_level(logging.ERROR, logger="p2pnode")
+    sections = learning_sections(0, 1, rounds=100_000, start_peers=0)
+    path = disk.path / "data" / CHECKPOINT_NAME
+    try:
+        async with trio.open_nursery() as nursery:
+            node = await start_node(
+                nursery,
+                tmp_path / "n",
+                node={"data_dir": str(disk.path / "data")},
+                metrics={"listen": "127.0.0.1:0"},
+                **sections,
+            )
+            await wait_until(lambda: node.driver and node.driver.checkpoint_round is not None, timeout=120)
+            driver = node.driver
+            # Filled again while waiting: a save in progress frees its temporary file on failure.
+            await wait_until(lambda: disk.fill() or driver.checkpoint_failures >= 2, timeout=60)
+            on_disk = Checkpoint.load(path, "mapl")  # a valid checkpoint, as a restart would read it
+            assert on_disk.round == driver.checkpoint_round < driver.state.completed
+            assert leftovers(disk.path / "data") == ["control.sock"]
+            status = json.loads(await trio.to_thread.run_sync(status_json, node))["learning"]
+            assert not status["phase"].startswith("failed") and status["checkpoint_failures"] >= 2
+            assert NO_SPACE in status["checkpoint_error"] and status["checkpoint_round"] == on_disk.round
+            assert f"(on disk: round {on_disk.round}; last error: round" in format_status(node.status())
+            scraped = (await scrape(node.metrics_port, b"GET /metrics HTTP/1.1\r\n\r\n")).decode()
+            (failures,) = re.findall(r"^p2pnode_checkpoint_failures_total (\S+)$", scraped, flags=re.M)
+            assert float(failures) >= 2
+            logged = [r.getMessage() for r in caplog.records if "not saved to" in r.getMessage()]
+            assert NO_SPACE in logged[0] and "on disk stays valid" in logged[-1], logged
+            disk.free()
+            await wait_until(lambda: driver.checkpoint_round > on_disk.round, timeout=60)
+            assert Checkpoint.load(path, "mapl").round >= driver.checkpoint_round > on_disk.round
+            node.request_stop()
+    finally:
+        disk.unmount()
