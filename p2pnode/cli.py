@@ -35,12 +35,16 @@ def _config(path: str, *, load_identity: bool = True):
 
 
 def _start(args: argparse.Namespace) -> int:
+    from .files import describe_os_error
     from .logs import configure_logging
     from .node import NodeStartError
     from .runner import run_until_signalled
 
     config = _config(args.config)
-    configure_logging(config.log, config.identity.node_id)
+    try:
+        configure_logging(config.log, config.identity.node_id)
+    except OSError as exc:
+        raise CommandError(f"[log].file: cannot open {config.log.file}: {describe_os_error(exc)}") from None
     try:
         run_until_signalled(config)
     except NodeStartError as exc:

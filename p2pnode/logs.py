@@ -8,8 +8,9 @@ import sys
 import time
 
 from .config import LogSettings
+from .files import describe_os_error
 
-__all__ = ["configure_logging", "JsonFormatter"]
+__all__ = ["configure_logging", "JsonFormatter", "LogFile"]
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 
@@ -30,8 +31,39 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
+class LogFile(logging.FileHandler):
+    """`[log].file`. A record that cannot be written (a full disk) is lost, and said so once on
+    standard error, not with logging's traceback for every record; again after a good write."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self._failing = False
+        self._failed = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._failed = False
+        super().emit(record)
+        if not self._failed:
+            self._failing = False
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        error = sys.exc_info()[1]
+        if not isinstance(error, OSError):
+            super().handleError(record)
+            return
+        self._failed = True
+        if not self._failing:
+            self._failing = True
+            print(
+                f"p2pnode: [log].file: cannot write {self.baseFilename}: {describe_os_error(error)}; "
+                "log records are lost until it can",
+                file=sys.stderr,
+            )
+
+
 def configure_logging(settings: LogSettings, node_id: str) -> None:
-    handler = logging.FileHandler(settings.file) if settings.file else logging.StreamHandler(sys.stderr)
+    """Raises OSError if `[log].file` cannot be opened."""
+    handler = LogFile(settings.file) if settings.file else logging.StreamHandler(sys.stderr)
     if settings.format == "json":
         handler.setFormatter(JsonFormatter())
     else:

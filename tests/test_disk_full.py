@@ -29,6 +29,7 @@ from p2pnode import files
 from p2pnode.checkpoint import CHECKPOINT_NAME, Checkpoint
 from p2pnode.cli import main as cli
 from p2pnode.config import load_config
+from p2pnode.logs import LogFile
 from p2pnode.node import Node, NodeStartError
 from p2pnode.state import DataDir, DataDirError
 from p2pnode.status import format_status
@@ -279,3 +280,36 @@ async def test_a_checkpoint_that_cannot_be_saved_keeps_the_previous_one_and_lear
             node.request_stop()
     finally:
         disk.unmount()
+
+
+def test_a_log_file_on_a_full_disk_says_so_once_and_no_traceback(disk, capsys):
+    handler = LogFile(str(disk.path / "node.log"))
+    record = logging.LogRecord("p2pnode.node", logging.INFO, __file__, 1, "round %d done", (1,), None)
+    try:
+        disk.fill()
+        for _ in range(3):
+            handler.handle(record)
+        err = capsys.readouterr().err
+        assert err == (
+            f"p2pnode: [log].file: cannot write {disk.path / 'node.log'}: {NO_SPACE}; "
+            "log records are lost until it can\n"
+        )
+        disk.free()
+        handler.handle(record)  # written, with what the buffer still held
+        assert "round 1 done" in (disk.path / "node.log").read_text() and capsys.readouterr().err == ""
+    finally:
+        handler.close()
+
+
+def test_p2pnode_start_with_a_log_file_it_cannot_open_exits_1_naming_the_setting(tmp_path, disk):
+    disk.read_only()
+    log = disk.path / "node.log"
+    path = write_config(tmp_path / "n", ANY_PORT, log={"file": str(log)})
+    done = subprocess.run(
+        [sys.executable, "-m", "p2pnode", "start", "--config", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr == (
+        f"p2pnode: error: [log].file: cannot open {log}: read-only file system (errno 30): "
+        "remount its file system read-write\n"
+    )
