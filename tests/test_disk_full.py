@@ -1,5 +1,6 @@
 """A full or read-only data directory (issue #14, item 8): clear errors at start, and a running
-node that keeps serving, never reuses a sequence number and keeps its last checkpoint valid.
+node that keeps serving, never reuses a sequence number, keeps its last checkpoint valid and
+says once that its log file is full.
 
 The disk is real: a small tmpfs mounted for the test, filled to the last byte (tmpfs gives
 ENOSPC exactly like a full disk, and can be remounted read-only). Mounting needs root (CI runs
