@@ -67,7 +67,18 @@ class DataDir:
                 f"cannot write the lock file {lock}: {describe_os_error(exc)}", unwritable=True
             ) from None
         self._lock_fd = fd
+        self._remove_orphans()
         return self
+
+    def _remove_orphans(self) -> None:
+        """Temporary files of atomic writes a killed node left (files.py names them .NAME.PID.tmp):
+        a checkpoint's is as large as the model, and each kill during one would leave another.
+        Under the lock no other node writes here, so none of them is in use."""
+        for orphan in self.path.glob(".*.*.tmp"):
+            try:
+                orphan.unlink()
+            except OSError:
+                pass  # the writes that follow say what is wrong with the directory
 
     def __exit__(self, *exc_info: object) -> None:
         if self._lock_fd is not None:

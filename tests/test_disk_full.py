@@ -314,3 +314,17 @@ def test_p2pnode_start_with_a_log_file_it_cannot_open_exits_1_naming_the_setting
         f"p2pnode: error: [log].file: cannot open {log}: read-only file system (errno 30): "
         "remount its file system read-write\n"
     )
+
+
+def test_temporary_files_a_killed_node_left_are_removed_once_the_lock_is_held(tmp_path):
+    """A node killed during a checkpoint leaves a temporary file as large as the model, one per
+    kill; a restart in a container may even reuse the pid in its name. The next start removes them."""
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    orphans = [data / ".checkpoint.pt.4242.tmp", data / f".state.json.{os.getpid()}.tmp"]
+    for orphan in orphans:
+        orphan.write_bytes(bytes(4096))
+    with DataDir(data) as data_dir:
+        assert not any(orphan.exists() for orphan in orphans)
+        data_dir.save_state({"seq_reserved": 1})
+    assert sorted(p.name for p in data.iterdir()) == ["node.lock", "state.json"]
