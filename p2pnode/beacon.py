@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from .config import BeaconSettings
-from .inbound import TokenBuckets
+from .gate import TokenBuckets
 
 __all__ = ["run_beacon"]
 

@@ -232,6 +232,21 @@ class PublicKey(Kind):
         return "64 hex digits (an Ed25519 public key, as `p2pnode keyinfo` prints it)"
 
 
+class Network(Kind):
+    """An IP network in CIDR notation, e.g. `127.0.0.0/8`."""
+
+    def parse(self, value, base):
+        if type(value) is not str:
+            raise Invalid(f'expected a network like "127.0.0.0/8", got {_type_name(value)}')
+        try:
+            return str(ipaddress.ip_network(value, strict=False))
+        except ValueError:
+            raise Invalid(f"{value!r} is not an IP network in CIDR notation") from None
+
+    def describe(self):
+        return "IP network, e.g. `10.0.0.0/8`"
+
+
 class FrameSizes(Kind):
     """A table from message type to a size bound in bytes."""
 
@@ -353,9 +368,24 @@ class DiscoverySettings:
     dial_retry_max_s: float = option(Number(0.1, 3600), 5.0, "longest wait between HELLO retries")
     dial_attempts: int = option(
         Integer(1, 10_000),
-        20,
-        "give up on an address learned from peers after this many "
-        "unanswered HELLOs (bootstrap addresses are retried forever)",
+        8,
+        "give up verifying an address learned from a HELLO after this many unanswered "
+        "challenges (bootstrap addresses are retried forever)",
+    )
+    max_dialing: int = option(
+        Integer(1, 4096), 16, "addresses being verified at once (bootstrap addresses not counted)"
+    )
+    dialing_per_informant: int = option(
+        Integer(1, 4096), 4, "addresses relayed by one peer that are being verified at once"
+    )
+    dialing_per_subnet: int = option(Integer(1, 4096), 4, "addresses in one subnet (/24 or /64) being verified at once")
+    max_peers_per_subnet: int = option(
+        Integer(1, 4096), 16, "peers admitted from one subnet (/24 for IPv4, /64 for IPv6)"
+    )
+    subnet_limits_exempt: tuple[str, ...] = option(
+        ListOf(Network(), 256),
+        ("127.0.0.0/8", "::1/128"),
+        "networks the two subnet limits do not apply to (loopback: every node there is this host)",
     )
 
 
@@ -423,6 +453,22 @@ class TransportSettings:
         "inbound frames per second allowed per connection; excess is dropped and counted (`rate_limited`)",
     )
     burst_per_connection: int = option(Integer(1, 1_000_000), 1000, "token-bucket burst for the rate above")
+    stranger_rate: float = option(
+        Number(1, 1e9),
+        500.0,
+        "frames per second, node-wide, that connections no admitted peer proved may send to be "
+        "verified (handshakes, reconnections); excess is dropped and counted (`stranger_rate_limited`)",
+    )
+    stranger_rate_per_subnet: float = option(
+        Number(1, 1e9), 100.0, "the same, per source subnet (/24 for IPv4, /64 for IPv6)"
+    )
+    stranger_burst: int = option(Integer(1, 1_000_000), 200, "token-bucket burst for the two stranger rates")
+    max_stranger_connections: int = option(
+        Integer(1, 1_000_000),
+        1024,
+        "connections without a proven admitted peer whose handshake claim is remembered; the least "
+        "recently used beyond it must start over with a HELLO",
+    )
     max_clock_skew_s: float = option(
         Number(0.1, 86400), 60.0, "frames whose timestamp is further from this node's clock are `stale`"
     )

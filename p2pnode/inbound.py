@@ -1,49 +1,34 @@
-"""The receive path: read frames, refuse floods, check signatures off the event loop, then
-the replay guard, and hand each accepted envelope to the node.
+"""The receive path: read frames, judge each by its header and connection, check signatures off
+the event loop, then the replay guard, and hand each accepted envelope to the node, in order.
 
-    transport.receive ─► rate limit per connection ─► batches ─► verify threads (Decoder)
-        ─► replay guard (event loop) ─► handler
+    transport.receive ─► header check + gate (gate.py) ─► batches ─► verify threads (Decoder)
+        ─► in receive order: replay guard ─► handler
 
-Every stage is bounded: the batch (in frames and in bytes), the queue of batches (when full,
-reading stops and ZeroMQ pushes back on the senders), the number of verify threads. At most
-(verify_queue + verify_threads) batches are alive, each within verify_batch_bytes or one frame.
-Every refusal is counted by reason; none stops the loop.
+Every stage is bounded: the batch (in frames and in bytes), the batches in flight (when
+`verify_queue` of them wait, reading stops and ZeroMQ pushes back on the senders), the number of
+verify threads. Batches are handled in the order they were read, whichever thread finishes
+first, so a peer's frames reach the node in the order it sent them (its handshake before what
+follows it). Every refusal is counted by reason; none stops the loop.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 import trio
 
 from protocol import Decoder, Envelope, ProtocolError, ReplayGuard
 
 from .config import TransportSettings
-from .metrics import MULTIPART, RATE_LIMITED, Metrics
+from .gate import Gate
+from .metrics import MULTIPART, Metrics
 from .transport import Transport
 
-__all__ = ["Inbound", "TokenBuckets"]
+__all__ = ["Inbound", "decode_all"]
 
 # Takes an accepted envelope and its frame; returns None, or the reason it refuses it after all.
 Handler = Callable[[Envelope, bytes], Awaitable[str | None]]
-
-
-class TokenBuckets:
-    """A token bucket per key (a ZeroMQ connection), least recently used dropped past `capacity`."""
-
-    def __init__(self, rate: float, burst: int, capacity: int = 4096) -> None:
-        self.rate, self.burst, self.capacity = rate, burst, capacity
-        self._buckets: OrderedDict[bytes, tuple[float, float]] = OrderedDict()  # key -> (tokens, time)
-
-    def allow(self, key: bytes, now: float) -> bool:
-        tokens, then = self._buckets.pop(key, (float(self.burst), now))
-        tokens = min(self.burst, tokens + (now - then) * self.rate)
-        allowed = tokens >= 1
-        self._buckets[key] = (tokens - 1 if allowed else tokens, now)
-        if len(self._buckets) > self.capacity:
-            self._buckets.popitem(last=False)
-        return allowed
 
 
 def decode_all(decoder: Decoder, frames: list[bytes]) -> list[Envelope | ProtocolError]:
@@ -57,61 +42,101 @@ def decode_all(decoder: Decoder, frames: list[bytes]) -> list[Envelope | Protoco
     return results
 
 
+@dataclass
+class _Batch:
+    connections: list[bytes] = field(default_factory=list)
+    frames: list[bytes] = field(default_factory=list)
+    results: list[Envelope | ProtocolError] = field(default_factory=list)
+    done: trio.Event = field(default_factory=trio.Event)
+
+
 class Inbound:
     def __init__(
         self,
         transport: Transport,
         decoder: Decoder,
         guard: ReplayGuard,
+        gate: Gate,
         metrics: Metrics,
         settings: TransportSettings,
         clock_us: Callable[[], int],
     ) -> None:
-        self.transport, self.decoder, self.guard = transport, decoder, guard
+        self.transport, self.decoder, self.guard, self.gate = transport, decoder, guard, gate
         self.metrics, self.settings, self.clock_us = metrics, settings, clock_us
-        self.buckets = TokenBuckets(settings.rate_per_connection, settings.burst_per_connection)
         self.verify_limiter = trio.CapacityLimiter(settings.verify_threads)
 
     async def run(self, handle: Handler) -> None:
         """Receive until cancelled, calling `handle(envelope, frame)` for every frame that passes."""
-        send, receive = trio.open_memory_channel[list[bytes]](self.settings.verify_queue)
-        async with trio.open_nursery() as nursery, send, receive:
-            nursery.start_soon(self._read, send.clone())
+        queue = self.settings.verify_queue
+        to_verify, verify = trio.open_memory_channel[_Batch](queue)
+        to_deliver, deliver = trio.open_memory_channel[_Batch](queue + self.settings.verify_threads)
+        async with trio.open_nursery() as nursery, to_verify, verify, to_deliver, deliver:
+            nursery.start_soon(self._read, to_verify.clone(), to_deliver.clone())
             for _ in range(self.settings.verify_threads):
-                nursery.start_soon(self._verify, receive.clone(), handle)
+                nursery.start_soon(self._verify, verify.clone())
+            nursery.start_soon(self._deliver, deliver.clone(), handle)
 
-    async def _read(self, batches: trio.MemorySendChannel[list[bytes]]) -> None:
-        async with batches:
+    async def _read(self, to_verify: trio.MemorySendChannel[_Batch], to_deliver: trio.MemorySendChannel[_Batch]):
+        async with to_verify, to_deliver:
             while True:
                 messages = await self.transport.receive(self.settings.verify_batch, self.settings.verify_batch_bytes)
-                now = trio.current_time()
-                frames = []
-                for parts in messages:
-                    if len(parts) != 2:  # [routing id, frame]; a DEALER sending more parts is not a peer
-                        self.metrics.rejected(MULTIPART, sum(map(len, parts[1:])))
-                    elif not self.buckets.allow(parts[0], now):
-                        self.metrics.rejected(RATE_LIMITED, len(parts[1]))
-                    else:
-                        frames.append(parts[1])
-                if frames:
-                    await batches.send(frames)
+                batch = self._admit(messages, trio.current_time())
+                if batch.frames:
+                    await to_deliver.send(batch)  # first: delivery order is read order
+                    await to_verify.send(batch)
 
-    async def _verify(self, batches: trio.MemoryReceiveChannel[list[bytes]], handle: Handler) -> None:
+    def _admit(self, messages: list[list], now: float) -> _Batch:
+        """The frames of `messages` that may be verified; the rest are counted and dropped."""
+        batch = _Batch()
+        for parts in messages:
+            if len(parts) != 2:  # [routing id, frame]; a DEALER sending more parts is not a peer
+                self.metrics.rejected(MULTIPART, sum(map(len, parts[1:])))
+                continue
+            connection, message = parts
+            frame = message.bytes
+            try:
+                header = self.decoder.peek(frame)
+            except ProtocolError as exc:
+                self.metrics.rejected(exc.reason.value, len(frame))
+                continue
+            refusal = self.gate.admit(connection.bytes, header, lambda m=message: m.get("Peer-Address"), now)
+            if refusal is not None:
+                self.metrics.rejected(refusal, len(frame))
+                continue
+            batch.connections.append(connection.bytes)
+            batch.frames.append(frame)
+        return batch
+
+    async def _verify(self, batches: trio.MemoryReceiveChannel[_Batch]) -> None:
         async with batches:
-            async for frames in batches:
-                results = await trio.to_thread.run_sync(decode_all, self.decoder, frames, limiter=self.verify_limiter)
-                now_us = self.clock_us()
-                for frame, result in zip(frames, results, strict=True):
-                    if isinstance(result, ProtocolError):
-                        self.metrics.rejected(result.reason.value, len(frame))
-                        continue
-                    try:
-                        self.guard.admit(result.sender, result.seq, result.timestamp_us, now_us)
-                    except ProtocolError as exc:
-                        self.metrics.rejected(exc.reason.value, len(frame))
-                        continue
-                    refusal = await handle(result, frame)
-                    if refusal is None:
-                        self.metrics.received(result.type, result.size)
-                    else:
-                        self.metrics.rejected(refusal, result.size)
+            async for batch in batches:
+                batch.results = await trio.to_thread.run_sync(
+                    decode_all, self.decoder, batch.frames, limiter=self.verify_limiter
+                )
+                batch.done.set()
+
+    async def _deliver(self, batches: trio.MemoryReceiveChannel[_Batch], handle: Handler) -> None:
+        async with batches:
+            async for batch in batches:
+                await batch.done.wait()
+                for connection, frame, result in zip(batch.connections, batch.frames, batch.results, strict=True):
+                    await self._deliver_one(connection, frame, result, handle)
+
+    async def _deliver_one(
+        self, connection: bytes, frame: bytes, result: Envelope | ProtocolError, handle: Handler
+    ) -> None:
+        if not isinstance(result, ProtocolError):
+            try:
+                self.guard.admit(result.sender, result.seq, result.timestamp_us, self.clock_us())
+            except ProtocolError as exc:
+                result = exc
+        if isinstance(result, ProtocolError):
+            self.gate.failed(connection)
+            self.metrics.rejected(result.reason.value, len(frame))
+            return
+        self.gate.verified(connection, result.sender)
+        refusal = await handle(result, frame)
+        if refusal is None:
+            self.metrics.received(result.type, result.size)
+        else:
+            self.metrics.rejected(refusal, result.size)

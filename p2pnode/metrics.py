@@ -6,10 +6,22 @@ from collections import Counter
 
 from protocol import LEARNING_TYPES, MessageType
 
-__all__ = ["Metrics", "RATE_LIMITED", "UNKNOWN_PEER", "MULTIPART", "NOT_LEARNING"]
+__all__ = [
+    "Metrics",
+    "RATE_LIMITED",
+    "STRANGER_RATE_LIMITED",
+    "HANDSHAKE_FIRST",
+    "WRONG_SENDER",
+    "UNKNOWN_PEER",
+    "MULTIPART",
+    "NOT_LEARNING",
+]
 
 # Refusals decided by the daemon rather than by protocol/ (those use protocol.Reason values).
-RATE_LIMITED = "rate_limited"  # over the per-connection inbound rate
+RATE_LIMITED = "rate_limited"  # over the per-connection inbound rate of a peer's link
+STRANGER_RATE_LIMITED = "stranger_rate_limited"  # over the strangers' rate (node-wide or per subnet)
+HANDSHAKE_FIRST = "handshake_first"  # not a handshake frame, on a connection no admitted peer proved
+WRONG_SENDER = "wrong_sender"  # claims another key than the one its connection is bound to
 UNKNOWN_PEER = "unknown_peer"  # a message that needs an admitted peer, from a sender that is not one
 MULTIPART = "malformed"  # a multipart ZeroMQ message: not a p2pnode frame
 NOT_LEARNING = "not_learning"  # a learning payload for a node that runs no algorithm (yet)
@@ -27,6 +39,7 @@ class Metrics:
         self.send_refused: Counter[MessageType] = Counter()  # not signed: no sequence number reserved
         self.state_write_failures = 0  # the sequence reservation could not be saved (a full disk)
         self.beacon_sends_failed = 0
+        self.connections: Counter[str] = Counter()  # inbound connection events (monitor.py)
         self.payload_bytes_out: Counter[MessageType] = Counter()  # tensor bytes inside the frames sent
 
     def received(self, kind: MessageType, size: int) -> None:
@@ -72,4 +85,5 @@ class Metrics:
             "send_dropped": dict(sorted(self.send_dropped.items())),
             "send_refused": dict(sorted(self.send_refused.items())),
             "beacon_sends_failed": self.beacon_sends_failed,
+            "connections": dict(sorted(self.connections.items())),
         }

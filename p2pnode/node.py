@@ -39,6 +39,7 @@ from protocol import (
     ReplayGuard,
     SequenceCounter,
     SequenceExhausted,
+    node_id,
 )
 
 from . import signing
@@ -47,10 +48,11 @@ from .checkpoint import CHECKPOINT_NAME
 from .config import Config
 from .control import serve_control
 from .files import describe_os_error
+from .gate import Gate
 from .inbound import Inbound, decode_all
 from .learning import LearningSetupError, Network, RoundDriver, build_algorithm, learning_capability
 from .metrics import NOT_LEARNING, UNKNOWN_PEER, Metrics
-from .peers import Action, Dial, Hangup, Membership, Send, SendHello
+from .peers import Action, Admitted, Dial, Evicted, Hangup, Membership, Send, SendHello
 from .prometheus import render_for, serve_prometheus
 from .state import DataDir, DataDirError
 from .transport import Transport, TransportError
@@ -95,14 +97,18 @@ class Node:
         allow = frozenset(config.security.allowlist) if config.security.allowlist is not None else None
         self.encoder = Encoder(self.identity, config.node.network, limits)
         self.decoder = Decoder(config.node.network, limits, allowed_senders=allow)
+        # A replay window per admitted peer, opened and closed by `Membership` (Admitted, Evicted).
         self.guard = ReplayGuard(
             window=config.transport.replay_window,
             max_skew_us=int(config.transport.max_clock_skew_s * 1e6),
-            max_senders=max(4096, 4 * config.discovery.max_peers),
+            max_senders=config.discovery.max_peers,
         )
         self.metrics = Metrics()
         self.transport = Transport(config.transport, limits.max_frame_bytes)
-        self.inbound = Inbound(self.transport, self.decoder, self.guard, self.metrics, config.transport, clock_us)
+        self.gate = Gate(config.transport, config.discovery.max_peers, self._is_peer)
+        self.inbound = Inbound(
+            self.transport, self.decoder, self.guard, self.gate, self.metrics, config.transport, clock_us
+        )
         self.membership: Membership | None = None
         self.address: str | None = None  # what peers dial: [node].advertise, or the bound endpoint
         # The round driver (learning.py) takes the learning payloads here.
@@ -198,6 +204,9 @@ class Node:
                 self._cannot_start(f"[metrics].listen: cannot listen on {listen}: {exc.strerror or exc}")
                 started = False
         return started
+
+    def _is_peer(self, key: bytes) -> bool:
+        return self.membership is not None and key in self.membership.peers
 
     def _peer_count(self) -> int:
         return 0 if self.membership is None else len(self.membership.peers)
@@ -362,6 +371,12 @@ class Node:
                     log.warning("%s", exc)
             elif isinstance(action, Hangup):
                 self.transport.hangup(action.address)
+            elif isinstance(action, Admitted):
+                self.guard.trust(action.key, action.seq)
+                log.info("peer %s admitted at %s", node_id(action.key), action.address)
+            elif isinstance(action, Evicted):
+                self.guard.forget(action.key)
+                log.info("peer %s evicted (%s)", node_id(action.key), action.why)
             elif isinstance(action, SendHello):
                 sent = self.send((action.address,), self._hello_body()) == 1
                 self._execute(membership.hello_sent(action.address, sent, trio.current_time()))
@@ -372,7 +387,9 @@ class Node:
         membership = self.membership
         now = trio.current_time()
         if envelope.type in DISCOVERY_TYPES:
-            relayed = await self._verify_relayed(envelope.body) if envelope.type is MessageType.PEERS else []
+            relayed = []
+            if envelope.type is MessageType.PEERS and envelope.sender in membership.peers:
+                relayed = await self._verify_relayed(envelope.body)
             actions, refusal = membership.on_message(envelope, frame, now, self.clock_us(), relayed)
             self._execute(actions)
             return refusal

@@ -1,20 +1,36 @@
 """Who this node's peers are: admission, peer exchange, liveness, eviction, dialing with backoff.
 
 `Membership` is a state machine with no I/O: the node feeds it verified messages and the time,
-and carries out the actions it returns (dial, hang up, send). That keeps every discovery rule
-testable without sockets.
+and carries out the actions it returns (dial, hang up, send, trust). That keeps every discovery
+rule testable without sockets.
 
-The handshake: a node that wants to join sends HELLO to an address (dialing, retried with
-exponential backoff). The receiver admits the sender and answers with PEERS whose first entry
-is its own signed HELLO; the dialer admits it from that entry. PEERS never asks for an answer,
-so no exchange can loop. Every signed HELLO a node learns (directly, relayed in PEERS, or by LAN
-beacon) names an address to dial next, until the table holds every peer (or `max_peers`).
+The handshake proves, both ways, that a key answers at the address it is admitted with. A node
+learns of a key and its address from a signed HELLO (sent to it directly, relayed by a peer in
+PEERS, or heard by LAN beacon) or only of an address (bootstrap). To *verify* it, the node
+dials that address and sends its own HELLO then a challenge, PING(nonce). The other side, on
+that HELLO, starts verifying this node the same way, and answers the challenge with PONG(nonce)
+to the address in this node's HELLO, after its own HELLO. A signed PONG carrying the nonce
+proves that its signer received what was sent to the address; only then is it admitted, with
+that address. Once both have answered each other's challenge, both are *ready*: each admitted
+the other before anything later arrives on the same connection.
+
+Bounds against strangers with many keys (docs/security.md):
+- Until a key is admitted, it gets no replay window (the node trusts it only on `Admitted`),
+  its PEERS are not read, and its frames other than HELLO, PING and PONG are refused.
+- Verifications in flight are bounded overall (`max_dialing`), per informant (the peer that
+  relayed the address: `dialing_per_informant`) and per target subnet (`dialing_per_subnet`),
+  and each gives up after `dial_attempts` challenges; bootstrap addresses are retried forever.
+- Only verified addresses are relayed; peers per subnet are bounded (`max_peers_per_subnet`).
+- A full table admits a newcomer only by displacing a peer from the most crowded subnet, never
+  one of the longest-lived or fastest-answering peers.
+PEERS never asks for an answer, so no exchange can loop.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import random
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 from protocol import (
@@ -32,12 +48,14 @@ from protocol import (
 )
 
 from .config import DiscoverySettings
+from .gate import subnet_of
 from .metrics import UNKNOWN_PEER
 
-__all__ = ["Peer", "Membership", "Dial", "Hangup", "SendHello", "Send", "Action"]
+__all__ = ["Peer", "Membership", "Dial", "Hangup", "SendHello", "Send", "Admitted", "Evicted", "Action"]
 
 
 _U64 = (1 << 64) - 1
+_HEARD = 256  # strangers' latest direct HELLOs kept for their PONG (least recently heard dropped)
 
 
 @dataclass(frozen=True)
@@ -69,39 +87,69 @@ class Send:
     body: Body
 
 
-Action = Dial | Hangup | SendHello | Send
+@dataclass(frozen=True)
+class Admitted:
+    """`key` proved itself with the frame numbered `seq`: trust it from there on (replay window)."""
+
+    key: bytes
+    seq: int
+    address: str
+
+
+@dataclass(frozen=True)
+class Evicted:
+    """`key` is no peer any more: it is a stranger again."""
+
+    key: bytes
+    why: str
+
+
+Action = Dial | Hangup | SendHello | Send | Admitted | Evicted
 
 
 @dataclass
 class Peer:
     key: bytes
-    address: str
+    address: str  # where it answered this node's challenge
     capabilities: tuple[str, ...]
     dataset_size: int
-    hello: bytes  # its latest signed HELLO frame, relayed verbatim in PEERS
+    hello: bytes  # its latest signed HELLO frame, relayed verbatim in PEERS if it names `address`
     hello_timestamp_us: int
     admitted_at: float
     last_seen: float
+    subnet: str | None  # of `address`; None where subnet limits do not apply
     rtt_s: float | None = None
-    last_answer_at: float = float("-inf")
-    answer_at: float | None = None  # a PEERS owed to it, once its connection is up
-    admitted_us: bool = False  # it knows us: it answered our HELLO, or our answer to its HELLO went out
+    last_hello_at: float = float("-inf")  # when this node last re-sent its HELLO to it
+    admitted_us: bool = False  # it admitted us: we answered its challenge, before anything else we send it
+    hello_address: str = ""  # the address its latest HELLO names
+    peers_owed_at: float | None = None  # when our first PEERS goes to it
 
     @property
     def node_id(self) -> str:
         return node_id(self.key)
 
+    @property
+    def relayable(self) -> bool:
+        """Its HELLO names the address it was verified at: others may be told of it."""
+        return self.hello_address == self.address
+
 
 @dataclass
 class _Dialing:
+    """A verification in flight: the address dialled, the challenge sent there."""
+
     address: str
     permanent: bool  # a bootstrap address: retried forever
     key: bytes | None  # the key expected there, when learned from a signed HELLO
+    informant: bytes | str  # who told us: a relaying peer's key, "direct", "beacon" or "bootstrap"
+    nonce: int
     next_at: float
     delay: float
-    hello_timestamp_us: int = 0  # of the signed HELLO that named this address, if any
+    hello: tuple[Envelope, bytes] | None = None  # the signed HELLO that named this address
     attempts: int = 0
     opened: bool = False  # the outbound connection has been asked for
+    owed_pong: int | None = None  # its challenge, answered right after our next HELLO there
+    answered: bool = False  # we answered its challenge
 
 
 class Membership:
@@ -112,15 +160,17 @@ class Membership:
         self.peers: dict[bytes, Peer] = {}
         self.dialing: dict[str, _Dialing] = {}
         self.own_hello: bytes | None = None
+        self._exempt = tuple(ipaddress.ip_network(cidr) for cidr in settings.subnet_limits_exempt)
         # Key -> timestamp of the HELLO we gave up dialling: only a newer one is worth a new try.
         self._given_up: dict[bytes, int] = {}
-        self.counts: Counter[str] = Counter()  # admitted, evicted, refused_full, gave_up, ...
+        self._heard: OrderedDict[bytes, tuple[Envelope, bytes]] = OrderedDict()
+        self.counts: Counter[str] = Counter()  # admitted, evicted_*, refused_*, dial_budget_*, ...
         self._ping_nonce: int | None = None
         self._ping_sent_at = 0.0
         self._next_ping_at = now
         self._next_gossip_at = now + settings.exchange_interval_s
         for address in settings.bootstrap:
-            self._dial_later(address, permanent=True, key=None, now=now)
+            self._dial_later(address, permanent=True, key=None, informant="bootstrap", now=now)
 
     # --- what the node tells us ----------------------------------------------------------
 
@@ -137,54 +187,63 @@ class Membership:
         kind, body = envelope.type, envelope.body
         if kind is MessageType.HELLO:
             return self.on_hello(envelope, frame, now), None
+        if kind is MessageType.PING:
+            return self.on_ping(envelope.sender, body, now)
+        if kind is MessageType.PONG:
+            return self.on_pong(envelope, now), None
+        if not is_peer:
+            return [], UNKNOWN_PEER  # PEERS and BYE mean something only from a peer
         if kind is MessageType.PEERS:
             return self.on_peers(envelope, list(relayed), now, now_us), None
-        if not is_peer:
-            return [], UNKNOWN_PEER  # PING, PONG and BYE mean something only from a peer
-        if kind is MessageType.PING:
-            return self.on_ping(envelope.sender, body), None
-        if kind is MessageType.PONG:
-            self.on_pong(envelope.sender, body, now)
-            return [], None
         return self.on_bye(envelope.sender, now), None
 
     def on_hello(self, envelope: Envelope, frame: bytes, now: float) -> list[Action]:
-        """A HELLO received directly: its sender is dialing us. Admit it, answer with PEERS."""
-        key = envelope.sender
+        """A HELLO received directly: its sender is dialing us, and will challenge us next."""
+        key, body = envelope.sender, envelope.body
         if key == self.own_key:
-            self._forget_dialing(envelope.body.address)  # we dialled ourselves (our own bootstrap)
-            return [Hangup(envelope.body.address)]
-        known = key in self.peers
-        peer = self._admit_or_update(envelope, frame, now)
-        if peer is None or now - peer.last_answer_at < self.settings.dial_retry_initial_s:
-            return []  # refused, or answered a moment ago (bounds what repeated HELLOs cost us)
-        peer.last_answer_at = now
-        if not known:
-            return self._answer_soon(peer, now)
-        peer.admitted_us = True  # our answer goes out now, ahead of anything we send it later
-        return [Send((peer.address,), self._peers_body())]
+            self.dialing.pop(body.address, None)  # we dialled ourselves (our own bootstrap)
+            return [Hangup(body.address)]
+        if PROTOCOL_VERSION not in body.protocol_versions:
+            self.counts["incompatible"] += 1
+            return []
+        peer = self.peers.get(key)
+        if peer is not None:
+            self._update(peer, envelope, frame)
+            if now - peer.last_hello_at < self.settings.dial_retry_initial_s:
+                return []  # answered a moment ago (bounds what repeated HELLOs cost us)
+            # It (re)connected to us, maybe restarted and forgot us: our HELLO goes first on our
+            # connection there, so that it can bind that connection and take our answers.
+            peer.last_hello_at = now
+            return [SendHello(peer.address)]
+        self._heard[key] = (envelope, frame)
+        self._heard.move_to_end(key)
+        while len(self._heard) > _HEARD:
+            self._heard.popitem(last=False)
+        entry = self.dialing.get(body.address)
+        if entry is not None:
+            if entry.key in (None, key):
+                entry.key, entry.hello = key, (envelope, frame)
+            return []
+        return self._verify(envelope, frame, "direct", now)
 
     def on_peers(
         self, envelope: Envelope, relayed: list[tuple[Envelope, bytes]], now: float, now_us: int
     ) -> list[Action]:
-        """PEERS from `envelope.sender`; `relayed` holds its HELLO entries, already verified."""
+        """PEERS from a peer; `relayed` holds its HELLO entries, already verified."""
         actions: list[Action] = []
+        self.peers[envelope.sender].admitted_us = True  # only a peer that admitted us sends PEERS
         for hello, frame in relayed:
             if hello.sender == envelope.sender:
-                # The sender's own HELLO: it is alive and answering, so it is admitted at once.
-                known = hello.sender in self.peers
-                peer = self._admit_or_update(hello, frame, now)
-                if peer is not None:
-                    peer.admitted_us = True  # it answers only a HELLO it accepted
-                if peer is not None and not known:
-                    actions += self._answer_soon(peer, now)
+                self._update(self.peers[envelope.sender], hello, frame)
             else:
-                actions += self.on_announced(hello, frame, now, now_us)
+                actions += self.on_announced(hello, frame, now, now_us, informant=envelope.sender)
         return actions
 
-    def on_announced(self, hello: Envelope, frame: bytes, now: float, now_us: int) -> list[Action]:
-        """A signed HELLO heard second hand (relayed in PEERS, or a LAN beacon): maybe dial it."""
-        key, address = hello.sender, hello.body.address
+    def on_announced(
+        self, hello: Envelope, frame: bytes, now: float, now_us: int, informant: bytes | str = "beacon"
+    ) -> list[Action]:
+        """A signed HELLO heard second hand (relayed by `informant`, or a LAN beacon): verify it."""
+        key = hello.sender
         if key == self.own_key:
             return []
         if abs(now_us - hello.timestamp_us) > self.settings.hello_max_age_s * 1e6:
@@ -192,39 +251,57 @@ class Membership:
             return []
         peer = self.peers.get(key)
         if peer is not None:
-            if hello.timestamp_us > peer.hello_timestamp_us:
-                peer.hello, peer.hello_timestamp_us = frame, hello.timestamp_us
+            self._update(peer, hello, frame)
             return []
-        if address in self.dialing or not self._has_room(candidates=True):
-            return []
-        if hello.timestamp_us <= self._given_up.get(key, -1):
+        if hello.body.address in self.dialing or hello.timestamp_us <= self._given_up.get(key, -1):
             return []
         if PROTOCOL_VERSION not in hello.body.protocol_versions:
             return []
-        self._dial_later(address, permanent=False, key=key, now=now, hello_timestamp_us=hello.timestamp_us)
-        return self._dial_now(self.dialing[address], now)  # opens the connection; HELLO follows
+        return self._verify(hello, frame, informant, now)
+
+    def on_ping(self, key: bytes, ping: Ping, now: float) -> tuple[list[Action], str | None]:
+        """A PING: liveness from a peer, or the challenge of a key we are verifying in turn."""
+        peer = self.peers.get(key)
+        if peer is not None:
+            if not peer.admitted_us:  # its challenge: answered, it admits us before what follows
+                self._ready(peer, now)
+            return [Send((peer.address,), Pong(nonce=ping.nonce))], None
+        entry = self._dialing_for(key)
+        if entry is None:
+            return [], UNKNOWN_PEER  # a key we are not verifying: no dial, no answer
+        entry.answered = True
+        if entry.attempts == 0:
+            entry.owed_pong = ping.nonce  # our HELLO must go first on that connection
+            return [], None
+        return [Send((entry.address,), Pong(nonce=ping.nonce))], None
+
+    def on_pong(self, envelope: Envelope, now: float) -> list[Action]:
+        key, nonce = envelope.sender, envelope.body.nonce
+        peer = self.peers.get(key)
+        if peer is not None:
+            if nonce == self._ping_nonce:
+                peer.rtt_s = now - self._ping_sent_at
+            return []
+        entry = next((e for e in self.dialing.values() if e.nonce == nonce), None)
+        if entry is None:
+            self.counts["unexpected_pong"] += 1
+            return []
+        hello = entry.hello if entry.hello is not None and entry.hello[0].sender == key else self._heard.get(key)
+        if hello is None or hello[0].sender != key:
+            self.counts["pong_without_hello"] += 1  # it never said who it is; its HELLO may follow
+            return []
+        return self._admit(entry, *hello, seq=envelope.seq, now=now)
 
     def hello_sent(self, address: str, ok: bool, now: float) -> list[Action]:
-        """Outcome of a SendHello: schedule the next try, or give up on a learned address."""
-        entry = self.dialing.get(address)
-        if entry is None:
-            return []
-        if not ok:
+        """Outcome of a SendHello: count a failure; the schedule is the dial's own."""
+        if not ok and address in self.dialing:
             self.counts["hello_not_sent"] += 1
-        if not entry.permanent and entry.attempts >= self.settings.dial_attempts:
-            del self.dialing[address]
-            self.counts["gave_up"] += 1
-            if entry.key is not None:
-                if len(self._given_up) >= 4 * self.settings.max_peers:
-                    self._given_up.clear()  # bounded; forgetting only costs a few more HELLOs
-                self._given_up[entry.key] = entry.hello_timestamp_us
-            return [] if self._in_use(address) else [Hangup(address)]
         return []
 
     def ready(self) -> list[Peer]:
         """The peers that have admitted this node too, or will before anything else we send
-        them arrives (our PEERS answer went out first on that connection). Only these are
-        pinged and sent learning payloads: the others would refuse them as from an unknown peer."""
+        them arrives (our answer to their challenge went out first on that connection). Only
+        these are pinged and sent learning payloads: the others would refuse them."""
         return [peer for peer in self.peers.values() if peer.admitted_us]
 
     def on_frame(self, key: bytes, now: float) -> bool:
@@ -234,15 +311,6 @@ class Membership:
             return False
         peer.last_seen = now
         return True
-
-    def on_ping(self, key: bytes, ping: Ping) -> list[Action]:
-        peer = self.peers.get(key)
-        return [Send((peer.address,), Pong(nonce=ping.nonce))] if peer else []
-
-    def on_pong(self, key: bytes, pong: Pong, now: float) -> None:
-        peer = self.peers.get(key)
-        if peer is not None and pong.nonce == self._ping_nonce:
-            peer.rtt_s = now - self._ping_sent_at
 
     def on_bye(self, key: bytes, now: float) -> list[Action]:
         peer = self.peers.get(key)
@@ -254,11 +322,10 @@ class Membership:
         for peer in list(self.peers.values()):
             if now - peer.last_seen > self.settings.peer_timeout_s:
                 actions += self._evict(peer, now, "timeout")
-        owed = [peer for peer in self.peers.values() if peer.answer_at is not None and now >= peer.answer_at]
+        owed = [peer for peer in self.peers.values() if peer.peers_owed_at is not None and now >= peer.peers_owed_at]
         if owed:
             for peer in owed:
-                peer.answer_at = None
-                peer.admitted_us = True  # our answer, sent now, admits us there before anything else
+                peer.peers_owed_at = None
             actions.append(Send(self._addresses(owed), self._peers_body()))
         ready = self.ready()
         if now >= self._next_ping_at and ready:
@@ -297,99 +364,195 @@ class Membership:
             for peer in sorted(self.peers.values(), key=lambda p: p.node_id)
         ]
 
-    # --- internals -----------------------------------------------------------------------
+    # --- verification --------------------------------------------------------------------
 
-    def _admit_or_update(self, hello: Envelope, frame: bytes, now: float) -> Peer | None:
-        body: Hello = hello.body
+    def _verify(self, hello: Envelope, frame: bytes, informant: bytes | str, now: float) -> list[Action]:
+        """Start verifying the key and address of `hello`, if the budgets allow."""
+        address = hello.body.address
+        refusal = self._over_dial_budget(address, informant) or self._no_room_for(self._subnet(address))
+        if refusal is not None:
+            self.counts[refusal] += 1
+            return []
+        self._dial_later(address, permanent=False, key=hello.sender, informant=informant, now=now)
+        entry = self.dialing[address]
+        entry.hello = (hello, frame)
+        return self._dial_now(entry, now)  # opens the connection; HELLO and challenge follow
+
+    def _over_dial_budget(self, address: str, informant: bytes | str) -> str | None:
+        s = self.settings
+        learned = [entry for entry in self.dialing.values() if not entry.permanent]
+        if len(learned) >= s.max_dialing:
+            return "dial_budget_full"
+        if isinstance(informant, bytes) and sum(e.informant == informant for e in learned) >= s.dialing_per_informant:
+            return "dial_budget_informant"
+        subnet = self._subnet(address)
+        if subnet is not None and sum(self._subnet(e.address) == subnet for e in learned) >= s.dialing_per_subnet:
+            return "dial_budget_subnet"
+        return None
+
+    def _admit(self, entry: _Dialing, hello: Envelope, frame: bytes, *, seq: int, now: float) -> list[Action]:
+        """`hello`'s key answered the challenge sent to `entry.address`: admit it there."""
+        subnet = self._subnet(entry.address)
+        refusal = self._no_room_for(subnet)
+        if refusal is not None:
+            self.counts[refusal] += 1
+            return self._stop_dialing(entry)
+        actions = self._make_room(subnet, now)
         key = hello.sender
-        peer = self.peers.get(key)
-        if peer is not None:
-            peer.last_seen = now
-            if hello.timestamp_us >= peer.hello_timestamp_us:
-                if body.address != peer.address:
-                    old = peer.address
-                    peer.address = body.address
-                    self.counts["address_changed"] += 1
-                    if not self._in_use(old):
-                        self.dialing.pop(old, None)
-                peer.capabilities, peer.dataset_size = body.capabilities, body.dataset_size
-                peer.hello, peer.hello_timestamp_us = frame, hello.timestamp_us
-            return peer
-        if PROTOCOL_VERSION not in body.protocol_versions:
-            self.counts["incompatible"] += 1
-            return None
-        if not self._has_room(candidates=False):
-            self.counts["refused_full"] += 1
-            return None
         peer = Peer(
             key=key,
-            address=body.address,
-            capabilities=body.capabilities,
-            dataset_size=body.dataset_size,
+            address=entry.address,
+            capabilities=hello.body.capabilities,
+            dataset_size=hello.body.dataset_size,
             hello=frame,
             hello_timestamp_us=hello.timestamp_us,
+            hello_address=hello.body.address,
             admitted_at=now,
             last_seen=now,
+            subnet=subnet,
         )
         self.peers[key] = peer
         self.counts["admitted"] += 1
-        self._forget_dialing(body.address)
-        for address, entry in list(self.dialing.items()):
-            if entry.key == key:
+        self._heard.pop(key, None)
+        for address, other in list(self.dialing.items()):
+            if other is entry or (other.key == key and not other.permanent):
                 del self.dialing[address]
-        return peer
+        actions.append(Admitted(key, seq, entry.address))
+        if entry.answered:
+            self._ready(peer, now)
+        return actions
+
+    def _ready(self, peer: Peer, now: float) -> None:
+        """We answered its challenge: it admits us once that answer arrives. Our PEERS follows a
+        moment later, not at once: the other side's gate judges a frame when it is read, and a
+        PEERS read in the same batch as the answer would still find us a stranger there."""
+        peer.admitted_us = True
+        peer.peers_owed_at = now + self.settings.dial_retry_initial_s
+
+    def _no_room_for(self, subnet: str | None) -> str | None:
+        """Why a newcomer from `subnet` could not be admitted now, or None."""
+        if subnet is not None and self._subnet_counts()[subnet] >= self.settings.max_peers_per_subnet:
+            return "refused_subnet"
+        if len(self.peers) >= self.settings.max_peers and self._displaceable(subnet) is None:
+            return "refused_full"
+        return None
+
+    def _make_room(self, subnet: str | None, now: float) -> list[Action]:
+        if len(self.peers) < self.settings.max_peers:
+            return []
+        victim = self._displaceable(subnet)
+        return self._evict(victim, now, "displaced") if victim is not None else []
+
+    def _displaceable(self, subnet: str | None) -> Peer | None:
+        """The peer a newcomer from `subnet` may displace from a full table: the youngest of the
+        most crowded subnet, if that holds at least two more peers than the newcomer's, and never
+        one of the longest-lived or fastest-answering quarter of the table."""
+        counts = self._subnet_counts()
+        if not counts:
+            return None
+        crowded, most = counts.most_common(1)[0]
+        if most < counts[subnet] + 2:
+            return None
+        quarter = max(1, self.settings.max_peers // 4)
+        by_age = sorted(self.peers.values(), key=lambda p: p.admitted_at)
+        by_rtt = sorted(self.peers.values(), key=lambda p: float("inf") if p.rtt_s is None else p.rtt_s)
+        protected = {p.key for p in by_age[:quarter]} | {p.key for p in by_rtt[:quarter]}
+        victims = [p for p in by_age if p.subnet == crowded and p.key not in protected]
+        return victims[-1] if victims else None
+
+    def _subnet_counts(self) -> Counter[str]:
+        return Counter(peer.subnet for peer in self.peers.values() if peer.subnet is not None)
+
+    def _subnet(self, address: str) -> str | None:
+        """The subnet of an address's host, or None where the limits do not apply (loopback by
+        default: all of it is this very host) or the host is a name."""
+        host = address.removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
+        try:
+            ip = ipaddress.ip_address(host)
+        except ValueError:
+            return f"name:{host}"
+        if any(ip in network for network in self._exempt):
+            return None
+        return subnet_of(host)
+
+    # --- internals -----------------------------------------------------------------------
+
+    def _update(self, peer: Peer, hello: Envelope, frame: bytes) -> None:
+        """A newer signed HELLO of a peer: new capabilities; the address stays the verified one."""
+        if hello.timestamp_us < peer.hello_timestamp_us:
+            return
+        body: Hello = hello.body
+        peer.capabilities, peer.dataset_size = body.capabilities, body.dataset_size
+        peer.hello, peer.hello_timestamp_us, peer.hello_address = frame, hello.timestamp_us, body.address
+
+    def _dialing_for(self, key: bytes) -> _Dialing | None:
+        return next((entry for entry in self.dialing.values() if entry.key == key), None)
 
     def _evict(self, peer: Peer, now: float, why: str) -> list[Action]:
         del self.peers[peer.key]
         self.counts[f"evicted_{why}"] += 1
-        actions: list[Action] = [] if self._in_use(peer.address) else [Hangup(peer.address)]
+        actions: list[Action] = [Evicted(peer.key, why)]
+        if not self._in_use(peer.address):
+            actions.append(Hangup(peer.address))
         if peer.address in self.settings.bootstrap:
-            self._dial_later(peer.address, permanent=True, key=None, now=now + self.settings.dial_retry_initial_s)
+            self._dial_later(
+                peer.address,
+                permanent=True,
+                key=None,
+                informant="bootstrap",
+                now=now + self.settings.dial_retry_initial_s,
+            )
         return actions
 
     def _dial_later(
-        self, address: str, *, permanent: bool, key: bytes | None, now: float, hello_timestamp_us: int = 0
+        self, address: str, *, permanent: bool, key: bytes | None, informant: bytes | str, now: float
     ) -> None:
         self.dialing[address] = _Dialing(
             address,
             permanent,
             key,
+            informant,
+            nonce=self.rng.randint(0, _U64),
             next_at=now,
             delay=self.settings.dial_retry_initial_s,
-            hello_timestamp_us=hello_timestamp_us,
         )
 
     def _dial_now(self, entry: _Dialing, now: float) -> list[Action]:
         if not entry.opened:
             # A new connection refuses frames until ZeroMQ's handshake is done (IMMEDIATE=1):
-            # open it now, send the first HELLO one retry interval later.
+            # open it now, send HELLO and the challenge one retry interval later.
             entry.opened = True
             entry.next_at = now + entry.delay
             return [Dial(entry.address)]
+        if not entry.permanent and entry.attempts >= self.settings.dial_attempts:
+            self.counts["gave_up"] += 1
+            if entry.key is not None and entry.hello is not None:
+                if len(self._given_up) >= 4 * self.settings.max_peers:
+                    self._given_up.clear()  # bounded; forgetting only costs a few more HELLOs
+                self._given_up[entry.key] = entry.hello[0].timestamp_us
+            return self._stop_dialing(entry)
         entry.attempts += 1
         entry.next_at = now + entry.delay
         entry.delay = min(entry.delay * 2, self.settings.dial_retry_max_s)
-        return [Dial(entry.address), SendHello(entry.address)]
+        actions: list[Action] = [
+            Dial(entry.address),
+            SendHello(entry.address),
+            Send((entry.address,), Ping(nonce=entry.nonce)),
+        ]
+        if entry.owed_pong is not None:
+            actions.append(Send((entry.address,), Pong(nonce=entry.owed_pong)))
+            entry.owed_pong = None
+        return actions
 
-    def _answer_soon(self, peer: Peer, now: float) -> list[Action]:
-        """Open the connection to a new peer; the PEERS we owe it goes out on a later tick."""
-        peer.answer_at = now + self.settings.dial_retry_initial_s
-        return [Dial(peer.address)]
-
-    def _forget_dialing(self, address: str) -> None:
-        self.dialing.pop(address, None)
-
-    def _has_room(self, *, candidates: bool) -> bool:
-        used = len(self.peers)
-        if candidates:
-            used += sum(1 for entry in self.dialing.values() if not entry.permanent)
-        return used < self.settings.max_peers
+    def _stop_dialing(self, entry: _Dialing) -> list[Action]:
+        self.dialing.pop(entry.address, None)
+        return [] if self._in_use(entry.address) else [Hangup(entry.address)]
 
     def _in_use(self, address: str) -> bool:
         return any(peer.address == address for peer in self.peers.values()) or address in self.dialing
 
     def _peers_body(self) -> Peers:
-        others = [peer.hello for peer in self.peers.values()]
+        others = [peer.hello for peer in self.peers.values() if peer.relayable]
         own = [self.own_hello] if self.own_hello is not None else []
         sample = self.rng.sample(others, min(len(others), MAX_RELAYED_HELLOS - len(own)))
         return Peers(hellos=tuple(own + sample))

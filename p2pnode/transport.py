@@ -106,10 +106,11 @@ class Transport:
             return False
         return True
 
-    async def receive(self, max_messages: int, max_bytes: int) -> list[list[bytes]]:
-        """Wait for inbound messages; each is [routing id, frame, ...more parts if malformed]."""
+    async def receive(self, max_messages: int, max_bytes: int) -> list[list[zmq.Frame]]:
+        """Wait for inbound messages; each is [routing id, frame, ...more parts if malformed], as
+        zmq.Frame objects: `frame.get("Peer-Address")` tells where a connection comes from."""
         assert self.inbound is not None, "bind() first"
-        return await receive_batch(self.inbound, max_messages, max_bytes)
+        return await receive_batch(self.inbound, max_messages, max_bytes, copy=False)
 
     async def close(self) -> None:
         """Close every socket; outbound frames already queued (a BYE) get up to linger_ms."""

@@ -25,9 +25,12 @@ async def wait_for(socket: zmq.Socket, event: int) -> None:
         await trio.lowlevel.wait_readable(fd)
 
 
-async def receive_batch(socket: zmq.Socket, max_messages: int, max_bytes: int = 1 << 62) -> list[list[bytes]]:
+async def receive_batch(
+    socket: zmq.Socket, max_messages: int, max_bytes: int = 1 << 62, *, copy: bool = True
+) -> list[list]:
     """Wait for at least one multipart message, then take what is queued, up to `max_messages`
-    messages or until the batch holds `max_bytes` (one message may exceed it alone).
+    messages or until the batch holds `max_bytes` (one message may exceed it alone). With
+    `copy=False` the parts are zmq.Frame objects, which also tell a message's metadata.
 
     The byte budget matters for large frames: a batch of 64 fresh 200 KB buffers alive at once
     made the allocator map and unmap pages, halving the receive rate (BENCHMARKS.md)."""
@@ -36,7 +39,7 @@ async def receive_batch(socket: zmq.Socket, max_messages: int, max_bytes: int = 
         size = 0
         try:
             while len(batch) < max_messages and size < max_bytes:
-                parts = socket.recv_multipart(zmq.NOBLOCK)
+                parts = socket.recv_multipart(zmq.NOBLOCK, copy=copy)
                 batch.append(parts)
                 size += sum(map(len, parts))
         except zmq.Again:

@@ -13,6 +13,7 @@ from .envelope import (
     Decoder,
     Encoder,
     Envelope,
+    Header,
     check_network_id,
     seal_raw,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "Encoder",
     "Envelope",
     "Head",
+    "Header",
     "Hello",
     "Identity",
     "KiB",

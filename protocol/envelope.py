@@ -10,7 +10,8 @@ Frame layout (docs/protocol.md has the full specification):
 The signature covers the exact bytes received (everything but its own 64 bytes); the decoder
 verifies those bytes and never a re-encoding. Decoding runs in the order that spends least on
 bad input: size, tag, header (read from at most HEADER_MAX_BYTES), version, network, type and
-its size bound, allowlist, signature, and only then the body.
+its size bound, allowlist (all of which `Decoder.peek` does alone, cheaply), signature, and only
+then the body.
 
 Both classes hold configuration only, checked once at construction; `Decoder.decode` reads no
 clock and shares no mutable state, so the daemon can run it in worker threads. Replay and
@@ -40,6 +41,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "SIGNATURE_SIZE",
     "HEADER_MAX_BYTES",
+    "Header",
     "Envelope",
     "Encoder",
     "Decoder",
@@ -77,6 +79,18 @@ def check_network_id(network_id: str) -> str:
 
 def _is_uint(value: Any, maximum: int) -> bool:
     return type(value) is int and 0 <= value <= maximum  # `type(...) is int` refuses bool
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """What a frame claims before its signature is checked: enough to decide whether to check it."""
+
+    type: MessageType
+    sender: bytes  # claimed, not yet verified
+    seq: int
+    timestamp_us: int
+    round: int
+    size: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,8 +197,46 @@ class Decoder:
             max_ext_len=0,  # no extension types at all, msgpack's Timestamp included
         )
 
+    def peek(self, frame: bytes) -> Header:
+        """Every check that needs no signature work: size, tag, header fields, the type's size
+        bound, the allowlist. The daemon runs it on the event loop to decide, before paying for
+        a signature, whether a frame may come from where it came. Raises ProtocolError."""
+        return self._header(frame)[0]
+
     def decode(self, frame: bytes) -> Envelope:
         """Raises ProtocolError, and nothing else, for any frame it refuses."""
+        header, signed, signature, body_bytes = self._header(frame)
+        sender = header.sender
+        public_key = self._verified_keys.get(sender)
+        try:
+            if public_key is None:
+                public_key = Ed25519PublicKey.from_public_bytes(sender)
+            public_key.verify(signature, signed)
+        except (InvalidSignature, ValueError):
+            raise ProtocolError(Reason.BAD_SIGNATURE, f"signature of {node_id(sender)} does not verify") from None
+        if len(self._verified_keys) >= _KEY_CACHE_SIZE:
+            self._verified_keys.clear()
+        self._verified_keys[sender] = public_key
+
+        # The body is unpacked in place from the frame (no copy into the streaming buffer);
+        # unpackb refuses trailing bytes after it with ExtraData.
+        try:
+            raw_body = msgpack.unpackb(body_bytes, **self._unpack_options)
+        except (ValueError, TypeError, msgpack.UnpackException) as exc:
+            raise malformed("envelope.body", f"bad msgpack ({type(exc).__name__}: {exc})") from None
+        return Envelope(
+            sender=sender,
+            seq=header.seq,
+            timestamp_us=header.timestamp_us,
+            round=header.round,
+            body=BODY_TYPES[header.type].from_wire(raw_body, self.limits),
+            network_id=self.network_id,
+            version=PROTOCOL_VERSION,
+            size=header.size,
+        )
+
+    def _header(self, frame: bytes) -> tuple[Header, memoryview, memoryview, memoryview]:
+        """The checked header, the signed bytes, the signature and the body's bytes."""
         limits = self.limits
         size = len(frame)
         if size > limits.max_frame_bytes:
@@ -233,34 +285,8 @@ class Decoder:
             raise ProtocolError(Reason.NOT_ALLOWED, f"sender {node_id(sender)} is not on the allowlist")
         if not (_is_uint(seq, _U64_MAX) and _is_uint(timestamp_us, _U64_MAX) and _is_uint(round_, _U32_MAX)):
             raise malformed("envelope", "seq and timestamp_us must be uint64, round uint32")
-
-        public_key = self._verified_keys.get(sender)
-        try:
-            if public_key is None:
-                public_key = Ed25519PublicKey.from_public_bytes(sender)
-            public_key.verify(signature, signed)
-        except (InvalidSignature, ValueError):
-            raise ProtocolError(Reason.BAD_SIGNATURE, f"signature of {node_id(sender)} does not verify") from None
-        if len(self._verified_keys) >= _KEY_CACHE_SIZE:
-            self._verified_keys.clear()
-        self._verified_keys[sender] = public_key
-
-        # The body is unpacked in place from the frame (no copy into the streaming buffer);
-        # unpackb refuses trailing bytes after it with ExtraData.
-        try:
-            raw_body = msgpack.unpackb(envelope[header.tell() :], **self._unpack_options)
-        except (ValueError, TypeError, msgpack.UnpackException) as exc:
-            raise malformed("envelope.body", f"bad msgpack ({type(exc).__name__}: {exc})") from None
-        return Envelope(
-            sender=sender,
-            seq=seq,
-            timestamp_us=timestamp_us,
-            round=round_,
-            body=BODY_TYPES[kind].from_wire(raw_body, limits),
-            network_id=network,
-            version=version,
-            size=size,
-        )
+        checked = Header(kind, sender, seq, timestamp_us, round_, size)
+        return checked, signed, signature, envelope[header.tell() :]
 
 
 def _map_without_duplicates(pairs: list[tuple[Any, Any]]) -> dict:

@@ -21,22 +21,24 @@ _U64_MAX = (1 << 64) - 1
 class _SenderWindow:
     highest: int  # highest sequence number accepted so far
     seen: int  # bit k set <=> highest - k was accepted (k < window)
-    last_timestamp_us: int
 
 
 class ReplayGuard:
-    """Refuses a frame whose (sender, seq) was accepted before, or whose timestamp is too far
-    from the receiver's clock.
+    """Refuses a frame whose timestamp is too far from the receiver's clock and, for a trusted
+    sender, a frame whose (sender, seq) was accepted before.
 
-    Per sender it keeps the highest sequence number and a bitmap of the `window` numbers below
-    it, as IPsec and DTLS do: reordering within the window is fine, a repeat is `replay`, and a
-    number below the window is `replay` because it can no longer be told apart from one.
+    Two tiers, so that strangers cost no state. A sender is *trusted* once its owner says so
+    (`trust`), which the daemon does only after the sender's handshake is verified; from then
+    on the guard keeps a window per sender: the highest sequence number and a bitmap of the
+    `window` numbers below it, as IPsec and DTLS do. Reordering within the window is fine, a
+    repeat is `replay`, and a number below the window is `replay` because it can no longer be
+    told apart from one. Every other sender gets the stateless check alone (the timestamp skew
+    bound): the daemon accepts from strangers only handshake frames whose replay does no harm.
 
-    At most `max_senders` windows are kept (least recently used first out). Forgetting a sender
-    could re-open its recent frames for replay, so the guard remembers the newest timestamp it
-    ever evicted and refuses, from senders it has no window for, anything not newer than that.
-    Frames older than `max_skew_us` are refused anyway, so that horizon stops mattering once
-    the clock has moved on by the skew bound.
+    Trusting a sender counts every sequence number up to the one that proved it as seen, so
+    frames captured before a (re-)admission cannot be replayed after it. Nothing a stranger
+    sends, whatever it puts in its timestamps, changes what the guard decides for anyone else:
+    the guard remembers no timestamps at all.
     """
 
     def __init__(self, *, window: int = 1024, max_skew_us: int = 60_000_000, max_senders: int = 4096) -> None:
@@ -47,54 +49,62 @@ class ReplayGuard:
         self.max_skew_us = max_skew_us
         self.max_senders = max_senders
         self._senders: OrderedDict[bytes, _SenderWindow] = OrderedDict()
-        self._evicted_horizon_us = -1
 
     def __len__(self) -> int:
         return len(self._senders)
 
-    def admit(self, sender: bytes, seq: int, timestamp_us: int, now_us: int) -> None:
-        """Accept and record one frame's (sender, seq), or raise ProtocolError (replay/stale).
+    def __contains__(self, sender: object) -> bool:
+        return sender in self._senders
 
-        Call it only for frames whose signature verified: recording unauthenticated numbers
-        would let anyone burn an honest sender's window.
-        """
+    def check_fresh(self, timestamp_us: int, now_us: int) -> None:
+        """The stateless tier: raise ProtocolError (stale) if the timestamp is outside the skew bound."""
         if abs(timestamp_us - now_us) > self.max_skew_us:
             raise ProtocolError(
                 Reason.STALE,
                 f"timestamp {(timestamp_us - now_us) / 1e6:+.3f} s from "
                 f"this node's clock (bound ±{self.max_skew_us / 1e6:g} s)",
             )
+
+    def trust(self, sender: bytes, seq: int) -> None:
+        """Keep a window for `sender` from now on; every sequence number up to `seq` counts as
+        seen. The least recently used window goes once more than `max_senders` are kept (its
+        sender is a stranger again): the owner keeps the number of trusted senders below that."""
+        self._senders.pop(sender, None)
+        self._senders[sender] = _SenderWindow(highest=seq, seen=(1 << self.window) - 1)
+        while len(self._senders) > self.max_senders:
+            self._senders.popitem(last=False)
+
+    def forget(self, sender: bytes) -> None:
+        """`sender` is a stranger again (evicted): its window is dropped."""
+        self._senders.pop(sender, None)
+
+    def admit(self, sender: bytes, seq: int, timestamp_us: int, now_us: int) -> bool:
+        """Check one verified frame; raise ProtocolError (replay/stale) to refuse it. True if
+        the sender is trusted (its window recorded `seq`), False if only the stateless check applied.
+
+        Call it only for frames whose signature verified: recording unauthenticated numbers
+        would let anyone burn an honest sender's window.
+        """
+        self.check_fresh(timestamp_us, now_us)
         state = self._senders.get(sender)
         if state is None:
-            if timestamp_us <= self._evicted_horizon_us:
-                raise ProtocolError(
-                    Reason.REPLAY,
-                    f"{node_id(sender)}: no window kept and timestamp not newer than the eviction horizon",
-                )
-            self._remember(sender, _SenderWindow(highest=seq, seen=1, last_timestamp_us=timestamp_us))
-            return
+            return False
         self._senders.move_to_end(sender)
         if seq > state.highest:
             shift = seq - state.highest
             state.seen = ((state.seen << shift) | 1) & ((1 << self.window) - 1) if shift < self.window else 1
             state.highest = seq
-        else:
-            offset = state.highest - seq
-            if offset >= self.window:
-                raise ProtocolError(
-                    Reason.REPLAY, f"{node_id(sender)}: seq {seq} below the window (highest {state.highest})"
-                )
-            bit = 1 << offset
-            if state.seen & bit:
-                raise ProtocolError(Reason.REPLAY, f"{node_id(sender)}: seq {seq} already seen")
-            state.seen |= bit
-        state.last_timestamp_us = max(state.last_timestamp_us, timestamp_us)
-
-    def _remember(self, sender: bytes, state: _SenderWindow) -> None:
-        self._senders[sender] = state
-        while len(self._senders) > self.max_senders:
-            _, evicted = self._senders.popitem(last=False)
-            self._evicted_horizon_us = max(self._evicted_horizon_us, evicted.last_timestamp_us)
+            return True
+        offset = state.highest - seq
+        if offset >= self.window:
+            raise ProtocolError(
+                Reason.REPLAY, f"{node_id(sender)}: seq {seq} below the window (highest {state.highest})"
+            )
+        bit = 1 << offset
+        if state.seen & bit:
+            raise ProtocolError(Reason.REPLAY, f"{node_id(sender)}: seq {seq} already seen")
+        state.seen |= bit
+        return True
 
 
 class SequenceExhausted(RuntimeError):

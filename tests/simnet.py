@@ -7,16 +7,19 @@ from __future__ import annotations
 import heapq
 import itertools
 import random
+from collections import Counter
 from dataclasses import dataclass, replace
 
 from p2pnode.config import DiscoverySettings
 from p2pnode.inbound import decode_all
-from p2pnode.peers import Dial, Hangup, Membership, Send, SendHello
+from p2pnode.peers import Admitted, Dial, Evicted, Hangup, Membership, Send, SendHello
 from protocol import PROTOCOL_VERSION, Decoder, Encoder, Hello, MessageType, ProtocolError, ReplayGuard
 
 from .conftest import fixed_identity
 
 NETWORK = "sim"
+# Simulated nodes sit at 10.0.0.x, one subnet: lift its limits unless a test sets them.
+_UNLIMITED_SUBNETS = {"max_peers_per_subnet": 4096, "dialing_per_subnet": 4096}
 EPOCH_US = 1_700_000_000_000_000
 TICK = 0.05
 
@@ -47,6 +50,7 @@ class SimNet:
         self._order = itertools.count()
         self._connected_at: dict[tuple[str, str], float] = {}
         self.delivered = 0
+        self.refusals: Counter[str] = Counter()  # what Membership refused, by reason
 
     def now_us(self) -> int:
         return EPOCH_US + int(self.now * 1e6)
@@ -54,7 +58,7 @@ class SimNet:
     def add(self, index: int, bootstrap: list[str] = (), seed_identity: int | None = None, **settings) -> SimNode:
         address = f"tcp://10.0.0.{index}:7000"
         identity = fixed_identity(100 + (index if seed_identity is None else seed_identity))
-        config = replace(DiscoverySettings(), bootstrap=tuple(bootstrap), **settings)
+        config = replace(DiscoverySettings(), bootstrap=tuple(bootstrap), **{**_UNLIMITED_SUBNETS, **settings})
         node = SimNode(
             index,
             address,
@@ -93,6 +97,10 @@ class SimNet:
                 if action.address not in node.connections:
                     node.connections.add(action.address)
                     self._connected_at[(node.address, action.address)] = self.now + self.connect_delay
+            elif isinstance(action, Admitted):
+                node.guard.trust(action.key, action.seq)
+            elif isinstance(action, Evicted):
+                node.guard.forget(action.key)
             elif isinstance(action, Hangup):
                 node.connections.discard(action.address)
             elif isinstance(action, SendHello):
@@ -116,7 +124,9 @@ class SimNet:
             ):
                 if not isinstance(hello, ProtocolError) and hello.type is MessageType.HELLO:
                     relayed.append((hello, raw))
-        actions, _ = node.membership.on_message(envelope, frame, self.now, self.now_us(), relayed)
+        actions, refusal = node.membership.on_message(envelope, frame, self.now, self.now_us(), relayed)
+        if refusal is not None:
+            self.refusals[refusal] += 1
         self.delivered += 1
         self.execute(node, actions)
 

@@ -22,28 +22,47 @@ def test_a_ring_of_single_bootstraps_becomes_a_full_mesh(count):
     assert net.full_mesh()
 
 
-def test_handshake_is_hello_then_peers_and_never_loops():
+def test_handshake_verifies_both_ways_and_never_loops():
     net = SimNet()
     a, b = net.add(0, ["tcp://10.0.0.1:7000"]), net.add(1)
     net.run_until(net.full_mesh, timeout=2)
     net.run(3)
-    # Only a's dial needed HELLOs (one per retry until connected); b never sent one.
     assert a.membership.counts["admitted"] == b.membership.counts["admitted"] == 1
     assert not b.membership.dialing and not a.membership.dialing
+    # Each is admitted at the address where it answered the other's challenge.
+    assert a.membership.peers[b.key].address == b.address and b.membership.peers[a.key].address == a.address
 
 
-def test_a_peer_is_ready_for_learning_payloads_only_once_it_admitted_us():
-    """b admits a from a's HELLO at once but answers a moment later; until its PEERS answer is
-    sent a does not know b, so b must not count a among the peers it sends payloads to."""
+@pytest.mark.parametrize("count", [2, 8])
+def test_a_peer_is_ready_only_once_it_admitted_us(count):
+    """A node pings, gossips to and sends learning payloads to its ready peers only: if it took
+    one for ready too early, that peer would refuse what it sends as from an unknown peer."""
     net = SimNet()
-    a, b = net.add(0, ["tcp://10.0.0.1:7000"]), net.add(1)
-    net.run_until(lambda: a.key in b.membership.peers, timeout=2)
-    assert b.key not in a.membership.peers
-    assert [peer.key for peer in b.membership.ready()] == []
-    net.run_until(lambda: b.membership.ready(), timeout=2)
-    # The answer went out on the connection that anything b sends a next will follow.
-    net.run_until(lambda: b.key in a.membership.peers, timeout=0.1)
-    assert [peer.key for peer in a.membership.ready()] == [b.key]
+    nodes = ring(net, count)
+    net.run_until(net.full_mesh, timeout=5)
+    net.run(2)
+    assert all(len(n.membership.ready()) == count - 1 for n in nodes)
+    assert net.refusals == {}
+
+
+def test_a_challenge_is_answered_only_after_our_own_hello():
+    """The answer to a stranger's challenge goes to the address it claims, on the connection
+    where our HELLO went first, so that the other side can bind that connection to our key."""
+    net = SimNet()
+    net.add(0, ["tcp://10.0.0.1:7000"])
+    net.add(1)
+    sent = []
+    execute = net.execute
+    net.execute = lambda node, actions: (
+        sent.extend((node.index, action) for action in actions),
+        execute(node, actions),
+    )
+    net.run_until(net.full_mesh, timeout=2)
+    from_b = [
+        type(action).__name__ + getattr(getattr(action, "body", None), "TYPE", "") for i, action in sent if i == 1
+    ]
+    first_pong = next(i for i, name in enumerate(from_b) if name == "SendPONG")
+    assert "SendHello" in from_b[:first_pong]
 
 
 def test_table_never_exceeds_max_peers():

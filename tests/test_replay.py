@@ -16,8 +16,16 @@ def reason(guard, sender, seq, ts=NOW, now=NOW):
     return None
 
 
+def trusted(*senders, window=1024, **kwargs):
+    """A guard that trusts `senders` from before sequence number 0 on."""
+    guard = ReplayGuard(window=window, **kwargs)
+    for sender in senders:
+        guard.trust(sender, -window)
+    return guard
+
+
 def test_a_repeat_is_a_replay_and_senders_are_independent():
-    guard = ReplayGuard()
+    guard = trusted(A, B)
     assert reason(guard, A, 10) is None
     assert reason(guard, A, 10) is Reason.REPLAY
     assert reason(guard, B, 10) is None
@@ -25,7 +33,8 @@ def test_a_repeat_is_a_replay_and_senders_are_independent():
 
 
 def test_reordering_within_the_window_is_accepted_once():
-    guard = ReplayGuard(window=8)
+    guard = trusted(A, window=8)
+    guard.trust(A, 90)
     for seq in (100, 104, 101, 103, 97):
         assert reason(guard, A, seq) is None, seq
     for seq in (100, 104, 101, 103, 97):
@@ -35,7 +44,7 @@ def test_reordering_within_the_window_is_accepted_once():
 
 
 def test_a_jump_far_ahead_moves_the_window():
-    guard = ReplayGuard(window=8)
+    guard = trusted(A, window=8)
     guard.admit(A, 5, NOW, NOW)
     guard.admit(A, 5_000, NOW, NOW)
     assert reason(guard, A, 4_995) is None
@@ -44,7 +53,7 @@ def test_a_jump_far_ahead_moves_the_window():
 
 @given(st.lists(st.integers(0, 200), max_size=300), st.integers(1, 64))
 def test_guard_matches_a_reference_model(seqs, window):
-    guard, accepted = ReplayGuard(window=window), set()
+    guard, accepted = trusted(A, window=window), set()
     for seq in seqs:
         expected_ok = seq not in accepted and (not accepted or seq > max(accepted) - window)
         assert (reason(guard, A, seq) is None) == expected_ok
@@ -53,25 +62,50 @@ def test_guard_matches_a_reference_model(seqs, window):
 
 
 def test_timestamps_outside_the_skew_bound_are_stale():
-    guard = ReplayGuard(max_skew_us=5_000_000)
+    guard = trusted(A, max_skew_us=5_000_000)
     assert reason(guard, A, 1, ts=NOW - 6_000_000) is Reason.STALE
     assert reason(guard, A, 2, ts=NOW + 6_000_000) is Reason.STALE
     assert reason(guard, A, 3, ts=NOW - 5_000_000) is None
     # A stale frame is not recorded: the same numbers stay usable for fresh frames.
     assert reason(guard, A, 1) is None
+    # Strangers get the same bound, statelessly.
+    assert reason(guard, B, 1, ts=NOW + 6_000_000) is Reason.STALE
+    with pytest.raises(ProtocolError):
+        guard.check_fresh(NOW - 6_000_000, NOW)
 
 
-def test_eviction_never_reopens_a_window_for_replay():
+def test_strangers_leave_no_state_and_cannot_shut_out_anyone():
+    """The isolation attack of issue #14: thousands of throwaway keys, each with one frame
+    dated far ahead, must neither grow the guard nor make it refuse an honest frame."""
+    guard = trusted(A)
+    for i in range(10_000):
+        stranger = i.to_bytes(32, "big")
+        assert guard.admit(stranger, 1, NOW + 55_000_000, NOW) is False
+    assert len(guard) == 1 and A in guard
+    assert guard.admit(A, 1, NOW, NOW) is True
+    assert reason(guard, B, 7) is None  # an honest newcomer's handshake frame goes through
+
+
+def test_trust_counts_everything_before_the_proof_as_seen():
+    guard = ReplayGuard(window=64)
+    guard.trust(A, 1_000)
+    for seq in (1_000, 999, 940, 5):
+        assert reason(guard, A, seq) is Reason.REPLAY, seq
+    assert reason(guard, A, 1_001) is None
+    # Forgotten (evicted) and trusted again after a new handshake: old frames stay refused.
+    guard.forget(A)
+    assert A not in guard and reason(guard, A, 1_001) is None  # a stranger: stateless tier
+    guard.trust(A, 2_000)
+    assert reason(guard, A, 1_500) is Reason.REPLAY
+
+
+def test_trusted_senders_are_bounded():
     guard = ReplayGuard(max_senders=2)
-    guard.admit(A, 1, NOW, NOW)
-    guard.admit(B, 1, NOW + 10, NOW + 10)
-    guard.admit(C, 1, NOW + 20, NOW + 20)  # evicts A, the least recently seen
-    assert len(guard) == 2
-    # A's old frame comes back: A has no window any more, but its timestamp is not newer
-    # than what was evicted, so it is still refused.
-    assert reason(guard, A, 1, ts=NOW, now=NOW + 30) is Reason.REPLAY
-    # A fresh frame from A (newer than the eviction horizon) is accepted.
-    assert reason(guard, A, 2, ts=NOW + 40, now=NOW + 40) is None
+    guard.trust(A, 0)
+    guard.trust(B, 0)
+    guard.admit(A, 1, NOW, NOW)  # A used most recently
+    guard.trust(C, 0)  # B, the least recently used, is a stranger again
+    assert len(guard) == 2 and A in guard and C in guard and B not in guard
 
 
 def test_guard_rejects_bad_configuration():

@@ -1,0 +1,147 @@
+"""The gate in front of the verify threads: which frames may cost this node a signature check.
+
+A signature check costs ~130 µs and a body decode more; a header check (`Decoder.peek`) a few.
+So every frame is judged by its header and by the connection it came on before any of that:
+
+- A connection whose frames verified as an admitted peer's is the peer's link: only frames that
+  claim the same key pass, within the per-connection rate (`rate_per_connection`).
+- Any other connection is a stranger's. Its first frame must be a HELLO (or claim an admitted
+  peer's key: a peer whose connection was re-established), and that claim binds the connection:
+  later frames must claim the same key, and until that key is an admitted peer only handshake
+  frames (HELLO, PING, PONG) pass. Every frame from strangers also needs a token from the
+  stranger bucket of its source subnet and from the node-wide stranger bucket, so that neither
+  many connections nor many keys buy more than `stranger_rate` signature checks per second.
+- A frame that fails verification unbinds a stranger's connection that it bound.
+
+Everything the gate refuses is counted by the caller, with the reason returned. State is bounded
+per kind: peers' links (`4 × max_peers`), strangers' connections (`max_stranger_connections`),
+and stranger buckets per subnet; each drops its least recently used entry when full.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from protocol import Header, MessageType
+
+from .config import TransportSettings
+from .metrics import HANDSHAKE_FIRST, RATE_LIMITED, STRANGER_RATE_LIMITED, WRONG_SENDER
+
+__all__ = ["Gate", "TokenBuckets", "HANDSHAKE_TYPES", "subnet_of"]
+
+# What a key that is not an admitted peer may send: enough to prove who it is and where.
+HANDSHAKE_TYPES = frozenset({MessageType.HELLO, MessageType.PING, MessageType.PONG})
+
+
+class TokenBuckets:
+    """A token bucket per key, least recently used dropped past `capacity`. A dropped bucket
+    comes back full: forgetting favours the sender, so only strangers' keys belong here."""
+
+    def __init__(self, rate: float, burst: int, capacity: int = 4096) -> None:
+        self.rate, self.burst, self.capacity = rate, burst, capacity
+        self._buckets: OrderedDict[object, tuple[float, float]] = OrderedDict()  # key -> (tokens, time)
+
+    def allow(self, key: object, now: float) -> bool:
+        tokens, then = self._buckets.pop(key, (float(self.burst), now))
+        tokens = min(self.burst, tokens + (now - then) * self.rate)
+        allowed = tokens >= 1
+        self._buckets[key] = (tokens - 1 if allowed else tokens, now)
+        if len(self._buckets) > self.capacity:
+            self._buckets.popitem(last=False)
+        return allowed
+
+
+def subnet_of(address: str | None) -> str:
+    """The /24 of an IPv4 address or the /64 of an IPv6 one: what one operator usually holds."""
+    if not address:
+        return "?"
+    if address.count(".") == 3 and ":" not in address:
+        return address.rsplit(".", 1)[0]
+    try:
+        return str(ipaddress.ip_network(f"{address.strip('[]')}/64", strict=False))
+    except ValueError:
+        return address
+
+
+@dataclass
+class _Link:
+    key: bytes  # every frame on this connection must claim this key
+    proven: bool = False  # a frame claiming it verified here
+
+
+class Gate:
+    def __init__(self, settings: TransportSettings, max_peers: int, is_peer: Callable[[bytes], bool]) -> None:
+        self.is_peer = is_peer
+        self.per_connection = TokenBuckets(settings.rate_per_connection, settings.burst_per_connection)
+        self.stranger_rate = TokenBuckets(settings.stranger_rate, settings.stranger_burst, capacity=1)
+        self.subnet_rate = TokenBuckets(settings.stranger_rate_per_subnet, settings.stranger_burst, capacity=4096)
+        self.peer_links: OrderedDict[bytes, _Link] = OrderedDict()
+        self.stranger_links: OrderedDict[bytes, _Link] = OrderedDict()
+        self.max_peer_links = 4 * max_peers
+        self.max_stranger_links = settings.max_stranger_connections
+
+    def admit(self, connection: bytes, header: Header, source: Callable[[], str | None], now: float) -> str | None:
+        """None if the frame may be verified, else the reason it is dropped. `source` gives the
+        connection's remote address; it is asked for only on the strangers' path."""
+        link = self.peer_links.get(connection)
+        if link is not None:
+            if header.sender != link.key:
+                return WRONG_SENDER
+            if self.is_peer(link.key):
+                self.peer_links.move_to_end(connection)
+                return None if self.per_connection.allow(connection, now) else RATE_LIMITED
+            del self.peer_links[connection]  # evicted since: a stranger's connection again
+            self._remember_stranger(connection, link)
+        refusal = self._stranger_claim(connection, header)
+        if refusal is not None:
+            return refusal
+        subnet = subnet_of(source())
+        if not (self.subnet_rate.allow(subnet, now) and self.stranger_rate.allow(None, now)):
+            return STRANGER_RATE_LIMITED
+        return None
+
+    def _stranger_claim(self, connection: bytes, header: Header) -> str | None:
+        link = self.stranger_links.get(connection)
+        if link is None:
+            if header.type is not MessageType.HELLO and not self.is_peer(header.sender):
+                return HANDSHAKE_FIRST
+            self._remember_stranger(connection, _Link(header.sender))
+            return None
+        self.stranger_links.move_to_end(connection)
+        if header.sender != link.key:
+            return WRONG_SENDER
+        if header.type not in HANDSHAKE_TYPES and not self.is_peer(header.sender):
+            return HANDSHAKE_FIRST
+        return None
+
+    def _remember_stranger(self, connection: bytes, link: _Link) -> None:
+        self.stranger_links[connection] = link
+        while len(self.stranger_links) > self.max_stranger_links:
+            self.stranger_links.popitem(last=False)
+
+    def verified(self, connection: bytes, sender: bytes) -> None:
+        """A frame on `connection` verified as `sender`'s: the connection is proven to carry its
+        frames, and becomes the link of an admitted peer once `sender` is one."""
+        link = self.stranger_links.get(connection)
+        if link is None or link.key != sender:
+            return
+        link.proven = True
+        if self.is_peer(sender):
+            del self.stranger_links[connection]
+            self.peer_links[connection] = link
+            while len(self.peer_links) > self.max_peer_links:
+                self.peer_links.popitem(last=False)
+
+    def failed(self, connection: bytes) -> None:
+        """A frame on `connection` did not verify (or was a replay): a claim that nothing proved
+        binds nothing, and a peer's link that carried it must prove itself again."""
+        link = self.stranger_links.get(connection)
+        if link is not None and not link.proven:
+            del self.stranger_links[connection]
+        self.peer_links.pop(connection, None)
+
+    def counts(self) -> dict[str, int]:
+        return {"peer_links": len(self.peer_links), "stranger_connections": len(self.stranger_links)}

@@ -1,0 +1,73 @@
+"""A stranger speaking the wire protocol from outside: raw DEALER sockets with its own keys, and
+measurements of what an attack costs the daemons under test (RTT, RSS, CPU, refusals)."""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+
+import zmq
+
+from p2pnode.zmqtrio import send_waiting
+from protocol import PROTOCOL_VERSION, Encoder, Hello, Identity
+
+NETWORK = "test"  # tests/daemon.py's network id
+
+
+class Attacker:
+    """A raw DEALER aimed at a node's inbound socket, sending whatever it likes. `source` binds
+    the connection's local address (a 127.x.y.z loopback address stands for another host)."""
+
+    def __init__(self, address: str, source: str | None = None, context: zmq.Context | None = None) -> None:
+        self.own_context = context is None
+        self.context = context or zmq.Context()
+        self.socket = self.context.socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.SNDHWM, 100_000)
+        self.socket.connect(f"tcp://{source}:0;{address.removeprefix('tcp://')}" if source else address)
+
+    async def send(self, *parts: bytes) -> None:
+        if len(parts) == 1:
+            await send_waiting(self.socket, parts[0])
+        else:
+            self.socket.send_multipart(parts)
+
+    def close(self) -> None:
+        self.socket.close(linger=0)
+        if self.own_context:
+            self.context.term()
+
+
+class Stranger:
+    """A throwaway key with an encoder and its own sequence numbers."""
+
+    def __init__(self, identity: Identity | None = None) -> None:
+        self.identity = identity or Identity.generate()
+        self.encoder = Encoder(self.identity, NETWORK)
+        self.seq = 0
+
+    @property
+    def key(self) -> bytes:
+        return self.identity.public_key
+
+    def frame(self, body, timestamp_us: int | None = None) -> bytes:
+        self.seq += 1
+        when = time.time_ns() // 1000 if timestamp_us is None else timestamp_us
+        return self.encoder.encode(body, seq=self.seq, timestamp_us=when, round=0)
+
+    def hello(self, address: str, timestamp_us: int | None = None) -> bytes:
+        body = Hello(address=address, capabilities=(), dataset_size=0, protocol_versions=(PROTOCOL_VERSION,))
+        return self.frame(body, timestamp_us)
+
+
+def rss_mb(pid: int | None = None) -> float:
+    """Resident memory of a process now, in MB (this one by default)."""
+    with open(f"/proc/{pid or os.getpid()}/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process so far (all its threads), user and system."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime

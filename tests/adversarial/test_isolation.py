@@ -1,0 +1,47 @@
+"""Isolation by throwaway keys (issue #14): one validly signed frame from each of 10,000 fresh keys,
+dated ~55 s ahead, used to make a node refuse every honest frame as a replay for ~50 s and lose
+its peers. Strangers now leave no state in the replay guard, so nothing honest is refused."""
+
+import trio
+import zmq
+
+from protocol import Ping
+
+from ..daemon import full_mesh, start_chain, wait_until
+from .attacker import Attacker, Stranger
+
+KEYS = 10_000
+AHEAD_US = 55_000_000
+WAVE = 250  # connections open at once
+
+
+async def test_ten_thousand_future_dated_keys_do_not_shut_out_an_honest_peer(tmp_path):
+    # The strangers' rate is lifted so that every frame reaches the replay guard: the worst case.
+    lifted = {"stranger_rate": 1e6, "stranger_rate_per_subnet": 1e6, "stranger_burst": 100_000}
+    async with trio.open_nursery() as nursery:
+        a, b = await start_chain(nursery, tmp_path, 2, transport=lifted)
+        await wait_until(lambda: full_mesh([a, b]), timeout=10)
+        ahead = a.clock_us() + AHEAD_US
+        context = zmq.Context()
+        try:
+            # Each key on a connection of its own, as a stranger must (a connection carries one key).
+            for start in range(0, KEYS, WAVE):
+                attackers = [Attacker(a.address, context=context) for _ in range(WAVE)]
+                for attacker in attackers:
+                    stranger = Stranger()
+                    await attacker.send(stranger.hello("tcp://127.0.0.1:9", timestamp_us=ahead))
+                    await attacker.send(stranger.frame(Ping(nonce=1), timestamp_us=ahead))
+                await wait_until(lambda: a.metrics.messages_in["HELLO"] >= start + WAVE, timeout=30)
+                for attacker in attackers:
+                    attacker.close()
+            pings = a.metrics.messages_in["PING"]
+            # The honest peer's frames keep being accepted, none is refused, nobody is evicted.
+            await wait_until(lambda: a.metrics.messages_in["PING"] >= pings + 3, timeout=5)
+            assert a.metrics.rejections["replay"] == 0 and a.metrics.rejections["stale"] == 0
+            assert full_mesh([a, b]) and not any(key.startswith("evicted") for key in a.membership.counts)
+            assert len(a.guard) == 1  # b's window, and no stranger's
+            assert not b.metrics.rejections
+        finally:
+            context.term()
+        a.request_stop()
+        b.request_stop()
