@@ -31,7 +31,8 @@ async def test_ten_thousand_future_dated_keys_do_not_shut_out_an_honest_peer(tmp
                     stranger = Stranger()
                     await attacker.send(stranger.hello("tcp://127.0.0.1:9", timestamp_us=ahead))
                     await attacker.send(stranger.frame(Ping(nonce=1), timestamp_us=ahead))
-                await wait_until(lambda: a.metrics.messages_in["HELLO"] >= start + WAVE, timeout=30)
+                sent = start + WAVE
+                await wait_until(lambda sent=sent: a.metrics.messages_in["HELLO"] >= sent, timeout=30)
                 for attacker in attackers:
                     attacker.close()
             pings = a.metrics.messages_in["PING"]
