@@ -55,8 +55,15 @@ class SimNet:
     def now_us(self) -> int:
         return EPOCH_US + int(self.now * 1e6)
 
-    def add(self, index: int, bootstrap: list[str] = (), seed_identity: int | None = None, **settings) -> SimNode:
-        address = f"tcp://10.0.0.{index}:7000"
+    def add(
+        self,
+        index: int,
+        bootstrap: list[str] = (),
+        seed_identity: int | None = None,
+        address: str | None = None,
+        **settings,
+    ) -> SimNode:
+        address = address or f"tcp://10.0.0.{index}:7000"
         identity = fixed_identity(100 + (index if seed_identity is None else seed_identity))
         config = replace(DiscoverySettings(), bootstrap=tuple(bootstrap), **{**_UNLIMITED_SUBNETS, **settings})
         node = SimNode(
@@ -78,6 +85,10 @@ class SimNet:
     def frame(self, node: SimNode, body) -> bytes:
         """`body` signed by `node`, as it would send it now."""
         return node.encoder.encode(body, seq=next(node.seq), timestamp_us=self.now_us(), round=0)
+
+    def inject(self, node: SimNode, frame: bytes) -> None:
+        """Deliver `frame` to `node` now, as if a stranger had sent it there."""
+        heapq.heappush(self._queue, (self.now, next(self._order), node.address, frame))
 
     def kill(self, node: SimNode) -> None:
         """Like kill -9: no BYE, its connections just stop answering."""

@@ -1,0 +1,90 @@
+"""Who gets into the peer table, and whom a node dials: Sybils, unverified addresses, dial-slot
+exhaustion and reflection (issue #14), on the simulated network of tests/simnet.py (the same
+`Membership` the daemon runs, real signed frames, simulated time)."""
+
+from protocol import PROTOCOL_VERSION, Encoder, Hello, Identity, Peers
+
+from ..simnet import NETWORK, SimNet
+
+
+def _hello(net: SimNet, address: str) -> bytes:
+    """A signed HELLO of a fresh key that nobody runs, naming `address`."""
+    body = Hello(address=address, capabilities=(), dataset_size=0, protocol_versions=(PROTOCOL_VERSION,))
+    return Encoder(Identity.generate(), NETWORK).encode(body, seq=1, timestamp_us=net.now_us(), round=0)
+
+
+def test_sixty_sybils_from_one_subnet_cannot_fill_the_table():
+    net = SimNet()
+    limits = dict(max_peers=8, max_peers_per_subnet=2)
+    target = net.add(0, **limits)
+    # Sixty keys, each answering its challenge at an address of its own, all in 10.66.0.0/24.
+    for i in range(60):
+        net.add(100 + i, [target.address], address=f"tcp://10.66.0.{i}:7000", max_peers_per_subnet=4096)
+    net.run(5)
+    sybils = [p for p in target.membership.peers.values() if p.address.startswith("tcp://10.66.0.")]
+    assert len(sybils) == 2
+    # Honest newcomers from other subnets still get in.
+    honest = [net.add(200 + i, [target.address], address=f"tcp://10.{i}.1.1:7000") for i in range(1, 5)]
+    net.run(3)
+    assert all(node.key in target.membership.peers for node in honest)
+    assert len(target.membership.peers) <= 8
+
+
+def test_a_full_table_keeps_its_long_lived_peers_and_displaces_only_from_the_crowded_subnet():
+    net = SimNet()
+    target = net.add(0, max_peers=4, max_peers_per_subnet=4)
+    crowd = [net.add(10 + i, [target.address], address=f"tcp://10.9.9.{i}:7000") for i in range(4)]
+    net.run(3)
+    assert {n.key for n in crowd} == set(target.membership.peers)
+    newcomer = net.add(50, [target.address], address="tcp://10.7.7.7:7000")
+    net.run(3)
+    assert newcomer.key in target.membership.peers and len(target.membership.peers) == 4
+    assert target.membership.counts["evicted_displaced"] == 1
+    oldest = min(crowd, key=lambda n: n.index)  # admitted first: protected
+    assert oldest.key in target.membership.peers
+
+
+def test_an_address_that_never_answers_its_challenge_is_neither_admitted_nor_relayed():
+    net = SimNet()
+    a = net.add(0)
+    honest = net.add(2, [a.address])
+    net.run_until(lambda: honest.key in a.membership.peers, timeout=2)
+    # A stranger tells a its HELLO directly, naming an address where nobody answers.
+    ghost = _hello(net, "tcp://10.50.0.1:7000")
+    net.inject(a, ghost)
+    net.run(15)  # dial_attempts challenges, backed off up to dial_retry_max_s
+    relayed_anywhere = any(net.decoder.decode(ghost).sender in node.membership.peers for node in net.nodes.values())
+    assert not relayed_anywhere and a.membership.counts["gave_up"] == 1
+
+
+def test_one_peer_relaying_64_dead_addresses_takes_few_dial_slots_and_newcomers_still_get_in():
+    net = SimNet()
+    a = net.add(0)
+    liar = net.add(1, [a.address])
+    net.run_until(lambda: liar.key in a.membership.peers and a.membership.ready(), timeout=2)
+    fake = tuple(_hello(net, f"tcp://10.{100 + i}.0.1:7000") for i in range(63))
+    frame = net.frame(liar, Peers(hellos=(liar.membership.own_hello, *fake)))
+    net.inject(a, frame)
+    net.run(0.01)
+    from_liar = [e for e in a.membership.dialing.values() if e.informant == liar.key]
+    assert len(from_liar) == a.membership.settings.dialing_per_informant
+    assert a.membership.counts["dial_budget_informant"] == 63 - len(from_liar)
+    newcomer = net.add(9, [a.address], address="tcp://10.9.0.1:7000")
+    net.run_until(lambda: newcomer.key in a.membership.peers, timeout=1)
+
+
+def test_hellos_naming_a_victim_subnet_make_at_most_a_few_dials_there():
+    """Reflection: strangers' HELLOs (100 keys) all naming addresses in one victim subnet."""
+    net = SimNet()
+    a = net.add(0, dialing_per_subnet=4)
+    dials = []
+    execute = net.execute
+    net.execute = lambda node, actions: (
+        dials.extend(x for x in actions if type(x).__name__ == "Dial"),
+        execute(node, actions),
+    )
+    for i in range(100):
+        net.inject(a, _hello(net, f"tcp://10.200.0.{i}:7000"))
+    net.run(0.5)
+    victims = {d.address for d in dials if d.address.startswith("tcp://10.200.0.")}
+    assert len(victims) == 4 and a.membership.counts["dial_budget_subnet"] == 96

@@ -1,0 +1,114 @@
+"""A stranger's flood, as a program of its own: what the adversarial tests and the attack
+benchmark aim at a daemon. It speaks ZeroMQ from its own process, with its own keys, and prints
+one JSON line: how many messages it sent.
+
+    python -m tools.attack --target tcp://127.0.0.1:7000 --kind garbage --seconds 5
+    python -m tools.attack --target ... --kind strangers --connections 50 --rate 10000 --seconds 5
+
+Kinds:
+- garbage: random bytes of mixed sizes up to 64 KiB, one in eight as a multipart message, as fast
+  as the connections take them;
+- strangers: validly signed HELLO then PING frames, a fresh key per connection, each connection
+  re-opened with a new key once it has sent `--frames-per-key`.
+
+Only loopback targets are accepted: this is a test tool.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+
+import zmq
+
+from protocol import PROTOCOL_VERSION, Encoder, Hello, Identity, Ping
+
+_NETWORK_DEFAULT = "test"
+
+
+def _loopback(target: str) -> str:
+    host = target.removeprefix("tcp://").rsplit(":", 1)[0]
+    if not (host.startswith("127.") or host in ("localhost", "[::1]")):
+        raise SystemExit(f"attack: refusing a non-loopback target {target!r}")
+    return target
+
+
+def _garbage(rng: random.Random) -> list[bytes]:
+    size = rng.choice((16, 200, 2_000, 20_000, 65_536))
+    payload = os.urandom(size)
+    return [payload, b"tail"] if rng.random() < 0.125 else [payload]
+
+
+def _stranger_frames(network: str, count: int) -> list[bytes]:
+    identity = Identity.generate()
+    encoder = Encoder(identity, network)
+    now = time.time_ns() // 1000
+    hello = Hello(address="tcp://127.0.0.1:9", capabilities=(), dataset_size=0, protocol_versions=(PROTOCOL_VERSION,))
+    frames = [encoder.encode(hello, seq=1, timestamp_us=now, round=0)]
+    frames += [encoder.encode(Ping(nonce=i), seq=2 + i, timestamp_us=now, round=0) for i in range(count - 1)]
+    return frames
+
+
+def run(target: str, kind: str, connections: int, rate: float, seconds: float, frames_per_key: int, network: str):
+    context = zmq.Context()
+    rng = random.Random(0)
+
+    def connect() -> zmq.Socket:
+        socket = context.socket(zmq.DEALER)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.SNDHWM, 10_000)
+        socket.connect(target)
+        return socket
+
+    sockets = [connect() for _ in range(connections)]
+    # Signed frames are made before the clock starts: the flood measures the target, not us.
+    plans = [_stranger_frames(network, frames_per_key) for _ in range(connections)] if kind == "strangers" else []
+    positions = [0] * connections
+    time.sleep(0.2)  # let the connections come up
+    sent, started = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - started) < seconds:
+        if rate and sent > elapsed * rate:
+            time.sleep(min(0.001, sent / rate - elapsed))
+            continue
+        i = sent % connections
+        if kind == "garbage":
+            sockets[i].send_multipart(_garbage(rng))
+        else:
+            if positions[i] == len(plans[i]):  # a fresh key on a fresh connection
+                sockets[i].close(linger=0)
+                sockets[i], plans[i], positions[i] = connect(), _stranger_frames(network, frames_per_key), 0
+            sockets[i].send(plans[i][positions[i]])
+            positions[i] += 1
+        sent += 1
+    for socket in sockets:
+        socket.close(linger=1000)
+    context.term()
+    return {"sent": sent, "seconds": round(time.perf_counter() - started, 3)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.attack", description=__doc__.split("\n")[0])
+    parser.add_argument("--target", required=True, type=_loopback)
+    parser.add_argument("--kind", choices=("garbage", "strangers"), required=True)
+    parser.add_argument("--connections", type=int, default=1)
+    parser.add_argument("--rate", type=float, default=0.0, help="messages per second in all (0: as fast as possible)")
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--frames-per-key", type=int, help="default: enough that each connection keeps one key")
+    parser.add_argument("--network", default=_NETWORK_DEFAULT)
+    args = parser.parse_args(argv)
+    if args.frames_per_key is None:
+        planned = args.rate * args.seconds if args.rate else 20_000
+        args.frames_per_key = int(planned // max(1, args.connections)) + 2
+    result = run(
+        args.target, args.kind, args.connections, args.rate, args.seconds, args.frames_per_key, args.network
+    )
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
