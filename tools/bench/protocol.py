@@ -36,6 +36,7 @@ def measure_size(payload_bytes: int, *, trials: int, target_seconds: float, seed
     counter = SequenceCounter(persisted=0, now_us=now, block=1 << 40)
     counter.confirm_reservation(counter.propose_reservation())
     encoder, decoder, guard = Encoder(identity, _NETWORK), Decoder(_NETWORK), ReplayGuard()
+    guard.trust(identity.public_key, 0)  # an admitted peer: its window is checked, as in the daemon
     frame = encoder.encode(body, seq=counter.next(), timestamp_us=now, round=0)
     signed, signature = frame[:-SIGNATURE_SIZE], frame[-SIGNATURE_SIZE:]
     receive_seq = iter(range(1, 1 << 62))

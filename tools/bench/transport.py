@@ -23,6 +23,7 @@ import trio
 import zmq
 
 from p2pnode.config import TransportSettings
+from p2pnode.gate import Gate
 from p2pnode.inbound import Inbound
 from p2pnode.metrics import Metrics
 from p2pnode.signing import encode
@@ -67,7 +68,11 @@ def run_trio(size: int, count: int, verify_threads: int = 2) -> float:
         sender = Transport(settings, 64 << 20)
         endpoint = receiver.bind("tcp://127.0.0.1:0")
         sender.dial(endpoint)
-        inbound = Inbound(receiver, Decoder(_NETWORK), ReplayGuard(), Metrics(), settings, _clock_us)
+        # The sender is an admitted peer: its connection is a peer's link once a frame verified.
+        guard = ReplayGuard()
+        guard.trust(sender_identity.public_key, 0)
+        gate = Gate(settings, 1, lambda key: key == sender_identity.public_key)
+        inbound = Inbound(receiver, Decoder(_NETWORK), guard, gate, Metrics(), settings, _clock_us)
         encoder, counter = Encoder(sender_identity, _NETWORK), _counter()
         done = trio.Event()
         received = 0
@@ -124,6 +129,7 @@ def run_blocking(size: int, count: int) -> float:
     router.bind("tcp://127.0.0.1:0")
     dealer.connect(router.getsockopt_string(zmq.LAST_ENDPOINT))
     encoder, counter, decoder, guard = Encoder(identity, _NETWORK), _counter(), Decoder(_NETWORK), ReplayGuard()
+    guard.trust(identity.public_key, 0)
     while not dealer.getsockopt(zmq.EVENTS) & zmq.POLLOUT:
         time.sleep(0.005)
 
