@@ -12,6 +12,12 @@ So every frame is judged by its header and by the connection it came on before a
   stranger bucket of its source subnet and from the node-wide stranger bucket, so that neither
   many connections nor many keys buy more than `stranger_rate` signature checks per second.
 - A frame that fails verification unbinds a stranger's connection that it bound.
+- One exception, for a race and not a privilege: a frame other than a handshake frame, on a
+  connection whose HELLO verified, is *parked* rather than dropped. Its key may be admitted by a
+  frame already read but not yet handled (the answer to our challenge, verified in a worker
+  thread): the sender had every reason to take itself for admitted. Parked frames are verified
+  once their key is a peer, in order, or dropped (`handshake_first`) after `PARK_S`. At most
+  `MAX_PARKED_BYTES` in all and `MAX_PARKED_FRAMES` per connection are held.
 
 Everything the gate refuses is counted by the caller, with the reason returned. State is bounded
 per kind: peers' links (`4 × max_peers`), strangers' connections (`max_stranger_connections`),
@@ -23,17 +29,21 @@ from __future__ import annotations
 import ipaddress
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from protocol import Header, MessageType
 
 from .config import TransportSettings
 from .metrics import HANDSHAKE_FIRST, RATE_LIMITED, STRANGER_RATE_LIMITED, WRONG_SENDER
 
-__all__ = ["Gate", "TokenBuckets", "HANDSHAKE_TYPES", "subnet_of"]
+__all__ = ["Gate", "TokenBuckets", "HANDSHAKE_TYPES", "PARK", "subnet_of"]
 
 # What a key that is not an admitted peer may send: enough to prove who it is and where.
 HANDSHAKE_TYPES = frozenset({MessageType.HELLO, MessageType.PING, MessageType.PONG})
+PARK = "park"  # Gate.admit's answer for a frame to hold until its key is admitted
+PARK_S = 2.0
+MAX_PARKED_BYTES = 16 << 20
+MAX_PARKED_FRAMES = 16
 
 
 class TokenBuckets:
@@ -70,6 +80,7 @@ def subnet_of(address: str | None) -> str:
 class _Link:
     key: bytes  # every frame on this connection must claim this key
     proven: bool = False  # a frame claiming it verified here
+    parked: list[tuple[float, bytes]] = field(default_factory=list)  # (when, frame), oldest first
 
 
 class Gate:
@@ -82,6 +93,7 @@ class Gate:
         self.stranger_links: OrderedDict[bytes, _Link] = OrderedDict()
         self.max_peer_links = 4 * max_peers
         self.max_stranger_links = settings.max_stranger_connections
+        self.parked_bytes = 0
 
     def admit(self, connection: bytes, header: Header, source: Callable[[], str | None], now: float) -> str | None:
         """None if the frame may be verified, else the reason it is dropped. `source` gives the
@@ -114,8 +126,33 @@ class Gate:
         if header.sender != link.key:
             return WRONG_SENDER
         if header.type not in HANDSHAKE_TYPES and not self.is_peer(header.sender):
-            return HANDSHAKE_FIRST
+            return PARK if link.proven else HANDSHAKE_FIRST
         return None
+
+    def park(self, connection: bytes, frame: bytes, now: float) -> bool:
+        """Hold a frame `admit` answered PARK for; False (drop it) if the bounds are reached."""
+        link = self.stranger_links.get(connection)
+        if link is None or len(link.parked) >= MAX_PARKED_FRAMES or self.parked_bytes + len(frame) > MAX_PARKED_BYTES:
+            return False
+        link.parked.append((now, frame))
+        self.parked_bytes += len(frame)
+        return True
+
+    def unpark(self, now: float) -> tuple[list[tuple[bytes, list[bytes]]], list[bytes]]:
+        """The parked frames to verify now, per connection in arrival order (their key is a peer
+        now), and those dropped (held longer than PARK_S, or their connection forgotten)."""
+        released, expired = [], []
+        for connection, link in list(self.stranger_links.items()):
+            if not link.parked:
+                continue
+            if self.is_peer(link.key):
+                released.append((connection, [frame for _, frame in link.parked]))
+                link.parked = []
+            else:
+                expired += [frame for when, frame in link.parked if now - when > PARK_S]
+                link.parked = [(when, frame) for when, frame in link.parked if now - when <= PARK_S]
+        self.parked_bytes = sum(len(f) for link in self.stranger_links.values() for _, f in link.parked)
+        return released, expired
 
     def _remember_stranger(self, connection: bytes, link: _Link) -> None:
         self.stranger_links[connection] = link

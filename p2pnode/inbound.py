@@ -21,8 +21,8 @@ import trio
 from protocol import Decoder, Envelope, ProtocolError, ReplayGuard
 
 from .config import TransportSettings
-from .gate import Gate
-from .metrics import MULTIPART, Metrics
+from .gate import PARK, Gate
+from .metrics import HANDSHAKE_FIRST, MULTIPART, Metrics
 from .transport import Transport
 
 __all__ = ["Inbound", "decode_all"]
@@ -93,18 +93,19 @@ class Inbound:
                 self.metrics.rejected(MULTIPART, sum(map(len, parts[1:])))
                 continue
             connection, message = parts
-            frame = message.bytes
-            try:
-                header = self.decoder.peek(frame)
+            try:  # on ZeroMQ's buffer: a frame refused here is never copied
+                header = self.decoder.peek(message.buffer)
             except ProtocolError as exc:
-                self.metrics.rejected(exc.reason.value, len(frame))
+                self.metrics.rejected(exc.reason.value, len(message))
                 continue
             refusal = self.gate.admit(connection.bytes, header, lambda m=message: m.get("Peer-Address"), now)
+            if refusal == PARK and self.gate.park(connection.bytes, message.bytes, now):
+                continue
             if refusal is not None:
-                self.metrics.rejected(refusal, len(frame))
+                self.metrics.rejected(HANDSHAKE_FIRST if refusal == PARK else refusal, len(message))
                 continue
             batch.connections.append(connection.bytes)
-            batch.frames.append(frame)
+            batch.frames.append(message.bytes)
         return batch
 
     async def _verify(self, batches: trio.MemoryReceiveChannel[_Batch]) -> None:
@@ -121,6 +122,18 @@ class Inbound:
                 await batch.done.wait()
                 for connection, frame, result in zip(batch.connections, batch.frames, batch.results, strict=True):
                     await self._deliver_one(connection, frame, result, handle)
+                if self.gate.parked_bytes:
+                    await self._deliver_parked(handle)
+
+    async def _deliver_parked(self, handle: Handler) -> None:
+        """Frames held by the gate whose key the frames just handled admitted (gate.py)."""
+        released, expired = self.gate.unpark(trio.current_time())
+        for frame in expired:
+            self.metrics.rejected(HANDSHAKE_FIRST, len(frame))
+        for connection, frames in released:
+            results = await trio.to_thread.run_sync(decode_all, self.decoder, frames, limiter=self.verify_limiter)
+            for frame, result in zip(frames, results, strict=True):
+                await self._deliver_one(connection, frame, result, handle)
 
     async def _deliver_one(
         self, connection: bytes, frame: bytes, result: Envelope | ProtocolError, handle: Handler

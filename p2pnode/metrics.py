@@ -59,6 +59,10 @@ class Metrics:
             if kind in LEARNING_TYPES
         }
 
+    def inbound_bytes(self) -> int:
+        """Bytes of every frame taken in so far, accepted or refused."""
+        return sum(self.bytes_in.values()) + self.rejected_bytes
+
     def rejected(self, reason: str, size: int) -> None:
         self.rejections[reason] += 1
         self.rejected_bytes += size

@@ -51,6 +51,7 @@ from .files import describe_os_error
 from .gate import Gate
 from .inbound import Inbound, decode_all
 from .learning import LearningSetupError, Network, RoundDriver, build_algorithm, learning_capability
+from .memory import trim_now
 from .metrics import NOT_LEARNING, UNKNOWN_PEER, Metrics
 from .peers import Action, Admitted, Dial, Evicted, Hangup, Membership, Send, SendHello
 from .prometheus import render_for, serve_prometheus
@@ -64,6 +65,11 @@ log = logging.getLogger("p2pnode.node")
 # After a failed attempt to extend the sequence reservation (a full disk), wait this long
 # before the next: every send would otherwise start one, and each logs why it failed.
 RESERVATION_RETRY_S = 5.0
+
+
+# After this many bytes taken in, and at most this often, free heap pages go back (memory.py).
+TRIM_AFTER_BYTES = 16 << 20
+TRIM_INTERVAL_S = 2.0
 
 
 def wall_clock_us() -> int:
@@ -442,8 +448,14 @@ class Node:
         discovery = self.config.discovery
         period = min(max(discovery.dial_retry_initial_s, 0.01), 0.25, discovery.ping_interval_s / 4)
         next_refresh = trio.current_time() + discovery.hello_refresh_s
+        next_trim, trimmed_at_bytes = 0.0, 0
         while True:
             now = trio.current_time()
+            inbound_bytes = self.metrics.inbound_bytes()
+            if now >= next_trim and inbound_bytes - trimmed_at_bytes >= TRIM_AFTER_BYTES:
+                # Frames taken in (a flood too) leave freed pages in the heap: give them back.
+                trim_now()
+                next_trim, trimmed_at_bytes = now + TRIM_INTERVAL_S, inbound_bytes
             if now >= next_refresh:
                 hello = self._hello_frame()
                 if hello is not None:

@@ -122,7 +122,6 @@ class Peer:
     last_hello_at: float = float("-inf")  # when this node last re-sent its HELLO to it
     admitted_us: bool = False  # it admitted us: we answered its challenge, before anything else we send it
     hello_address: str = ""  # the address its latest HELLO names
-    peers_owed_at: float | None = None  # when our first PEERS goes to it
 
     @property
     def node_id(self) -> str:
@@ -188,7 +187,7 @@ class Membership:
         if kind is MessageType.HELLO:
             return self.on_hello(envelope, frame, now), None
         if kind is MessageType.PING:
-            return self.on_ping(envelope.sender, body, now)
+            return self.on_ping(envelope.sender, body)
         if kind is MessageType.PONG:
             return self.on_pong(envelope, now), None
         if not is_peer:
@@ -259,13 +258,14 @@ class Membership:
             return []
         return self._verify(hello, frame, informant, now)
 
-    def on_ping(self, key: bytes, ping: Ping, now: float) -> tuple[list[Action], str | None]:
+    def on_ping(self, key: bytes, ping: Ping) -> tuple[list[Action], str | None]:
         """A PING: liveness from a peer, or the challenge of a key we are verifying in turn."""
         peer = self.peers.get(key)
         if peer is not None:
+            answer: list[Action] = [Send((peer.address,), Pong(nonce=ping.nonce))]
             if not peer.admitted_us:  # its challenge: answered, it admits us before what follows
-                self._ready(peer, now)
-            return [Send((peer.address,), Pong(nonce=ping.nonce))], None
+                answer += self._ready(peer)
+            return answer, None
         entry = self._dialing_for(key)
         if entry is None:
             return [], UNKNOWN_PEER  # a key we are not verifying: no dial, no answer
@@ -322,11 +322,6 @@ class Membership:
         for peer in list(self.peers.values()):
             if now - peer.last_seen > self.settings.peer_timeout_s:
                 actions += self._evict(peer, now, "timeout")
-        owed = [peer for peer in self.peers.values() if peer.peers_owed_at is not None and now >= peer.peers_owed_at]
-        if owed:
-            for peer in owed:
-                peer.peers_owed_at = None
-            actions.append(Send(self._addresses(owed), self._peers_body()))
         ready = self.ready()
         if now >= self._next_ping_at and ready:
             # One nonce per round: one signed PING serves every peer, and each PONG times one.
@@ -419,15 +414,14 @@ class Membership:
                 del self.dialing[address]
         actions.append(Admitted(key, seq, entry.address))
         if entry.answered:
-            self._ready(peer, now)
+            actions += self._ready(peer)
         return actions
 
-    def _ready(self, peer: Peer, now: float) -> None:
-        """We answered its challenge: it admits us once that answer arrives. Our PEERS follows a
-        moment later, not at once: the other side's gate judges a frame when it is read, and a
-        PEERS read in the same batch as the answer would still find us a stranger there."""
+    def _ready(self, peer: Peer) -> list[Action]:
+        """We answered its challenge: it admits us once that answer arrives, before our PEERS
+        behind it on the same connection (the gate there parks the PEERS if it reads both at once)."""
         peer.admitted_us = True
-        peer.peers_owed_at = now + self.settings.dial_retry_initial_s
+        return [Send((peer.address,), self._peers_body())]
 
     def _no_room_for(self, subnet: str | None) -> str | None:
         """Why a newcomer from `subnet` could not be admitted now, or None."""

@@ -197,7 +197,7 @@ class Decoder:
             max_ext_len=0,  # no extension types at all, msgpack's Timestamp included
         )
 
-    def peek(self, frame: bytes) -> Header:
+    def peek(self, frame: bytes | memoryview) -> Header:
         """Every check that needs no signature work: size, tag, header fields, the type's size
         bound, the allowlist. The daemon runs it on the event loop to decide, before paying for
         a signature, whether a frame may come from where it came. Raises ProtocolError."""
@@ -241,9 +241,9 @@ class Decoder:
         size = len(frame)
         if size > limits.max_frame_bytes:
             raise ProtocolError(Reason.TOO_LARGE, f"frame of {size} bytes exceeds {limits.max_frame_bytes}")
-        if size < _MIN_FRAME or not frame.startswith(DOMAIN_TAG):
+        view = memoryview(frame)  # bytes, or a buffer not copied yet (the daemon peeks at those)
+        if size < _MIN_FRAME or view[: len(DOMAIN_TAG)] != DOMAIN_TAG:
             raise malformed("frame", "not a p2pnode frame (missing domain tag or too short)")
-        view = memoryview(frame)
         signed, signature = view[:-SIGNATURE_SIZE], view[-SIGNATURE_SIZE:]
         envelope = signed[len(DOMAIN_TAG) :]
 

@@ -11,7 +11,7 @@ from algorithms.catalog import ALGORITHM_NAMES, GRAPH_LEARNING
 from p2pnode.checkpoint import CHECKPOINT_NAME
 from p2pnode.config import ConfigError, load_config
 from p2pnode.learning import learning_capability
-from protocol import Identity, Prototypes, seal_raw
+from protocol import Prototypes, seal_raw
 
 from .daemon import ANY_PORT, full_mesh, start_node, wait_until, write_config
 
@@ -101,11 +101,15 @@ async def test_a_hostile_neighbour_is_rejected_and_counted_while_training_goes_o
             "head": None,
             "prototypes": {"dtype": "float32", "shape": [k, dim], "data": nan.tobytes()},
         }
-        # NaN prototypes are refused by the decoder, whoever signs them: a throwaway key will do.
-        stranger = Identity.generate()
+        # NaN prototypes are refused by the decoder. Mallory signs them (on its connection only its
+        # own key passes the gate), numbered far ahead of what it sends otherwise.
         for seq in range(1, 4):
             await mallory.send_payload((a.address, b.address), wrong_head, a.driver.round)
-            frame = seal_raw(stranger, [1, "test", "PROTOTYPES", stranger.public_key, seq, mallory.clock_us(), 0, body])
+            ahead = mallory.clock_us() + 10**12 + seq
+            frame = seal_raw(
+                mallory.identity,
+                [1, "test", "PROTOTYPES", mallory.identity.public_key, ahead, mallory.clock_us(), 0, body],
+            )
             mallory.transport.send(a.address, frame)
             await trio.sleep(0.3)
         await wait_until(lambda: a.driver.phase == "done" and b.driver.phase == "done", timeout=120)

@@ -97,4 +97,6 @@ def test_nodes_on_two_hosts_peer_over_tcp_and_beacon_and_survive_a_link_outage(t
         for spec in (a, b, c, d):
             status = cluster.status(spec)
             assert status["membership"]["evicted_timeout"] >= 1
-            assert not set(status["traffic"]["rejections"]) - {"unknown_peer"}
+            # While one side has evicted the other and the other not yet, frames from a node that is
+            # no peer are refused (PING/BYE as unknown_peer, the rest before their signature check).
+            assert not set(status["traffic"]["rejections"]) - {"unknown_peer", "handshake_first"}

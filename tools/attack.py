@@ -6,8 +6,8 @@ one JSON line: how many messages it sent.
     python -m tools.attack --target ... --kind strangers --connections 50 --rate 10000 --seconds 5
 
 Kinds:
-- garbage: random bytes of mixed sizes up to 64 KiB, one in eight as a multipart message, as fast
-  as the connections take them;
+- garbage: random bytes of mixed sizes (up to 64 KiB unless `--sizes` says otherwise), one in
+  eight as a multipart message, as fast as the connections take them;
 - strangers: validly signed HELLO then PING frames, a fresh key per connection, each connection
   re-opened with a new key once it has sent `--frames-per-key`.
 
@@ -37,9 +37,13 @@ def _loopback(target: str) -> str:
     return target
 
 
-def _garbage(rng: random.Random) -> list[bytes]:
-    size = rng.choice((16, 200, 2_000, 20_000, 65_536))
-    payload = os.urandom(size)
+GARBAGE_SIZES = (16, 200, 2_000, 20_000, 65_536)
+_NOISE = os.urandom(max(GARBAGE_SIZES))
+
+
+def _garbage(rng: random.Random, sizes: tuple[int, ...]) -> list[bytes]:
+    size = rng.choice(sizes)
+    payload = _NOISE[:size] if size <= len(_NOISE) else bytes(size)
     return [payload, b"tail"] if rng.random() < 0.125 else [payload]
 
 
@@ -53,7 +57,16 @@ def _stranger_frames(network: str, count: int) -> list[bytes]:
     return frames
 
 
-def run(target: str, kind: str, connections: int, rate: float, seconds: float, frames_per_key: int, network: str):
+def run(
+    target: str,
+    kind: str,
+    connections: int,
+    rate: float,
+    seconds: float,
+    frames_per_key: int,
+    network: str,
+    sizes: tuple[int, ...] = GARBAGE_SIZES,
+):
     context = zmq.Context()
     rng = random.Random(0)
 
@@ -76,7 +89,7 @@ def run(target: str, kind: str, connections: int, rate: float, seconds: float, f
             continue
         i = sent % connections
         if kind == "garbage":
-            sockets[i].send_multipart(_garbage(rng))
+            sockets[i].send_multipart(_garbage(rng, sizes))
         else:
             if positions[i] == len(plans[i]):  # a fresh key on a fresh connection
                 sockets[i].close(linger=0)
@@ -99,12 +112,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--frames-per-key", type=int, help="default: enough that each connection keeps one key")
     parser.add_argument("--network", default=_NETWORK_DEFAULT)
+    parser.add_argument("--sizes", type=int, nargs="+", default=GARBAGE_SIZES, help="garbage message sizes")
     args = parser.parse_args(argv)
     if args.frames_per_key is None:
         planned = args.rate * args.seconds if args.rate else 20_000
         args.frames_per_key = int(planned // max(1, args.connections)) + 2
     result = run(
-        args.target, args.kind, args.connections, args.rate, args.seconds, args.frames_per_key, args.network
+        args.target,
+        args.kind,
+        args.connections,
+        args.rate,
+        args.seconds,
+        args.frames_per_key,
+        args.network,
+        tuple(args.sizes),
     )
     print(json.dumps(result), flush=True)
     return 0

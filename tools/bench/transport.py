@@ -51,9 +51,16 @@ def _counter() -> SequenceCounter:
 
 
 def _settings(verify_threads: int) -> TransportSettings:
-    # No flood limit in a benchmark, and the same socket queue on both sides.
+    # No flood limit in a benchmark (the sender's first frames, before its connection is proven
+    # a peer's link, count as a stranger's), and the same socket queue on both sides.
     return replace(
-        TransportSettings(), rate_per_connection=1e9, burst_per_connection=1_000_000, verify_threads=verify_threads
+        TransportSettings(),
+        rate_per_connection=1e9,
+        burst_per_connection=1_000_000,
+        stranger_rate=1e9,
+        stranger_rate_per_subnet=1e9,
+        stranger_burst=1_000_000,
+        verify_threads=verify_threads,
     )
 
 

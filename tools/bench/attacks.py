@@ -1,0 +1,148 @@
+"""What attacks cost a daemon (issue #14): two real daemons as processes, a flood from a third
+(tools/attack.py), and the target's CPU, RSS and honest round-trip time, before, during and
+after, all measured in one run.
+
+    python -m tools.bench.attacks [--seconds 5] [--out FILE]
+
+Each attack runs against a fresh pair of daemons. CPU is the target process's user + system time
+over the attack's duration, as a fraction of one core, next to the same measured while idle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from testnet.cluster import Cluster, NodeSpec
+
+__all__ = ["ATTACKS", "run_attack", "main"]
+
+# name -> tools.attack arguments (the target is added).
+ATTACKS = {
+    "garbage, full rate, ≤ 64 KiB": ["--kind", "garbage"],
+    "garbage, full rate, ≤ 10 MiB": ["--kind", "garbage", "--connections", "4", "--sizes", "200", "65536", "10485760"],
+    "signed strangers, 10k/s, 50 connections": ["--kind", "strangers", "--connections", "50", "--rate", "10000"],
+}
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime + stime
+
+
+def _rss_mb(pid: int) -> float:
+    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * _PAGE / 1e6
+
+
+class _Watch:
+    """Samples the target's RTT to its honest peer, and its RSS, while something runs."""
+
+    def __init__(self, cluster: Cluster, target: NodeSpec) -> None:
+        self.cluster, self.target = cluster, target
+        self.rtts: list[float] = []
+        self.rss: list[float] = []
+
+    def sample(self) -> None:
+        status = self.cluster.status(self.target, timeout=5.0)
+        if status and status["peers"] and status["peers"][0]["rtt_ms"] is not None:
+            self.rtts.append(status["peers"][0]["rtt_ms"])
+        self.rss.append(_rss_mb(self.target.process.pid))
+
+    def during(self, process: subprocess.Popen | None, seconds: float) -> float:
+        """Sample until `process` ends (or for `seconds`); returns the target's CPU seconds used."""
+        pid = self.target.process.pid
+        started_cpu, until = _cpu_s(pid), time.monotonic() + seconds
+        while (process.poll() is None) if process else time.monotonic() < until:
+            self.sample()
+            time.sleep(0.25)
+        return _cpu_s(pid) - started_cpu
+
+
+def run_attack(name: str, args: list[str], seconds: float) -> dict:
+    fast_pings = {"ping_interval_s": 0.2, "peer_timeout_s": 2.0}
+    with tempfile.TemporaryDirectory() as root, Cluster.prepare(Path(root), 2, discovery=fast_pings) as cluster:
+        cluster.start_all()
+        target = cluster.specs[0]  # node 1, its only peer, is the honest one
+        deadline = time.monotonic() + 30
+        while not (cluster.status(target) or {}).get("peers") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.0)  # a few pings for an RTT
+        idle = _Watch(cluster, target)
+        idle_cpu = idle.during(None, seconds)
+        rss_before = _rss_mb(target.process.pid)
+        before = cluster.status(target)["traffic"]
+        command = [sys.executable, "-m", "tools.attack", "--target", target.address, "--seconds", str(seconds)]
+        started = time.monotonic()
+        attack = subprocess.Popen([*command, *args], stdout=subprocess.PIPE, text=True)
+        under = _Watch(cluster, target)
+        attack_cpu = under.during(attack, seconds)
+        took = time.monotonic() - started
+        sent = json.loads(attack.stdout.read().strip().splitlines()[-1])["sent"]
+        time.sleep(3.0)  # the node drains its queue and gives memory back
+        after = cluster.status(target)
+        counted = _taken_in(after["traffic"]) - _taken_in(before)
+        return {
+            "attack": name,
+            "sent": sent,
+            "counted": counted,
+            "rejections": after["traffic"]["rejections"],
+            "evicted": {k: v for k, v in after["membership"].items() if k.startswith("evicted")},
+            "cpu_idle": idle_cpu / seconds,
+            "cpu_attack": attack_cpu / took,
+            "rtt_idle_ms": statistics.median(idle.rtts) if idle.rtts else None,
+            "rtt_attack_ms": statistics.median(under.rtts) if under.rtts else None,
+            "rtt_attack_max_ms": max(under.rtts, default=None),
+            "rss_before_mb": rss_before,
+            "rss_peak_mb": max(under.rss, default=rss_before),
+            "rss_after_mb": _rss_mb(target.process.pid),
+        }
+
+
+def _taken_in(traffic: dict) -> int:
+    refused = sum(traffic["rejections"].values())
+    return refused + sum(entry["messages_in"] for entry in traffic["by_type"].values())
+
+
+def format_table(rows: list[dict]) -> str:
+    lines = [
+        "| attack | frames sent | counted by the target | CPU idle → attack (cores) | honest RTT idle → attack "
+        "(median, ms) | RSS before → peak → after (MB) | honest peers evicted |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        rtt = f"{r['rtt_idle_ms']:.2f} → {r['rtt_attack_ms']:.2f} (max {r['rtt_attack_max_ms']:.2f})"
+        rss = f"{r['rss_before_mb']:.0f} → {r['rss_peak_mb']:.0f} → {r['rss_after_mb']:.0f}"
+        lines.append(
+            f"| {r['attack']} | {r['sent']} | {r['counted']} | {r['cpu_idle']:.3f} → {r['cpu_attack']:.3f} "
+            f"| {rtt} | {rss} | {sum(r['evicted'].values())} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.attacks", description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--out", type=Path, help="also write the rows as JSON here")
+    parser.add_argument("--attacks", nargs="+", choices=list(ATTACKS), default=list(ATTACKS))
+    args = parser.parse_args(argv)
+    rows = []
+    for name in args.attacks:
+        rows.append(run_attack(name, ATTACKS[name], args.seconds))
+        print(json.dumps(rows[-1]), flush=True)
+    print(format_table(rows))
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
