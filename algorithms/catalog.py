@@ -31,3 +31,4 @@ GRAPH_LEARNING = (
 CPU_BACKBONES = ("convnet", "resnet", "mobilenet", "mlp")
 GPU_BACKBONES = ("resnet18", "shufflenet", "googlenet", "alexnet")
 BACKBONES = CPU_BACKBONES + GPU_BACKBONES
+ATTACKS = ("scale", "sign-flip", "random", "none")  # a poisoning peer's (algorithms/poison.py)

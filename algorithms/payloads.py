@@ -20,6 +20,7 @@ __all__ = [
     "to_numpy",
     "check_prototypes",
     "check_head",
+    "check_scale",
     "shared_state",
     "check_model",
     "average_states",
@@ -48,6 +49,15 @@ def check_head(body: Head, head: nn.Linear, *, with_bias: bool = True) -> None:
         raise PayloadRejected("bad_shape", f"head weight {body.weight.shape}, expected {expected}")
     if with_bias and (body.bias is None) != (head.bias is None):
         raise PayloadRejected("bad_shape", "head bias present on one side only")
+
+
+def check_scale(what: str, theirs: np.ndarray, ours: np.ndarray, max_ratio: float) -> None:
+    """A peer's tensor must have the L2 norm of ours within a factor `max_ratio` either way. Nodes
+    trained the same way publish tensors of one order of magnitude; a scaled one is no evidence
+    of similarity (cosines cannot see scale) and would dominate a weighted mean."""
+    own, their = float(np.linalg.norm(ours)), float(np.linalg.norm(theirs))
+    if own > 0 and not own / max_ratio <= their <= own * max_ratio:
+        raise PayloadRejected("out_of_scale", f"{what} of norm {their:.3g}, this node's {own:.3g}")
 
 
 def shared_state(modules: Mapping[str, nn.Module]) -> dict[str, torch.Tensor]:

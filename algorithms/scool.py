@@ -71,6 +71,10 @@ class ScoolConfig:
     temperature: float = 3.0
     max_staleness: int = 1  # rounds a neighbour's model (and update) stays usable, once
     m_step: str = "updates"  # "updates": θ_start − Σ w Δ (the paper); "mixing": Σ w θ_j (D-PSGD's form)
+    # A neighbour's model is used only if it explains this node's data (scored here, per sample)
+    # within this many nats of how well the neighbour says ours explains its data. Honest pairs
+    # stay within a few nats either way (both models fit, or neither); a poisoned model does not.
+    max_score_gap: float = 10.0
     prune_round: int = 10  # R_fix: keep only the top neighbours from this round on (0: never)
     keep_fraction: float = 0.2  # ... this fraction of the peers, at least one (paper 0.1, code 0.1–0.2)
     # SBM prior
@@ -108,6 +112,8 @@ class ScoolConfig:
             raise ValueError("max_staleness, prune_round and encoder_steps must be ≥ 0")
         if self.m_step not in ("updates", "mixing"):
             raise ValueError(f"m_step must be 'updates' or 'mixing', got {self.m_step!r}")
+        if not self.max_score_gap > 0:
+            raise ValueError(f"max_score_gap must be > 0 (inf: no check), got {self.max_score_gap}")
         if not 0 <= self.membership_damping < 1:
             raise ValueError(f"membership_damping must be in [0, 1), got {self.membership_damping}")
         if not 0 < self.keep_fraction <= 1:
@@ -316,6 +322,7 @@ class ScoolEm(ModelGossip):
                 tensor.copy_(torch.tensor(body.tensors[name], dtype=tensor.dtype))  # wire arrays are read-only
             value = self._log_likelihood(self.scratch, round)
             samples = int(self._score_batch(round)[1].numel())
+            self.exchange.checked(peer, round, value / samples)
             score = Score(
                 kind="log_likelihood", subject=frame.sender_key, subject_seq=frame.seq, value=value, samples=samples
             )
@@ -349,7 +356,7 @@ class ScoolEm(ModelGossip):
     def end_round(self, round: int) -> None:
         fresh = self._fresh(round)
         scores = self.exchange.scores_of(round)
-        cooperating = [peer for peer in fresh if peer in scores]
+        cooperating = [peer for peer in fresh if peer in scores and self._consistent(peer, scores[peer])]
         models = [fresh[p] for p in cooperating]
         weights = self.prior.weights(
             np.array([self.own_score] + [scores[p] for p in cooperating]), models, self.shared.state()
@@ -362,6 +369,14 @@ class ScoolEm(ModelGossip):
             others = {p: w for p, w in self.row.items() if p != self.node_id}
             self.neighbours = keep_top(others, len(self.peers), self.config.keep_fraction)
         self.exchange.forget_before(round)
+
+    def _consistent(self, peer: str, claimed: float) -> bool:
+        """Whether `peer`'s model explains this node's data within `max_score_gap` nats per sample
+        of what `peer` claims ours does on its data (`claimed`). The E-step trusts the peer's word
+        about its data, and the M-step applies its update: a model that fails here is poisoned,
+        and neither its update nor its statistics nor its encoder is taken."""
+        mine = self.exchange.check_of(peer, self.models[peer][0])
+        return mine is not None and mine >= claimed - self.config.max_score_gap
 
     @torch.no_grad()
     def _m_step(self, weights: np.ndarray, models: list[Model]) -> None:

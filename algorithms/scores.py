@@ -8,7 +8,9 @@ trustworthy and bounded, apart from any learning maths:
   only from a peer the model was sent to, in that frame, for that round, and only once;
 - the models received and not yet scored (the answers this node owes);
 - this node's own models of the last few rounds, to send to a peer that kept this node after
-  pruning although this node did not keep it.
+  pruning although this node did not keep it;
+- this node's own scores of the peers' models (what it answered), to check a peer's word about
+  this node's model against what that peer's model does on this node's data.
 
 State is kept for `history` rounds at most.
 """
@@ -33,6 +35,7 @@ class ScoreExchange:
         self.own_models: dict[int, Model] = {}  # what this node published, by round
         self.scores: dict[int, dict[str, float]] = {}  # round → peer → log-likelihood per sample
         self.pending: list[tuple[str, int, Frame, Model]] = []  # models owed a SCORE
+        self.checks: dict[int, dict[str, float]] = {}  # round → peer → its model on our data, per sample
 
     # --- this node's models --------------------------------------------------------------
 
@@ -71,6 +74,13 @@ class ScoreExchange:
     def scores_of(self, round: int) -> dict[str, float]:
         return self.scores.get(round, {})
 
+    def checked(self, peer: str, round: int, per_sample: float) -> None:
+        """This node scored `peer`'s model of `round` on its own data: `per_sample` nats."""
+        self.checks.setdefault(round, {})[peer] = per_sample
+
+    def check_of(self, peer: str, round: int) -> float | None:
+        return self.checks.get(round, {}).get(peer)
+
     # --- scores this node owes -----------------------------------------------------------
 
     def owe(self, peer: str, round: int, frame: Frame, body: Model) -> None:
@@ -86,3 +96,4 @@ class ScoreExchange:
         self.scores = {r: s for r, s in self.scores.items() if r > oldest}
         self.sent = {r: s for r, s in self.sent.items() if r > oldest}
         self.own_models = {r: m for r, m in self.own_models.items() if r > oldest}
+        self.checks = {r: c for r, c in self.checks.items() if r > oldest}

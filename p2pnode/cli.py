@@ -206,6 +206,9 @@ def _learning_spec(args: argparse.Namespace):
             backbones=tuple(args.backbones) if args.backbones else None,
             dataset_root=args.data_root,
             overrides=overrides,
+            poisoners=tuple(getattr(args, "poisoners", ())),
+            attack=getattr(args, "attack", "sign-flip"),
+            attack_factor=getattr(args, "attack_factor", 10.0),
         )
         spec.node_backbones()
         apply_overrides(default_config(spec.algorithm), overrides)
@@ -337,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     stop.set_defaults(run=_stop)
 
-    from algorithms.catalog import ALGORITHM_NAMES
+    from algorithms.catalog import ALGORITHM_NAMES, ATTACKS
 
     testnet = commands.add_parser("testnet", help="launch N daemons on this machine and check they converge")
     testnet.add_argument("--nodes", type=_positive_int, required=True, help="number of daemons")
@@ -380,6 +383,11 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--out", required=True, metavar="DIR", help="report.json and PNGs go here")
     _add_learning_arguments(simulate)
     simulate.add_argument("--threads", type=_positive_int, metavar="N", help="torch CPU threads (default: torch's)")
+    simulate.add_argument(
+        "--poisoners", type=int, nargs="+", default=[], metavar="I", help="nodes that poison what they send"
+    )
+    simulate.add_argument("--attack", choices=ATTACKS, default="sign-flip", help="how they poison it")
+    simulate.add_argument("--attack-factor", type=float, default=10.0, metavar="X", help="the factor of --attack scale")
     simulate.set_defaults(run=_simulate)
 
     keygen = commands.add_parser("keygen", help="create a node key (Ed25519, PEM, mode 0600) and print its node id")

@@ -6,6 +6,10 @@ addressees before anyone's graph step; then answers (SCooL's scores), and answer
 until nobody owes anything. So the traffic counted is real frame bytes, and a payload an
 algorithm could not send over the network fails here first. Each node-round yields the same
 `RoundRecord` the daemon's round driver writes, so one report builder serves both.
+
+A poisoning node (algorithms/poison.py) may sign with looser limits (`sender_limits`), as an
+attacker would; its peers' decoder keeps the real ones, and a frame it refuses is counted as a
+rejection by its reason for each addressee, as a daemon counts it.
 """
 
 from __future__ import annotations
@@ -13,13 +17,13 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from algorithms.seam import Algorithm, Frame, Outbound, PayloadRejected
 from p2pnode.rounds import RoundRecord, arrived
-from protocol import Decoder, Encoder, Identity, MessageType
+from protocol import DEFAULT_LIMITS, Decoder, Encoder, Identity, Limits, MessageType, ProtocolError
 
 __all__ = ["Exchange", "simulation_identity", "NETWORK", "MAX_ANSWER_PASSES"]
 
@@ -34,13 +38,22 @@ def simulation_identity(seed: int, node: int) -> Identity:
 
 
 class Exchange:
-    def __init__(self, nodes: Sequence[Algorithm], identities: Sequence[Identity]) -> None:
+    def __init__(
+        self,
+        nodes: Sequence[Algorithm],
+        identities: Sequence[Identity],
+        sender_limits: Mapping[int, Limits] | None = None,
+    ) -> None:
+        """`sender_limits`: node index → the limits its encoder signs with (default: the real ones)."""
         if len(nodes) != len(identities):
             raise ValueError(f"{len(nodes)} nodes but {len(identities)} identities")
         self.nodes = list(nodes)
         self.ids = [identity.node_id for identity in identities]
         self.index = {node_id: i for i, node_id in enumerate(self.ids)}
-        self.encoders = [Encoder(identity, NETWORK) for identity in identities]
+        loose = dict(sender_limits or {})
+        self.encoders = [
+            Encoder(identity, NETWORK, loose.get(i, DEFAULT_LIMITS)) for i, identity in enumerate(identities)
+        ]
         self.decoder = Decoder(NETWORK)
         self.rejections: Counter[str] = Counter()
         self._seq = [0] * len(nodes)
@@ -102,7 +115,10 @@ class Exchange:
         self._seq[sender] += 1
         seq = self._seq[sender]
         frame = self.encoders[sender].encode(out.body, seq=seq, timestamp_us=0, round=tag)
-        envelope = self.decoder.decode(frame)
+        try:
+            envelope = self.decoder.decode(frame)
+        except ProtocolError as refused:  # only a sender with looser limits gets here
+            envelope, reason = None, str(refused.reason)
         self.nodes[sender].published(tag, out, seq)
         counts = self._sent[sender].setdefault(out.body.TYPE, [0, 0, 0])
         payload = out.body.payload_bytes()
@@ -110,6 +126,9 @@ class Exchange:
             counts[0] += 1
             counts[1] += len(frame)
             counts[2] += payload
+            if envelope is None:
+                self.rejections[reason] += 1
+                continue
             receiver = self.index[peer]
             if heard is not None:
                 heard[receiver].setdefault(self.ids[sender], set()).add(out.body.TYPE)

@@ -72,6 +72,8 @@ def run_learning_testnet(
 ) -> tuple[int, dict[str, Any]]:
     """Returns (exit code, report): 0 if every node finished (and `check` passed, if given),
     1 if not, 130 if interrupted."""
+    if spec.poisoners:
+        raise ValueError("poisoning peers exist in the simulator only")
     out.mkdir(parents=True, exist_ok=True)
     backbones = spec.node_backbones()
     _, partition = load_scenario(spec.scenario_spec)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -103,6 +103,8 @@ def run_header(kind: str, spec, partition, ids: list[str], backbones: list[str],
         "backbones": backbones,
         "node_classes": [list(shard.classes) for shard in partition.shards],
         "config": config,
+        "poisoners": list(getattr(spec, "poisoners", ())),
+        "attack": {"kind": spec.attack, "factor": spec.attack_factor} if getattr(spec, "poisoners", ()) else None,
     }
 
 
@@ -148,6 +150,7 @@ def assemble(
             "communities": found,
             "community_agreement": adjusted_rand_index(found, truth.clusters),
         },
+        "poisoning": _poisoning(by_node, int(header["rounds"]), ids, header.get("poisoners") or []),
         "comm": _communication(finals, series, discovery),
         "rejections": dict(sorted(rejections.items())),
         "missing_payloads": sum(len(record.missing) for record in every),
@@ -172,15 +175,21 @@ def _by_predictor(finals: list[RoundRecord | None]) -> dict[str, dict[str, Any]]
     }
 
 
+def _latest_per_round(by_node: list[dict[int, RoundRecord]], rounds: int) -> Iterator[list[RoundRecord | None]]:
+    """Each round's latest record so far of every node (None before its first), for rounds in
+    which some node has one."""
+    latest: list[RoundRecord | None] = [None] * len(by_node)
+    for r in range(rounds):
+        latest = [history.get(r, last) for history, last in zip(by_node, latest, strict=True)]
+        if any(record is not None for record in latest):
+            yield latest
+
+
 def _per_round(by_node: list[dict[int, RoundRecord]], rounds: int, ids: list[str], truth: Truth) -> dict[str, list]:
     keys = ("accuracy", "accuracy_own_classes", "loss", "test_loss", "l1_to_truth", "within_cluster_mass")
     series: dict[str, list] = {key: [] for key in (*keys, "messages", "bytes")}
-    latest: list[RoundRecord | None] = [None] * len(ids)
-    for r in range(rounds):
-        latest = [history.get(r, last) for history, last in zip(by_node, latest, strict=True)]
+    for latest in _latest_per_round(by_node, rounds):
         present = [record for record in latest if record is not None]
-        if not present:
-            continue
         series["accuracy"].append(float(np.mean([e.accuracy for e in present])))
         series["accuracy_own_classes"].append(float(np.mean([e.own_class_accuracy for e in present])))
         series["loss"].append(float(np.mean([e.loss for e in present])))
@@ -191,6 +200,36 @@ def _per_round(by_node: list[dict[int, RoundRecord]], rounds: int, ids: list[str
         series["messages"].append(sum(e.messages_out for e in present))
         series["bytes"].append(sum(e.bytes_out for e in present))
     return series
+
+
+def _poisoning(
+    by_node: list[dict[int, RoundRecord]], rounds: int, ids: list[str], poisoners: Sequence[int]
+) -> dict[str, Any] | None:
+    """Per round, the weight the honest rows of W put on the poisoners (together), its max and
+    mean over those rows, and the honest nodes' mean accuracy; finals as the last round's."""
+    if not poisoners:
+        return None
+    honest = [i for i in range(len(ids)) if i not in set(poisoners)]
+    weight_max, weight_mean, accuracy = [], [], []
+    for latest in _latest_per_round(by_node, rounds):
+        w = _matrix([None if e is None else e.weights for e in latest], ids)
+        on_poisoners = w[np.ix_(honest, list(poisoners))].sum(axis=1)
+        weight_max.append(float(on_poisoners.max()))
+        weight_mean.append(float(on_poisoners.mean()))
+        present = [latest[i].accuracy for i in honest if latest[i] is not None]
+        accuracy.append(float(np.mean(present)) if present else None)
+    finals = [history[max(history)].accuracy if history else np.nan for history in by_node]
+    return {
+        "nodes": list(poisoners),
+        "honest": honest,
+        "honest_accuracy": {**_spread(np.array([finals[i] for i in honest])), "per_round": accuracy},
+        "poisoner_weight": {
+            "max": weight_max[-1] if weight_max else None,
+            "mean": weight_mean[-1] if weight_mean else None,
+            "max_per_round": weight_max,
+            "mean_per_round": weight_mean,
+        },
+    }
 
 
 def _matrix(rows: Sequence[Mapping[str, float] | None], ids: list[str]) -> np.ndarray:
@@ -279,9 +318,17 @@ def summary_line(report: dict[str, Any]) -> str:
     graph = report["graph"]
     if acc["mean"] is None:
         return f"{report['algorithm']}: no node reported an accuracy"
-    return (
+    line = (
         f"{report['algorithm']}: accuracy {acc['mean'] * 100:.1f} ± {acc['std'] * 100:.1f} %, "
         f"within-cluster mass {graph['within_cluster_mass']:.3f}, L1 to truth {graph['l1_to_truth']:.3f}, "
         f"{report['comm']['messages']} messages, {report['comm']['bytes'] / 2**20:.1f} MiB, "
         f"{report['wall_s']:.0f} s"
     )
+    poisoning = report.get("poisoning")
+    if poisoning and poisoning["honest_accuracy"]["mean"] is not None:
+        line += (
+            f"; poisoners {poisoning['nodes']} ({report['attack']['kind']}): honest accuracy "
+            f"{poisoning['honest_accuracy']['mean'] * 100:.1f} %, their weight in honest rows "
+            f"≤ {poisoning['poisoner_weight']['max']:.3f}"
+        )
+    return line

@@ -3,10 +3,15 @@
 It drives the same algorithm seam the daemon drives, through the perfect synchronous network
 of testnet/exchange.py, and builds its report from the same per-node-round records as the
 learning testnet (testnet/report.py). `p2pnode simulate` is its command line.
+
+`poisoners` turns some nodes Byzantine (algorithms/poison.py): they learn as the others do but
+poison every learning payload they send, and the report measures their weight in the honest
+rows of W and the honest nodes' accuracy.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -15,9 +20,11 @@ from typing import Any
 from algorithms.graph import within_cluster_mass
 from algorithms.models import CPU_BACKBONES
 from algorithms.partitions import PartitionSpec
+from algorithms.poison import ATTACKS, Attack, PoisoningNode
 from algorithms.registry import ALGORITHMS, apply_overrides, config_as_dict, default_config, make_algorithm
 from algorithms.setup import ScenarioSpec, build_setup, load_scenario
 from p2pnode.rounds import RoundRecord
+from protocol import Limits
 
 from .exchange import Exchange, simulation_identity
 from .report import CheckThresholds, Truth, assemble, check, run_header
@@ -41,12 +48,22 @@ class SimulationSpec:
     backbones: tuple[str, ...] | None = None  # node i runs backbones[i % len]; None: the CPU family
     dataset_root: str | None = None
     overrides: Mapping[str, str] = field(default_factory=dict)
+    poisoners: tuple[int, ...] = ()  # indices of the nodes that poison what they send
+    attack: str = "sign-flip"  # algorithms/poison.py: scale, sign-flip, random, none (the control)
+    attack_factor: float = 10.0  # the factor of `scale`
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"unknown algorithm {self.algorithm!r}; choose from {', '.join(ALGORITHMS)}")
         if self.nodes < 1 or self.rounds < 1:
             raise ValueError("nodes and rounds must be ≥ 1")
+        if any(not 0 <= i < self.nodes for i in self.poisoners) or len(set(self.poisoners)) != len(self.poisoners):
+            raise ValueError(f"poisoners must be distinct node indices below {self.nodes}, got {self.poisoners}")
+        if len(self.poisoners) >= self.nodes:
+            raise ValueError("at least one node must be honest")
+        if self.attack not in ATTACKS:
+            raise ValueError(f"unknown attack {self.attack!r}; choose from {', '.join(ATTACKS)}")
+        Attack(self.attack, self.attack_factor)
 
     @property
     def scenario_spec(self) -> ScenarioSpec:
@@ -108,7 +125,11 @@ def run_simulation(
         )
         for i in range(spec.nodes)
     ]
-    exchange = Exchange(nodes, identities)
+    attack = Attack(spec.attack, spec.attack_factor)
+    for i in spec.poisoners:
+        nodes[i] = PoisoningNode(nodes[i], attack, seed=spec.seed * 1000 + i)
+    # An attacker signs whatever it likes; the honest decoders keep the real norm bound.
+    exchange = Exchange(nodes, identities, dict.fromkeys(spec.poisoners, Limits(max_tensor_norm=math.inf)))
     truth = Truth.of(partition)
     records: list[RoundRecord] = []
     for round in range(spec.rounds):

@@ -51,6 +51,9 @@ def _finished(spec: SimulationSpec, out: str) -> dict | None:
         == (spec.scenario, spec.seed, spec.rounds)
         and (report.get("samples_per_class"), report.get("test_per_class"))
         == (spec.samples_per_class, spec.test_per_class)
+        and report.get("poisoners", []) == list(spec.poisoners)
+        and (report.get("attack") or {}).get("kind", spec.attack) == spec.attack
+        and (report.get("attack") or {}).get("factor", spec.attack_factor) == spec.attack_factor
     )
     return report if same else None
 

@@ -1,0 +1,131 @@
+"""The poisoning benchmark of BENCHMARKS.md (issue #14, item 7): MAPL and SCooL-attention on
+mnist5k, Scenario 1 (10 nodes, 2 clusters), each with one poisoning node per attack and with
+its control twin (the same node honest), simulated, one torch thread per run.
+
+    python -m tools.bench.poisoning --out bench-out/poisoning [--seeds 1] [--workers 1] [--attacks random]
+
+Prints, per run, the poisoner's largest weight in an honest row of W and the honest nodes' mean
+accuracy every few rounds, then a summary: rounds after warm-up (SCooL has none: after round 0)
+until the poisoner's weight in every honest row stays ≤ 0.02, and the honest mean accuracy at
+the end with the poisoner and in the twin.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from testnet.simulator import SimulationSpec
+
+from .runs import simulate_all, write_summary
+
+POISONER = 1  # in cluster 0 (nodes 0–4): four honest nodes share its classes
+ATTACKS = (("scale", 10.0), ("scale", 1e6), ("sign-flip", 10.0), ("random", 10.0))
+SETTINGS = {  # algorithm → (rounds, training samples per class, warm-up rounds)
+    "mapl": (60, 25, 20),  # as the learning benchmark
+    "scool-attention": (30, 10, 0),  # as the SCooL benchmark; pruning at round 10
+}
+BOUND = 0.02
+
+
+def spec(algorithm: str, attack: str, factor: float, seed: int) -> SimulationSpec:
+    rounds, samples, _ = SETTINGS[algorithm]
+    return SimulationSpec(
+        algorithm=algorithm,
+        dataset="mnist5k",
+        scenario="1",
+        nodes=10,
+        rounds=rounds,
+        seed=seed,
+        samples_per_class=samples,
+        test_per_class=15,
+        poisoners=(POISONER,),
+        attack=attack,
+        attack_factor=factor,
+    )
+
+
+def settled_after(weights: list[float], warmup: int) -> int | None:
+    """Rounds after warm-up until the weight is ≤ BOUND for good (0: from the first graph round)."""
+    above = [r for r, w in enumerate(weights) if w > BOUND]
+    last = max(above, default=-1)
+    return None if last == len(weights) - 1 else max(last + 1 - warmup, 0)
+
+
+def label(report: dict) -> str:
+    attack = report["attack"]
+    return f"scale ×{attack['factor']:g}" if attack["kind"] == "scale" else attack["kind"]
+
+
+def series(report: dict, every: int) -> str:
+    poisoning = report["poisoning"]
+    weight, accuracy = poisoning["poisoner_weight"]["max_per_round"], poisoning["honest_accuracy"]["per_round"]
+    rounds = [r for r in range(len(weight)) if r % every == every - 1 or r < 2]
+    return "\n".join(
+        f"  round {r + 1:3d}: max weight {weight[r]:.3f}, honest accuracy {accuracy[r]:.3f}" for r in rounds
+    )
+
+
+def last_rounds(poisoning: dict, count: int = 10) -> float:
+    """The honest mean accuracy averaged over the last `count` rounds: one round's test split is
+    small (75 images per node here), and its noise alone moves a node by several points."""
+    return float(np.mean(poisoning["honest_accuracy"]["per_round"][-count:]))
+
+
+def format_table(reports: list[dict]) -> str:
+    rows = [
+        "| method | attack | seed | rounds after warm-up until weight ≤ 0.02 | final max / mean weight | "
+        "honest accuracy, poisoned | twin | difference (points) | same, mean of the last 10 rounds | rejections |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    twins = {(r["algorithm"], r["seed"]): r for r in reports if r["attack"]["kind"] == "none"}
+    for r in reports:
+        if r["attack"]["kind"] == "none":
+            continue
+        poisoning, twin = r["poisoning"], twins[(r["algorithm"], r["seed"])]["poisoning"]
+        settled = settled_after(poisoning["poisoner_weight"]["max_per_round"], SETTINGS[r["algorithm"]][2])
+        ours, theirs = poisoning["honest_accuracy"]["mean"] * 100, twin["honest_accuracy"]["mean"] * 100
+        late = 100 * (last_rounds(poisoning) - last_rounds(twin))
+        weight = poisoning["poisoner_weight"]
+        rejected = ", ".join(f"{n} {k}" for k, n in r["rejections"].items()) or "—"
+        rows.append(
+            f"| {r['algorithm']} | {label(r)} | {r['seed']} | {'never' if settled is None else settled} "
+            f"| {weight['max']:.3f} / {weight['mean']:.3f} | {ours:.1f} | {theirs:.1f} | {ours - theirs:+.1f} "
+            f"| {late:+.1f} | {rejected} |"
+        )
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="bench-out/poisoning")
+    parser.add_argument("--seeds", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--methods", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    parser.add_argument("--every", type=int, default=5, help="print every k-th round of each run")
+    parser.add_argument("--attacks", nargs="+", help="only these (by kind; the twin always runs)")
+    args = parser.parse_args(argv)
+
+    attacks = [("none", 10.0), *(a for a in ATTACKS if args.attacks is None or a[0] in args.attacks)]
+    jobs = [
+        (spec(m, a, f, s), f"{args.out}/{m}-{a}-x{f:g}-seed{s}")
+        for m in args.methods
+        for s in range(args.seeds)
+        for a, f in attacks
+    ]
+    reports = simulate_all(jobs, args.workers, reuse=True)
+    for r in reports:
+        print(f"{r['algorithm']}, {label(r)}, seed {r['seed']} ({r['wall_s']:.0f} s):")
+        print(series(r, args.every))
+    print(format_table(reports))
+    mean = np.mean([r["wall_s"] for r in reports])
+    print(f"{len(reports)} runs, {mean:.0f} s each on average")
+    keys = ("algorithm", "seed", "poisoners", "attack", "accuracy", "poisoning", "rejections", "wall_s")
+    write_summary(reports, keys, Path(args.out, "summary.json"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
