@@ -196,11 +196,13 @@ class Mapl(InNeighbourhood, PmlNode):
     def accept(self, peer: str, round: int, body: Body, frame: Frame | None) -> None:
         assert isinstance(body, Prototypes)
         check_prototypes(body, self.spec.num_classes, self.spec.projection_dim, all_classes=True)
+        head = None if body.head is None else Head(weight=body.head, bias=None)
+        if head is not None:
+            check_head(head, self.model.head, with_bias=False)
+        # Shapes first, then scale: a payload of the wrong form is refused as such.
         bound = self.config.max_norm_ratio
         check_scale("prototypes", body.prototypes, to_numpy(self.model.prototypes), bound)
-        if body.head is not None:
-            head = Head(weight=body.head, bias=None)
-            check_head(head, self.model.head, with_bias=False)
+        if head is not None:
             check_scale("head", body.head, to_numpy(self.model.head.weight), bound)
             # Kept apart from the prototypes: a later head-less message must not hide it.
             self.view.put(peer, round, head)

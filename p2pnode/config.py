@@ -462,7 +462,10 @@ class TransportSettings:
     stranger_rate_per_subnet: float = option(
         Number(1, 1e9), 100.0, "the same, per source subnet (/24 for IPv4, /64 for IPv6)"
     )
-    stranger_burst: int = option(Integer(1, 1_000_000), 200, "token-bucket burst for the two stranger rates")
+    stranger_burst: int = option(Integer(1, 1_000_000), 200, "token-bucket burst for `stranger_rate`")
+    stranger_burst_per_subnet: int = option(
+        Integer(1, 1_000_000), 50, "token-bucket burst for `stranger_rate_per_subnet`"
+    )
     max_stranger_connections: int = option(
         Integer(1, 1_000_000),
         1024,

@@ -88,7 +88,9 @@ class Gate:
         self.is_peer = is_peer
         self.per_connection = TokenBuckets(settings.rate_per_connection, settings.burst_per_connection)
         self.stranger_rate = TokenBuckets(settings.stranger_rate, settings.stranger_burst, capacity=1)
-        self.subnet_rate = TokenBuckets(settings.stranger_rate_per_subnet, settings.stranger_burst, capacity=4096)
+        self.subnet_rate = TokenBuckets(
+            settings.stranger_rate_per_subnet, settings.stranger_burst_per_subnet, capacity=4096
+        )
         self.peer_links: OrderedDict[bytes, _Link] = OrderedDict()
         self.stranger_links: OrderedDict[bytes, _Link] = OrderedDict()
         self.max_peer_links = 4 * max_peers
@@ -110,6 +112,7 @@ class Gate:
         refusal = self._stranger_claim(connection, header)
         if refusal is not None:
             return refusal
+        # The subnet's bucket first: a subnet over its own rate does not drain everyone's.
         subnet = subnet_of(source())
         if not (self.subnet_rate.allow(subnet, now) and self.stranger_rate.allow(None, now)):
             return STRANGER_RATE_LIMITED

@@ -95,7 +95,7 @@ def make_node(name, digits_nodes, index=0, backbone="convnet"):
 def test_mapl_rejects_payloads_of_the_wrong_shape_type_or_sender(digits_nodes):
     node = make_node("mapl", digits_nodes)
     k, dim, latent = node.spec.num_classes, node.spec.projection_dim, node.spec.latent_dim
-    good = Prototypes(classes=tuple(range(k)), counts=(1,) * k, prototypes=np.zeros((k, dim), np.float32))
+    good = Prototypes(classes=tuple(range(k)), counts=(1,) * k, prototypes=_own_scale(node))
     node.receive("n1", 0, good)
     cases = [
         (
@@ -174,7 +174,8 @@ def test_mapl_aggregates_prototypes_with_its_weights(digits_nodes):
     node = make_node("mapl", digits_nodes)
     k, dim = node.spec.num_classes, node.spec.projection_dim
     own = node.model.prototypes.detach().clone()
-    peer_rows = np.full((k, dim), 0.5, np.float32)
+    # Rows of one value, at twice this node's prototype norm (within max_norm_ratio).
+    peer_rows = np.full((k, dim), 2 * float(own.norm()) / np.sqrt(k * dim), np.float32)
     node.receive("n1", 0, Prototypes(classes=tuple(range(k)), counts=(1,) * k, prototypes=peer_rows))
     node.end_round(0)
     # Only n1 arrived: weights 1/4 (self) and 1/4 (n1) renormalise to 1/2 each.
@@ -278,13 +279,17 @@ def test_local_loss_is_finite_and_decreases(digits_nodes):
 
 
 def _head_message(node, weight):
-    k, dim = node.spec.num_classes, node.spec.projection_dim
+    k = node.spec.num_classes
     return Prototypes(
         classes=tuple(range(k)),
         counts=(10,) * k,
-        prototypes=np.zeros((k, dim), np.float32),
+        prototypes=_own_scale(node),  # a peer's prototypes of this node's scale (max_norm_ratio)
         head=weight.astype(np.float32),
     )
+
+
+def _own_scale(node) -> np.ndarray:
+    return node.model.prototypes.detach().numpy().copy()
 
 
 def test_mapl_bundles_heads_sparsely_and_re_admits_an_explored_peer(digits_nodes):

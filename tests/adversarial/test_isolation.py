@@ -17,7 +17,12 @@ WAVE = 250  # connections open at once
 
 async def test_ten_thousand_future_dated_keys_do_not_shut_out_an_honest_peer(tmp_path):
     # The strangers' rate is lifted so that every frame reaches the replay guard: the worst case.
-    lifted = {"stranger_rate": 1e6, "stranger_rate_per_subnet": 1e6, "stranger_burst": 100_000}
+    lifted = {
+        "stranger_rate": 1e6,
+        "stranger_rate_per_subnet": 1e6,
+        "stranger_burst": 100_000,
+        "stranger_burst_per_subnet": 100_000,
+    }
     async with trio.open_nursery() as nursery:
         a, b = await start_chain(nursery, tmp_path, 2, transport=lifted)
         await wait_until(lambda: full_mesh([a, b]), timeout=10)

@@ -60,6 +60,7 @@ def _settings(verify_threads: int) -> TransportSettings:
         stranger_rate=1e9,
         stranger_rate_per_subnet=1e9,
         stranger_burst=1_000_000,
+        stranger_burst_per_subnet=1_000_000,
         verify_threads=verify_threads,
     )
 
