@@ -8,9 +8,10 @@ So every frame is judged by its header and by the connection it came on before a
 - Any other connection is a stranger's. Its first frame must be a HELLO (or claim an admitted
   peer's key: a peer whose connection was re-established), and that claim binds the connection:
   later frames must claim the same key, and until that key is an admitted peer only handshake
-  frames (HELLO, PING, PONG) pass. Every frame from strangers also needs a token from the
-  stranger bucket of its source subnet and from the node-wide stranger bucket, so that neither
-  many connections nor many keys buy more than `stranger_rate` signature checks per second.
+  frames (HELLO, PING, PONG) pass. Every frame on a stranger's connection first needs a token
+  from the stranger bucket of its source subnet and from the node-wide stranger bucket, before
+  its header is read, so that neither many connections nor many keys buy more than
+  `stranger_rate` header reads and signature checks per second.
 - A frame that fails verification unbinds a stranger's connection that it bound.
 - One exception, for a race and not a privilege: a frame other than a handshake frame, on a
   connection whose HELLO verified, is *parked* rather than dropped. Its key may be admitted by a
@@ -97,9 +98,21 @@ class Gate:
         self.max_stranger_links = settings.max_stranger_connections
         self.parked_bytes = 0
 
-    def admit(self, connection: bytes, header: Header, source: Callable[[], str | None], now: float) -> str | None:
-        """None if the frame may be verified, else the reason it is dropped. `source` gives the
+    def budget(self, connection: bytes, source: Callable[[], str | None], now: float) -> str | None:
+        """Before its header is even read: a frame on any connection but a peer's link spends a
+        token of the strangers' budget, whatever it holds (garbage too), so that a flood beyond
+        that budget costs no more than counting it. None if it may go on. `source` gives the
         connection's remote address; it is asked for only on the strangers' path."""
+        if connection in self.peer_links:
+            return None
+        # The subnet's bucket first: a subnet over its own rate does not drain everyone's.
+        subnet = subnet_of(source())
+        if not (self.subnet_rate.allow(subnet, now) and self.stranger_rate.allow(None, now)):
+            return STRANGER_RATE_LIMITED
+        return None
+
+    def admit(self, connection: bytes, header: Header, now: float) -> str | None:
+        """None if the frame (within `budget`) may be verified, PARK, or the reason it is dropped."""
         link = self.peer_links.get(connection)
         if link is not None:
             if header.sender != link.key:
@@ -109,14 +122,7 @@ class Gate:
                 return None if self.per_connection.allow(connection, now) else RATE_LIMITED
             del self.peer_links[connection]  # evicted since: a stranger's connection again
             self._remember_stranger(connection, link)
-        refusal = self._stranger_claim(connection, header)
-        if refusal is not None:
-            return refusal
-        # The subnet's bucket first: a subnet over its own rate does not drain everyone's.
-        subnet = subnet_of(source())
-        if not (self.subnet_rate.allow(subnet, now) and self.stranger_rate.allow(None, now)):
-            return STRANGER_RATE_LIMITED
-        return None
+        return self._stranger_claim(connection, header)
 
     def _stranger_claim(self, connection: bytes, header: Header) -> str | None:
         link = self.stranger_links.get(connection)

@@ -92,19 +92,23 @@ class Inbound:
             if len(parts) != 2:  # [routing id, frame]; a DEALER sending more parts is not a peer
                 self.metrics.rejected(MULTIPART, sum(map(len, parts[1:])))
                 continue
-            connection, message = parts
+            connection, message = parts[0].bytes, parts[1]
+            refusal = self.gate.budget(connection, lambda m=message: m.get("Peer-Address"), now)
+            if refusal is not None:
+                self.metrics.rejected(refusal, len(message))
+                continue
             try:  # on ZeroMQ's buffer: a frame refused here is never copied
                 header = self.decoder.peek(message.buffer)
             except ProtocolError as exc:
                 self.metrics.rejected(exc.reason.value, len(message))
                 continue
-            refusal = self.gate.admit(connection.bytes, header, lambda m=message: m.get("Peer-Address"), now)
-            if refusal == PARK and self.gate.park(connection.bytes, message.bytes, now):
+            refusal = self.gate.admit(connection, header, now)
+            if refusal == PARK and self.gate.park(connection, message.bytes, now):
                 continue
             if refusal is not None:
                 self.metrics.rejected(HANDSHAKE_FIRST if refusal == PARK else refusal, len(message))
                 continue
-            batch.connections.append(connection.bytes)
+            batch.connections.append(connection)
             batch.frames.append(message.bytes)
         return batch
 

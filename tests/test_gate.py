@@ -21,7 +21,8 @@ def gate(peers: set[bytes], **settings) -> Gate:
 
 
 def admit(g: Gate, connection: bytes, kind: MessageType, sender: bytes, now: float = 0.0, source: str = "10.0.0.1"):
-    return g.admit(connection, header(kind, sender), lambda: source, now)
+    """What the daemon does per frame: the strangers' budget, then the header's claim."""
+    return g.budget(connection, lambda: source, now) or g.admit(connection, header(kind, sender), now)
 
 
 def test_a_strangers_connection_starts_with_hello_and_carries_handshake_frames_of_one_key():

@@ -81,6 +81,7 @@ def run_attack(name: str, args: list[str], seconds: float) -> dict:
         rss_before = _rss_mb(target.process.pid)
         before = cluster.status(target)["traffic"]
         command = [sys.executable, "-m", "tools.attack", "--target", target.address, "--seconds", str(seconds)]
+        command += ["--network", target.settings["node"]["network"]]
         started = time.monotonic()
         attack = subprocess.Popen([*command, *args], stdout=subprocess.PIPE, text=True)
         under = _Watch(cluster, target)
