@@ -13,12 +13,13 @@ follows it). Every refusal is counted by reason; none stops the loop.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import trio
 
-from protocol import Decoder, Envelope, ProtocolError, ReplayGuard
+from protocol import Decoder, Envelope, ProtocolError, ReplayGuard, node_id
 
 from .config import TransportSettings
 from .gate import PARK, Gate
@@ -26,6 +27,8 @@ from .metrics import HANDSHAKE_FIRST, MULTIPART, Metrics
 from .transport import Transport
 
 __all__ = ["Inbound", "decode_all"]
+
+log = logging.getLogger("p2pnode.inbound")
 
 # Takes an accepted envelope and its frame; returns None, or the reason it refuses it after all.
 Handler = Callable[[Envelope, bytes], Awaitable[str | None]]
@@ -106,7 +109,9 @@ class Inbound:
             if refusal == PARK and self.gate.park(connection, message.bytes, now):
                 continue
             if refusal is not None:
-                self.metrics.rejected(HANDSHAKE_FIRST if refusal == PARK else refusal, len(message))
+                reason = HANDSHAKE_FIRST if refusal == PARK else refusal
+                self.metrics.rejected(reason, len(message))
+                log.debug("refused %s from %s before verification: %s", header.type, node_id(header.sender), reason)
                 continue
             batch.connections.append(connection)
             batch.frames.append(message.bytes)
@@ -134,6 +139,7 @@ class Inbound:
         released, expired = self.gate.unpark(trio.current_time())
         for frame in expired:
             self.metrics.rejected(HANDSHAKE_FIRST, len(frame))
+            log.debug("a parked frame of %d bytes expired: its sender was not admitted in time", len(frame))
         for connection, frames in released:
             results = await trio.to_thread.run_sync(decode_all, self.decoder, frames, limiter=self.verify_limiter)
             for frame, result in zip(frames, results, strict=True):

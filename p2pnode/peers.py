@@ -149,6 +149,7 @@ class _Dialing:
     opened: bool = False  # the outbound connection has been asked for
     owed_pong: int | None = None  # its challenge, answered right after our next HELLO there
     answered: bool = False  # we answered its challenge
+    hello_out: bool = False  # a HELLO of ours went out on that connection
 
 
 class Membership:
@@ -271,9 +272,12 @@ class Membership:
             return [], UNKNOWN_PEER  # a key we are not verifying: no dial, no answer
         entry.answered = True
         if entry.attempts == 0:
-            entry.owed_pong = ping.nonce  # our HELLO must go first on that connection
+            entry.owed_pong = ping.nonce  # answered with our first HELLO there, once connected
             return [], None
-        return [Send((entry.address,), Pong(nonce=ping.nonce))], None
+        # Our HELLO goes first on that connection, unless one already did (the first may have been
+        # dropped before the connection was up): the other side binds the connection with it.
+        hello: list[Action] = [] if entry.hello_out else [SendHello(entry.address)]
+        return [*hello, Send((entry.address,), Pong(nonce=ping.nonce))], None
 
     def on_pong(self, envelope: Envelope, now: float) -> list[Action]:
         key, nonce = envelope.sender, envelope.body.nonce
@@ -293,9 +297,12 @@ class Membership:
         return self._admit(entry, *hello, seq=envelope.seq, now=now)
 
     def hello_sent(self, address: str, ok: bool, now: float) -> list[Action]:
-        """Outcome of a SendHello: count a failure; the schedule is the dial's own."""
-        if not ok and address in self.dialing:
-            self.counts["hello_not_sent"] += 1
+        """Outcome of a SendHello: note it, or count a failure; the schedule is the dial's own."""
+        entry = self.dialing.get(address)
+        if entry is not None:
+            entry.hello_out = entry.hello_out or ok
+            if not ok:
+                self.counts["hello_not_sent"] += 1
         return []
 
     def ready(self) -> list[Peer]:
@@ -391,7 +398,7 @@ class Membership:
         refusal = self._no_room_for(subnet)
         if refusal is not None:
             self.counts[refusal] += 1
-            return self._stop_dialing(entry)
+            return [] if entry.permanent else self._stop_dialing(entry)  # a bootstrap is retried
         actions = self._make_room(subnet, now)
         key = hello.sender
         peer = Peer(
