@@ -60,9 +60,12 @@ _HEARD = 256  # strangers' latest direct HELLOs kept for their PONG (least recen
 
 @dataclass(frozen=True)
 class Dial:
-    """Open (if not open yet) the outbound connection to `address`."""
+    """Open (if not open yet) the outbound connection to `address`, where `key` is expected
+    (None: a bootstrap address given without its key). With CURVE the connection is encrypted
+    to that key, so only its holder can complete the handshake."""
 
     address: str
+    key: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -169,8 +172,9 @@ class Membership:
         self._ping_sent_at = 0.0
         self._next_ping_at = now
         self._next_gossip_at = now + settings.exchange_interval_s
-        for address in settings.bootstrap:
-            self._dial_later(address, permanent=True, key=None, informant="bootstrap", now=now)
+        self._bootstrap = dict(settings.bootstrap_peers())  # address -> its key, if configured
+        for address, key in self._bootstrap.items():
+            self._dial_later(address, permanent=True, key=key, informant="bootstrap", now=now)
 
     # --- what the node tells us ----------------------------------------------------------
 
@@ -494,11 +498,11 @@ class Membership:
         actions: list[Action] = [Evicted(peer.key, why)]
         if not self._in_use(peer.address):
             actions.append(Hangup(peer.address))
-        if peer.address in self.settings.bootstrap:
+        if peer.address in self._bootstrap:
             self._dial_later(
                 peer.address,
                 permanent=True,
-                key=None,
+                key=self._bootstrap[peer.address],
                 informant="bootstrap",
                 now=now + self.settings.dial_retry_initial_s,
             )
@@ -523,7 +527,7 @@ class Membership:
             # open it now, send HELLO and the challenge one retry interval later.
             entry.opened = True
             entry.next_at = now + entry.delay
-            return [Dial(entry.address)]
+            return [Dial(entry.address, entry.key)]
         if not entry.permanent and entry.attempts >= self.settings.dial_attempts:
             self.counts["gave_up"] += 1
             if entry.key is not None and entry.hello is not None:
@@ -535,7 +539,7 @@ class Membership:
         entry.next_at = now + entry.delay
         entry.delay = min(entry.delay * 2, self.settings.dial_retry_max_s)
         actions: list[Action] = [
-            Dial(entry.address),
+            Dial(entry.address, entry.key),
             SendHello(entry.address),
             Send((entry.address,), Ping(nonce=entry.nonce)),
         ]
