@@ -12,6 +12,11 @@ So every frame is judged by its header and by the connection it came on before a
   stranger bucket of its source subnet and from the node-wide stranger bucket, so that neither
   many connections nor many keys buy more than `stranger_rate` signature checks per second.
 - A frame that fails verification unbinds a stranger's connection that it bound.
+- With CURVE, before all of this: the frame's sender must be the key whose transport key
+  authenticated the connection (its User-Id, set by zap.py), so a frame captured elsewhere and
+  replayed on another connection is refused (`wrong_sender`) without a signature check. The
+  comparison runs the key map backwards (protocol/curve.py): one inversion per connection key,
+  then bytes per frame, whatever keys the frames claim.
 
 Everything the gate refuses is counted by the caller, with the reason returned. State is bounded
 per kind: peers' links (`4 × max_peers`), strangers' connections (`max_stranger_connections`),
@@ -26,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from protocol import Header, MessageType
+from protocol.curve import ed25519_y, ed25519_y_of_curve_public
 
 from .config import TransportSettings
 from .metrics import HANDSHAKE_FIRST, RATE_LIMITED, STRANGER_RATE_LIMITED, WRONG_SENDER
@@ -73,8 +79,13 @@ class _Link:
 
 
 class Gate:
-    def __init__(self, settings: TransportSettings, max_peers: int, is_peer: Callable[[bytes], bool]) -> None:
+    def __init__(
+        self, settings: TransportSettings, max_peers: int, is_peer: Callable[[bytes], bool], *, curve: bool = False
+    ) -> None:
         self.is_peer = is_peer
+        self.curve = curve
+        # CURVE User-Id (hex X25519 key) -> the Ed25519 key it belongs to, sign bit cleared (b"": none).
+        self.connection_owners: OrderedDict[str, bytes] = OrderedDict()
         self.per_connection = TokenBuckets(settings.rate_per_connection, settings.burst_per_connection)
         self.stranger_rate = TokenBuckets(settings.stranger_rate, settings.stranger_burst, capacity=1)
         self.subnet_rate = TokenBuckets(settings.stranger_rate_per_subnet, settings.stranger_burst, capacity=4096)
@@ -83,9 +94,12 @@ class Gate:
         self.max_peer_links = 4 * max_peers
         self.max_stranger_links = settings.max_stranger_connections
 
-    def admit(self, connection: bytes, header: Header, source: Callable[[], str | None], now: float) -> str | None:
-        """None if the frame may be verified, else the reason it is dropped. `source` gives the
-        connection's remote address; it is asked for only on the strangers' path."""
+    def admit(self, connection: bytes, header: Header, metadata: Callable[[str], str | None], now: float) -> str | None:
+        """None if the frame may be verified, else the reason it is dropped. `metadata` gives a
+        property of the frame's connection (ZeroMQ's "Peer-Address", "User-Id"), asked for only
+        where needed."""
+        if self.curve and not self._owns_connection(header.sender, metadata("User-Id")):
+            return WRONG_SENDER
         link = self.peer_links.get(connection)
         if link is not None:
             if header.sender != link.key:
@@ -98,10 +112,22 @@ class Gate:
         refusal = self._stranger_claim(connection, header)
         if refusal is not None:
             return refusal
-        subnet = subnet_of(source())
+        subnet = subnet_of(metadata("Peer-Address"))
         if not (self.subnet_rate.allow(subnet, now) and self.stranger_rate.allow(None, now)):
             return STRANGER_RATE_LIMITED
         return None
+
+    def _owns_connection(self, sender: bytes, user_id: str | None) -> bool:
+        owner = self.connection_owners.get(user_id or "")
+        if owner is None:
+            try:
+                owner = ed25519_y_of_curve_public(bytes.fromhex(user_id or ""))
+            except ValueError:
+                owner = b""  # no Ed25519 key has this transport key: no frame passes
+            self.connection_owners[user_id or ""] = owner
+            while len(self.connection_owners) > self.max_stranger_links + self.max_peer_links:
+                self.connection_owners.popitem(last=False)
+        return owner == ed25519_y(sender)
 
     def _stranger_claim(self, connection: bytes, header: Header) -> str | None:
         link = self.stranger_links.get(connection)

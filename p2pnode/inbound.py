@@ -99,7 +99,7 @@ class Inbound:
             except ProtocolError as exc:
                 self.metrics.rejected(exc.reason.value, len(frame))
                 continue
-            refusal = self.gate.admit(connection.bytes, header, lambda m=message: m.get("Peer-Address"), now)
+            refusal = self.gate.admit(connection.bytes, header, message.get, now)
             if refusal is not None:
                 self.metrics.rejected(refusal, len(frame))
                 continue
