@@ -368,9 +368,16 @@ class Node:
 
     def _execute(self, actions: list[Action]) -> None:
         membership = self.membership
+        # Where a HELLO was just dropped (the connection is not up yet, IMMEDIATE=1): the frames
+        # that follow it in this batch are not sent, for the connection may come up in between
+        # and a frame other than HELLO would open it and be refused (`handshake_first`). A CURVE
+        # handshake, which waits for the other side's ZAP handler, made that window likely.
+        unready: set[str] = set()
         for action in actions:
             if isinstance(action, Send):
-                self.send(action.addresses, action.body)
+                addresses = tuple(a for a in action.addresses if a not in unready)
+                if addresses:
+                    self.send(addresses, action.body)
             elif isinstance(action, Dial):
                 try:
                     self.transport.dial(action.address, action.key)
@@ -391,6 +398,8 @@ class Node:
                 log.info("peer %s evicted (%s)", node_id(action.key), action.why)
             elif isinstance(action, SendHello):
                 sent = self.send((action.address,), self._hello_body()) == 1
+                if not sent:
+                    unready.add(action.address)
                 self._execute(membership.hello_sent(action.address, sent, trio.current_time()))
 
     def _track_transport_key(self, key: bytes, *, admitted: bool) -> None:

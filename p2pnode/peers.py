@@ -153,6 +153,7 @@ class _Dialing:
     opened: bool = False  # the outbound connection has been asked for
     owed_pong: int | None = None  # its challenge, answered right after our next HELLO there
     answered: bool = False  # we answered its challenge
+    hello_out: bool = False  # our latest HELLO there was queued (not dropped: the connection was up)
 
 
 class Membership:
@@ -274,8 +275,10 @@ class Membership:
         if entry is None:
             return [], UNKNOWN_PEER  # a key we are not verifying: no dial, no answer
         entry.answered = True
-        if entry.attempts == 0:
-            entry.owed_pong = ping.nonce  # our HELLO must go first on that connection
+        if not entry.hello_out:
+            # Our HELLO must go first on that connection: a PONG opening it would be refused
+            # there (handshake_first). Not out yet, or dropped while the connection came up.
+            entry.owed_pong = ping.nonce
             return [], None
         return [Send((entry.address,), Pong(nonce=ping.nonce))], None
 
@@ -297,9 +300,15 @@ class Membership:
         return self._admit(entry, *hello, seq=envelope.seq, now=now)
 
     def hello_sent(self, address: str, ok: bool, now: float) -> list[Action]:
-        """Outcome of a SendHello: count a failure; the schedule is the dial's own."""
-        if not ok and address in self.dialing:
-            self.counts["hello_not_sent"] += 1
+        """Outcome of a SendHello. A dropped HELLO is counted, and the node then sends nothing
+        after it to that address in the same batch; the schedule is the dial's own."""
+        entry = self.dialing.get(address)
+        if entry is not None:
+            entry.hello_out = ok
+            if ok:
+                entry.owed_pong = None  # it followed that HELLO
+            else:
+                self.counts["hello_not_sent"] += 1  # and the node sends nothing after it there
         return []
 
     def ready(self) -> list[Peer]:
@@ -543,9 +552,8 @@ class Membership:
             SendHello(entry.address),
             Send((entry.address,), Ping(nonce=entry.nonce)),
         ]
-        if entry.owed_pong is not None:
+        if entry.owed_pong is not None:  # owed until `hello_sent` says our HELLO went out
             actions.append(Send((entry.address,), Pong(nonce=entry.owed_pong)))
-            entry.owed_pong = None
         return actions
 
     def _stop_dialing(self, entry: _Dialing) -> list[Action]:
