@@ -22,6 +22,7 @@ from algorithms.catalog import ALGORITHM_NAMES, BACKBONES
 from algorithms.datasets import DATASETS
 from algorithms.partitions import SCENARIOS
 from protocol import DEFAULT_LIMITS, Identity, Limits, MessageType, check_network_id
+from protocol.curve import curve_public_from_ed25519
 
 from .keystore import KeyFileError, load_key
 
@@ -41,6 +42,7 @@ __all__ = [
     "MetricsSettings",
     "load_config",
     "reference_markdown",
+    "split_bootstrap",
     "CONTROL_SOCKET_NAME",
 ]
 
@@ -222,6 +224,28 @@ class ListOf(Kind):
         return f"list of at most {self.max_len} × {self.item.describe()}"
 
 
+class BootstrapEntry(Kind):
+    """A peer's address, optionally with its Ed25519 public key: `[KEY@]tcp://HOST:PORT`."""
+
+    def parse(self, value, base):
+        if type(value) is str and "@" in value and not value.startswith("tcp://"):
+            key, address = value.split("@", 1)
+            PublicKey().parse(key, base)
+            return f"{key.lower()}@{Endpoint(bind=False).parse(address, base)}"
+        return Endpoint(bind=False).parse(value, base)
+
+    def describe(self):
+        return "`tcp://HOST:PORT` peers can dial, or `KEY@tcp://HOST:PORT` with the peer's public key"
+
+
+def split_bootstrap(entry: str) -> tuple[str, bytes | None]:
+    """A bootstrap entry's address and the peer's Ed25519 key, if the entry names one."""
+    if "@" not in entry or entry.startswith("tcp://"):
+        return entry, None
+    key, address = entry.split("@", 1)
+    return address, bytes.fromhex(key)
+
+
 class PublicKey(Kind):
     def parse(self, value, base):
         if type(value) is not str or not re.fullmatch(r"[0-9a-fA-F]{64}", value):
@@ -341,9 +365,10 @@ class NodeSettings:
 @dataclass(frozen=True, kw_only=True)
 class DiscoverySettings:
     bootstrap: tuple[str, ...] = option(
-        ListOf(Endpoint(bind=False), 256),
+        ListOf(BootstrapEntry(), 256),
         (),
-        "peers to contact at start; retried with backoff until they answer, and again whenever they are lost",
+        "peers to contact at start; retried with backoff until they answer, and again whenever they are "
+        "lost; with `[security].curve` each entry names the peer's key (`p2pnode keyinfo`)",
     )
     max_peers: int = option(Integer(1, 4096), 64, "peer table bound; newcomers beyond it are refused")
     ping_interval_s: float = option(
@@ -388,6 +413,10 @@ class DiscoverySettings:
         "networks the two subnet limits do not apply to (loopback: every node there is this host)",
     )
 
+    def bootstrap_peers(self) -> tuple[tuple[str, bytes | None], ...]:
+        """Each bootstrap entry's address, and its peer's Ed25519 key where the entry names one."""
+        return tuple(split_bootstrap(entry) for entry in self.bootstrap)
+
 
 @dataclass(frozen=True, kw_only=True)
 class BeaconSettings:
@@ -409,6 +438,24 @@ class SecuritySettings:
         ListOf(PublicKey(), 4096),
         None,
         "if set, only frames signed by these keys are accepted (others: `not_allowed`); omit to accept any key",
+    )
+    curve: bool = option(
+        Flag(),
+        False,
+        "encrypt and authenticate every connection with ZeroMQ CURVE, under keys derived from the "
+        "node keys; every `[discovery].bootstrap` entry must then name its peer's key",
+    )
+    max_connections: int = option(
+        Integer(1, 1_000_000),
+        1024,
+        "inbound connections held at once; beyond it new ones are refused in their handshake "
+        "(`zap_denied_total_cap`), except, with `curve`, those of admitted peers",
+    )
+    max_connections_per_address: int = option(
+        Integer(1, 1_000_000),
+        32,
+        "inbound connections held at once from one source IP address (`zap_denied_address_cap`); "
+        "a testnet on one host needs more than its node count",
     )
 
 
@@ -741,6 +788,7 @@ def _cross_checks(config: Config) -> list[str]:
         problems.append(f"[beacon].interface: {beacon.interface!r} is not an IPv4 address")
     if config.metrics.host_port is not None and config.metrics.host_port[1] > 65535:
         problems.append(f"[metrics].listen: port {config.metrics.host_port[1]} is not a usable port")
+    problems += _curve_checks(config)
     if config.security.allowlist == ():
         problems.append("[security].allowlist: an empty list would refuse every peer; omit the key to accept any key")
     limits = config.limits
@@ -754,6 +802,25 @@ def _cross_checks(config: Config) -> list[str]:
     except ValueError as exc:
         problems.append(f"[node].network: {exc}")
     return problems + _learning_checks(config)
+
+
+def _curve_checks(config: Config) -> list[str]:
+    """With CURVE a dial needs the peer's key: the server key is derived from it."""
+    problems = []
+    for index, entry in enumerate(config.discovery.bootstrap, start=1):
+        address, key = split_bootstrap(entry)
+        if key is None:
+            if config.security.curve:
+                problems.append(
+                    f"[discovery].bootstrap: entry {index}: with [security].curve = true it must name the "
+                    f'peer\'s public key: "KEY@{address}" (KEY: `p2pnode keyinfo` of that peer)'
+                )
+            continue
+        try:
+            curve_public_from_ed25519(key)
+        except ValueError as exc:
+            problems.append(f"[discovery].bootstrap: entry {index}: {exc}")
+    return problems
 
 
 def _learning_checks(config: Config) -> list[str]:

@@ -19,6 +19,11 @@ So every frame is judged by its header and by the connection it came on before a
   thread): the sender had every reason to take itself for admitted. Parked frames are verified
   once their key is a peer, in order, or dropped (`handshake_first`) after `PARK_S`. At most
   `MAX_PARKED_BYTES` in all and `MAX_PARKED_FRAMES` per connection are held.
+- With CURVE, before all of this: the frame's sender must be the key whose transport key
+  authenticated the connection (its User-Id, set by zap.py), so a frame captured elsewhere and
+  replayed on another connection is refused (`wrong_sender`) without a signature check. The
+  comparison runs the key map backwards (protocol/curve.py): one inversion per connection key,
+  then bytes per frame, whatever keys the frames claim.
 
 Everything the gate refuses is counted by the caller, with the reason returned. State is bounded
 per kind: peers' links (`4 × max_peers`), strangers' connections (`max_stranger_connections`),
@@ -33,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from protocol import Header, MessageType
+from protocol.curve import ed25519_y, ed25519_y_of_curve_public
 
 from .config import TransportSettings
 from .metrics import HANDSHAKE_FIRST, RATE_LIMITED, STRANGER_RATE_LIMITED, WRONG_SENDER
@@ -85,8 +91,13 @@ class _Link:
 
 
 class Gate:
-    def __init__(self, settings: TransportSettings, max_peers: int, is_peer: Callable[[bytes], bool]) -> None:
+    def __init__(
+        self, settings: TransportSettings, max_peers: int, is_peer: Callable[[bytes], bool], *, curve: bool = False
+    ) -> None:
         self.is_peer = is_peer
+        self.curve = curve
+        # CURVE User-Id (hex X25519 key) -> the Ed25519 key it belongs to, sign bit cleared (b"": none).
+        self.connection_owners: OrderedDict[str, bytes] = OrderedDict()
         self.per_connection = TokenBuckets(settings.rate_per_connection, settings.burst_per_connection)
         self.stranger_rate = TokenBuckets(settings.stranger_rate, settings.stranger_burst, capacity=1)
         self.subnet_rate = TokenBuckets(
@@ -98,21 +109,24 @@ class Gate:
         self.max_stranger_links = settings.max_stranger_connections
         self.parked_bytes = 0
 
-    def budget(self, connection: bytes, source: Callable[[], str | None], now: float) -> str | None:
+    def budget(self, connection: bytes, metadata: Callable[[str], str | None], now: float) -> str | None:
         """Before its header is even read: a frame on any connection but a peer's link spends a
         token of the strangers' budget, whatever it holds (garbage too), so that a flood beyond
-        that budget costs no more than counting it. None if it may go on. `source` gives the
-        connection's remote address; it is asked for only on the strangers' path."""
+        that budget costs no more than counting it. None if it may go on. `metadata` gives a
+        property of the frame's connection (ZeroMQ's "Peer-Address", "User-Id"), asked for only
+        where needed."""
         if connection in self.peer_links:
             return None
         # The subnet's bucket first: a subnet over its own rate does not drain everyone's.
-        subnet = subnet_of(source())
+        subnet = subnet_of(metadata("Peer-Address"))
         if not (self.subnet_rate.allow(subnet, now) and self.stranger_rate.allow(None, now)):
             return STRANGER_RATE_LIMITED
         return None
 
-    def admit(self, connection: bytes, header: Header, now: float) -> str | None:
+    def admit(self, connection: bytes, header: Header, metadata: Callable[[str], str | None], now: float) -> str | None:
         """None if the frame (within `budget`) may be verified, PARK, or the reason it is dropped."""
+        if self.curve and not self._owns_connection(header.sender, metadata("User-Id")):
+            return WRONG_SENDER
         link = self.peer_links.get(connection)
         if link is not None:
             if header.sender != link.key:
@@ -123,6 +137,18 @@ class Gate:
             del self.peer_links[connection]  # evicted since: a stranger's connection again
             self._remember_stranger(connection, link)
         return self._stranger_claim(connection, header)
+
+    def _owns_connection(self, sender: bytes, user_id: str | None) -> bool:
+        owner = self.connection_owners.get(user_id or "")
+        if owner is None:
+            try:
+                owner = ed25519_y_of_curve_public(bytes.fromhex(user_id or ""))
+            except ValueError:
+                owner = b""  # no Ed25519 key has this transport key: no frame passes
+            self.connection_owners[user_id or ""] = owner
+            while len(self.connection_owners) > self.max_stranger_links + self.max_peer_links:
+                self.connection_owners.popitem(last=False)
+        return owner == ed25519_y(sender)
 
     def _stranger_claim(self, connection: bytes, header: Header) -> str | None:
         link = self.stranger_links.get(connection)

@@ -96,7 +96,7 @@ class Inbound:
                 self.metrics.rejected(MULTIPART, sum(map(len, parts[1:])))
                 continue
             connection, message = parts[0].bytes, parts[1]
-            refusal = self.gate.budget(connection, lambda m=message: m.get("Peer-Address"), now)
+            refusal = self.gate.budget(connection, message.get, now)
             if refusal is not None:
                 self.metrics.rejected(refusal, len(message))
                 continue
@@ -105,7 +105,7 @@ class Inbound:
             except ProtocolError as exc:
                 self.metrics.rejected(exc.reason.value, len(message))
                 continue
-            refusal = self.gate.admit(connection, header, now)
+            refusal = self.gate.admit(connection, header, message.get, now)
             if refusal == PARK and self.gate.park(connection, message.bytes, now):
                 continue
             if refusal is not None:

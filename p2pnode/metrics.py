@@ -39,7 +39,7 @@ class Metrics:
         self.send_refused: Counter[MessageType] = Counter()  # not signed: no sequence number reserved
         self.state_write_failures = 0  # the sequence reservation could not be saved (a full disk)
         self.beacon_sends_failed = 0
-        self.connections: Counter[str] = Counter()  # inbound connection events (monitor.py)
+        self.connections: Counter[str] = Counter()  # inbound connections: events, ZAP verdicts (zap.py)
         self.payload_bytes_out: Counter[MessageType] = Counter()  # tensor bytes inside the frames sent
 
     def received(self, kind: MessageType, size: int) -> None:

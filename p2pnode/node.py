@@ -41,6 +41,7 @@ from protocol import (
     SequenceExhausted,
     node_id,
 )
+from protocol.curve import curve_public_from_ed25519
 
 from . import signing
 from .beacon import run_beacon
@@ -56,7 +57,8 @@ from .metrics import NOT_LEARNING, UNKNOWN_PEER, Metrics
 from .peers import Action, Admitted, Dial, Evicted, Hangup, Membership, Send, SendHello
 from .prometheus import render_for, serve_prometheus
 from .state import DataDir, DataDirError
-from .transport import Transport, TransportError
+from .transport import MissingKey, Transport, TransportError
+from .zap import Connections, serve_zap
 
 __all__ = ["Node", "NodeStartError", "wall_clock_us"]
 
@@ -110,8 +112,12 @@ class Node:
             max_senders=config.discovery.max_peers,
         )
         self.metrics = Metrics()
-        self.transport = Transport(config.transport, limits.max_frame_bytes)
-        self.gate = Gate(config.transport, config.discovery.max_peers, self._is_peer)
+        curve = self.identity.curve_keypair() if config.security.curve else None
+        self.transport = Transport(config.transport, limits.max_frame_bytes, curve)
+        self.gate = Gate(config.transport, config.discovery.max_peers, self._is_peer, curve=curve is not None)
+        # Who may connect (zap.py); admitted peers' transport keys pass the connection caps.
+        self.peer_transport_keys: set[bytes] = set()
+        self.connections = Connections(config.security, self.metrics.connections, self.peer_transport_keys.__contains__)
         self.inbound = Inbound(
             self.transport, self.decoder, self.guard, self.gate, self.metrics, config.transport, clock_us
         )
@@ -166,6 +172,7 @@ class Node:
                 self.membership.set_own_hello(self._hello_frame())
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
+                    nursery.start_soon(serve_zap, self.transport.zap, self.transport.monitor, self.connections)
                     if await self._start_services(nursery):
                         nursery.start_soon(self.inbound.run, self._handle)
                         nursery.start_soon(self._maintain)
@@ -367,25 +374,52 @@ class Node:
 
     def _execute(self, actions: list[Action]) -> None:
         membership = self.membership
+        # Where a HELLO was just dropped (the connection is not up yet, IMMEDIATE=1): the frames
+        # that follow it in this batch are not sent, for the connection may come up in between
+        # and a frame other than HELLO would open it and be refused (`handshake_first`). A CURVE
+        # handshake, which waits for the other side's ZAP handler, made that window likely.
+        unready: set[str] = set()
         for action in actions:
             if isinstance(action, Send):
-                self.send(action.addresses, action.body)
+                addresses = tuple(a for a in action.addresses if a not in unready)
+                if addresses:
+                    self.send(addresses, action.body)
             elif isinstance(action, Dial):
                 try:
-                    self.transport.dial(action.address)
+                    self.transport.dial(action.address, action.key)
+                except MissingKey as exc:
+                    self.metrics.connections["dial_refused_no_key"] += 1
+                    log.warning("%s", exc)
                 except TransportError as exc:
                     log.warning("%s", exc)
             elif isinstance(action, Hangup):
                 self.transport.hangup(action.address)
             elif isinstance(action, Admitted):
                 self.guard.trust(action.key, action.seq)
+                self._track_transport_key(action.key, admitted=True)
                 log.info("peer %s admitted at %s", node_id(action.key), action.address)
             elif isinstance(action, Evicted):
                 self.guard.forget(action.key)
+                self._track_transport_key(action.key, admitted=False)
                 log.info("peer %s evicted (%s)", node_id(action.key), action.why)
             elif isinstance(action, SendHello):
                 sent = self.send((action.address,), self._hello_body()) == 1
+                if not sent:
+                    unready.add(action.address)
                 self._execute(membership.hello_sent(action.address, sent, trio.current_time()))
+
+    def _track_transport_key(self, key: bytes, *, admitted: bool) -> None:
+        """With CURVE, admitted peers' transport keys pass the connection caps (zap.py)."""
+        if not self.config.security.curve:
+            return
+        try:
+            transport_key = curve_public_from_ed25519(key)
+        except ValueError:
+            return  # no transport key: it cannot connect over CURVE anyway
+        if admitted:
+            self.peer_transport_keys.add(transport_key)
+        else:
+            self.peer_transport_keys.discard(transport_key)
 
     # --- receiving -----------------------------------------------------------------------
 

@@ -60,9 +60,12 @@ _HEARD = 256  # strangers' latest direct HELLOs kept for their PONG (least recen
 
 @dataclass(frozen=True)
 class Dial:
-    """Open (if not open yet) the outbound connection to `address`."""
+    """Open (if not open yet) the outbound connection to `address`, where `key` is expected
+    (None: a bootstrap address given without its key). With CURVE the connection is encrypted
+    to that key, so only its holder can complete the handshake."""
 
     address: str
+    key: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -149,7 +152,7 @@ class _Dialing:
     opened: bool = False  # the outbound connection has been asked for
     owed_pong: int | None = None  # its challenge, answered right after our next HELLO there
     answered: bool = False  # we answered its challenge
-    hello_out: bool = False  # a HELLO of ours went out on that connection
+    hello_out: bool = False  # our latest HELLO there was queued (not dropped: the connection was up)
 
 
 class Membership:
@@ -169,8 +172,9 @@ class Membership:
         self._ping_sent_at = 0.0
         self._next_ping_at = now
         self._next_gossip_at = now + settings.exchange_interval_s
-        for address in settings.bootstrap:
-            self._dial_later(address, permanent=True, key=None, informant="bootstrap", now=now)
+        self._bootstrap = dict(settings.bootstrap_peers())  # address -> its key, if configured
+        for address, key in self._bootstrap.items():
+            self._dial_later(address, permanent=True, key=key, informant="bootstrap", now=now)
 
     # --- what the node tells us ----------------------------------------------------------
 
@@ -271,13 +275,12 @@ class Membership:
         if entry is None:
             return [], UNKNOWN_PEER  # a key we are not verifying: no dial, no answer
         entry.answered = True
-        if entry.attempts == 0:
-            entry.owed_pong = ping.nonce  # answered with our first HELLO there, once connected
+        if not entry.hello_out:
+            # Our HELLO must go first on that connection: a PONG opening it would be refused
+            # there (handshake_first). Not out yet, or dropped while the connection came up.
+            entry.owed_pong = ping.nonce
             return [], None
-        # Our HELLO goes first on that connection, unless one already did (the first may have been
-        # dropped before the connection was up): the other side binds the connection with it.
-        hello: list[Action] = [] if entry.hello_out else [SendHello(entry.address)]
-        return [*hello, Send((entry.address,), Pong(nonce=ping.nonce))], None
+        return [Send((entry.address,), Pong(nonce=ping.nonce))], None
 
     def on_pong(self, envelope: Envelope, now: float) -> list[Action]:
         key, nonce = envelope.sender, envelope.body.nonce
@@ -297,12 +300,15 @@ class Membership:
         return self._admit(entry, *hello, seq=envelope.seq, now=now)
 
     def hello_sent(self, address: str, ok: bool, now: float) -> list[Action]:
-        """Outcome of a SendHello: note it, or count a failure; the schedule is the dial's own."""
+        """Outcome of a SendHello. A dropped HELLO is counted, and the node then sends nothing
+        after it to that address in the same batch; the schedule is the dial's own."""
         entry = self.dialing.get(address)
         if entry is not None:
-            entry.hello_out = entry.hello_out or ok
-            if not ok:
-                self.counts["hello_not_sent"] += 1
+            entry.hello_out = ok
+            if ok:
+                entry.owed_pong = None  # it followed that HELLO
+            else:
+                self.counts["hello_not_sent"] += 1  # and the node sends nothing after it there
         return []
 
     def ready(self) -> list[Peer]:
@@ -495,11 +501,11 @@ class Membership:
         actions: list[Action] = [Evicted(peer.key, why)]
         if not self._in_use(peer.address):
             actions.append(Hangup(peer.address))
-        if peer.address in self.settings.bootstrap:
+        if peer.address in self._bootstrap:
             self._dial_later(
                 peer.address,
                 permanent=True,
-                key=None,
+                key=self._bootstrap[peer.address],
                 informant="bootstrap",
                 now=now + self.settings.dial_retry_initial_s,
             )
@@ -524,7 +530,7 @@ class Membership:
             # open it now, send HELLO and the challenge one retry interval later.
             entry.opened = True
             entry.next_at = now + entry.delay
-            return [Dial(entry.address)]
+            return [Dial(entry.address, entry.key)]
         if not entry.permanent and entry.attempts >= self.settings.dial_attempts:
             self.counts["gave_up"] += 1
             if entry.key is not None and entry.hello is not None:
@@ -536,13 +542,12 @@ class Membership:
         entry.next_at = now + entry.delay
         entry.delay = min(entry.delay * 2, self.settings.dial_retry_max_s)
         actions: list[Action] = [
-            Dial(entry.address),
+            Dial(entry.address, entry.key),
             SendHello(entry.address),
             Send((entry.address,), Ping(nonce=entry.nonce)),
         ]
-        if entry.owed_pong is not None:
+        if entry.owed_pong is not None:  # owed until `hello_sent` says our HELLO went out
             actions.append(Send((entry.address,), Pong(nonce=entry.owed_pong)))
-            entry.owed_pong = None
         return actions
 
     def _stop_dialing(self, entry: _Dialing) -> list[Action]:

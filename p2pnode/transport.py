@@ -6,6 +6,12 @@ other. Sends never wait either: an outbound socket with IMMEDIATE=1 refuses fram
 not connected or while its queue (SNDHWM) is full, and the frame is dropped and counted. The
 round protocol tolerates loss (deadlines, re-publishing), which a blocked event loop would not.
 
+With CURVE (`[security].curve`) every connection is encrypted and authenticated: the ROUTER is
+a CURVE server with this node's derived X25519 secret, and each DEALER a CURVE client whose
+server key is derived from the Ed25519 key expected at the address, so only that key's holder
+completes the handshake; a dial without a key is refused (no plaintext fallback). In both modes
+the ROUTER asks the ZAP handler (zap.py) about every inbound connection.
+
 All socket options are set before bind/connect (ZMQ_MAXMSGSIZE set later does not apply). Every
 call happens on the trio thread: ZeroMQ sockets are not thread-safe.
 """
@@ -15,10 +21,13 @@ from __future__ import annotations
 import trio
 import zmq
 
+from protocol.curve import curve_public_from_ed25519
+
 from .config import TransportSettings
+from .zap import close_zap, open_zap
 from .zmqtrio import receive_batch
 
-__all__ = ["Transport", "TransportError"]
+__all__ = ["Transport", "TransportError", "MissingKey"]
 
 # DEALERs never receive: a peer that pushes frames at one is cut off at this size, and at most
 # one such frame is held.
@@ -29,13 +38,24 @@ class TransportError(Exception):
     """A socket could not be set up (bad or busy address); the message says which and why."""
 
 
+class MissingKey(TransportError):
+    """With CURVE, a dial must name the key expected at the address: the server key comes from it."""
+
+
 class Transport:
-    def __init__(self, settings: TransportSettings, max_frame_bytes: int) -> None:
+    def __init__(
+        self, settings: TransportSettings, max_frame_bytes: int, curve: tuple[bytes, bytes] | None = None
+    ) -> None:
+        """`curve`: this node's X25519 (secret, public) key pair (Identity.curve_keypair) to
+        encrypt every connection with; None: plaintext."""
         self.settings = settings
         self.max_frame_bytes = max_frame_bytes
+        self.curve = curve
         self.context: zmq.Context | None = None  # created on first use: nothing to clean up before
         self.inbound: zmq.Socket | None = None
-        self.outbound: dict[str, zmq.Socket] = {}
+        self.zap: zmq.Socket | None = None  # the ZAP handler's socket and the ROUTER's monitor (zap.py)
+        self.monitor: zmq.Socket | None = None
+        self.outbound: dict[str, tuple[zmq.Socket, bytes | None]] = {}  # address -> (DEALER, key expected)
         self.endpoint: str | None = None
 
     def _context(self) -> zmq.Context:
@@ -59,21 +79,39 @@ class Transport:
         socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # were it to send, unknown peers raise, not vanish
         socket.setsockopt(zmq.LINGER, 0)
         self._heartbeats(socket)
+        if self.curve is not None:
+            socket.setsockopt(zmq.CURVE_SERVER, 1)
+            socket.setsockopt(zmq.CURVE_SECRETKEY, self.curve[0])
+            socket.setsockopt(zmq.CURVE_PUBLICKEY, self.curve[1])
+        self.zap, self.monitor = open_zap(self._context(), socket)
         try:
             socket.bind(endpoint)
         except zmq.ZMQError as exc:
+            close_zap(socket, self.zap, self.monitor)
+            self.zap = self.monitor = None
             socket.close(linger=0)
             raise TransportError(f"cannot bind {endpoint}: {exc.strerror}") from None
         self.inbound = socket
         self.endpoint = socket.getsockopt_string(zmq.LAST_ENDPOINT)
         return self.endpoint
 
-    def dial(self, address: str) -> None:
-        """Open the outbound socket to `address` if not open yet; ZeroMQ connects and
-        reconnects in the background (RECONNECT_IVL doubling up to RECONNECT_IVL_MAX)."""
+    def dial(self, address: str, key: bytes | None = None) -> None:
+        """Open the outbound socket to `address`, where the Ed25519 `key` is expected, if not
+        open yet (with another key: reopened); ZeroMQ connects and reconnects in the background
+        (RECONNECT_IVL doubling up to RECONNECT_IVL_MAX). With CURVE, `key` is required."""
         if address in self.outbound:
-            return
+            if self.curve is None or self.outbound[address][1] == key:
+                return
+            self.hangup(address)  # another node is expected there now: another server key
         s = self.settings
+        server_key = None
+        if self.curve is not None:
+            if key is None:
+                raise MissingKey(f"not dialling {address}: CURVE needs the key expected there")
+            try:
+                server_key = curve_public_from_ed25519(key)
+            except ValueError as exc:
+                raise TransportError(f"cannot dial {address}: {exc}") from None
         socket = self._context().socket(zmq.DEALER)
         socket.setsockopt(zmq.SNDHWM, s.send_hwm)
         socket.setsockopt(zmq.IMMEDIATE, 1)
@@ -83,21 +121,29 @@ class Transport:
         socket.setsockopt(zmq.RCVHWM, 1)
         socket.setsockopt(zmq.MAXMSGSIZE, _OUTBOUND_MAX_INBOUND_BYTES)
         self._heartbeats(socket)
+        if server_key is not None:
+            socket.setsockopt(zmq.CURVE_SECRETKEY, self.curve[0])
+            socket.setsockopt(zmq.CURVE_PUBLICKEY, self.curve[1])
+            socket.setsockopt(zmq.CURVE_SERVERKEY, server_key)
         try:
             socket.connect(address)
         except zmq.ZMQError as exc:  # e.g. a host name that does not resolve
             socket.close(linger=0)
             raise TransportError(f"cannot connect to {address}: {exc.strerror}") from None
-        self.outbound[address] = socket
+        self.outbound[address] = (socket, key)
+
+    def outbound_socket(self, address: str) -> zmq.Socket | None:
+        entry = self.outbound.get(address)
+        return None if entry is None else entry[0]
 
     def hangup(self, address: str) -> None:
-        socket = self.outbound.pop(address, None)
-        if socket is not None:
-            socket.close(linger=0)
+        entry = self.outbound.pop(address, None)
+        if entry is not None:
+            entry[0].close(linger=0)
 
     def send(self, address: str, frame: bytes) -> bool:
         """Queue `frame` for `address` without waiting; False if it was dropped."""
-        socket = self.outbound.get(address)
+        socket = self.outbound_socket(address)
         if socket is None:
             return False
         try:
@@ -115,7 +161,10 @@ class Transport:
     async def close(self) -> None:
         """Close every socket; outbound frames already queued (a BYE) get up to linger_ms."""
         for address in list(self.outbound):
-            self.outbound.pop(address).close()  # keeps each socket's LINGER
+            self.outbound.pop(address)[0].close()  # keeps each socket's LINGER
+        if self.zap is not None:
+            close_zap(self.inbound, self.zap, self.monitor)
+            self.zap = self.monitor = None
         if self.inbound is not None:
             trio.lowlevel.notify_closing(self.inbound.getsockopt(zmq.FD))  # wakes a waiting receiver
             self.inbound.close(linger=0)

@@ -12,6 +12,7 @@ import hashlib
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from .curve import curve_public_from_ed25519, curve_secret_from_seed
 from .messages import PUBLIC_KEY_SIZE
 
 __all__ = ["Identity", "node_id", "NODE_ID_LENGTH"]
@@ -60,6 +61,14 @@ class Identity:
         return self._private_key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
         )
+
+    def curve_keypair(self) -> tuple[bytes, bytes]:
+        """This node's raw 32-byte X25519 (ZeroMQ CURVE) secret and public key, derived from its
+        Ed25519 key (protocol/curve.py), so its signing key also names its transport key."""
+        seed = self._private_key.private_bytes(
+            serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+        )
+        return curve_secret_from_seed(seed), curve_public_from_ed25519(self.public_key)
 
     def sign(self, data: bytes | bytearray | memoryview) -> bytes:
         return self._private_key.sign(data)

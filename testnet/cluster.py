@@ -3,7 +3,8 @@ guarantee that every process is gone when the cluster is (`with Cluster(...)`).
 
 No port is chosen in advance: every daemon listens on port 0, the OS picks a free port when it
 binds, and the launcher reads the address back from the node's status. The first node started
-is the bootstrap of all the others (see `Cluster.start`).
+is the bootstrap of all the others (see `Cluster.start`). Generated configs turn CURVE on
+(`[security].curve`): the launcher made every key, so it names each bootstrap peer's key too.
 
 Children get PR_SET_PDEATHSIG, so even a launcher killed with SIGKILL leaves no daemon behind,
 and they run in their own session, so a terminal's Ctrl-C reaches the launcher alone, which
@@ -50,6 +51,7 @@ class NodeSpec:
     directory: Path
     settings: dict  # the TOML document, as a dict; `Cluster.start` writes it to config_path
     node_id: str = ""
+    public_key: bytes = b""  # its Ed25519 key, named in the bootstrap entries that point at it
     prefix: tuple[str, ...] = ()  # run the daemon under this, e.g. ("ip", "netns", "exec", "host1")
     address: str | None = None  # the address the node reported in its status; None until it has
     process: subprocess.Popen | None = field(default=None, repr=False)
@@ -67,12 +69,19 @@ class NodeSpec:
         return self.directory / "node.log"
 
 
+def _security(count: int) -> dict:
+    """CURVE on; every node of the testnet connects from this one host, some twice for a while
+    (a restarted peer's old connection lingers until its heartbeats stop): caps to fit."""
+    caps = max(4 * count, 64)
+    return {"curve": True, "max_connections": max(caps, 1024), "max_connections_per_address": caps}
+
+
 class Cluster:
     def __init__(self, specs: list[NodeSpec], stop_grace_s: float = 10.0, start_timeout_s: float = 30.0) -> None:
         self.specs = specs
         self.stop_grace_s = stop_grace_s
         self.start_timeout_s = start_timeout_s
-        self.bootstrap: str | None = None  # the address of the first node started; the others join it
+        self.bootstrap: str | None = None  # the first node started (`KEY@address`); the others join it
 
     @classmethod
     def prepare(
@@ -85,7 +94,8 @@ class Cluster:
         discovery: dict | None = None,
         extra: dict | Callable[[int], dict] | None = None,
     ) -> Cluster:
-        """Write a key and a config per node under `out`, each listening on port 0 of `host`.
+        """Write a key and a config per node under `out`, each listening on port 0 of `host`,
+        with CURVE on and connection caps that fit `count` nodes on one host.
         `[discovery].bootstrap` is left out: `start` fills it in. `extra` adds sections: one
         table for all nodes, or a function of the node index."""
         specs = []
@@ -97,9 +107,10 @@ class Cluster:
             settings = {
                 "node": {"key": "key.pem", "data_dir": "data", "network": network, "listen": f"tcp://{host}:0"},
                 "discovery": dict(discovery or {}),
+                "security": _security(count),
                 **((extra(index) if callable(extra) else extra) or {}),
             }
-            spec = NodeSpec(index, directory, settings, identity.node_id)
+            spec = NodeSpec(index, directory, settings, identity.node_id, identity.public_key)
             spec.config_path.write_text(tomli_w.dumps(settings))
             specs.append(spec)
         return cls(specs)
@@ -138,7 +149,8 @@ class Cluster:
                 preexec_fn=_die_with_parent,
             )
         if self.bootstrap is None:
-            self.bootstrap = self.wait_until_up(spec)
+            address = self.wait_until_up(spec)
+            self.bootstrap = f"{spec.public_key.hex()}@{address}" if spec.public_key else address
 
     def start_all(self) -> None:
         """Start every node: the first alone, until it answers (see `start`), then all the

@@ -43,12 +43,20 @@ async def start_node(
     return await nursery.start(Node(config).run)
 
 
+def bootstrap_entry(node: Node) -> str:
+    """How another node names `node` in its bootstrap list: with its key when CURVE is on."""
+    if node.config.security.curve:
+        return f"{node.identity.public_key.hex()}@{node.address}"
+    return node.address
+
+
 async def start_chain(nursery: trio.Nursery, root: Path, count: int, **sections) -> list[Node]:
     """`count` nodes under root/n0, root/n1, ..., started one after the other, each with the
     node started before it as its only bootstrap peer; peer exchange does the rest."""
     nodes: list[Node] = []
     for i in range(count):
-        nodes.append(await start_node(nursery, root / f"n{i}", [nodes[-1].address] if nodes else [], **sections))
+        bootstrap = [bootstrap_entry(nodes[-1])] if nodes else []
+        nodes.append(await start_node(nursery, root / f"n{i}", bootstrap, **sections))
     return nodes
 
 

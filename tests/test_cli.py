@@ -74,4 +74,6 @@ def test_bench_transport_json(capsys):
     (result,) = report["results"]
     assert result["payload_bytes"] == 2048 and result["trio_per_s"] > 0 and result["blocking_per_s"] > 0
     assert result["ratio"] == round(result["trio_per_s"] / result["blocking_per_s"], 3)
+    assert result["curve_per_s"] > 0  # the same transfer with CURVE on the connection
+    assert result["curve_ratio"] == round(result["curve_per_s"] / result["blocking_per_s"], 3)
     assert report["goal_met"] is None  # 20 KiB was not measured

@@ -122,3 +122,40 @@ def test_docs_list_every_setting():
     assert reference_markdown() in (ROOT / "docs" / "config.md").read_text(), (
         "regenerate docs/config.md from reference_markdown()"
     )
+
+
+def test_curve_needs_every_bootstrap_key(home):
+    key = Identity.generate().public_key.hex()
+    found = problems(
+        config(
+            home,
+            MINIMAL
+            + f'[security]\ncurve = true\n[discovery]\nbootstrap = ["{key}@tcp://10.0.0.1:7001", "tcp://10.0.0.2:7001"]\n',
+        )
+    )
+    assert found == [
+        "[discovery].bootstrap: entry 2: with [security].curve = true it must name the peer's public key: "
+        '"KEY@tcp://10.0.0.2:7001" (KEY: `p2pnode keyinfo` of that peer)'
+    ]
+    found = problems(config(home, MINIMAL + '[discovery]\nbootstrap = ["abc@tcp://10.0.0.1:7001"]\n'))
+    assert found[0].startswith("[discovery].bootstrap: entry 1: expected 64 hex digits")
+    no_point = (1).to_bytes(32, "little").hex()  # y = 1 has no transport key
+    found = problems(config(home, MINIMAL + f'[discovery]\nbootstrap = ["{no_point}@tcp://10.0.0.1:7001"]\n'))
+    assert found == ["[discovery].bootstrap: entry 1: not an Ed25519 public key: the neutral point"]
+
+
+def test_curve_settings_and_keyed_bootstrap(home):
+    key = Identity.generate().public_key
+    loaded = load_config(
+        config(
+            home,
+            MINIMAL
+            + "[security]\ncurve = true\nmax_connections = 10\nmax_connections_per_address = 2\n"
+            + f'[discovery]\nbootstrap = ["{key.hex().upper()}@tcp://10.0.0.1:7001"]\n',
+        )
+    )
+    assert loaded.security.curve and loaded.security.max_connections == 10
+    assert loaded.security.max_connections_per_address == 2
+    assert loaded.discovery.bootstrap_peers() == (("tcp://10.0.0.1:7001", key),)
+    plain = load_config(config(home, MINIMAL, "plain.toml"))
+    assert not plain.security.curve and plain.security.max_connections_per_address == 32

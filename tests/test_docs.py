@@ -73,3 +73,11 @@ def test_readme_python_example_runs():
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     (example,) = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
     exec(compile(example, "README.md", "exec"), {})
+
+
+def test_documented_curve_vectors_are_the_tested_ones():
+    from .test_curve_keys import VECTORS
+
+    section = SPEC.split("## Transport encryption and session binding")[1]
+    for column in zip(*VECTORS, strict=True):  # one row per kind of key, one column per node
+        assert "| " + " | ".join(f"`{key}`" for key in column) + " |" in section

@@ -22,7 +22,11 @@ def gate(peers: set[bytes], **settings) -> Gate:
 
 def admit(g: Gate, connection: bytes, kind: MessageType, sender: bytes, now: float = 0.0, source: str = "10.0.0.1"):
     """What the daemon does per frame: the strangers' budget, then the header's claim."""
-    return g.budget(connection, lambda: source, now) or g.admit(connection, header(kind, sender), now)
+
+    def metadata(name: str) -> str | None:
+        return source if name == "Peer-Address" else None
+
+    return g.budget(connection, metadata, now) or g.admit(connection, header(kind, sender), metadata, now)
 
 
 def test_a_strangers_connection_starts_with_hello_and_carries_handshake_frames_of_one_key():

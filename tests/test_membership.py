@@ -164,3 +164,30 @@ def test_ping_pong_bye_from_strangers_are_refused():
         envelope = net.decoder.decode(net.frame(stranger, body))
         actions, refusal = a.membership.on_message(envelope, b"", net.now, net.now_us())
         assert actions == [] and refusal == "unknown_peer"
+
+
+def test_a_challenge_is_not_answered_on_a_connection_where_our_hello_was_dropped():
+    """A HELLO dropped because the connection was not up yet (a CURVE handshake waits for the
+    other side's ZAP handler) must not be overtaken by our answer to its challenge: a PONG
+    opening the connection would be refused there (handshake_first). It waits for our next HELLO."""
+    import random
+
+    from p2pnode.config import DiscoverySettings
+    from p2pnode.peers import Membership, Send, SendHello
+    from protocol import Decoder, Identity, Pong
+
+    own, other = Identity.generate(), Identity.generate()
+    membership = Membership(own.public_key, DiscoverySettings(), rng=random.Random(0), now=0.0)
+    address = "tcp://10.0.0.9:7000"
+    encoder, decoder = Encoder(other, NETWORK), Decoder(NETWORK)
+    body = Hello(address=address, capabilities=(), dataset_size=0, protocol_versions=(PROTOCOL_VERSION,))
+    hello_frame = encoder.encode(body, seq=1, timestamp_us=1, round=0)
+    membership.on_hello(decoder.decode(hello_frame), hello_frame, now=0.0)  # opens the connection
+    assert SendHello(address) in membership.tick(1.0)
+    membership.hello_sent(address, False, 1.0)  # dropped: not connected yet
+    challenge = decoder.decode(encoder.encode(Ping(nonce=5), seq=2, timestamp_us=1, round=0))
+    assert membership.on_ping(other.public_key, challenge.body, 1.1) == ([], None)
+    retry = membership.tick(10.0)
+    assert retry.index(SendHello(address)) < retry.index(Send((address,), Pong(nonce=5)))
+    membership.hello_sent(address, True, 10.0)
+    assert membership.on_ping(other.public_key, challenge.body, 10.1) == ([Send((address,), Pong(nonce=5))], None)

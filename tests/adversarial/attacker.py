@@ -11,20 +11,35 @@ import zmq
 
 from p2pnode.zmqtrio import send_waiting
 from protocol import PROTOCOL_VERSION, Encoder, Hello, Identity
+from protocol.curve import curve_public_from_ed25519
 
 NETWORK = "test"  # tests/daemon.py's network id
 
 
 class Attacker:
     """A raw DEALER aimed at a node's inbound socket, sending whatever it likes. `source` binds
-    the connection's local address (a 127.x.y.z loopback address stands for another host)."""
+    the connection's local address (a 127.x.y.z loopback address stands for another host).
+    `curve` = (own identity, the target's Ed25519 key): connect as a CURVE client with the
+    transport key of that identity, as a node would."""
 
-    def __init__(self, address: str, source: str | None = None, context: zmq.Context | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        source: str | None = None,
+        context: zmq.Context | None = None,
+        curve: tuple[Identity, bytes] | None = None,
+    ) -> None:
         self.own_context = context is None
         self.context = context or zmq.Context()
         self.socket = self.context.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.SNDHWM, 100_000)
+        if curve is not None:
+            identity, target = curve
+            secret, public = identity.curve_keypair()
+            self.socket.setsockopt(zmq.CURVE_SECRETKEY, secret)
+            self.socket.setsockopt(zmq.CURVE_PUBLICKEY, public)
+            self.socket.setsockopt(zmq.CURVE_SERVERKEY, curve_public_from_ed25519(target))
         self.socket.connect(f"tcp://{source}:0;{address.removeprefix('tcp://')}" if source else address)
 
     async def send(self, *parts: bytes) -> None:

@@ -61,7 +61,8 @@ async def test_strangers_flooding_signed_frames_over_many_connections_are_bounde
     """10k validly signed frames/s from 50 strangers' connections: the gate lets through only the
     strangers' rate, so the honest peer's pings keep their pace and nothing honest is refused."""
     async with trio.open_nursery() as nursery:
-        a, b = await start_chain(nursery, tmp_path, 2)
+        # 50 connections from one address: above the default per-address cap, which is not under test here.
+        a, b = await start_chain(nursery, tmp_path, 2, security={"max_connections_per_address": 64})
         await wait_until(lambda: full_mesh([a, b]) and a.membership.peers[b.identity.public_key].rtt_s, timeout=10)
         before = sum(a.metrics.messages_in.values()) + sum(a.metrics.rejections.values())
         pings = a.metrics.messages_in["PING"]

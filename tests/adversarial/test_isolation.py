@@ -24,7 +24,9 @@ async def test_ten_thousand_future_dated_keys_do_not_shut_out_an_honest_peer(tmp
         "stranger_burst_per_subnet": 100_000,
     }
     async with trio.open_nursery() as nursery:
-        a, b = await start_chain(nursery, tmp_path, 2, transport=lifted)
+        # So are the connection caps: waves of WAVE connections from one address are the attack.
+        caps = {"max_connections": 8 * WAVE, "max_connections_per_address": 8 * WAVE}
+        a, b = await start_chain(nursery, tmp_path, 2, transport=lifted, security=caps)
         await wait_until(lambda: full_mesh([a, b]), timeout=10)
         ahead = a.clock_us() + AHEAD_US
         context = zmq.Context()

@@ -1,0 +1,191 @@
+"""Who may hold a connection to this node: ZeroMQ's ZAP hook, and the live connection counts it
+decides on.
+
+libzmq asks a ZAP handler (a REP socket at `inproc://zeromq.zap.01` in the socket's context)
+about every inbound connection during its handshake, once the ROUTER has a ZAP domain: with
+CURVE, after the client proved it holds the secret of its public key; without CURVE too (the
+NULL mechanism), so the connection caps hold either way. The handler answers within the
+handshake, before any frame of the connection is read:
+
+- with CURVE and `[security].allowlist`: a client key that is not the transport key of a listed
+  node is refused (`zap_denied_allowlist`);
+- more live connections from the source address than `max_connections_per_address`, or in all
+  than `max_connections`, are refused (`zap_denied_address_cap`, `zap_denied_total_cap`),
+  except, with CURVE, a client that is an admitted peer: a stranger holding connections cannot
+  shut peers out;
+- an accepted CURVE connection gets the client's X25519 key (hex) as its User-Id, which ZeroMQ
+  attaches to every frame it carries: the gate (gate.py) binds frames to it.
+
+Live connections are counted from the ROUTER's monitor events: ACCEPTED and DISCONNECTED carry
+the connection's file descriptor, whose remote address is read when it is accepted. libzmq
+sends a connection's ACCEPTED before its ZAP request, and the handler reads every pending event
+before it decides, so a connection is counted before it is judged. libzmq never drops a monitor
+event (its I/O thread waits while the monitor's queue, `MONITOR_QUEUE`, is full), so the counts
+stay exact. Every event and decision is counted in `Metrics.connections`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket as pysocket
+from collections import Counter
+from collections.abc import Callable
+
+import trio
+import zmq
+from zmq.utils.monitor import parse_monitor_message
+
+from protocol.curve import curve_public_from_ed25519
+
+from .config import SecuritySettings
+from .zmqtrio import receive_batch
+
+__all__ = ["Connections", "open_zap", "close_zap", "serve_zap", "ZAP_DOMAIN"]
+
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # fixed by the ZAP specification (RFC 27)
+ZAP_DOMAIN = b"p2pnode"
+MONITOR_QUEUE = 10_000  # monitor events held for the handler before libzmq's I/O thread waits
+_FAILED = {
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
+    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH,
+}
+_EVENTS = (
+    zmq.EVENT_ACCEPTED
+    | zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
+
+
+def remote_address(fd: int) -> str:
+    """The IP address at the other end of a connection's descriptor; "?" once it is gone."""
+    try:
+        with pysocket.socket(fileno=os.dup(fd)) as connection:
+            return connection.getpeername()[0]
+    except (OSError, IndexError, TypeError):
+        return "?"
+
+
+class Connections:
+    """Live inbound connections by source address, and the verdict on each new one."""
+
+    def __init__(self, settings: SecuritySettings, counts: Counter[str], is_peer: Callable[[bytes], bool]) -> None:
+        """`is_peer(x25519 key)`: whether the key is the transport key of an admitted peer."""
+        self.settings, self.counts, self.is_peer = settings, counts, is_peer
+        self.allowed: frozenset[bytes] | None = None
+        if settings.curve and settings.allowlist is not None:
+            self.allowed = frozenset(_curve_keys(settings.allowlist))
+        self.by_fd: dict[int, str] = {}
+        self.by_address: Counter[str] = Counter()
+
+    def on_event(self, event: int, fd: int) -> None:
+        if event == zmq.EVENT_ACCEPTED:
+            address = remote_address(fd)
+            self.by_fd[fd] = address
+            self.by_address[address] += 1
+            self.counts["accepted"] += 1
+        elif event == zmq.EVENT_DISCONNECTED:
+            self.counts["disconnected"] += 1
+            address = self.by_fd.pop(fd, None)
+            if address is not None:
+                self.by_address[address] -= 1
+                if not self.by_address[address]:
+                    del self.by_address[address]
+        elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self.counts["handshake_succeeded"] += 1
+        elif event in _FAILED:
+            self.counts["handshake_failed"] += 1
+
+    def decide(self, address: str, mechanism: bytes, credentials: list[bytes]) -> str | None:
+        """The refusal of a connection from `address` (already counted), or None to accept it."""
+        key = credentials[0] if mechanism == b"CURVE" and credentials else None
+        if key is not None and self.allowed is not None and key not in self.allowed:
+            return "zap_denied_allowlist"
+        if key is not None and self.is_peer(key):
+            return None  # an admitted peer is never shut out by others' connections
+        if self.by_address[address] > self.settings.max_connections_per_address:
+            return "zap_denied_address_cap"
+        if len(self.by_fd) > self.settings.max_connections:
+            return "zap_denied_total_cap"
+        return None
+
+    def reply(self, request: list[bytes]) -> list[bytes]:
+        """The ZAP reply (RFC 27) to one request: version, id, status, text, user id, metadata."""
+        if len(request) < 6 or request[0] != b"1.0":
+            self.counts["zap_malformed"] += 1
+            return [b"1.0", request[1] if len(request) > 1 else b"", b"500", b"malformed request", b"", b""]
+        address, mechanism, credentials = request[3].decode(errors="replace"), request[5], request[6:]
+        refusal = self.decide(address, mechanism, credentials)
+        if refusal is not None:
+            self.counts[refusal] += 1
+            return [b"1.0", request[1], b"400", refusal.encode(), b"", b""]
+        self.counts["zap_allowed"] += 1
+        user_id = credentials[0].hex().encode() if mechanism == b"CURVE" and credentials else b""
+        return [b"1.0", request[1], b"200", b"OK", user_id, b""]
+
+
+def _curve_keys(keys) -> list[bytes]:
+    derived = []
+    for key in keys:
+        try:
+            derived.append(curve_public_from_ed25519(key))
+        except ValueError:
+            pass  # a listed key with no transport key can never connect
+    return derived
+
+
+def open_zap(context: zmq.Context, router: zmq.Socket) -> tuple[zmq.Socket, zmq.Socket]:
+    """Before `router` binds: its ZAP domain, the handler's socket, and its monitor."""
+    zap = context.socket(zmq.REP)
+    zap.setsockopt(zmq.LINGER, 0)
+    zap.bind(ZAP_ENDPOINT)
+    router.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
+    endpoint = f"inproc://p2pnode.monitor.{id(router)}"
+    router.monitor(endpoint, _EVENTS)
+    monitor = context.socket(zmq.PAIR)
+    monitor.setsockopt(zmq.LINGER, 0)
+    monitor.setsockopt(zmq.RCVHWM, MONITOR_QUEUE)
+    monitor.connect(endpoint)
+    return zap, monitor
+
+
+def close_zap(router: zmq.Socket, zap: zmq.Socket, monitor: zmq.Socket) -> None:
+    """Stop monitoring (after reading what is queued, so libzmq's I/O thread is not left waiting)
+    and close both sockets."""
+    _drain(monitor, None)
+    router.disable_monitor()
+    for socket in (zap, monitor):
+        trio.lowlevel.notify_closing(socket.getsockopt(zmq.FD))  # wakes a task still waiting
+    zap.close(linger=0)
+    monitor.close(linger=0)
+
+
+def _drain(monitor: zmq.Socket, connections: Connections | None) -> None:
+    while True:
+        try:
+            parts = monitor.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        if connections is not None:
+            event = parse_monitor_message(parts)
+            connections.on_event(event["event"], event["value"])
+
+
+async def serve_zap(zap: zmq.Socket, monitor: zmq.Socket, connections: Connections) -> None:
+    """Answer ZAP requests and follow the monitor's events until cancelled."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_follow, monitor, connections)
+        while True:
+            for request in await receive_batch(zap, 1):  # REP: one request, then its reply
+                _drain(monitor, connections)  # this connection's ACCEPTED is among them
+                zap.send_multipart(connections.reply(request), zmq.NOBLOCK)
+
+
+async def _follow(monitor: zmq.Socket, connections: Connections) -> None:
+    while True:
+        for parts in await receive_batch(monitor, 256):
+            event = parse_monitor_message(parts)
+            connections.on_event(event["event"], event["value"])
