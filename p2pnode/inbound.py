@@ -111,7 +111,8 @@ class Inbound:
             if refusal is not None:
                 reason = HANDSHAKE_FIRST if refusal == PARK else refusal
                 self.metrics.rejected(reason, len(message))
-                log.debug("refused %s from %s before verification: %s", header.type, node_id(header.sender), reason)
+                if log.isEnabledFor(logging.DEBUG):  # a flood passes here: no node id hashed for nothing
+                    log.debug("refused %s from %s before verification: %s", header.type, node_id(header.sender), reason)
                 continue
             batch.connections.append(connection)
             batch.frames.append(message.bytes)

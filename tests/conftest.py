@@ -42,3 +42,14 @@ def encoder(alice) -> Encoder:
 @pytest.fixture(scope="session")
 def decoder() -> Decoder:
     return Decoder(NETWORK)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny batches gain nothing from threads, and spinning threads crawl when the machine is busy."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -24,13 +24,7 @@ SHAPES = [(1, 8, 8), (1, 28, 28), (3, 32, 32)]
 BATCH = 4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Tiny batches gain nothing from threads, and spinning threads crawl when the machine is busy.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def model(backbone="convnet", image_shape=(1, 28, 28), num_classes=10, seed=0, **dims) -> PersonalModel:

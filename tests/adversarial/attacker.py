@@ -4,7 +4,6 @@ measurements of what an attack costs the daemons under test (RTT, RSS, CPU, refu
 from __future__ import annotations
 
 import os
-import resource
 import time
 
 import zmq
@@ -80,9 +79,3 @@ def rss_mb(pid: int | None = None) -> float:
     """Resident memory of a process now, in MB (this one by default)."""
     with open(f"/proc/{pid or os.getpid()}/statm") as handle:
         return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
-
-
-def cpu_seconds() -> float:
-    """CPU time of this process so far (all its threads), user and system."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime

@@ -3,7 +3,6 @@ and SCooL-attention's graphs shut it out, small simulations on digits against a 
 
 import numpy as np
 import pytest
-import torch
 
 from algorithms.payloads import check_scale
 from algorithms.poison import Attack, corrupt, corrupt_tensor
@@ -11,14 +10,7 @@ from algorithms.seam import PayloadRejected
 from protocol.messages import Head, Model, Prototypes, Score
 from testnet.simulator import SimulationSpec, run_simulation
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """The simulations here are small; one thread keeps them from crowding a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _rng():
