@@ -465,6 +465,16 @@ class TransportSettings:
         Integer(1, 1_000_000), 100, "frames queued per outbound peer socket; beyond it sends are dropped and counted"
     )
     recv_hwm: int = option(Integer(1, 1_000_000), 1000, "frames queued on the inbound socket before ZeroMQ pushes back")
+    max_buffered_bytes: int = option(
+        Integer(1 << 20, 1 << 40),
+        128 << 20,
+        "bytes ZeroMQ may hold for the inbound connections (frames arriving, unread, or parts of a "
+        "multipart message never finished); above it the connection that sent the most lately is "
+        "shut down (`shed_buffered`). Linux only. Raise it for large models and many neighbours",
+    )
+    buffer_check_ms: int = option(
+        Integer(10, 60_000), 250, "how often the bytes ZeroMQ holds are estimated (`max_buffered_bytes`)"
+    )
     linger_ms: int = option(
         Integer(0, 60_000), 500, "on shutdown, wait at most this long to flush BYE and other queued frames"
     )

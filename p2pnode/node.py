@@ -45,6 +45,7 @@ from protocol.curve import curve_public_from_ed25519
 
 from . import signing
 from .beacon import run_beacon
+from .buffers import watch_buffers
 from .checkpoint import CHECKPOINT_NAME
 from .config import Config
 from .control import serve_control
@@ -176,6 +177,7 @@ class Node:
                     if await self._start_services(nursery):
                         nursery.start_soon(self.inbound.run, self._handle)
                         nursery.start_soon(self._maintain)
+                        nursery.start_soon(self._watch_buffers)
                         if config.beacon.enabled:
                             nursery.start_soon(self._beacon)
                         if config.algorithm.name != "none":
@@ -477,6 +479,16 @@ class Node:
             self._cannot_start(str(exc))
 
     # --- periodic work -------------------------------------------------------------------
+
+    async def _watch_buffers(self) -> None:
+        transport = self.config.transport
+        await watch_buffers(
+            self.connections.live,
+            lambda: (self.transport.read_bytes, self.transport.read_frames),
+            transport.max_buffered_bytes,
+            transport.buffer_check_ms / 1000,
+            self.metrics.connections,
+        )
 
     async def _maintain(self) -> None:
         discovery = self.config.discovery

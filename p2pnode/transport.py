@@ -57,6 +57,10 @@ class Transport:
         self.monitor: zmq.Socket | None = None
         self.outbound: dict[str, tuple[zmq.Socket, bytes | None]] = {}  # address -> (DEALER, key expected)
         self.endpoint: str | None = None
+        # What the inbound socket delivered so far, routing ids aside (parts, their bytes):
+        # buffers.py subtracts it from what arrived to estimate what libzmq holds.
+        self.read_frames = 0
+        self.read_bytes = 0
 
     def _context(self) -> zmq.Context:
         if self.context is None:
@@ -156,7 +160,11 @@ class Transport:
         """Wait for inbound messages; each is [routing id, frame, ...more parts if malformed], as
         zmq.Frame objects: `frame.get("Peer-Address")` tells where a connection comes from."""
         assert self.inbound is not None, "bind() first"
-        return await receive_batch(self.inbound, max_messages, max_bytes, copy=False)
+        batch = await receive_batch(self.inbound, max_messages, max_bytes, copy=False)
+        for message in batch:
+            self.read_frames += len(message) - 1
+            self.read_bytes += sum(len(part) for part in message) - len(message[0])
+        return batch
 
     async def close(self) -> None:
         """Close every socket; outbound frames already queued (a BYE) get up to linger_ms."""

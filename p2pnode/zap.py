@@ -60,13 +60,15 @@ _EVENTS = (
 )
 
 
-def remote_address(fd: int) -> str:
-    """The IP address at the other end of a connection's descriptor; "?" once it is gone."""
+def remote_peer(fd: int) -> tuple | None:
+    """The (address, port, ...) at the other end of a connection's descriptor; None once it is
+    gone or for a connection that is not over IP."""
     try:
         with pysocket.socket(fileno=os.dup(fd)) as connection:
-            return connection.getpeername()[0]
-    except (OSError, IndexError, TypeError):
-        return "?"
+            peer = connection.getpeername()
+    except (OSError, TypeError):
+        return None
+    return peer if isinstance(peer, tuple) else None
 
 
 class Connections:
@@ -80,15 +82,24 @@ class Connections:
             self.allowed = frozenset(_curve_keys(settings.allowlist))
         self.by_fd: dict[int, str] = {}
         self.by_address: Counter[str] = Counter()
+        self.peer_of: dict[int, tuple] = {}  # fd -> its remote end, naming the TCP connection
+
+    def live(self) -> list[tuple[int, tuple]]:
+        """The live TCP connections as (descriptor, remote end): what buffers.py watches."""
+        return list(self.peer_of.items())
 
     def on_event(self, event: int, fd: int) -> None:
         if event == zmq.EVENT_ACCEPTED:
-            address = remote_address(fd)
+            peer = remote_peer(fd)
+            address = "?" if peer is None else peer[0]
+            if peer is not None:
+                self.peer_of[fd] = peer
             self.by_fd[fd] = address
             self.by_address[address] += 1
             self.counts["accepted"] += 1
         elif event == zmq.EVENT_DISCONNECTED:
             self.counts["disconnected"] += 1
+            self.peer_of.pop(fd, None)
             address = self.by_fd.pop(fd, None)
             if address is not None:
                 self.by_address[address] -= 1

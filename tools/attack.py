@@ -9,7 +9,11 @@ Kinds:
 - garbage: random bytes of mixed sizes (up to 64 KiB unless `--sizes` says otherwise), one in
   eight as a multipart message, as fast as the connections take them;
 - strangers: validly signed HELLO then PING frames, a fresh key per connection, each connection
-  re-opened with a new key once it has sent `--frames-per-key`.
+  re-opened with a new key once it has sent `--frames-per-key`;
+- unfinished: over plain TCP, speaking ZMTP 3.0 itself (libzmq sends a multipart message only
+  once it is whole), 60 KB parts of one multipart message whose last part never comes, until
+  `--bytes` are sent, `--seconds` pass or the target cuts the connection. Plaintext only: a CURVE
+  target refuses the NULL handshake.
 
 Only loopback targets are accepted: this is a test tool.
 """
@@ -20,6 +24,8 @@ import argparse
 import json
 import os
 import random
+import socket as pysocket
+import struct
 import sys
 import time
 
@@ -55,6 +61,48 @@ def _stranger_frames(network: str, count: int) -> list[bytes]:
     frames = [encoder.encode(hello, seq=1, timestamp_us=now, round=0)]
     frames += [encoder.encode(Ping(nonce=i), seq=2 + i, timestamp_us=now, round=0) for i in range(count - 1)]
     return frames
+
+
+def _read_exactly(connection: pysocket.socket, count: int) -> bytes:
+    data = b""
+    while len(data) < count:
+        chunk = connection.recv(count - len(data))
+        if not chunk:
+            raise ConnectionResetError("the target closed the connection")
+        data += chunk
+    return data
+
+
+def unfinished(target: str, max_bytes: int, seconds: float) -> dict:
+    """One multipart message, never finished (see the module's docstring)."""
+    host, port = target.removeprefix("tcp://").rsplit(":", 1)
+    connection = pysocket.create_connection((host.strip("[]"), int(port)), timeout=5)
+    greeting = b"\xff" + bytes(8) + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\x00") + b"\x00" + bytes(31)
+    ready = b"\x05READY" + b"\x0bSocket-Type" + struct.pack(">I", 6) + b"DEALER"
+    part = _NOISE[:60_000]
+    header = b"\x03" + struct.pack(">Q", len(part))  # MORE | LONG
+    sent, parts, reset, started = 0, 0, False, time.perf_counter()
+    try:
+        connection.sendall(greeting + bytes([0x04, len(ready)]) + ready)
+        # Parts before the handshake is over (the target's ZAP handler answers first) would be
+        # a protocol error: wait for the target's greeting and READY.
+        _read_exactly(connection, 64)
+        flags, size = _read_exactly(connection, 2)
+        _read_exactly(
+            connection,
+            size if not flags & 0x02 else struct.unpack(">Q", bytes([size]) + _read_exactly(connection, 7))[0],
+        )
+        while sent < max_bytes and time.perf_counter() - started < seconds:
+            connection.sendall(header + part)
+            sent += len(header) + len(part)
+            parts += 1
+        time.sleep(max(0.0, seconds - (time.perf_counter() - started)))  # hold the parts there
+        connection.sendall(header + part)  # still open? (a reset shows here at the latest)
+    except OSError:
+        reset = True
+    finally:
+        connection.close()
+    return {"sent": parts, "bytes": sent, "reset": reset, "seconds": round(time.perf_counter() - started, 3)}
 
 
 def run(
@@ -106,14 +154,18 @@ def run(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.attack", description=__doc__.split("\n")[0])
     parser.add_argument("--target", required=True, type=_loopback)
-    parser.add_argument("--kind", choices=("garbage", "strangers"), required=True)
+    parser.add_argument("--kind", choices=("garbage", "strangers", "unfinished"), required=True)
     parser.add_argument("--connections", type=int, default=1)
     parser.add_argument("--rate", type=float, default=0.0, help="messages per second in all (0: as fast as possible)")
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--frames-per-key", type=int, help="default: enough that each connection keeps one key")
     parser.add_argument("--network", default=_NETWORK_DEFAULT)
     parser.add_argument("--sizes", type=int, nargs="+", default=GARBAGE_SIZES, help="garbage message sizes")
+    parser.add_argument("--bytes", type=int, default=200 << 20, help="unfinished: bytes of parts to send")
     args = parser.parse_args(argv)
+    if args.kind == "unfinished":
+        print(json.dumps(unfinished(args.target, args.bytes, args.seconds)), flush=True)
+        return 0
     if args.frames_per_key is None:
         planned = args.rate * args.seconds if args.rate else 20_000
         args.frames_per_key = int(planned // max(1, args.connections)) + 2

@@ -1,0 +1,190 @@
+"""A bound on the bytes ZeroMQ holds for inbound connections, which ZeroMQ itself does not have.
+
+libzmq bounds one frame (ZMQ_MAXMSGSIZE) and the complete messages queued per connection
+(RCVHWM), but not a multipart message still being received: it keeps every part until the last
+one arrives, so a connection that sends parts and never the last makes it hold all of them (one
+connection sending 60 KB parts filled 300 MB within a second). ZeroMQ shows nothing of an
+incomplete message, so the kernel is asked instead: TCP_INFO counts the bytes each connection
+received. What the inbound connections received, less what the node read from the socket, less
+an allowance for framing, heartbeats and handshakes (generous, so the estimate errs low), is what
+libzmq holds. Above `[transport].max_buffered_bytes` the connection that received the most since
+the last check is shut down, which makes libzmq drop it and free its parts, and it is counted:
+whoever pumps the bytes in is the one the flood comes from.
+
+Linux only (TCP_INFO's layout); elsewhere, and for non-TCP endpoints, nothing is watched.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import struct
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import trio
+
+__all__ = ["BufferEstimate", "bytes_received", "shut_down", "watch_buffers", "SHED"]
+
+log = logging.getLogger("p2pnode.buffers")
+
+SHED = "shed_buffered"  # Metrics.connections: a connection shut down for what libzmq held for it
+
+# A connection: its descriptor and the peer it was accepted from. Descriptors are reused once
+# libzmq closes them; the pair names one TCP connection.
+Connection = tuple[int, tuple]
+
+# Allowances (bytes) for what arrives on a connection without ever being read as a frame.
+FRAME_OVERHEAD = 64  # ZMTP frame header (≤ 9) and CURVE's MESSAGE box (≤ 33) per message read
+IDLE_BYTES_PER_S = 256  # ZMTP heartbeats and their answers, either mechanism
+HANDSHAKE_BYTES = 4096  # greeting and handshake commands of a new connection
+RECENT_CHECKS = 20  # "the last seconds": this many checks of every connection's bytes
+SCAN_SHARE = 0.02  # of one core, at most, spent reading the connections' counters
+
+# struct tcp_info (linux/tcp.h): tcpi_bytes_received is the u64 at this offset since Linux 4.1.
+_BYTES_RECEIVED_OFFSET = 128
+_TCP_INFO = getattr(socket, "TCP_INFO", None)
+
+
+@dataclass
+class BufferEstimate:
+    """Pure bookkeeping: from the connections' byte counters and what was read, the bytes held,
+    and whom to shut down. `limit` in bytes."""
+
+    limit: int
+    held: int = 0
+    read_bytes: int = 0
+    read_frames: int = 0
+    totals: dict[Connection, int] = field(default_factory=dict)
+    recent: dict[Connection, deque[int]] = field(default_factory=dict)
+
+    def update(
+        self, received: Mapping[Connection, int], read_bytes: int, read_frames: int, seconds: float
+    ) -> list[Connection]:
+        """`received`: every live connection's byte counter; `read_bytes`, `read_frames`: what
+        the node has read from the socket so far (cumulative). Returns the connections to shut
+        down, most recent bytes first."""
+        arrived, new = 0, 0
+        for connection, total in received.items():
+            before = self.totals.get(connection)
+            if before is None:
+                new += 1
+                self.recent[connection] = deque(maxlen=RECENT_CHECKS)
+                before = 0
+            delta = max(0, total - before)
+            self.totals[connection] = total
+            self.recent[connection].append(delta)
+            arrived += delta
+        for gone in self.totals.keys() - received.keys():
+            del self.totals[gone], self.recent[gone]
+        read = read_bytes - self.read_bytes
+        frames = read_frames - self.read_frames
+        self.read_bytes, self.read_frames = read_bytes, read_frames
+        allowance = frames * FRAME_OVERHEAD + new * HANDSHAKE_BYTES + int(len(received) * seconds * IDLE_BYTES_PER_S)
+        self.held = max(0, self.held + arrived - read - allowance)
+        # Whoever sent the most since the last check pushed the estimate over; a pump is still
+        # pumping when it is caught. What each connection had read is unknown, so a busy honest
+        # peer may rank above it: then it is shut down too (it reconnects), the pump next.
+        shed: list[Connection] = []
+        ranked = sorted(self.recent, key=lambda c: (self.recent[c][-1], sum(self.recent[c])), reverse=True)
+        for connection in ranked:
+            if self.held <= self.limit:
+                break
+            pumped = sum(self.recent[connection])
+            if pumped == 0:
+                break  # nothing arrived lately: nobody to blame (and nothing more is arriving)
+            shed.append(connection)
+            self.held = max(0, self.held - pumped)
+            del self.totals[connection], self.recent[connection]
+        return shed
+
+
+def _open(connection: Connection) -> socket.socket | None:
+    """A socket object over libzmq's descriptor (not a copy: detach() it, never close), if the
+    descriptor still is that connection."""
+    fd, peer = connection
+    try:
+        wrapped = socket.socket(fileno=fd)
+    except OSError:
+        return None  # closed, or no longer a socket
+    try:
+        if wrapped.getpeername() == peer:
+            return wrapped
+    except OSError:
+        pass
+    wrapped.detach()
+    return None
+
+
+def bytes_received(connection: Connection) -> int | None:
+    """The kernel's count of bytes the connection received; None if it is gone or not TCP."""
+    if _TCP_INFO is None:
+        return None
+    wrapped = _open(connection)
+    if wrapped is None:
+        return None
+    try:
+        info = wrapped.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 256)
+    except OSError:
+        return None
+    finally:
+        wrapped.detach()
+    if len(info) < _BYTES_RECEIVED_OFFSET + 8:
+        return None
+    return struct.unpack_from("=Q", info, _BYTES_RECEIVED_OFFSET)[0]
+
+
+def shut_down(connection: Connection) -> bool:
+    """End the connection under libzmq: it sees the stream end, drops the connection and frees
+    what it held for it. False if the connection was already gone."""
+    wrapped = _open(connection)
+    if wrapped is None:
+        return False
+    try:
+        wrapped.shutdown(socket.SHUT_RDWR)
+        return True
+    except OSError:
+        return False
+    finally:
+        wrapped.detach()
+
+
+async def watch_buffers(
+    connections: Callable[[], list[Connection]],
+    read_so_far: Callable[[], tuple[int, int]],
+    limit: int,
+    interval_s: float,
+    counts,
+) -> None:
+    """Every `interval_s`, estimate what libzmq holds and shut down the pumps above `limit`;
+    runs until cancelled. `read_so_far()`: (bytes, frames) read from the inbound socket."""
+    if _TCP_INFO is None:
+        log.warning("no TCP_INFO on this platform: the bytes ZeroMQ holds are not bounded")
+        return
+    estimate = BufferEstimate(limit)
+    last = trio.current_time()
+    scan_s = 0.0
+    while True:
+        # A check costs ~25 µs a connection: with many, checks are spaced out so that they never
+        # take more than SCAN_SHARE of a core (a pump then gets further before it is caught).
+        await trio.sleep(max(interval_s, scan_s / SCAN_SHARE))
+        now = trio.current_time()
+        started = time.perf_counter()
+        received = {}
+        for connection in connections():
+            count = bytes_received(connection)
+            if count is not None:
+                received[connection] = count
+        scan_s = time.perf_counter() - started
+        for connection in estimate.update(received, *read_so_far(), now - last):
+            if shut_down(connection):
+                counts[SHED] += 1
+                log.warning(
+                    "shut down the connection from %s: ZeroMQ held over %d MB for inbound "
+                    "connections, most of it arriving on this one",
+                    connection[1][0],
+                    limit >> 20,
+                )
+        last = now
