@@ -26,6 +26,9 @@ from protocol.curve import curve_public_from_ed25519
 
 from .keystore import KeyFileError, load_key
 
+# What a stranger may send (gate.py); the public socket must take the largest of them.
+HANDSHAKE_KINDS = (MessageType.HELLO, MessageType.PING, MessageType.PONG)
+
 __all__ = [
     "ConfigError",
     "Config",
@@ -355,6 +358,19 @@ class NodeSettings:
         "address peers dial, sent in HELLO; default: the address "
         "`listen` bound (required when `listen` binds all interfaces)",
     )
+    peer_listen: str | None = option(
+        Endpoint(bind=True),
+        None,
+        "address the peers' socket binds: frames larger than `[limits].max_public_frame_bytes` "
+        "arrive there, from admitted peers only; default: the host of `listen`, any port (give a "
+        "fixed port where a firewall must let it through)",
+    )
+    peer_advertise_port: int | None = option(
+        Integer(1, 65535),
+        None,
+        "the peers' port announced in HELLO (peers dial it on the host where they verified this "
+        "node); default: the port `peer_listen` bound (set it behind a port-mapping NAT)",
+    )
     capabilities: tuple[str, ...] = option(
         ListOf(Text(_TOKEN, what="a capability token"), 31),
         (),
@@ -541,6 +557,12 @@ class TransportSettings:
 class LimitSettings:
     max_frame_bytes: int = option(
         Integer(1024, 1 << 31), DEFAULT_LIMITS.max_frame_bytes, "largest frame of any type (also ZMQ_MAXMSGSIZE)"
+    )
+    max_public_frame_bytes: int = option(
+        Integer(1024, 1 << 31),
+        64 << 10,
+        "largest frame accepted on the public socket (`[node].listen`, where strangers connect; "
+        "ZMQ_MAXMSGSIZE); larger frames travel between admitted peers on the peers' socket",
     )
     frame_bytes: Mapping[MessageType, int] = option(
         FrameSizes(), {}, "per-type bounds overriding the defaults of docs/protocol.md §6"
@@ -779,6 +801,13 @@ def _cross_checks(config: Config) -> list[str]:
         problems.append(
             "[node].advertise: required when listen binds all "
             f"interfaces ({node.listen}): say how peers reach this node"
+        )
+    limits = config.limits.limits()
+    handshake_bytes = max(limits.max_frame_bytes_for(kind) for kind in HANDSHAKE_KINDS)
+    if not handshake_bytes <= config.limits.max_public_frame_bytes <= config.limits.max_frame_bytes:
+        problems.append(
+            f"[limits].max_public_frame_bytes: must lie between the largest handshake frame "
+            f"({handshake_bytes}) and max_frame_bytes ({config.limits.max_frame_bytes})"
         )
     socket_path = str(config.control_socket)
     if len(socket_path.encode()) > _MAX_UNIX_SOCKET_PATH:

@@ -40,13 +40,13 @@ from dataclasses import dataclass, field
 from protocol import Header, MessageType
 from protocol.curve import ed25519_y, ed25519_y_of_curve_public
 
-from .config import TransportSettings
+from .config import HANDSHAKE_KINDS, TransportSettings
 from .metrics import HANDSHAKE_FIRST, RATE_LIMITED, STRANGER_RATE_LIMITED, WRONG_SENDER
 
 __all__ = ["Gate", "TokenBuckets", "HANDSHAKE_TYPES", "PARK", "subnet_of"]
 
 # What a key that is not an admitted peer may send: enough to prove who it is and where.
-HANDSHAKE_TYPES = frozenset({MessageType.HELLO, MessageType.PING, MessageType.PONG})
+HANDSHAKE_TYPES = frozenset(HANDSHAKE_KINDS)
 PARK = "park"  # Gate.admit's answer for a frame to hold until its key is admitted
 PARK_S = 2.0
 MAX_PARKED_BYTES = 16 << 20

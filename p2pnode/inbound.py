@@ -23,7 +23,7 @@ from protocol import Decoder, Envelope, ProtocolError, ReplayGuard, node_id
 
 from .config import TransportSettings
 from .gate import PARK, Gate
-from .metrics import HANDSHAKE_FIRST, MULTIPART, Metrics
+from .metrics import HANDSHAKE_FIRST, MULTIPART, UNKNOWN_PEER, Metrics
 from .transport import Transport
 
 __all__ = ["Inbound", "decode_all"]
@@ -74,29 +74,40 @@ class Inbound:
         to_verify, verify = trio.open_memory_channel[_Batch](queue)
         to_deliver, deliver = trio.open_memory_channel[_Batch](queue + self.settings.verify_threads)
         async with trio.open_nursery() as nursery, to_verify, verify, to_deliver, deliver:
-            nursery.start_soon(self._read, to_verify.clone(), to_deliver.clone())
+            nursery.start_soon(self._read, to_verify.clone(), to_deliver.clone(), False)
+            if self.transport.peers_inbound is not None:
+                nursery.start_soon(self._read, to_verify.clone(), to_deliver.clone(), True)
             for _ in range(self.settings.verify_threads):
                 nursery.start_soon(self._verify, verify.clone())
             nursery.start_soon(self._deliver, deliver.clone(), handle)
 
-    async def _read(self, to_verify: trio.MemorySendChannel[_Batch], to_deliver: trio.MemorySendChannel[_Batch]):
+    async def _read(
+        self, to_verify: trio.MemorySendChannel[_Batch], to_deliver: trio.MemorySendChannel[_Batch], peers: bool
+    ) -> None:
+        """Read the public socket, or the peers' one (`peers`): each reader's batches are
+        delivered in the order it read them."""
         async with to_verify, to_deliver:
             while True:
-                messages = await self.transport.receive(self.settings.verify_batch, self.settings.verify_batch_bytes)
-                batch = self._admit(messages, trio.current_time())
+                messages = await self.transport.receive(
+                    self.settings.verify_batch, self.settings.verify_batch_bytes, peers=peers
+                )
+                batch = self._admit(messages, trio.current_time(), peers)
                 if batch.frames:
                     await to_deliver.send(batch)  # first: delivery order is read order
                     await to_verify.send(batch)
 
-    def _admit(self, messages: list[list], now: float) -> _Batch:
-        """The frames of `messages` that may be verified; the rest are counted and dropped."""
+    def _admit(self, messages: list[list], now: float, peers: bool) -> _Batch:
+        """The frames of `messages` that may be verified; the rest are counted and dropped.
+        On the peers' socket only admitted peers' frames pass, and none spends the strangers'
+        budget (with CURVE, only admitted peers can connect there at all)."""
         batch = _Batch()
         for parts in messages:
             if len(parts) != 2:  # [routing id, frame]; a DEALER sending more parts is not a peer
                 self.metrics.rejected(MULTIPART, sum(map(len, parts[1:])))
                 continue
-            connection, message = parts[0].bytes, parts[1]
-            refusal = self.gate.budget(connection, message.get, now)
+            # Routing ids are per socket: the prefix keeps the two sockets' connections apart.
+            connection, message = (b"P" if peers else b"p") + parts[0].bytes, parts[1]
+            refusal = None if peers else self.gate.budget(connection, message.get, now)
             if refusal is not None:
                 self.metrics.rejected(refusal, len(message))
                 continue
@@ -104,6 +115,9 @@ class Inbound:
                 header = self.decoder.peek(message.buffer)
             except ProtocolError as exc:
                 self.metrics.rejected(exc.reason.value, len(message))
+                continue
+            if peers and not self.gate.is_peer(header.sender):
+                self.metrics.rejected(UNKNOWN_PEER, len(message))
                 continue
             refusal = self.gate.admit(connection, header, message.get, now)
             if refusal == PARK and self.gate.park(connection, message.bytes, now):

@@ -41,7 +41,7 @@ from protocol import (
     SequenceExhausted,
     node_id,
 )
-from protocol.curve import curve_public_from_ed25519
+from protocol.curve import curve_public_from_ed25519, ed25519_y, ed25519_y_of_curve_public
 
 from . import signing
 from .beacon import run_beacon
@@ -55,7 +55,7 @@ from .inbound import Inbound, decode_all
 from .learning import LearningSetupError, Network, RoundDriver, build_algorithm, learning_capability
 from .memory import trim_now
 from .metrics import NOT_LEARNING, UNKNOWN_PEER, Metrics
-from .peers import Action, Admitted, Dial, Evicted, Hangup, Membership, Send, SendHello
+from .peers import Action, Admitted, Dial, DialPeers, Evicted, Hangup, Membership, Send, SendHello
 from .prometheus import render_for, serve_prometheus
 from .state import DataDir, DataDirError
 from .transport import MissingKey, Transport, TransportError
@@ -94,6 +94,11 @@ def _data_dir_problem(exc: DataDirError) -> NodeStartError:
     return NodeStartError(f"[node].data_dir: {exc}{elsewhere}")
 
 
+def _any_port(endpoint: str) -> str:
+    """The peers' socket's default: the public socket's host, any port."""
+    return f"{endpoint.rsplit(':', 1)[0]}:0"
+
+
 class Node:
     def __init__(self, config: Config, *, clock_us: Callable[[], int] = wall_clock_us, seed: int | None = None) -> None:
         if config.identity is None:
@@ -114,16 +119,21 @@ class Node:
         )
         self.metrics = Metrics()
         curve = self.identity.curve_keypair() if config.security.curve else None
-        self.transport = Transport(config.transport, limits.max_frame_bytes, curve)
+        self.transport = Transport(
+            config.transport, limits.max_frame_bytes, curve, config.limits.max_public_frame_bytes
+        )
         self.gate = Gate(config.transport, config.discovery.max_peers, self._is_peer, curve=curve is not None)
         # Who may connect (zap.py); admitted peers' transport keys pass the connection caps.
         self.peer_transport_keys: set[bytes] = set()
-        self.connections = Connections(config.security, self.metrics.connections, self.peer_transport_keys.__contains__)
+        self.connections = Connections(
+            config.security, self.metrics.connections, self.peer_transport_keys.__contains__, self._is_verifying
+        )
         self.inbound = Inbound(
             self.transport, self.decoder, self.guard, self.gate, self.metrics, config.transport, clock_us
         )
         self.membership: Membership | None = None
         self.address: str | None = None  # what peers dial: [node].advertise, or the bound endpoint
+        self.peer_port: int | None = None  # of the peers' socket, announced in HELLO
         # The round driver (learning.py) takes the learning payloads here.
         self.on_payload: Callable[[Envelope], None] | None = None
         self.driver: RoundDriver | None = None
@@ -165,7 +175,12 @@ class Node:
                     endpoint = self.transport.bind(config.node.listen)
                 except TransportError as exc:
                     raise NodeStartError(f"[node].listen: {exc}") from None
+                try:
+                    peers_endpoint = self.transport.bind_peers(config.node.peer_listen or _any_port(config.node.listen))
+                except TransportError as exc:
+                    raise NodeStartError(f"[node].peer_listen: {exc}") from None
                 self.address = config.node.advertise or endpoint
+                self.peer_port = config.node.peer_advertise_port or int(peers_endpoint.rsplit(":", 1)[1])
                 self._started_at = trio.current_time()
                 self.membership = Membership(
                     self.identity.public_key, config.discovery, rng=self.rng, now=self._started_at
@@ -173,7 +188,8 @@ class Node:
                 self.membership.set_own_hello(self._hello_frame())
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
-                    nursery.start_soon(serve_zap, self.transport.zap, self.transport.monitor, self.connections)
+                    monitors = list(self.transport.monitors.values())
+                    nursery.start_soon(serve_zap, self.transport.zap, monitors, self.connections)
                     if await self._start_services(nursery):
                         nursery.start_soon(self.inbound.run, self._handle)
                         nursery.start_soon(self._maintain)
@@ -183,7 +199,11 @@ class Node:
                         if config.algorithm.name != "none":
                             nursery.start_soon(self._learn, data_dir)
                         log.info(
-                            "node %s listening on %s, advertising %s", self.identity.node_id, endpoint, self.address
+                            "node %s listening on %s (peers' socket %s), advertising %s",
+                            self.identity.node_id,
+                            endpoint,
+                            peers_endpoint,
+                            self.address,
                         )
                         task_status.started(self)
                     await self._stop.wait()
@@ -219,6 +239,18 @@ class Node:
                 self._cannot_start(f"[metrics].listen: cannot listen on {listen}: {exc.strerror or exc}")
                 started = False
         return started
+
+    def _is_verifying(self, transport_key: bytes) -> bool:
+        """Whether this X25519 key is that of a key whose handshake is under way (zap.py)."""
+        if self.membership is None:
+            return False
+        try:
+            owner = ed25519_y_of_curve_public(transport_key)
+        except ValueError:
+            return False
+        return any(
+            entry.key is not None and ed25519_y(entry.key) == owner for entry in self.membership.dialing.values()
+        )
 
     def _is_peer(self, key: bytes) -> bool:
         return self.membership is not None and key in self.membership.peers
@@ -368,6 +400,7 @@ class Node:
             capabilities=self._capabilities(),
             dataset_size=0,
             protocol_versions=(PROTOCOL_VERSION,),
+            peer_port=self.peer_port,
         )
 
     def _hello_frame(self) -> bytes | None:
@@ -392,6 +425,11 @@ class Node:
                 except MissingKey as exc:
                     self.metrics.connections["dial_refused_no_key"] += 1
                     log.warning("%s", exc)
+                except TransportError as exc:
+                    log.warning("%s", exc)
+            elif isinstance(action, DialPeers):
+                try:
+                    self.transport.dial_peers(action.address, action.peers_address)
                 except TransportError as exc:
                     log.warning("%s", exc)
             elif isinstance(action, Hangup):
@@ -539,6 +577,8 @@ class Node:
             "network": self.config.node.network,
             "address": self.address,
             "listen": self.transport.endpoint,
+            "peers_listen": self.transport.peers_endpoint,
+            "peer_port": self.peer_port,
             "pid": os.getpid(),
             "uptime_s": round(now - self._started_at, 3),
             "round": self.round,

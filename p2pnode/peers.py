@@ -51,7 +51,7 @@ from .config import DiscoverySettings
 from .gate import subnet_of
 from .metrics import UNKNOWN_PEER
 
-__all__ = ["Peer", "Membership", "Dial", "Hangup", "SendHello", "Send", "Admitted", "Evicted", "Action"]
+__all__ = ["Peer", "Membership", "Dial", "DialPeers", "Hangup", "SendHello", "Send", "Admitted", "Evicted", "Action"]
 
 
 _U64 = (1 << 64) - 1
@@ -91,6 +91,15 @@ class Send:
 
 
 @dataclass(frozen=True)
+class DialPeers:
+    """Open the outbound connection to the peers' socket of the admitted peer at `address`
+    (frames larger than the public bound go there): its HELLO's `peer_port` on its host."""
+
+    address: str
+    peers_address: str
+
+
+@dataclass(frozen=True)
 class Admitted:
     """`key` proved itself with the frame numbered `seq`: trust it from there on (replay window)."""
 
@@ -107,7 +116,7 @@ class Evicted:
     why: str
 
 
-Action = Dial | Hangup | SendHello | Send | Admitted | Evicted
+Action = Dial | DialPeers | Hangup | SendHello | Send | Admitted | Evicted
 
 
 @dataclass
@@ -125,6 +134,14 @@ class Peer:
     last_hello_at: float = float("-inf")  # when this node last re-sent its HELLO to it
     admitted_us: bool = False  # it admitted us: we answered its challenge, before anything else we send it
     hello_address: str = ""  # the address its latest HELLO names
+    peer_port: int | None = None  # its peers' socket, on the host of `address` (HELLO.peer_port)
+
+    @property
+    def peers_address(self) -> str | None:
+        """Where its peers' socket is: the port it announced, on the host it was verified at."""
+        if self.peer_port is None:
+            return None
+        return f"{self.address.rsplit(':', 1)[0]}:{self.peer_port}"
 
     @property
     def node_id(self) -> str:
@@ -212,13 +229,13 @@ class Membership:
             return []
         peer = self.peers.get(key)
         if peer is not None:
-            self._update(peer, envelope, frame)
+            actions = self._update(peer, envelope, frame)
             if now - peer.last_hello_at < self.settings.dial_retry_initial_s:
-                return []  # answered a moment ago (bounds what repeated HELLOs cost us)
+                return actions  # answered a moment ago (bounds what repeated HELLOs cost us)
             # It (re)connected to us, maybe restarted and forgot us: our HELLO goes first on our
             # connection there, so that it can bind that connection and take our answers.
             peer.last_hello_at = now
-            return [SendHello(peer.address)]
+            return [*actions, SendHello(peer.address)]
         self._heard[key] = (envelope, frame)
         self._heard.move_to_end(key)
         while len(self._heard) > _HEARD:
@@ -238,7 +255,7 @@ class Membership:
         self.peers[envelope.sender].admitted_us = True  # only a peer that admitted us sends PEERS
         for hello, frame in relayed:
             if hello.sender == envelope.sender:
-                self._update(self.peers[envelope.sender], hello, frame)
+                actions += self._update(self.peers[envelope.sender], hello, frame)
             else:
                 actions += self.on_announced(hello, frame, now, now_us, informant=envelope.sender)
         return actions
@@ -255,8 +272,7 @@ class Membership:
             return []
         peer = self.peers.get(key)
         if peer is not None:
-            self._update(peer, hello, frame)
-            return []
+            return self._update(peer, hello, frame)
         if hello.body.address in self.dialing or hello.timestamp_us <= self._given_up.get(key, -1):
             return []
         if PROTOCOL_VERSION not in hello.body.protocol_versions:
@@ -415,6 +431,7 @@ class Membership:
             hello=frame,
             hello_timestamp_us=hello.timestamp_us,
             hello_address=hello.body.address,
+            peer_port=hello.body.peer_port,
             admitted_at=now,
             last_seen=now,
             subnet=subnet,
@@ -426,6 +443,8 @@ class Membership:
             if other is entry or (other.key == key and not other.permanent):
                 del self.dialing[address]
         actions.append(Admitted(key, seq, entry.address))
+        if peer.peers_address is not None:
+            actions.append(DialPeers(peer.address, peer.peers_address))
         if entry.answered:
             actions += self._ready(peer)
         return actions
@@ -484,13 +503,18 @@ class Membership:
 
     # --- internals -----------------------------------------------------------------------
 
-    def _update(self, peer: Peer, hello: Envelope, frame: bytes) -> None:
-        """A newer signed HELLO of a peer: new capabilities; the address stays the verified one."""
+    def _update(self, peer: Peer, hello: Envelope, frame: bytes) -> list[Action]:
+        """A newer signed HELLO of a peer: new capabilities and peers' port (dialled anew: it
+        may have restarted on another one); the address stays the verified one."""
         if hello.timestamp_us < peer.hello_timestamp_us:
-            return
+            return []
         body: Hello = hello.body
         peer.capabilities, peer.dataset_size = body.capabilities, body.dataset_size
         peer.hello, peer.hello_timestamp_us, peer.hello_address = frame, hello.timestamp_us, body.address
+        if body.peer_port == peer.peer_port:
+            return []
+        peer.peer_port = body.peer_port
+        return [] if peer.peers_address is None else [DialPeers(peer.address, peer.peers_address)]
 
     def _dialing_for(self, key: bytes) -> _Dialing | None:
         return next((entry for entry in self.dialing.values() if entry.key == key), None)

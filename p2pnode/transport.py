@@ -1,16 +1,24 @@
-"""ZeroMQ sockets of one node: an inbound ROUTER, and one outbound DEALER per peer address.
+"""ZeroMQ sockets of one node: two inbound ROUTERs, and outbound DEALERs per peer address.
 
 Frames flow one way on each connection: a node sends only on its DEALERs and receives only on
-its ROUTER, so each pair of peers holds two TCP connections and neither side ever waits on the
+its ROUTERs, so each pair of peers holds its own connections and neither side ever waits on the
 other. Sends never wait either: an outbound socket with IMMEDIATE=1 refuses frames while it is
 not connected or while its queue (SNDHWM) is full, and the frame is dropped and counted. The
 round protocol tolerates loss (deadlines, re-publishing), which a blocked event loop would not.
 
-With CURVE (`[security].curve`) every connection is encrypted and authenticated: the ROUTER is
-a CURVE server with this node's derived X25519 secret, and each DEALER a CURVE client whose
+Two inbound sockets, because ZeroMQ reads a whole frame before the node sees a byte of it and
+its size bound (ZMQ_MAXMSGSIZE) is per socket: the *public* socket (`[node].listen`), where
+strangers connect and handshakes happen, takes frames up to `max_public_frame_bytes` only; the
+*peers'* socket (`[node].peer_listen`, its port announced in HELLO) takes frames up to
+`max_frame_bytes`, and with CURVE only from admitted peers (zap.py). A frame goes to a peer's
+peers' socket when it is larger than the public bound and the peer has one, else to its public
+socket.
+
+With CURVE (`[security].curve`) every connection is encrypted and authenticated: the ROUTERs are
+CURVE servers with this node's derived X25519 secret, and each DEALER a CURVE client whose
 server key is derived from the Ed25519 key expected at the address, so only that key's holder
 completes the handshake; a dial without a key is refused (no plaintext fallback). In both modes
-the ROUTER asks the ZAP handler (zap.py) about every inbound connection.
+the ROUTERs ask the ZAP handler (zap.py) about every inbound connection.
 
 All socket options are set before bind/connect (ZMQ_MAXMSGSIZE set later does not apply). Every
 call happens on the trio thread: ZeroMQ sockets are not thread-safe.
@@ -18,13 +26,16 @@ call happens on the trio thread: ZeroMQ sockets are not thread-safe.
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
+
 import trio
 import zmq
 
 from protocol.curve import curve_public_from_ed25519
 
 from .config import TransportSettings
-from .zap import close_zap, open_zap
+from .zap import PEERS_DOMAIN, ZAP_DOMAIN, close_zap, open_zap, unwatch, watch
 from .zmqtrio import receive_batch
 
 __all__ = ["Transport", "TransportError", "MissingKey"]
@@ -32,6 +43,7 @@ __all__ = ["Transport", "TransportError", "MissingKey"]
 # DEALERs never receive: a peer that pushes frames at one is cut off at this size, and at most
 # one such frame is held.
 _OUTBOUND_MAX_INBOUND_BYTES = 1024
+PEERS_REDIAL_S = 2.0
 
 
 class TransportError(Exception):
@@ -42,22 +54,39 @@ class MissingKey(TransportError):
     """With CURVE, a dial must name the key expected at the address: the server key comes from it."""
 
 
+@dataclass
+class _Outbound:
+    socket: zmq.Socket  # to the public socket at the address
+    key: bytes | None  # the key expected there
+    peers: zmq.Socket | None = None  # to its peers' socket, once it is an admitted peer
+    peers_address: str | None = None
+    peers_opened_at: float = 0.0
+
+
 class Transport:
     def __init__(
-        self, settings: TransportSettings, max_frame_bytes: int, curve: tuple[bytes, bytes] | None = None
+        self,
+        settings: TransportSettings,
+        max_frame_bytes: int,
+        curve: tuple[bytes, bytes] | None = None,
+        max_public_frame_bytes: int | None = None,
     ) -> None:
         """`curve`: this node's X25519 (secret, public) key pair (Identity.curve_keypair) to
-        encrypt every connection with; None: plaintext."""
+        encrypt every connection with; None: plaintext. `max_public_frame_bytes`: the public
+        socket's bound (default `max_frame_bytes`: one socket is enough, `bind_peers` optional)."""
         self.settings = settings
         self.max_frame_bytes = max_frame_bytes
+        self.max_public_frame_bytes = max_public_frame_bytes or max_frame_bytes
         self.curve = curve
         self.context: zmq.Context | None = None  # created on first use: nothing to clean up before
-        self.inbound: zmq.Socket | None = None
-        self.zap: zmq.Socket | None = None  # the ZAP handler's socket and the ROUTER's monitor (zap.py)
-        self.monitor: zmq.Socket | None = None
-        self.outbound: dict[str, tuple[zmq.Socket, bytes | None]] = {}  # address -> (DEALER, key expected)
+        self.inbound: zmq.Socket | None = None  # the public socket
+        self.peers_inbound: zmq.Socket | None = None
+        self.zap: zmq.Socket | None = None  # the ZAP handler's socket (zap.py)
+        self.monitors: dict[zmq.Socket, zmq.Socket] = {}  # ROUTER -> its monitor (zap.py)
+        self.outbound: dict[str, _Outbound] = {}  # public address -> its DEALERs
         self.endpoint: str | None = None
-        # What the inbound socket delivered so far, routing ids aside (parts, their bytes):
+        self.peers_endpoint: str | None = None
+        # What the inbound sockets delivered so far, routing ids aside (parts, their bytes):
         # buffers.py subtracts it from what arrived to estimate what libzmq holds.
         self.read_frames = 0
         self.read_bytes = 0
@@ -75,9 +104,21 @@ class Transport:
         socket.setsockopt(zmq.HANDSHAKE_IVL, s.handshake_ivl_ms)
 
     def bind(self, endpoint: str) -> str:
-        """Open the inbound socket; returns the endpoint actually bound (port 0 resolved)."""
-        socket = self._context().socket(zmq.ROUTER)
-        socket.setsockopt(zmq.MAXMSGSIZE, self.max_frame_bytes)
+        """Open the public socket; returns the endpoint actually bound (port 0 resolved)."""
+        self.inbound = self._bind(endpoint, self.max_public_frame_bytes, ZAP_DOMAIN)
+        self.endpoint = self.inbound.getsockopt_string(zmq.LAST_ENDPOINT)
+        return self.endpoint
+
+    def bind_peers(self, endpoint: str) -> str:
+        """Open the peers' socket (after `bind`); returns the endpoint actually bound."""
+        self.peers_inbound = self._bind(endpoint, self.max_frame_bytes, PEERS_DOMAIN)
+        self.peers_endpoint = self.peers_inbound.getsockopt_string(zmq.LAST_ENDPOINT)
+        return self.peers_endpoint
+
+    def _bind(self, endpoint: str, max_frame_bytes: int, domain: bytes) -> zmq.Socket:
+        context = self._context()
+        socket = context.socket(zmq.ROUTER)
+        socket.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
         socket.setsockopt(zmq.RCVHWM, self.settings.recv_hwm)
         socket.setsockopt(zmq.SNDHWM, 1)  # never sends
         socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # were it to send, unknown peers raise, not vanish
@@ -87,26 +128,45 @@ class Transport:
             socket.setsockopt(zmq.CURVE_SERVER, 1)
             socket.setsockopt(zmq.CURVE_SECRETKEY, self.curve[0])
             socket.setsockopt(zmq.CURVE_PUBLICKEY, self.curve[1])
-        self.zap, self.monitor = open_zap(self._context(), socket)
+        if self.zap is None:
+            self.zap = open_zap(context)
+        monitor = watch(context, socket, domain)
         try:
             socket.bind(endpoint)
         except zmq.ZMQError as exc:
-            close_zap(socket, self.zap, self.monitor)
-            self.zap = self.monitor = None
+            unwatch(socket, monitor)
             socket.close(linger=0)
             raise TransportError(f"cannot bind {endpoint}: {exc.strerror}") from None
-        self.inbound = socket
-        self.endpoint = socket.getsockopt_string(zmq.LAST_ENDPOINT)
-        return self.endpoint
+        self.monitors[socket] = monitor
+        return socket
 
     def dial(self, address: str, key: bytes | None = None) -> None:
         """Open the outbound socket to `address`, where the Ed25519 `key` is expected, if not
         open yet (with another key: reopened); ZeroMQ connects and reconnects in the background
         (RECONNECT_IVL doubling up to RECONNECT_IVL_MAX). With CURVE, `key` is required."""
-        if address in self.outbound:
-            if self.curve is None or self.outbound[address][1] == key:
+        entry = self.outbound.get(address)
+        if entry is not None:
+            if self.curve is None or entry.key == key:
                 return
             self.hangup(address)  # another node is expected there now: another server key
+        self.outbound[address] = _Outbound(self._connect(address, key), key)
+
+    def dial_peers(self, address: str, peers_address: str) -> None:
+        """Also open the outbound socket to the peers' socket of the admitted peer at `address`
+        (dialled before), for frames larger than the public bound."""
+        entry = self.outbound.get(address)
+        if entry is None or entry.peers_address == peers_address:
+            return
+        self._open_peers(entry, peers_address)
+
+    def _open_peers(self, entry: _Outbound, peers_address: str) -> None:
+        if entry.peers is not None:
+            entry.peers.close(linger=0)
+            entry.peers = entry.peers_address = None
+        entry.peers = self._connect(peers_address, entry.key)
+        entry.peers_address, entry.peers_opened_at = peers_address, time.monotonic()
+
+    def _connect(self, address: str, key: bytes | None) -> zmq.Socket:
         s = self.settings
         server_key = None
         if self.curve is not None:
@@ -134,33 +194,53 @@ class Transport:
         except zmq.ZMQError as exc:  # e.g. a host name that does not resolve
             socket.close(linger=0)
             raise TransportError(f"cannot connect to {address}: {exc.strerror}") from None
-        self.outbound[address] = (socket, key)
+        return socket
 
-    def outbound_socket(self, address: str) -> zmq.Socket | None:
+    def outbound_socket(self, address: str, size: int = 0) -> zmq.Socket | None:
+        """The socket a frame of `size` bytes for `address` goes on, None if there is none."""
         entry = self.outbound.get(address)
-        return None if entry is None else entry[0]
+        if entry is None:
+            return None
+        if size > self.max_public_frame_bytes and entry.peers is not None:
+            return entry.peers
+        return entry.socket
 
     def hangup(self, address: str) -> None:
         entry = self.outbound.pop(address, None)
         if entry is not None:
-            entry[0].close(linger=0)
+            entry.socket.close(linger=0)
+            if entry.peers is not None:
+                entry.peers.close(linger=0)
 
     def send(self, address: str, frame: bytes) -> bool:
         """Queue `frame` for `address` without waiting; False if it was dropped."""
-        socket = self.outbound_socket(address)
+        socket = self.outbound_socket(address, len(frame))
         if socket is None:
             return False
         try:
             socket.send(frame, zmq.NOBLOCK)
         except zmq.Again:  # not connected, or the peer's queue is full
+            self._revive_peers(address, socket)
             return False
         return True
 
-    async def receive(self, max_messages: int, max_bytes: int) -> list[list[zmq.Frame]]:
-        """Wait for inbound messages; each is [routing id, frame, ...more parts if malformed], as
-        zmq.Frame objects: `frame.get("Peer-Address")` tells where a connection comes from."""
-        assert self.inbound is not None, "bind() first"
-        batch = await receive_batch(self.inbound, max_messages, max_bytes, copy=False)
+    def _revive_peers(self, address: str, refused_on: zmq.Socket) -> None:
+        """libzmq never reconnects a connection the other side's ZAP handler refused (it may
+        have refused it a moment before it admitted this node): a connection to a peers' socket
+        that still refuses frames `PEERS_REDIAL_S` after it was opened is opened anew."""
+        entry = self.outbound.get(address)
+        if entry is None or entry.peers is not refused_on or entry.peers_address is None:
+            return
+        if time.monotonic() - entry.peers_opened_at >= PEERS_REDIAL_S:
+            self._open_peers(entry, entry.peers_address)
+
+    async def receive(self, max_messages: int, max_bytes: int, *, peers: bool = False) -> list[list[zmq.Frame]]:
+        """Wait for inbound messages on the public socket (or the peers' one); each is [routing
+        id, frame, ...more parts if malformed], as zmq.Frame objects: `frame.get("Peer-Address")`
+        tells where a connection comes from."""
+        socket = self.peers_inbound if peers else self.inbound
+        assert socket is not None, "bind() first"
+        batch = await receive_batch(socket, max_messages, max_bytes, copy=False)
         for message in batch:
             self.read_frames += len(message) - 1
             self.read_bytes += sum(len(part) for part in message) - len(message[0])
@@ -169,14 +249,22 @@ class Transport:
     async def close(self) -> None:
         """Close every socket; outbound frames already queued (a BYE) get up to linger_ms."""
         for address in list(self.outbound):
-            self.outbound.pop(address)[0].close()  # keeps each socket's LINGER
+            entry = self.outbound.pop(address)
+            for socket in (entry.socket, entry.peers):
+                if socket is not None:
+                    socket.close()  # keeps each socket's LINGER
+        for router, monitor in self.monitors.items():
+            unwatch(router, monitor)
+        self.monitors = {}
         if self.zap is not None:
-            close_zap(self.inbound, self.zap, self.monitor)
-            self.zap = self.monitor = None
-        if self.inbound is not None:
-            trio.lowlevel.notify_closing(self.inbound.getsockopt(zmq.FD))  # wakes a waiting receiver
-            self.inbound.close(linger=0)
-            self.inbound = None
+            close_zap(self.zap)
+            self.zap = None
+        for name in ("inbound", "peers_inbound"):
+            socket = getattr(self, name)
+            if socket is not None:
+                trio.lowlevel.notify_closing(socket.getsockopt(zmq.FD))  # wakes a waiting receiver
+                socket.close(linger=0)
+                setattr(self, name, None)
         if self.context is not None:
             with trio.CancelScope(shield=True):
                 # term() returns once queued frames are out or LINGER expired: bounded by linger_ms.

@@ -13,6 +13,9 @@ handshake, before any frame of the connection is read:
   than `max_connections`, are refused (`zap_denied_address_cap`, `zap_denied_total_cap`),
   except, with CURVE, a client that is an admitted peer: a stranger holding connections cannot
   shut peers out;
+- on the peers' socket (domain `p2pnode-peers`), with CURVE, only admitted peers and keys this
+  node is verifying (`zap_denied_not_peer`): strangers cannot send it the large frames that
+  socket takes;
 - an accepted CURVE connection gets the client's X25519 key (hex) as its User-Id, which ZeroMQ
   attaches to every frame it carries: the gate (gate.py) binds frames to it.
 
@@ -40,10 +43,11 @@ from protocol.curve import curve_public_from_ed25519
 from .config import SecuritySettings
 from .zmqtrio import receive_batch
 
-__all__ = ["Connections", "open_zap", "close_zap", "serve_zap", "ZAP_DOMAIN"]
+__all__ = ["Connections", "open_zap", "close_zap", "watch", "unwatch", "serve_zap", "ZAP_DOMAIN", "PEERS_DOMAIN"]
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # fixed by the ZAP specification (RFC 27)
-ZAP_DOMAIN = b"p2pnode"
+ZAP_DOMAIN = b"p2pnode"  # the public socket
+PEERS_DOMAIN = b"p2pnode-peers"  # the peers' socket: with CURVE, admitted peers' keys only
 MONITOR_QUEUE = 10_000  # monitor events held for the handler before libzmq's I/O thread waits
 _FAILED = {
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
@@ -74,9 +78,16 @@ def remote_peer(fd: int) -> tuple | None:
 class Connections:
     """Live inbound connections by source address, and the verdict on each new one."""
 
-    def __init__(self, settings: SecuritySettings, counts: Counter[str], is_peer: Callable[[bytes], bool]) -> None:
-        """`is_peer(x25519 key)`: whether the key is the transport key of an admitted peer."""
-        self.settings, self.counts, self.is_peer = settings, counts, is_peer
+    def __init__(
+        self,
+        settings: SecuritySettings,
+        counts: Counter[str],
+        is_peer: Callable[[bytes], bool],
+        is_verifying: Callable[[bytes], bool] = lambda key: False,
+    ) -> None:
+        """`is_peer(x25519 key)`: whether the key is the transport key of an admitted peer;
+        `is_verifying(x25519 key)`: of a key this node is verifying (its handshake under way)."""
+        self.settings, self.counts, self.is_peer, self.is_verifying = settings, counts, is_peer, is_verifying
         self.allowed: frozenset[bytes] | None = None
         if settings.curve and settings.allowlist is not None:
             self.allowed = frozenset(_curve_keys(settings.allowlist))
@@ -110,13 +121,20 @@ class Connections:
         elif event in _FAILED:
             self.counts["handshake_failed"] += 1
 
-    def decide(self, address: str, mechanism: bytes, credentials: list[bytes]) -> str | None:
+    def decide(
+        self, address: str, mechanism: bytes, credentials: list[bytes], domain: bytes = ZAP_DOMAIN
+    ) -> str | None:
         """The refusal of a connection from `address` (already counted), or None to accept it."""
         key = credentials[0] if mechanism == b"CURVE" and credentials else None
         if key is not None and self.allowed is not None and key not in self.allowed:
             return "zap_denied_allowlist"
         if key is not None and self.is_peer(key):
             return None  # an admitted peer is never shut out by others' connections
+        if key is not None and domain == PEERS_DOMAIN and not self.is_verifying(key):
+            # Strangers handshake on the public socket. A key being verified passes: it may
+            # admit this node before this node admits it, dial here at once, and libzmq gives up
+            # a connection for good once it is refused.
+            return "zap_denied_not_peer"
         if self.by_address[address] > self.settings.max_connections_per_address:
             return "zap_denied_address_cap"
         if len(self.by_fd) > self.settings.max_connections:
@@ -129,7 +147,7 @@ class Connections:
             self.counts["zap_malformed"] += 1
             return [b"1.0", request[1] if len(request) > 1 else b"", b"500", b"malformed request", b"", b""]
         address, mechanism, credentials = request[3].decode(errors="replace"), request[5], request[6:]
-        refusal = self.decide(address, mechanism, credentials)
+        refusal = self.decide(address, mechanism, credentials, request[2])
         if refusal is not None:
             self.counts[refusal] += 1
             return [b"1.0", request[1], b"400", refusal.encode(), b"", b""]
@@ -148,30 +166,40 @@ def _curve_keys(keys) -> list[bytes]:
     return derived
 
 
-def open_zap(context: zmq.Context, router: zmq.Socket) -> tuple[zmq.Socket, zmq.Socket]:
-    """Before `router` binds: its ZAP domain, the handler's socket, and its monitor."""
+def open_zap(context: zmq.Context) -> zmq.Socket:
+    """The handler's socket, for every socket of `context` that has a ZAP domain."""
     zap = context.socket(zmq.REP)
     zap.setsockopt(zmq.LINGER, 0)
     zap.bind(ZAP_ENDPOINT)
-    router.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
+    return zap
+
+
+def watch(context: zmq.Context, router: zmq.Socket, domain: bytes) -> zmq.Socket:
+    """Before `router` binds: its ZAP domain, and a monitor of its connections."""
+    router.setsockopt(zmq.ZAP_DOMAIN, domain)
     endpoint = f"inproc://p2pnode.monitor.{id(router)}"
     router.monitor(endpoint, _EVENTS)
     monitor = context.socket(zmq.PAIR)
     monitor.setsockopt(zmq.LINGER, 0)
     monitor.setsockopt(zmq.RCVHWM, MONITOR_QUEUE)
     monitor.connect(endpoint)
-    return zap, monitor
+    return monitor
 
 
-def close_zap(router: zmq.Socket, zap: zmq.Socket, monitor: zmq.Socket) -> None:
-    """Stop monitoring (after reading what is queued, so libzmq's I/O thread is not left waiting)
-    and close both sockets."""
+def unwatch(router: zmq.Socket, monitor: zmq.Socket) -> None:
+    """Stop monitoring (after reading what is queued, so libzmq's I/O thread is not left waiting)."""
     _drain(monitor, None)
     router.disable_monitor()
-    for socket in (zap, monitor):
-        trio.lowlevel.notify_closing(socket.getsockopt(zmq.FD))  # wakes a task still waiting
-    zap.close(linger=0)
-    monitor.close(linger=0)
+    _close(monitor)
+
+
+def close_zap(zap: zmq.Socket) -> None:
+    _close(zap)
+
+
+def _close(socket: zmq.Socket) -> None:
+    trio.lowlevel.notify_closing(socket.getsockopt(zmq.FD))  # wakes a task still waiting
+    socket.close(linger=0)
 
 
 def _drain(monitor: zmq.Socket, connections: Connections | None) -> None:
@@ -185,13 +213,15 @@ def _drain(monitor: zmq.Socket, connections: Connections | None) -> None:
             connections.on_event(event["event"], event["value"])
 
 
-async def serve_zap(zap: zmq.Socket, monitor: zmq.Socket, connections: Connections) -> None:
-    """Answer ZAP requests and follow the monitor's events until cancelled."""
+async def serve_zap(zap: zmq.Socket, monitors: list[zmq.Socket], connections: Connections) -> None:
+    """Answer ZAP requests and follow the monitors' events until cancelled."""
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_follow, monitor, connections)
+        for monitor in monitors:
+            nursery.start_soon(_follow, monitor, connections)
         while True:
             for request in await receive_batch(zap, 1):  # REP: one request, then its reply
-                _drain(monitor, connections)  # this connection's ACCEPTED is among them
+                for monitor in monitors:
+                    _drain(monitor, connections)  # this connection's ACCEPTED is among them
                 zap.send_multipart(connections.reply(request), zmq.NOBLOCK)
 
 

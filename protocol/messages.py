@@ -194,6 +194,14 @@ class Hello(Body):
     capabilities: tuple[str, ...] = wire(ListOf(TOKEN, max_len=32, unique=True))
     dataset_size: int = wire(UInt(64))
     protocol_versions: tuple[int, ...] = wire(ListOf(UInt(8), min_len=1, max_len=16, unique=True))
+    # The port where admitted peers send frames too large for `address` (a node's public port
+    # takes only small ones, so that strangers cannot make it hold large frames), on the host
+    # where the sender was verified; nil: everything goes to `address`.
+    peer_port: int | None = wire(Nullable(UInt(16)), None)
+
+    def check(self, limits: Limits) -> None:
+        if self.peer_port == 0:
+            raise malformed("HELLO.peer_port", "port 0 cannot be dialled")
 
 
 @body(MessageType.PEERS)

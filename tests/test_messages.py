@@ -35,6 +35,7 @@ VALID = {
         "capabilities": ["mapl"],
         "dataset_size": 100,
         "protocol_versions": [1],
+        "peer_port": 7001,
     },
     "PEERS": {"hellos": []},
     "PING": {"nonce": 1},
@@ -92,6 +93,9 @@ BAD_FIELDS = [
     ("HELLO", "address", "tcp://127.0.0.1:70000"),
     ("HELLO", "address", "tcp://bad host:7000"),
     ("HELLO", "address", "tcp://" + "a" * 300 + ":7000"),
+    ("HELLO", "peer_port", 0),
+    ("HELLO", "peer_port", 65536),
+    ("HELLO", "peer_port", "7001"),
     ("HELLO", "capabilities", ["mapl", "mapl"]),
     ("HELLO", "capabilities", ["Not A Token"]),
     ("HELLO", "capabilities", ["x"] * 33),
@@ -164,6 +168,7 @@ def test_head_without_bias(alice, decoder):
 def test_ipv6_and_host_names_are_valid_addresses(alice, decoder):
     for address in ("tcp://[::1]:7000", "tcp://node-7.lab.example:65535", "tcp://10.1.2.3:1"):
         assert isinstance(outcome(decoder, alice, "HELLO", {**VALID["HELLO"], "address": address}), Hello)
+    assert outcome(decoder, alice, "HELLO", {**VALID["HELLO"], "peer_port": None}).peer_port is None
 
 
 def test_model_keeps_parameter_order_and_dtypes(alice, encoder, decoder):

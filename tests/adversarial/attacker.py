@@ -3,9 +3,12 @@ measurements of what an attack costs the daemons under test (RTT, RSS, CPU, refu
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 import time
 
+import trio
 import zmq
 
 from p2pnode.zmqtrio import send_waiting
@@ -79,3 +82,9 @@ def rss_mb(pid: int | None = None) -> float:
     """Resident memory of a process now, in MB (this one by default)."""
     with open(f"/proc/{pid or os.getpid()}/statm") as handle:
         return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+
+
+async def run_attack(*args: str) -> dict:
+    """tools/attack.py in a process of its own (its buffers are not counted as the node's)."""
+    result = await trio.run_process([sys.executable, "-m", "tools.attack", *args], capture_stdout=True)
+    return json.loads(result.stdout.decode().strip().splitlines()[-1])

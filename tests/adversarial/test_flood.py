@@ -1,8 +1,6 @@
 """Floods from a separate program (tools/attack.py) at real daemons: the control plane keeps
 answering, every frame is counted, honest peers stay, and memory comes back."""
 
-import json
-import sys
 import time
 
 import trio
@@ -10,7 +8,7 @@ import trio
 from p2pnode.control import request
 
 from ..daemon import full_mesh, start_chain, wait_until
-from .attacker import rss_mb
+from .attacker import rss_mb, run_attack
 
 
 async def _status_latencies(node, until: trio.Event, into: list[float]) -> None:
@@ -20,11 +18,6 @@ async def _status_latencies(node, until: trio.Event, into: list[float]) -> None:
         assert reply["ok"]
         into.append(time.perf_counter() - started)
         await trio.sleep(0.1)
-
-
-async def _attack(*args: str) -> dict:
-    result = await trio.run_process([sys.executable, "-m", "tools.attack", *args], capture_stdout=True)
-    return json.loads(result.stdout.decode().strip().splitlines()[-1])
 
 
 async def test_a_garbage_flood_at_full_rate_leaves_status_answering_and_every_frame_counted(tmp_path):
@@ -37,7 +30,7 @@ async def test_a_garbage_flood_at_full_rate_leaves_status_answering_and_every_fr
         async with trio.open_nursery() as watching:
             flood_done = trio.Event()
             watching.start_soon(_status_latencies, a, flood_done, latencies)
-            flood = await _attack("--target", a.address, "--kind", "garbage", "--seconds", "5")
+            flood = await run_attack("--target", a.address, "--kind", "garbage", "--seconds", "5")
             peak = rss_mb()
             # Every message of the flood is refused and counted, none is lost unseen.
             await wait_until(lambda: sum(a.metrics.rejections.values()) - before >= flood["sent"], timeout=30)
@@ -67,7 +60,7 @@ async def test_strangers_flooding_signed_frames_over_many_connections_are_bounde
         before = sum(a.metrics.messages_in.values()) + sum(a.metrics.rejections.values())
         pings = a.metrics.messages_in["PING"]
         args = ("--kind", "strangers", "--connections", "50", "--rate", "10000", "--seconds", "4")
-        flood = await _attack("--target", a.address, *args)
+        flood = await run_attack("--target", a.address, *args)
         counted = lambda: sum(a.metrics.messages_in.values()) + sum(a.metrics.rejections.values()) - before  # noqa: E731
         await wait_until(lambda: counted() >= flood["sent"], timeout=30)
         assert a.metrics.rejections["stranger_rate_limited"] > flood["sent"] / 2
@@ -104,7 +97,7 @@ async def test_a_multipart_message_never_finished_is_cut_off_before_zeromq_holds
         async with trio.open_nursery() as watching:
             done = trio.Event()
             watching.start_soon(watch, done)
-            bomb = await _attack(
+            bomb = await run_attack(
                 "--target", a.address, "--kind", "unfinished", "--bytes", str(200 << 20), "--seconds", "3"
             )
             done.set()

@@ -1,0 +1,98 @@
+"""Two inbound sockets (p2pnode/transport.py): strangers meet a node on its public socket, which
+takes small frames only; frames larger than that travel between admitted peers on the peers'
+socket, which, with CURVE, only admitted peers (and keys being verified) may connect to."""
+
+import numpy as np
+import trio
+
+from p2pnode.zap import PEERS_DOMAIN
+from protocol import Identity, Model
+
+from ..daemon import full_mesh, start_chain, wait_until
+from .attacker import Attacker, Stranger, rss_mb, run_attack
+
+CURVE = {"curve": True}
+SMALL_PUBLIC = {"max_public_frame_bytes": 16 << 10}
+
+
+async def test_frames_over_the_public_bound_travel_on_the_peers_socket(tmp_path):
+    async with trio.open_nursery() as nursery:
+        a, b = await start_chain(nursery, tmp_path, 2, security=CURVE, limits=SMALL_PUBLIC)
+        await wait_until(lambda: full_mesh([a, b]), timeout=10)
+        peers_port = int(b.transport.peers_endpoint.rsplit(":", 1)[1])
+        assert a.membership.peers[b.identity.public_key].peer_port == b.peer_port == peers_port
+        big = Model(kind="params", tensors={"w": np.ones(20_000, np.float32)})  # ~80 KB
+        # The connection to b's peers' socket opens once b is admitted; give it a moment.
+        await wait_until(lambda: a.transport.outbound[b.address].peers is not None, timeout=5)
+        sent = 0
+
+        async def delivered() -> bool:
+            return b.metrics.rejections.get("unknown_peer", 0) == 0
+
+        for _ in range(50):  # the first ones may find the connection still coming up
+            sent += a.send((b.address,), big) or 0
+            await trio.sleep(0.05)
+            if b.metrics.messages_in["MODEL"] + b.metrics.rejections.get("not_learning", 0) >= 1:
+                break
+        assert sent >= 1
+        # b does not learn, so it refuses the MODEL as `not_learning`: after its signature
+        # verified, having arrived on the peers' socket (the public one would have cut it off).
+        await wait_until(lambda: b.metrics.rejections.get("not_learning", 0) >= 1, timeout=5)
+        assert b.metrics.connections["zap_allowed"] >= 2  # one connection on each socket
+        for node in (a, b):
+            node.request_stop()
+
+
+async def test_a_stranger_cannot_connect_to_the_peers_socket_with_curve(tmp_path):
+    async with trio.open_nursery() as nursery:
+        (a,) = await start_chain(nursery, tmp_path, 1, security=CURVE)
+        attacker = Attacker(a.transport.peers_endpoint, curve=(Identity.generate(), a.identity.public_key))
+        try:
+            await wait_until(lambda: a.metrics.connections["zap_denied_not_peer"] >= 1, timeout=5)
+        finally:
+            attacker.close()
+        a.request_stop()
+    assert PEERS_DOMAIN == b"p2pnode-peers"
+
+
+async def test_without_curve_a_strangers_frames_on_the_peers_socket_are_refused_unverified(tmp_path):
+    async with trio.open_nursery() as nursery:
+        (a,) = await start_chain(nursery, tmp_path, 1, security={"curve": False})
+        mallory = Stranger()
+        attacker = Attacker(a.transport.peers_endpoint)
+        try:
+            await attacker.send(mallory.hello("tcp://127.0.0.1:9"))
+            await wait_until(lambda: a.metrics.rejections.get("unknown_peer", 0) >= 1, timeout=5)
+        finally:
+            attacker.close()
+        assert mallory.key not in {link.key for link in a.gate.stranger_links.values()}
+        a.request_stop()
+
+
+async def test_large_frames_from_a_stranger_are_cut_off_by_the_public_bound_before_they_are_held(tmp_path):
+    # 10 MiB frames at the public socket: ZeroMQ drops the connection at the frame's header
+    # (ZMQ_MAXMSGSIZE), long before 10 MiB arrive; the attacker reconnects and tries again.
+    async with trio.open_nursery() as nursery:
+        a, b = await start_chain(nursery, tmp_path, 2, security={"curve": False})
+        await wait_until(lambda: full_mesh([a, b]), timeout=10)
+        rss_before, peaks = rss_mb(), []
+
+        async def watch(until: trio.Event) -> None:
+            while not until.is_set():
+                peaks.append(rss_mb())
+                await trio.sleep(0.02)
+
+        async with trio.open_nursery() as watching:
+            done = trio.Event()
+            watching.start_soon(watch, done)
+            flood = await run_attack(
+                "--target", a.address, "--kind", "garbage", "--sizes", str(10 << 20), "--seconds", "3"
+            )
+            done.set()
+        assert flood["sent"] >= 10
+        assert a.metrics.connections["disconnected"] >= 1  # cut off, and counted
+        assert sum(a.metrics.rejections.values()) == 0  # nothing of it was ever read
+        assert max(peaks) - rss_before < 50, f"RSS grew {max(peaks) - rss_before:.0f} MB"
+        assert full_mesh([a, b])
+        for node in (a, b):
+            node.request_stop()
