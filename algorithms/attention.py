@@ -18,13 +18,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .device import CPU
+
 __all__ = ["UpdateSketch", "UpdateEncoder", "attention_prior"]
 
 
 class UpdateSketch:
     """Per-layer count-sketch of a model update into `width` buckets per layer."""
 
-    def __init__(self, shapes: Mapping[str, torch.Size], width: int, seed: int) -> None:
+    def __init__(self, shapes: Mapping[str, torch.Size], width: int, seed: int, device: torch.device = CPU) -> None:
+        """The hash is drawn on the CPU (the same on every node and device), then kept on `device`,
+        where the updates it sketches are."""
         generator = torch.Generator().manual_seed(seed)
         self.width = width
         self.names = tuple(shapes)
@@ -32,8 +36,8 @@ class UpdateSketch:
         self._signs: dict[str, torch.Tensor] = {}
         for name in self.names:
             size = math.prod(shapes[name])
-            self._buckets[name] = torch.randint(0, width, (size,), generator=generator)
-            self._signs[name] = torch.randint(0, 2, (size,), generator=generator).float() * 2 - 1
+            self._buckets[name] = torch.randint(0, width, (size,), generator=generator).to(device)
+            self._signs[name] = (torch.randint(0, 2, (size,), generator=generator).float() * 2 - 1).to(device)
 
     @property
     def size(self) -> int:
@@ -43,7 +47,9 @@ class UpdateSketch:
         parts = []
         for name in self.names:
             update = (state[name] - origin[name]).flatten().float()
-            sketch = torch.zeros(self.width).index_add_(0, self._buckets[name], update * self._signs[name])
+            sketch = torch.zeros(self.width, device=update.device).index_add_(
+                0, self._buckets[name], update * self._signs[name]
+            )
             parts.append(F.normalize(sketch, dim=0))
         return torch.cat(parts)
 

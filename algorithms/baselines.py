@@ -63,7 +63,7 @@ class FedProto(_AllPeersUniform):
         self.config = config = config or FedProtoConfig()
         self.data = setup.data
         self.spec, self.model = node_model(setup, setup.seed, latent_dim=config.latent_dim)
-        self.trainer = LocalTrainer.for_node(self.model, self.data, config.training, setup.seed)
+        self.trainer = LocalTrainer.for_node(self.model, setup, config.training)
         self.view = NeighbourView(config.max_staleness)
         self.global_prototypes: dict[int, torch.Tensor] = {}
 
@@ -109,8 +109,9 @@ class FedProto(_AllPeersUniform):
             for k, n, row in zip(body.classes, body.counts, body.prototypes, strict=True):
                 sums[k] = sums.get(k, 0.0) + n * row.astype(np.float64)
                 totals[k] = totals.get(k, 0) + n
+        device = self.setup.device
         self.global_prototypes = {
-            k: torch.from_numpy((sums[k] / totals[k]).astype(np.float32)) for k in sums if totals[k] > 0
+            k: torch.tensor((sums[k] / totals[k]).astype(np.float32), device=device) for k in sums if totals[k] > 0
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -118,7 +119,7 @@ class FedProto(_AllPeersUniform):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.global_prototypes = {int(k): v for k, v in state["global_prototypes"].items()}
+        self.global_prototypes = {int(k): v.to(self.setup.device) for k, v in state["global_prototypes"].items()}
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,7 @@ class DFedAvgM(_AllPeersUniform):
         self.data = setup.data
         # One initial model for everyone, as decentralised averaging assumes.
         self.spec, self.model = node_model(setup, setup.shared_seed, latent_dim=config.latent_dim)
-        self.trainer = LocalTrainer.for_node(self.model, self.data, config.training, setup.seed)
+        self.trainer = LocalTrainer.for_node(self.model, setup, config.training)
         self.shared = SharedModules({"backbone": self.model.backbone, "head": self.model.head})
         self.view = NeighbourView(config.max_staleness)
 

@@ -32,3 +32,9 @@ CPU_BACKBONES = ("convnet", "resnet", "mobilenet", "mlp")
 GPU_BACKBONES = ("resnet18", "shufflenet", "googlenet", "alexnet")
 BACKBONES = CPU_BACKBONES + GPU_BACKBONES
 ATTACKS = ("scale", "sign-flip", "random", "none")  # a poisoning peer's (algorithms/poison.py)
+# Where a model trains ([model].device, `--device`): "auto" (CUDA, else MPS, else the CPU), "cpu",
+# "cuda" (the current CUDA device), "cuda:N" or "mps". Only the form is checked here; whether the
+# device exists is checked where the model is placed (algorithms/device.py).
+DEVICE_PATTERN = r"auto|cpu|mps|cuda(:[0-9]{1,4})?"
+DEVICE_FORMS = '"auto", "cpu", "cuda", "cuda:N" or "mps"'
+FLOAT32_ONLY_DEVICES = ("cpu", "mps")  # names that never get mixed precision (CUDA only)

@@ -96,7 +96,7 @@ class MaplDual(Mapl):
         self.share = SmallShare(self.small, cfg.encoding)
         # One optimiser over both models: they train on the same batches, in one backward pass.
         both = nn.ModuleDict({"personal": self.model, "shared": self.small})
-        self.trainer = LocalTrainer.for_node(both, self.data, cfg.training, setup.seed)
+        self.trainer = LocalTrainer.for_node(both, setup, cfg.training)
         self.distilling = False
 
     # -- local step and prediction ----------------------------------------------------------

@@ -101,11 +101,11 @@ class FedMrl(InNeighbourhood, TrainedLocally, Algorithm):
         small = shared_small_model(setup, cfg.small_latent_dim)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(setup.seed)  # the node's own part starts where the node's seed puts it
-            self.model = Matryoshka(
-                small, make_backbone(setup.backbone, image_shape, cfg.latent_dim), cfg.latent_dim, data.num_classes
-            )
+            own = make_backbone(setup.backbone, image_shape, cfg.latent_dim)
+            # Built on the CPU (the same start on any device), then moved; `small` is there already.
+            self.model = Matryoshka(small, own, cfg.latent_dim, data.num_classes).to(setup.device)
         self.share = SmallShare(small, cfg.encoding)
-        self.trainer = LocalTrainer.for_node(self.model, data, cfg.training, setup.seed)
+        self.trainer = LocalTrainer.for_node(self.model, setup, cfg.training)
         self.augment = default_augment(image_shape) if cfg.augment else None
         self.view = NeighbourView(cfg.max_staleness)
         self.graph = LearnedGraph(

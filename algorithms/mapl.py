@@ -89,16 +89,16 @@ class PmlNode(TrainedLocally, Algorithm):
         super().__init__(setup)
         self.config = config = config or MaplConfig()
         self.data = setup.data
+        # Head similarity is only comparable between heads that started from one point.
         self.spec, self.model = node_model(
-            setup, setup.seed, latent_dim=config.latent_dim, projection_dim=config.projection_dim
+            setup,
+            setup.seed,
+            latent_dim=config.latent_dim,
+            projection_dim=config.projection_dim,
+            head_seed=setup.shared_seed if config.shared_head_init else None,
         )
-        if config.shared_head_init:
-            # Head similarity is only comparable between heads that started from one point.
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(setup.shared_seed)
-                self.model.head.reset_parameters()
         self.initial_head = to_numpy(self.model.head.weight)
-        self.trainer = LocalTrainer.for_node(self.model, self.data, config.training, setup.seed)
+        self.trainer = LocalTrainer.for_node(self.model, setup, config.training)
         self.augment = default_augment(self.spec.image_shape)
         self.class_counts = tuple(int(c) for c in self.data.class_counts)
 
@@ -220,7 +220,7 @@ class Mapl(InNeighbourhood, PmlNode):
             own = self.model.prototypes
             mixed = own * mix.pop(self.node_id)
             for peer, weight in mix.items():
-                mixed += weight * torch.tensor(prototypes[peer].prototypes)
+                mixed += weight * torch.tensor(prototypes[peer].prototypes, device=own.device)
             own.copy_(mixed)
 
     def _similarities(self, round: int) -> dict[str, float]:

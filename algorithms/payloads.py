@@ -29,6 +29,7 @@ __all__ = [
 
 
 def to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    """A float32 copy on the CPU, from any device: what the protocol's tensor codec takes."""
     return tensor.detach().cpu().numpy().astype(np.float32, copy=True)
 
 
@@ -93,7 +94,8 @@ def average_states(
     for name, tensor in own.items():
         mixed = tensor * own_weight
         for weight, state in others:
-            mixed += weight * torch.tensor(state[name], dtype=tensor.dtype)  # copies: wire arrays are read-only
+            # Copied (wire arrays are read-only) to where our tensor is: decoded payloads are on the CPU.
+            mixed += weight * torch.tensor(state[name], dtype=tensor.dtype, device=tensor.device)
         tensor.copy_(mixed)
 
 

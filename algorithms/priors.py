@@ -75,8 +75,8 @@ class SbmPrior:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         try:
-            membership, blocks = state["membership"].numpy(), state["blocks"].numpy()
-            proportions = state["proportions"].numpy()
+            membership, blocks = state["membership"].cpu().numpy(), state["blocks"].cpu().numpy()
+            proportions = state["proportions"].cpu().numpy()
         except (KeyError, AttributeError) as exc:
             raise ValueError(f"the saved SBM state does not fit: {exc}") from None
         if membership.shape != self.membership.shape or blocks.shape != self.blocks.shape:
@@ -91,10 +91,12 @@ class AttentionPrior:
         self.config = config
         self.origin = {name: tensor.clone() for name, tensor in origin.items()}
         shapes = {name: tensor.shape for name, tensor in origin.items() if name in parameters}
-        self.sketch = UpdateSketch(shapes, config.sketch_width, seed=seed)
+        self.device = device = next(iter(origin.values())).device  # the model's: the prior runs beside it
+        self.sketch = UpdateSketch(shapes, config.sketch_width, seed=seed, device=device)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed + 1)
-            self.encoder = UpdateEncoder(self.sketch.size, config.encoder_hidden, config.encoder_dim)
+            encoder = UpdateEncoder(self.sketch.size, config.encoder_hidden, config.encoder_dim)
+        self.encoder = encoder.to(device)  # initialised on the CPU: the same on every node and device
         self.optimizer = torch.optim.Adam(self.encoder.parameters(), lr=config.encoder_learning_rate)
 
     def extras(self) -> dict[str, np.ndarray]:
@@ -106,15 +108,16 @@ class AttentionPrior:
     def weights(self, scores: np.ndarray, models: list[Model], own: Mapping[str, torch.Tensor]) -> np.ndarray:
         cfg = self.config
         theirs = [
-            self.sketch({n: torch.tensor(body.tensors[n]) for n in self.sketch.names}, self.origin) for body in models
+            self.sketch({n: torch.tensor(body.tensors[n], device=self.device) for n in self.sketch.names}, self.origin)
+            for body in models
         ]
         signatures = torch.stack([self.sketch(own, self.origin), *theirs])
         with torch.no_grad():
-            prior = attention_prior(self.encoder(signatures), cfg.attention_temperature).double().numpy()
+            prior = attention_prior(self.encoder(signatures), cfg.attention_temperature).double().cpu().numpy()
         weights = attention_weights(scores, prior, cfg.temperature)
         # The encoder learns to predict the likelihood's own verdict, softmax(y / T). Trained
         # towards w itself (which contains p), any p would be its own fixed point: no signal.
-        target = torch.tensor(softmax(scores / cfg.temperature), dtype=torch.float32)
+        target = torch.tensor(softmax(scores / cfg.temperature), dtype=torch.float32, device=self.device)
         for _ in range(cfg.encoder_steps):
             p = attention_prior(self.encoder(signatures), cfg.attention_temperature)
             loss = -(target * torch.log(p + 1e-12)).sum()

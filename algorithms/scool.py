@@ -135,7 +135,7 @@ class ScoolNode(TrainedLocally, Algorithm):
         self.config = config = config or ScoolConfig()
         self.data = setup.data
         self.spec, self.model = node_model(setup, setup.shared_seed, latent_dim=config.latent_dim)
-        self.trainer = LocalTrainer.for_node(self.model, self.data, config.training, setup.seed)
+        self.trainer = LocalTrainer.for_node(self.model, setup, config.training)
         self.shared = SharedModules({"backbone": self.model.backbone, "head": self.model.head})
         self.round = 0
 
@@ -237,7 +237,7 @@ class ScoolEm(ModelGossip):
 
     def __init__(self, setup: NodeSetup, config: ScoolConfig | None = None) -> None:
         super().__init__(setup, config)
-        self.scratch = make_model(self.spec)  # where a peer's parameters are loaded to be scored
+        self.scratch = make_model(self.spec).to(setup.device)  # where a peer's parameters are loaded to be scored
         # Parameters move by the neighbours' updates; BatchNorm statistics are mixed instead
         # (start − Σ w Δ of a running variance can go negative; a convex mix cannot).
         self.parameter_names = frozenset(
@@ -319,7 +319,8 @@ class ScoolEm(ModelGossip):
             if own is not None and peer not in self.exchange.sent_to(round):
                 answers.append(Outbound(to=(peer,), body=own, round=round))
             for name, tensor in shared_state({"backbone": self.scratch.backbone, "head": self.scratch.head}).items():
-                tensor.copy_(torch.tensor(body.tensors[name], dtype=tensor.dtype))  # wire arrays are read-only
+                # A copy (wire arrays are read-only), made where the scratch model is.
+                tensor.copy_(torch.tensor(body.tensors[name], dtype=tensor.dtype, device=tensor.device))
             value = self._log_likelihood(self.scratch, round)
             samples = int(self._score_batch(round)[1].numel())
             self.exchange.checked(peer, round, value / samples)
@@ -334,7 +335,8 @@ class ScoolEm(ModelGossip):
         this round, so the scores compare."""
         if round not in self._batches:
             count = min(self.config.score_samples, len(self.data.train_labels))
-            chosen = torch.randperm(len(self.data.train_labels), generator=seeded_generator(self.setup.seed, 2, round))
+            generator = seeded_generator(self.setup.seed, 2, round)  # on the CPU: the same batch on any device
+            chosen = torch.randperm(len(self.data.train_labels), generator=generator).to(self.setup.device)
             self._batches = {r: b for r, b in self._batches.items() if r > round - self.exchange.history}
             self._batches[round] = (self.data.train_images[chosen[:count]], self.data.train_labels[chosen[:count]])
         return self._batches[round]
@@ -386,7 +388,7 @@ class ScoolEm(ModelGossip):
         for name in moved:
             step = self.update[name] * float(weights[0])
             for weight, body in zip(weights[1:], models, strict=True):
-                step += float(weight) * torch.tensor(body.update[name], dtype=state[name].dtype)
+                step += float(weight) * torch.tensor(body.update[name], dtype=state[name].dtype, device=step.device)
             state[name].copy_(self.start[name] - step)
         average_states(
             {k: v for k, v in state.items() if k not in moved},

@@ -21,6 +21,7 @@ socket or a clock: rounds are numbers the driver hands in, and staleness is coun
 from __future__ import annotations
 
 import abc
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -29,6 +30,8 @@ import numpy as np
 import torch
 
 from protocol.messages import Body, MessageType
+
+from .device import CPU
 
 __all__ = [
     "LocalData",
@@ -63,7 +66,19 @@ class LocalData:
     @property
     def class_counts(self) -> np.ndarray:
         """Training samples per class, for all `num_classes` classes."""
-        return np.bincount(self.train_labels.numpy(), minlength=self.num_classes)
+        return np.bincount(self.train_labels.cpu().numpy(), minlength=self.num_classes)
+
+    def to(self, device: torch.device) -> LocalData:
+        """The same data on `device` (itself if it is there already)."""
+        if self.train_images.device == device:
+            return self
+        return LocalData(
+            train_images=self.train_images.to(device),
+            train_labels=self.train_labels.to(device),
+            test_images=self.test_images.to(device),
+            test_labels=self.test_labels.to(device),
+            num_classes=self.num_classes,
+        )
 
     @property
     def own_classes(self) -> tuple[int, ...]:
@@ -72,13 +87,32 @@ class LocalData:
 
 @dataclass(frozen=True)
 class NodeSetup:
-    """Everything an algorithm instance is built from."""
+    """Everything an algorithm instance is built from.
+
+    `device` is where its models, optimiser state and tensors live (algorithms/device.py
+    resolves it from a name); `data` must already be there (`on` moves both). Models are
+    initialised on the CPU and then moved, so a node starts from the same weights on any device.
+    `mixed_precision` (CUDA only) runs the local steps' forward passes under float16 autocast
+    with a gradient scaler; evaluation and scoring stay in float32.
+    """
 
     node_id: str
     data: LocalData
     backbone: str
     seed: int  # this node's own randomness (initialisation, batches, augmentation)
     shared_seed: int = 0  # the same on every node: where the algorithm wants a common initialisation
+    device: torch.device = CPU
+    mixed_precision: bool = False
+
+    def __post_init__(self) -> None:
+        if self.mixed_precision and self.device.type != "cuda":
+            raise ValueError(f"mixed precision needs a CUDA device, not {self.device}")
+        if self.data.train_images.device.type != self.device.type:
+            raise ValueError(f"the node's data is on {self.data.train_images.device}, its model goes to {self.device}")
+
+    def on(self, device: torch.device, mixed_precision: bool = False) -> NodeSetup:
+        """This setup with its data on `device`, where its algorithm will place its models."""
+        return dataclasses.replace(self, data=self.data.to(device), device=device, mixed_precision=mixed_precision)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from .datasets import Dataset, load_dataset
+from .device import CPU
 from .partitions import Partition, PartitionSpec, make_partition
 from .seam import LocalData, NodeSetup
 
@@ -54,9 +55,20 @@ def build_setup(
     backbone: str,
     pooled: bool = False,
     classes: tuple[int, ...] = (),
+    device: torch.device = CPU,
+    mixed_precision: bool = False,
 ) -> NodeSetup:
     """Node `node` of the scenario: its shard (its cluster's pooled shard if `pooled`: the
-    oracle), or, if `classes` are named, draws of those classes instead (`class_list_data`)."""
+    oracle), or, if `classes` are named, draws of those classes instead (`class_list_data`);
+    its data on `device`, where its algorithm will train (algorithms/device.py)."""
+    return _cpu_setup(spec, node, node_id, backbone=backbone, pooled=pooled, classes=classes).on(
+        device, mixed_precision
+    )
+
+
+def _cpu_setup(
+    spec: ScenarioSpec, node: int, node_id: str, *, backbone: str, pooled: bool, classes: tuple[int, ...]
+) -> NodeSetup:
     seed = spec.partition.seed
     if classes:
         dataset = load_dataset(spec.dataset, spec.root)

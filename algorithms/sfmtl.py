@@ -251,7 +251,7 @@ class Sfmtl(TrainedLocally, Algorithm):
         self.data = setup.data
         # One initial model for everyone: anchors and heads of different nodes live in one space.
         self.spec, self.model = node_model(setup, setup.shared_seed, latent_dim=config.latent_dim)
-        self.trainer = LocalTrainer.for_node(self.model, self.data, config.training, setup.seed)
+        self.trainer = LocalTrainer.for_node(self.model, setup, config.training)
         self.view = NeighbourView(config.max_staleness)
         self.augment = default_augment(self.spec.image_shape) if config.augment else None
         self.own_classes = self.data.own_classes
@@ -357,7 +357,8 @@ class Sfmtl(TrainedLocally, Algorithm):
         members = {name: tasks[name] for name in self.community}
         self.row = anchor_weights(members, self.own_classes)
         anchors = aggregate_anchors(list(members.values()), self.own_classes)
-        self.anchors = {c: torch.from_numpy(anchor.astype(np.float32)) for c, anchor in anchors.items()}
+        device = self.setup.device
+        self.anchors = {c: torch.tensor(anchor.astype(np.float32), device=device) for c, anchor in anchors.items()}
         peers = {name: similarity[me, ids.index(name)] for name in self.community if name != self.node_id}
         self._pull_head(pull_coefficients(peers, self.config.head_pull), members)
 
@@ -366,9 +367,9 @@ class Sfmtl(TrainedLocally, Algorithm):
         head = self.model.head
         keep = 1.0 - sum(coefficients.values())
         weight, bias = head.weight * keep, head.bias * keep
-        for name, c in coefficients.items():
-            weight += c * torch.from_numpy(np.array(members[name].weight))  # copies: wire arrays are read-only
-            bias += c * torch.from_numpy(np.array(members[name].bias))
+        for name, c in coefficients.items():  # copies (wire arrays are read-only), where our head is
+            weight += c * torch.tensor(members[name].weight, device=weight.device)
+            bias += c * torch.tensor(members[name].bias, device=bias.device)
         head.weight.copy_(weight)
         head.bias.copy_(bias)
 
@@ -388,7 +389,10 @@ class Sfmtl(TrainedLocally, Algorithm):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         try:
-            anchors = {int(c): torch.as_tensor(a, dtype=torch.float32) for c, a in state["anchors"].items()}
+            device = self.setup.device
+            anchors = {
+                int(c): torch.as_tensor(a, dtype=torch.float32, device=device) for c, a in state["anchors"].items()
+            }
             row = {str(name): float(w) for name, w in state["row"].items()}
             community = tuple(str(name) for name in state["community"])
         except (KeyError, AttributeError, TypeError, ValueError) as exc:

@@ -35,12 +35,13 @@ FLOAT16_MAX = float(np.finfo(np.float16).max)
 
 
 def shared_small_model(setup: NodeSetup, latent_dim: int) -> SmallModel:
-    """The small model, initialised from the network's shared seed: the same on every node.
-    The global torch RNG is left as it was."""
+    """The small model, initialised from the network's shared seed (on the CPU: the same on
+    every node, whatever its device), on the node's device. The global torch RNG is left as it was."""
     data = setup.data
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(setup.shared_seed)
-        return SmallModel(tuple(data.train_images.shape[1:]), data.num_classes, latent_dim)
+        model = SmallModel(tuple(data.train_images.shape[1:]), data.num_classes, latent_dim)
+    return model.to(setup.device)
 
 
 def encode_state(state: dict[str, torch.Tensor], encoding: str) -> dict[str, np.ndarray]:

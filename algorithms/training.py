@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,11 +65,13 @@ def _make_optimizer(parameters, config: TrainingConfig) -> torch.optim.Optimizer
 
 
 def node_model(
-    setup: NodeSetup, seed: int, *, latent_dim: int, projection_dim: int = 1
+    setup: NodeSetup, seed: int, *, latent_dim: int, projection_dim: int = 1, head_seed: int | None = None
 ) -> tuple[ModelSpec, PersonalModel]:
     """A model of the node's backbone for its data, initialised from `seed`: the node's own
-    seed for a personal start, the network's shared seed where every node must start alike.
-    The global torch RNG is left as it was."""
+    seed for a personal start, the network's shared seed where every node must start alike;
+    its head re-initialised from `head_seed` if given (a head shared by every node). Built on
+    the CPU, so it starts alike on every device, then moved to the node's device. The global
+    torch RNG is left as it was."""
     data = setup.data
     spec = ModelSpec(
         backbone=setup.backbone,
@@ -79,7 +82,11 @@ def node_model(
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return spec, make_model(spec)
+        model = make_model(spec)
+        if head_seed is not None:
+            torch.manual_seed(head_seed)
+            model.head.reset_parameters()
+    return spec, model.to(setup.device)
 
 
 class LocalTrainer:
@@ -89,9 +96,18 @@ class LocalTrainer:
     """
 
     @classmethod
-    def for_node(cls, model: nn.Module, data: LocalData, config: TrainingConfig, seed: int) -> LocalTrainer:
-        """A trainer over the node's training shard; batches are drawn with the node's `seed`."""
-        return cls(model, data.train_images, data.train_labels, config, seeded_generator(seed, 1))
+    def for_node(cls, model: nn.Module, setup: NodeSetup, config: TrainingConfig) -> LocalTrainer:
+        """A trainer of `model` (on the node's device) over the node's training shard; batches
+        are drawn with the node's seed, with mixed precision if the node asks for it."""
+        data = setup.data
+        return cls(
+            model,
+            data.train_images,
+            data.train_labels,
+            config,
+            seeded_generator(setup.seed, 1),
+            mixed_precision=setup.mixed_precision,
+        )
 
     def __init__(
         self,
@@ -100,31 +116,40 @@ class LocalTrainer:
         labels: torch.Tensor,
         config: TrainingConfig,
         generator: torch.Generator,
+        *,
+        mixed_precision: bool = False,
     ) -> None:
         self.model = model
         self.images = images
         self.labels = labels
         self.config = config
-        self.generator = generator
+        self.generator = generator  # on the CPU: the same draws on every device
         self.optimizer = _make_optimizer(model.parameters(), config)
+        # float16 gradients underflow without the scaler; it skips a step whose gradients overflowed.
+        self.scaler = torch.amp.GradScaler("cuda") if mixed_precision else None
 
     def state_dict(self) -> dict[str, Any]:
-        return {
+        state = {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "generator": self.generator.get_state(),
         }
+        return state if self.scaler is None else {**state, "scaler": self.scaler.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned, from tensors on any device: modules and the
+        optimiser copy them to where their parameters are."""
         try:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
-            self.generator.set_state(state["generator"])
-        except (KeyError, RuntimeError, ValueError, TypeError) as exc:
+            self.generator.set_state(state["generator"].cpu())
+            if self.scaler is not None and "scaler" in state:  # absent: saved without mixed precision
+                self.scaler.load_state_dict(state["scaler"])
+        except (KeyError, RuntimeError, ValueError, TypeError, AttributeError) as exc:
             raise ValueError(f"the saved training state does not fit this model: {exc}") from None
 
     def batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        order = torch.randperm(len(self.labels), generator=self.generator)
+        order = torch.randperm(len(self.labels), generator=self.generator).to(self.labels.device)
         size = self.config.batch_size
         # A last batch of one sample would break BatchNorm; fold it into the previous one.
         starts = list(range(0, len(order), size))
@@ -143,12 +168,12 @@ class LocalTrainer:
         parts: dict[str, float] = {}
         for _ in range(self.config.local_epochs):
             for images, labels in self.batches():
-                loss, batch_parts = loss_of_batch(images, labels)
+                with self._precision():
+                    loss, batch_parts = loss_of_batch(images, labels)
                 if not torch.isfinite(loss):
                     raise FloatingPointError(f"local loss became {loss.item()}; lower training.learning_rate")
                 self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                self.optimizer.step()
+                self._descend(loss)
                 total += loss.item()
                 for key, value in batch_parts.items():
                     parts[key] = parts.get(key, 0.0) + value
@@ -157,6 +182,19 @@ class LocalTrainer:
         return LocalReport(
             loss=total / steps, parts={k: v / steps for k, v in parts.items()}, steps=steps, samples=samples
         )
+
+    def _precision(self) -> AbstractContextManager:
+        """float16 autocast for the forward pass and the loss under mixed precision."""
+        return torch.autocast("cuda", dtype=torch.float16) if self.scaler is not None else nullcontext()
+
+    def _descend(self, loss: torch.Tensor) -> None:
+        if self.scaler is None:
+            loss.backward()
+            self.optimizer.step()
+            return
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
 
 
 class TrainedLocally:
@@ -202,7 +240,7 @@ def evaluate_predictors(
     accuracy of every predictor goes into `by_predictor` when there is more than one."""
     was_training = model.training
     model.eval()
-    own = torch.zeros(data.num_classes, dtype=torch.bool)
+    own = torch.zeros(data.num_classes, dtype=torch.bool, device=data.test_labels.device)
     own[list(data.own_classes)] = True
     correct: dict[str, int] = {}
     own_correct = 0

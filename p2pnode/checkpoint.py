@@ -1,6 +1,10 @@
 """The learning checkpoint: everything a restarted node needs to carry on, written atomically
 after every round (`[algorithm].checkpoint`), read back with `torch.load(weights_only=True)`
-so that a tampered file cannot run code."""
+so that a tampered file cannot run code.
+
+Tensors are written from CPU copies and read onto the CPU, whatever device the node trains on:
+a checkpoint of a GPU node loads on a machine without one, and the algorithm's
+`load_state_dict` puts each tensor where its model now is ([model].device)."""
 
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ __all__ = [
     "CheckpointError",
     "save_checkpoint",
     "load_checkpoint",
+    "on_cpu",
 ]
 
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -69,8 +74,25 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     import torch
 
     buffer = io.BytesIO()
-    torch.save(state, buffer)
+    torch.save(on_cpu(state), buffer)
     write_atomically(path, buffer.getvalue())
+
+
+def on_cpu(value: Any) -> Any:
+    """`value` with every tensor in it (in dicts, lists and tuples) on the CPU; tensors already
+    there are not copied."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, dict):
+        copied = type(value)((key, on_cpu(item)) for key, item in value.items())
+        if hasattr(value, "_metadata"):  # a module's state_dict: its layers' versions, for loading
+            copied._metadata = value._metadata
+        return copied
+    if isinstance(value, (list, tuple)):
+        return type(value)(on_cpu(item) for item in value)
+    return value
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:

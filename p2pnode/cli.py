@@ -150,6 +150,7 @@ def _testnet(args: argparse.Namespace) -> int:
     from testnet.learning import run_learning_testnet
 
     spec = _learning_spec(args)
+    _device_present(spec)
     try:
         code, report = run_learning_testnet(
             spec, Path(args.out), round_deadline_s=args.round_deadline, timeout_s=args.timeout, check=_thresholds(args)
@@ -209,6 +210,8 @@ def _learning_spec(args: argparse.Namespace):
             poisoners=tuple(getattr(args, "poisoners", ())),
             attack=getattr(args, "attack", "sign-flip"),
             attack_factor=getattr(args, "attack_factor", 10.0),
+            device=args.device,
+            mixed_precision=args.mixed_precision,
         )
         spec.node_backbones()
         apply_overrides(default_config(spec.algorithm), overrides)
@@ -225,6 +228,7 @@ def _simulate(args: argparse.Namespace) -> int:
     from testnet.simulator import run_simulation
 
     spec = _learning_spec(args)
+    _device_present(spec)
     if args.threads:
         import torch
 
@@ -256,8 +260,33 @@ _positive_int = _positive(int, "integer")
 _positive_float = _positive(float, "number")
 
 
+def _device_present(spec) -> None:
+    """Stop now (exit 1) if the run's device is not on this machine; say so if it has no mixed
+    precision to give."""
+    from algorithms.device import DeviceError, placement
+
+    try:
+        device, mixed_precision = placement(spec.device, spec.mixed_precision)
+    except DeviceError as exc:
+        raise CommandError(f"--device: {exc}") from None
+    if spec.mixed_precision and not mixed_precision:
+        print(f"note: --mixed-precision: {device} has none; training in float32", file=sys.stderr)
+
+
+def _add_device_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the nodes of `simulate` and `testnet` train (docs/learning.md, "Where the model runs")."""
+    parser.add_argument(
+        "--device",
+        default="auto",
+        help='where every node trains: "auto" (CUDA, else MPS, else the CPU; the default), "cpu", '
+        '"cuda", "cuda:N" or "mps"',
+    )
+    parser.add_argument("--mixed-precision", action="store_true", help="CUDA only: local steps under float16 autocast")
+
+
 def _add_learning_arguments(parser: argparse.ArgumentParser) -> None:
     """The scenario arguments `simulate` and `testnet` share (not --algorithm, --nodes, --out)."""
+    _add_device_arguments(parser)
     from algorithms.catalog import BACKBONES
     from algorithms.datasets import DATASETS
     from algorithms.partitions import SCENARIOS

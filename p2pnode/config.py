@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from algorithms.catalog import ALGORITHM_NAMES, BACKBONES
+from algorithms.catalog import ALGORITHM_NAMES, BACKBONES, DEVICE_FORMS, DEVICE_PATTERN, FLOAT32_ONLY_DEVICES
 from algorithms.datasets import DATASETS
 from algorithms.partitions import SCENARIOS
 from protocol import DEFAULT_LIMITS, Identity, Limits, MessageType, check_network_id
@@ -640,10 +640,16 @@ class ModelSettings:
         "this node's backbone; nodes may differ, except under mapl+, dfedavgm, scool-* and sfmtl",
     )
     device: str = option(
-        Text(choices=("auto", "cpu", "cuda")),
+        Text(DEVICE_PATTERN, what=DEVICE_FORMS),
         "auto",
-        "where the model trains; today `auto` and `cpu` train on the CPU and "
-        "`cuda` is refused (the algorithms do not place tensors on a device yet)",
+        "where the model trains: `auto` is CUDA if torch sees a GPU, else Apple's MPS, else the CPU; "
+        "a named device that this machine lacks stops the node at start (exit 1)",
+    )
+    mixed_precision: bool = option(
+        Flag(),
+        False,
+        "CUDA only: local steps under float16 autocast with a gradient scaler; refused with `cpu` or `mps`, "
+        "ignored with a warning where `auto` finds no GPU",
     )
     threads: int = option(
         Integer(0, 1024), 1, "torch CPU threads (0: torch's default); several daemons on one machine want 1"
@@ -869,8 +875,11 @@ def _learning_checks(config: Config) -> list[str]:
     problems = []
     if data.node_index >= data.nodes:
         problems.append(f"[data].node_index: must be below [data].nodes ({data.nodes}), got {data.node_index}")
-    if config.model.device == "cuda":
-        problems.append('[model].device: training on CUDA is not supported by the daemon yet; use "cpu" or "auto"')
+    if config.model.mixed_precision and config.model.device in FLOAT32_ONLY_DEVICES:
+        problems.append(
+            f'[model].mixed_precision: needs a CUDA device, not "{config.model.device}"; set it false '
+            'or [model].device = "cuda" (or "auto")'
+        )
     if algorithm.name == "oracle":
         problems.append(
             "[algorithm].name: `oracle` trains on its whole cluster's data, which no P2P node has; "

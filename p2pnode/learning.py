@@ -32,9 +32,11 @@ from .files import describe_os_error
 from .rounds import RoundRecord, RoundState
 
 if TYPE_CHECKING:
+    import torch
+
     from algorithms.seam import Algorithm, Outbound
 
-    from .config import AlgorithmSettings, Config
+    from .config import AlgorithmSettings, Config, ModelSettings
 
 __all__ = ["Network", "RoundDriver", "LearningSetupError", "build_algorithm", "learning_capability"]
 
@@ -74,6 +76,7 @@ def build_algorithm(config: Config, node_id: str) -> Algorithm:
     data, model, algorithm = config.data, config.model, config.algorithm
     if model.threads:
         torch.set_num_threads(model.threads)
+    device, mixed_precision = _placement(model)
     partition = PartitionSpec(
         scenario=data.scenario,
         nodes=data.nodes,
@@ -83,9 +86,32 @@ def build_algorithm(config: Config, node_id: str) -> Algorithm:
         seed=data.seed,
     )
     scenario = ScenarioSpec(data.dataset, partition, None if data.root is None else str(data.root))
-    setup = build_setup(scenario, data.node_index, node_id, backbone=model.backbone, classes=data.classes)
+    setup = build_setup(
+        scenario,
+        data.node_index,
+        node_id,
+        backbone=model.backbone,
+        classes=data.classes,
+        device=device,
+        mixed_precision=mixed_precision,
+    )
     settings = apply_overrides(default_config(algorithm.name), dict(algorithm.settings))
     return make_algorithm(algorithm.name, setup, settings)
+
+
+def _placement(model: ModelSettings) -> tuple[torch.device, bool]:
+    """The device `[model].device` names on this machine, and whether to train there with mixed
+    precision. Raises LearningSetupError if that device is not here."""
+    from algorithms.device import DeviceError, placement
+
+    try:
+        device, mixed_precision = placement(model.device, model.mixed_precision)
+    except DeviceError as exc:
+        raise LearningSetupError(f"[model].device: {exc}") from None
+    if model.mixed_precision and not mixed_precision:
+        log.warning("[model].mixed_precision: %s has none; training in float32", device)
+    log.info("the model trains on %s%s", device, " with mixed precision" if mixed_precision else "")
+    return device, mixed_precision
 
 
 class RoundDriver:
@@ -169,7 +195,9 @@ class RoundDriver:
         a failure in a round (a diverging loss, say) stops learning only, and `phase` says why."""
         try:
             self.algorithm = await self._in_thread(build)
-        except Exception as exc:  # a dataset root or device problem: the node cannot do its job
+        except LearningSetupError:
+            raise
+        except Exception as exc:  # a dataset root or model problem: the node cannot do its job
             raise LearningSetupError(f"[data]/[model]/[algorithm]: cannot set up learning: {exc}") from exc
         self.state.waits_for = self.algorithm.waits_for
         self._resume()
@@ -310,8 +338,11 @@ class RoundDriver:
     def status(self) -> dict[str, Any]:
         state = self.state
         last = state.history[-1] if state.history else None
+        setup = None if self.algorithm is None else self.algorithm.setup
         return {
             "algorithm": None if self.algorithm is None else self.algorithm.name,
+            "device": None if setup is None else str(setup.device),
+            "mixed_precision": None if setup is None else setup.mixed_precision,
             "phase": self.phase,
             "round": state.round,
             "rounds": self.settings.rounds,

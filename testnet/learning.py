@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from algorithms.device import placement
 from algorithms.setup import load_scenario
 from p2pnode.rounds import RoundRecord
 from protocol import LEARNING_TYPES
@@ -47,7 +48,12 @@ def node_settings(spec: SimulationSpec, index: int, backbone: str, round_deadlin
         data["root"] = str(Path(spec.dataset_root).resolve())
     return {
         "data": data,
-        "model": {"backbone": backbone, "threads": 1},
+        "model": {
+            "backbone": backbone,
+            "threads": 1,
+            "device": spec.device,
+            "mixed_precision": spec.mixed_precision,
+        },
         "algorithm": {
             "name": spec.algorithm,
             "rounds": spec.rounds,
@@ -74,6 +80,8 @@ def run_learning_testnet(
     1 if not, 130 if interrupted."""
     if spec.poisoners:
         raise ValueError("poisoning peers exist in the simulator only")
+    # The daemons resolve the device name as this machine's launcher does: fail before starting them.
+    device, mixed_precision = placement(spec.device, spec.mixed_precision)
     out.mkdir(parents=True, exist_ok=True)
     backbones = spec.node_backbones()
     _, partition = load_scenario(spec.scenario_spec)
@@ -87,7 +95,7 @@ def run_learning_testnet(
         finals, interrupted = _watch(cluster, spec.rounds, started + timeout_s, poll_s, progress)
         exit_codes = cluster.stop()
     ids = [node.node_id for node in cluster.specs]
-    header = run_header("testnet", spec, partition, ids, backbones, spec.config_dict())
+    header = run_header("testnet", spec, partition, ids, backbones, spec.config_dict(), (device, mixed_precision))
     report = testnet_report(header, partition, finals, time.monotonic() - started)
     report["processes"]["exit_codes"] = [exit_codes.get(s.index) for s in cluster.specs]
     report["processes"]["logs"] = [str(s.log_path) for s in cluster.specs]

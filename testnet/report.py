@@ -84,8 +84,12 @@ def gap_share(method: float, local: float, oracle: float) -> float | None:
     return None if abs(gap) < 1e-9 else (method - local) / gap
 
 
-def run_header(kind: str, spec, partition, ids: list[str], backbones: list[str], config: dict) -> dict[str, Any]:
-    """The fields that say what was run."""
+def run_header(
+    kind: str, spec, partition, ids: list[str], backbones: list[str], config: dict, placement: tuple[Any, bool]
+) -> dict[str, Any]:
+    """The fields that say what was run; `placement` is (device, mixed precision) as the nodes
+    resolved `spec.device` (algorithms/device.py)."""
+    device, mixed_precision = placement
     clusters = sorted({shard.cluster for shard in partition.shards})
     return {
         "kind": kind,
@@ -103,6 +107,8 @@ def run_header(kind: str, spec, partition, ids: list[str], backbones: list[str],
         "backbones": backbones,
         "node_classes": [list(shard.classes) for shard in partition.shards],
         "config": config,
+        "device": str(device),
+        "mixed_precision": mixed_precision,
         "poisoners": list(getattr(spec, "poisoners", ())),
         "attack": {"kind": spec.attack, "factor": spec.attack_factor} if getattr(spec, "poisoners", ()) else None,
     }

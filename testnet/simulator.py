@@ -12,11 +12,14 @@ rows of W and the honest nodes' accuracy.
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from algorithms.catalog import DEVICE_FORMS, DEVICE_PATTERN, FLOAT32_ONLY_DEVICES
+from algorithms.device import placement
 from algorithms.graph import within_cluster_mass
 from algorithms.models import CPU_BACKBONES
 from algorithms.partitions import PartitionSpec
@@ -51,8 +54,14 @@ class SimulationSpec:
     poisoners: tuple[int, ...] = ()  # indices of the nodes that poison what they send
     attack: str = "sign-flip"  # algorithms/poison.py: scale, sign-flip, random, none (the control)
     attack_factor: float = 10.0  # the factor of `scale`
+    device: str = "auto"  # where every node trains (algorithms/device.py resolves it)
+    mixed_precision: bool = False  # CUDA only
 
     def __post_init__(self) -> None:
+        if not re.fullmatch(DEVICE_PATTERN, self.device):
+            raise ValueError(f"device {self.device!r} is not {DEVICE_FORMS}")
+        if self.mixed_precision and self.device in FLOAT32_ONLY_DEVICES:
+            raise ValueError(f"mixed precision needs a CUDA device, not {self.device!r}")
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"unknown algorithm {self.algorithm!r}; choose from {', '.join(ALGORITHMS)}")
         if self.nodes < 1 or self.rounds < 1:
@@ -111,6 +120,7 @@ def run_simulation(
     """Run every round of `spec`; returns the report (testnet/report.py), judged against
     `thresholds` if given."""
     started = time.perf_counter()
+    device, mixed_precision = placement(spec.device, spec.mixed_precision)
     info = ALGORITHMS[spec.algorithm]
     config = spec.algorithm_config()
     _, partition = load_scenario(spec.scenario_spec)
@@ -120,7 +130,15 @@ def run_simulation(
     nodes = [
         make_algorithm(
             spec.algorithm,
-            build_setup(spec.scenario_spec, i, ids[i], backbone=backbones[i], pooled=info.pooled_training_data),
+            build_setup(
+                spec.scenario_spec,
+                i,
+                ids[i],
+                backbone=backbones[i],
+                pooled=info.pooled_training_data,
+                device=device,
+                mixed_precision=mixed_precision,
+            ),
             config,
         )
         for i in range(spec.nodes)
@@ -137,7 +155,7 @@ def run_simulation(
         records.extend(latest)
         if progress is not None:
             progress(_progress(latest, truth, spec.rounds, time.perf_counter() - started))
-    header = run_header("simulation", spec, partition, ids, backbones, spec.config_dict())
+    header = run_header("simulation", spec, partition, ids, backbones, spec.config_dict(), (device, mixed_precision))
     report = assemble(header, records, truth, rejections=exchange.rejections, wall_s=time.perf_counter() - started)
     report["check"] = check(report, thresholds or CheckThresholds(accuracy=0.0, within_cluster_mass=0.0))
     return report
