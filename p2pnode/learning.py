@@ -16,6 +16,8 @@ imports nothing of node.py. docs/architecture.md shows where it sits.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping
@@ -36,7 +38,15 @@ if TYPE_CHECKING:
 
     from .config import AlgorithmSettings, Config
 
-__all__ = ["Network", "RoundDriver", "LearningSetupError", "build_algorithm", "learning_capability"]
+__all__ = [
+    "Network",
+    "RoundDriver",
+    "LearningSetupError",
+    "announced_labels",
+    "build_algorithm",
+    "labels_capability",
+    "learning_capability",
+]
 
 log = logging.getLogger("p2pnode.learning")
 
@@ -53,6 +63,9 @@ class Network:
     send: Callable[[tuple[str, ...], Body, int], Awaitable[int | None]]  # to addresses, tagged round → seq
     rejected: Callable[[str, int], None]  # count a refused payload: reason, frame size
     sent: Callable[[], Mapping[MessageType, tuple[int, int, int]]]  # learning frames sent so far, by type
+
+
+LABELS_PREFIX = "labels:"
 
 
 def learning_capability(algorithm: str) -> str:
@@ -74,6 +87,17 @@ def build_algorithm(config: Config, node_id: str) -> Algorithm:
     data, model, algorithm = config.data, config.model, config.algorithm
     if model.threads:
         torch.set_num_threads(model.threads)
+    settings = apply_overrides(default_config(algorithm.name), dict(algorithm.settings))
+    own = data.own_data()
+    if own is not None:
+        from algorithms.own_data import OwnDataError
+        from algorithms.setup import own_data_setup
+
+        try:
+            setup = own_data_setup(node_id, own, backbone=model.backbone)
+        except OwnDataError as exc:  # found only when decoding: a damaged image, a NaN pixel
+            raise LearningSetupError(f"[data].{exc.field}: {exc}") from None
+        return make_algorithm(algorithm.name, setup, settings)
     partition = PartitionSpec(
         scenario=data.scenario,
         nodes=data.nodes,
@@ -84,8 +108,20 @@ def build_algorithm(config: Config, node_id: str) -> Algorithm:
     )
     scenario = ScenarioSpec(data.dataset, partition, None if data.root is None else str(data.root))
     setup = build_setup(scenario, data.node_index, node_id, backbone=model.backbone, classes=data.classes)
-    settings = apply_overrides(default_config(algorithm.name), dict(algorithm.settings))
     return make_algorithm(algorithm.name, setup, settings)
+
+
+def labels_capability(class_names: tuple[str, ...]) -> tuple[str, ...]:
+    """The HELLO capability of a node with its own data: a fingerprint of the network's class
+    list, since payloads are indexed by class id. Learning peers announce the same one (or,
+    on benchmark data, none), so nodes whose `[data].class_names` differ never mix classes."""
+    if not class_names:
+        return ()
+    return (LABELS_PREFIX + hashlib.sha256(json.dumps(class_names).encode()).hexdigest()[:16],)
+
+
+def announced_labels(capabilities: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(token for token in capabilities if token.startswith(LABELS_PREFIX))
 
 
 class RoundDriver:
@@ -169,6 +205,8 @@ class RoundDriver:
         a failure in a round (a diverging loss, say) stops learning only, and `phase` says why."""
         try:
             self.algorithm = await self._in_thread(build)
+        except LearningSetupError:
+            raise
         except Exception as exc:  # a dataset root or device problem: the node cannot do its job
             raise LearningSetupError(f"[data]/[model]/[algorithm]: cannot set up learning: {exc}") from exc
         self.state.waits_for = self.algorithm.waits_for
