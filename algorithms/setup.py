@@ -8,6 +8,7 @@ same data order).
 from __future__ import annotations
 
 import functools
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,6 +16,7 @@ import torch
 
 from .datasets import Dataset, load_dataset
 from .device import CPU
+from .own_data import OwnDataSpec, load_own_data
 from .partitions import Partition, PartitionSpec, make_partition
 from .seam import LocalData, NodeSetup
 
@@ -27,6 +29,7 @@ __all__ = [
     "node_setup",
     "class_list_data",
     "class_list_setup",
+    "own_data_setup",
 ]
 
 
@@ -166,3 +169,21 @@ def class_list_data(
         test_labels=torch.tensor(test_pool.labels[test]),
         num_classes=dataset.num_classes,
     )
+
+
+def own_data_setup(
+    node_id: str, spec: OwnDataSpec, *, backbone: str, device: torch.device = CPU, mixed_precision: bool = False
+) -> NodeSetup:
+    """A node that trains on its own files (`own_data.py`) instead of a benchmark's shard, on
+    `device`. With no node index to tell devices apart, its own seed comes from its node id."""
+    train, test = load_own_data(spec)
+    data = LocalData(
+        train_images=torch.tensor(train.images),
+        train_labels=torch.tensor(train.labels),
+        test_images=torch.tensor(test.images),
+        test_labels=torch.tensor(test.labels),
+        num_classes=len(spec.class_names),
+    )
+    own_seed = node_seed(spec.seed, zlib.crc32(node_id.encode()))
+    setup = NodeSetup(node_id=node_id, data=data, backbone=backbone, seed=own_seed, shared_seed=spec.seed)
+    return setup.on(device, mixed_precision)

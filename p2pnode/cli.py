@@ -29,7 +29,8 @@ def _config(path: str, *, load_identity: bool = True):
     from .config import ConfigError, load_config
 
     try:
-        return load_config(path, load_identity=load_identity)
+        # Without the identity the command only reaches a running node: its data needs no listing.
+        return load_config(path, load_identity=load_identity, inspect_data=load_identity)
     except ConfigError as exc:
         raise CommandError(str(exc), EXIT_USAGE) from None
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from algorithms.catalog import ALGORITHM_NAMES, BACKBONES, DEVICE_FORMS, DEVICE_PATTERN, FLOAT32_ONLY_DEVICES
 from algorithms.datasets import DATASETS
+from algorithms.own_data import OwnDataError, OwnDataSpec, inspect_own_data
 from algorithms.partitions import SCENARIOS
 from protocol import DEFAULT_LIMITS, Identity, Limits, MessageType, check_network_id
 from protocol.curve import curve_public_from_ed25519
@@ -120,6 +121,21 @@ class Number(Kind):
 
     def describe(self):
         return f"number, {self.low:g} to {self.high:g}"
+
+
+class IntegerChoice(Kind):
+    def __init__(self, *choices: int) -> None:
+        self.choices = choices
+
+    def parse(self, value, base):
+        if type(value) is not int:
+            raise Invalid(f"expected an integer, got {_type_name(value)}")
+        if value not in self.choices:
+            raise Invalid(f"must be {' or '.join(map(str, self.choices))}, got {value}")
+        return value
+
+    def describe(self):
+        return "integer, " + " or ".join(map(str, self.choices))
 
 
 class Flag(Kind):
@@ -630,6 +646,48 @@ class DataSettings:
     seed: int = option(
         Integer(0, 2**31 - 1), 0, "seed of the partition and of the models; the same on every node of a network"
     )
+    # A device's own data ("Your own data" in docs/config.md) instead of a benchmark's shard.
+    path: Path | None = option(
+        FilePath(),
+        None,
+        "this device's own data: a folder with one sub-folder of images per class, or a `.npz` "
+        "(x, y, optionally x_test, y_test); replaces `dataset` and its partition",
+    )
+    class_names: tuple[str, ...] = option(
+        ListOf(Text(r"[^./\x00][^/\x00]{0,254}", what="a class name (no '/', not starting with '.')"), 4096),
+        (),
+        "with `path`, required: the network's classes, the same list on every node; a class's id is "
+        "its position (folders are named after classes; .npz labels are ids)",
+    )
+    image_size: int | None = option(
+        Integer(8, 1024), None, "with an image folder: images are resized to this side (default 28)"
+    )
+    channels: int | None = option(
+        IntegerChoice(1, 3), None, "with an image folder: 1 (grayscale, the default) or 3 (RGB)"
+    )
+    test_fraction: float | None = option(
+        Number(0.01, 0.9),
+        None,
+        "with `path`: the share of each class held out for testing, chosen with `seed` "
+        "(default 0.2; not with a .npz that has x_test)",
+    )
+    max_memory_mb: int = option(
+        Integer(1, 1 << 20), 1024, "with `path`: bound on the images in memory (float32); more is a config error"
+    )
+
+    def own_data(self) -> OwnDataSpec | None:
+        """The own-data settings, defaults filled in; None for a benchmark dataset."""
+        if self.path is None:
+            return None
+        given = {"image_size": self.image_size, "channels": self.channels}
+        return OwnDataSpec(
+            path=self.path,
+            class_names=self.class_names,
+            test_fraction=self.test_fraction,
+            max_memory_mb=self.max_memory_mb,
+            seed=self.seed,
+            **{key: value for key, value in given.items() if value is not None},
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -894,8 +952,61 @@ def _learning_checks(config: Config) -> list[str]:
     return problems
 
 
-def load_config(path: str | Path, *, load_identity: bool = True) -> Config:
-    """Read, check and return a node configuration; ConfigError lists every problem found."""
+# What cuts a benchmark's partition, and what describes a device's own data: never both.
+_BENCHMARK_KEYS = (
+    "dataset",
+    "root",
+    "scenario",
+    "nodes",
+    "node_index",
+    "classes",
+    "clusters",
+    "samples_per_class",
+    "test_per_class",
+)
+_OWN_DATA_KEYS = ("class_names", "image_size", "channels", "test_fraction", "max_memory_mb")
+
+
+def _own_data_checks(config: Config, given: Mapping[str, Any], inspect: bool) -> list[str]:
+    """`[data].path` against the benchmark options (by the keys the file gives), then the data
+    itself as far as it can be checked without decoding it (algorithms/own_data.py)."""
+    data = config.data
+    if data.path is None:
+        return [
+            f"[data].{key}: applies only with [data].path (a device's own data)"
+            for key in _OWN_DATA_KEYS
+            if key in given
+        ]
+    problems = [
+        f"[data].{key}: a benchmark option, but [data].path gives this node its own data: remove one of them"
+        for key in _BENCHMARK_KEYS
+        if key in given
+    ]
+    if len(data.class_names) < 2:
+        problems.append(
+            "[data].class_names: required with [data].path: the network's classes, at least 2, "
+            "the same list on every node"
+        )
+    if data.path.suffix.lower() == ".npz":
+        problems += [
+            f"[data].{key}: applies to an image folder only; a .npz's images keep their shape"
+            for key in ("image_size", "channels")
+            if key in given
+        ]
+    if len(config.node.capabilities) > 30:
+        problems.append("[node].capabilities: at most 30 with [data].path (HELLO carries 32, two are the node's own)")
+    if len(data.class_names) < 2 or not inspect or config.algorithm.name == "none":
+        return problems
+    try:
+        inspect_own_data(data.own_data())
+    except OwnDataError as exc:
+        problems.append(f"[data].{exc.field}: {exc}")
+    return problems
+
+
+def load_config(path: str | Path, *, load_identity: bool = True, inspect_data: bool = True) -> Config:
+    """Read, check and return a node configuration; ConfigError lists every problem found.
+    `inspect_data` False skips listing `[data].path` (for commands that only reach a running node)."""
     path = Path(path)
     source = str(path)
     try:
@@ -916,7 +1027,7 @@ def load_config(path: str | Path, *, load_identity: bool = True) -> Config:
     if problems:
         raise ConfigError(source, problems)
     config = Config(source=path, **sections)
-    problems = _cross_checks(config)
+    problems = _cross_checks(config) + _own_data_checks(config, raw.get("data", {}), inspect_data)
     identity = None
     if load_identity:
         try:

@@ -16,6 +16,8 @@ imports nothing of node.py. docs/architecture.md shows where it sits.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping
@@ -38,7 +40,15 @@ if TYPE_CHECKING:
 
     from .config import AlgorithmSettings, Config, ModelSettings
 
-__all__ = ["Network", "RoundDriver", "LearningSetupError", "build_algorithm", "learning_capability"]
+__all__ = [
+    "Network",
+    "RoundDriver",
+    "LearningSetupError",
+    "announced_labels",
+    "build_algorithm",
+    "labels_capability",
+    "learning_capability",
+]
 
 log = logging.getLogger("p2pnode.learning")
 
@@ -55,6 +65,9 @@ class Network:
     send: Callable[[tuple[str, ...], Body, int], Awaitable[int | None]]  # to addresses, tagged round → seq
     rejected: Callable[[str, int], None]  # count a refused payload: reason, frame size
     sent: Callable[[], Mapping[MessageType, tuple[int, int, int]]]  # learning frames sent so far, by type
+
+
+LABELS_PREFIX = "labels:"
 
 
 def learning_capability(algorithm: str) -> str:
@@ -77,6 +90,19 @@ def build_algorithm(config: Config, node_id: str) -> Algorithm:
     if model.threads:
         torch.set_num_threads(model.threads)
     device, mixed_precision = _placement(model)
+    settings = apply_overrides(default_config(algorithm.name), dict(algorithm.settings))
+    own = data.own_data()
+    if own is not None:
+        from algorithms.own_data import OwnDataError
+        from algorithms.setup import own_data_setup
+
+        try:
+            setup = own_data_setup(
+                node_id, own, backbone=model.backbone, device=device, mixed_precision=mixed_precision
+            )
+        except OwnDataError as exc:  # found only when decoding: a damaged image, a NaN pixel
+            raise LearningSetupError(f"[data].{exc.field}: {exc}") from None
+        return make_algorithm(algorithm.name, setup, settings)
     partition = PartitionSpec(
         scenario=data.scenario,
         nodes=data.nodes,
@@ -95,7 +121,6 @@ def build_algorithm(config: Config, node_id: str) -> Algorithm:
         device=device,
         mixed_precision=mixed_precision,
     )
-    settings = apply_overrides(default_config(algorithm.name), dict(algorithm.settings))
     return make_algorithm(algorithm.name, setup, settings)
 
 
@@ -112,6 +137,19 @@ def _placement(model: ModelSettings) -> tuple[torch.device, bool]:
         log.warning("[model].mixed_precision: %s has none; training in float32", device)
     log.info("the model trains on %s%s", device, " with mixed precision" if mixed_precision else "")
     return device, mixed_precision
+
+
+def labels_capability(class_names: tuple[str, ...]) -> tuple[str, ...]:
+    """The HELLO capability of a node with its own data: a fingerprint of the network's class
+    list, since payloads are indexed by class id. Learning peers announce the same one (or,
+    on benchmark data, none), so nodes whose `[data].class_names` differ never mix classes."""
+    if not class_names:
+        return ()
+    return (LABELS_PREFIX + hashlib.sha256(json.dumps(class_names).encode()).hexdigest()[:16],)
+
+
+def announced_labels(capabilities: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(token for token in capabilities if token.startswith(LABELS_PREFIX))
 
 
 class RoundDriver:

@@ -52,7 +52,15 @@ from .control import serve_control
 from .files import describe_os_error
 from .gate import Gate
 from .inbound import Inbound, decode_all
-from .learning import LearningSetupError, Network, RoundDriver, build_algorithm, learning_capability
+from .learning import (
+    LearningSetupError,
+    Network,
+    RoundDriver,
+    announced_labels,
+    build_algorithm,
+    labels_capability,
+    learning_capability,
+)
 from .memory import trim_now
 from .metrics import NOT_LEARNING, UNKNOWN_PEER, Metrics
 from .peers import Action, Admitted, Dial, DialPeers, Evicted, Hangup, Membership, Send, SendHello
@@ -147,6 +155,8 @@ class Node:
         self._stop = trio.Event()
         self._start_problems: list[str] = []
         self._started_at = 0.0
+        self._labels = labels_capability(config.data.class_names if config.data.path else ())
+        self._other_labels: set[str] = set()  # peers already warned about: same algorithm, other classes
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -383,16 +393,33 @@ class Node:
         return delivered
 
     def _capabilities(self) -> tuple[str, ...]:
-        """What HELLO announces: the configured tokens, and the algorithm this node learns with."""
+        """What HELLO announces: the configured tokens, the algorithm this node learns with and,
+        with its own data, the fingerprint of its class list."""
         algorithm = self.config.algorithm.name
-        own = () if algorithm == "none" else (learning_capability(algorithm),)
+        own = () if algorithm == "none" else (learning_capability(algorithm), *self._labels)
         return tuple(dict.fromkeys((*self.config.node.capabilities, *own)))
 
     def _learning_peers(self) -> dict[str, str]:
         """The peers to send learning payloads to and wait for: ready ones (they admitted this
-        node) that learn with the same algorithm."""
+        node) that learn with the same algorithm over the same classes."""
         wanted = learning_capability(self.config.algorithm.name)
-        return {peer.node_id: peer.address for peer in self.membership.ready() if wanted in peer.capabilities}
+        peers = {}
+        for peer in self.membership.ready():
+            if wanted not in peer.capabilities:
+                continue
+            if announced_labels(peer.capabilities) == self._labels:
+                peers[peer.node_id] = peer.address
+            elif peer.node_id not in self._other_labels:
+                if len(self._other_labels) >= self.config.discovery.max_peers:
+                    self._other_labels.clear()  # bounded: at worst a warning is repeated
+                self._other_labels.add(peer.node_id)
+                log.warning(
+                    "peer %s learns with %s over other classes ([data].class_names differ, or one of us "
+                    "uses a benchmark dataset): not a learning peer",
+                    peer.node_id,
+                    self.config.algorithm.name,
+                )
+        return peers
 
     def _hello_body(self) -> Hello:
         return Hello(

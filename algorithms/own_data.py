@@ -1,0 +1,333 @@
+"""A device's own data, read from local files: an image folder or a `.npz` of arrays.
+
+Image folder (torchvision's ImageFolder layout): one sub-folder per class, named after the
+class, holding that class's images at any depth (IMAGE_EXTENSIONS; other files, and files and
+folders whose name starts with '.', are skipped). Each image is converted to grayscale
+(`channels` 1) or RGB (3) and resized to `image_size` × `image_size` (the aspect ratio is not
+kept), then scaled to [0, 1] like the bundled datasets (`datasets.py`).
+
+`.npz` (`numpy.savez`): `x`, the images, N×H×W (one channel) or N×C×H×W with C = 1 or 3, as
+uint8 (0..255) or floats in [0, 1]; `y`, N integer labels; optionally `x_test` and `y_test`,
+the same way. No other keys; object arrays are refused (nothing is ever unpickled).
+
+Class ids mean the same on every node because the network agrees on one list of class names:
+a class's id is its position in that list. A class folder is named after its class; a `.npz`
+label is the class id itself. Without a test part, `test_fraction` of each class is held out
+(`held_out_count`), chosen with the seed.
+
+Two passes: `inspect_own_data` is what a config check runs (listing, image headers, array
+headers, labels; about 60 µs a small PNG), `load_own_data` decodes every image and checks
+every pixel value (about three times as long).
+"""
+
+from __future__ import annotations
+
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .datasets import ArrayDataset, DatasetError, _pool, _scaled
+
+__all__ = [
+    "DEFAULT_CHANNELS",
+    "DEFAULT_IMAGE_SIZE",
+    "DEFAULT_TEST_FRACTION",
+    "IMAGE_EXTENSIONS",
+    "NPZ_KEYS",
+    "Inventory",
+    "OwnDataError",
+    "OwnDataSpec",
+    "held_out_count",
+    "held_out_split",
+    "inspect_own_data",
+    "load_own_data",
+]
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".ppm", ".pgm", ".pbm", ".tif", ".tiff", ".webp")
+NPZ_KEYS = ("x", "y", "x_test", "y_test")
+DEFAULT_IMAGE_SIZE = 28  # the side of mnist5k's images, which every backbone is tuned for
+DEFAULT_CHANNELS = 1
+DEFAULT_TEST_FRACTION = 0.2
+# Every backbone works from 8 px (the `digits` set's side) up; a larger side only costs memory.
+MIN_SIDE, MAX_SIDE = 8, 1024
+_FLOAT32_BYTES = 4
+
+
+class OwnDataError(DatasetError):
+    """The node's own data cannot be used; `field` is the `[data]` setting to look at."""
+
+    def __init__(self, message: str, field: str = "path") -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True)
+class OwnDataSpec:
+    path: Path
+    class_names: tuple[str, ...]  # the network's classes; a class id is a position here
+    image_size: int = DEFAULT_IMAGE_SIZE  # image folders only
+    channels: int = DEFAULT_CHANNELS  # image folders only: 1 grayscale, 3 RGB
+    test_fraction: float | None = None  # None: DEFAULT_TEST_FRACTION, unless the .npz has a test part
+    max_memory_mb: int = 1024  # bound on the images as float32
+    seed: int = 0  # of the held-out split
+
+    @property
+    def is_npz(self) -> bool:
+        return self.path.suffix.lower() == ".npz"
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """What a config check learns without decoding pixels."""
+
+    image_shape: tuple[int, int, int]  # C, H, W, as the node's model will see it
+    counts: tuple[int, ...]  # images per class id (a folder: before the held-out split)
+    test_counts: tuple[int, ...] | None  # the .npz's own test part; None: held out of `counts`
+    files: tuple[tuple[Path, int], ...] = ()  # an image folder's files and their class ids
+
+
+def held_out_count(n: int, fraction: float) -> int:
+    """Test images held out of a class of n: about `fraction` of them, at least one, and never
+    the class's last training image (a class of one image stays in training)."""
+    return 0 if n < 2 else min(n - 1, max(1, round(n * fraction)))
+
+
+def held_out_split(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Training and test indices, stratified per class, chosen with `seed`."""
+    rng = np.random.default_rng([seed, 0x6F776E])  # "own"
+    train, test = [], []
+    for k in np.unique(labels):
+        members = rng.permutation(np.flatnonzero(labels == k))
+        cut = held_out_count(len(members), fraction)
+        test.append(members[:cut])
+        train.append(members[cut:])
+    return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
+
+
+def inspect_own_data(spec: OwnDataSpec) -> Inventory:
+    """Check the data's structure cheaply; raises OwnDataError saying what is wrong."""
+    if not spec.path.exists():
+        raise OwnDataError(f"{spec.path} does not exist")
+    inventory = _inspect_npz(spec) if spec.is_npz else _inspect_folder(spec)
+    present = [k for k, n in enumerate(inventory.counts) if n]
+    if len(present) < 2:
+        names = ", ".join(repr(spec.class_names[k]) for k in present) or "none"
+        raise OwnDataError(f"{spec.path} holds images of {len(present)} class ({names}); a node needs at least 2")
+    if inventory.test_counts is None and not any(n >= 2 for n in inventory.counts):
+        raise OwnDataError(f"{spec.path}: no class has 2 images, so none can be held out for testing")
+    return inventory
+
+
+def load_own_data(spec: OwnDataSpec) -> tuple[ArrayDataset, ArrayDataset]:
+    """The node's training and test images (decoded, checked, split); raises OwnDataError."""
+    inventory = inspect_own_data(spec)
+    if spec.is_npz:
+        images, labels, test = _load_npz(spec)
+        if test is not None:
+            return _pool(images, labels), test
+    else:
+        images, labels = _load_folder(spec, inventory.files)
+    fraction = DEFAULT_TEST_FRACTION if spec.test_fraction is None else spec.test_fraction
+    train_idx, test_idx = held_out_split(labels, fraction, spec.seed)
+    return _pool(images[train_idx], labels[train_idx]), _pool(images[test_idx], labels[test_idx])
+
+
+def _memory_check(spec: OwnDataSpec, images: int, shape: tuple[int, ...]) -> None:
+    needed = images * int(np.prod(shape)) * _FLOAT32_BYTES
+    if needed > spec.max_memory_mb * 2**20:
+        raise OwnDataError(
+            f"{spec.path}: {images} images of {'×'.join(map(str, shape))} take {needed / 2**20:.0f} MB "
+            f"as float32, more than [data].max_memory_mb ({spec.max_memory_mb})",
+            field="max_memory_mb",
+        )
+
+
+# --- image folders ------------------------------------------------------------------------
+
+
+def _hidden(path: Path, root: Path) -> bool:
+    return any(part.startswith(".") for part in path.relative_to(root).parts)
+
+
+def _inspect_folder(spec: OwnDataSpec) -> Inventory:
+    root = spec.path
+    if not root.is_dir():
+        raise OwnDataError(f"{root} is neither a folder of class folders nor a .npz file")
+    folders = sorted(entry for entry in root.iterdir() if entry.is_dir() and not entry.name.startswith("."))
+    if not folders:
+        raise OwnDataError(f"{root} holds no class folders: put each class's images in a sub-folder named after it")
+    ids = {name: k for k, name in enumerate(spec.class_names)}
+    unknown = [folder.name for folder in folders if folder.name not in ids]
+    if unknown:
+        raise OwnDataError(
+            f"class folders {unknown} of {root} are not in [data].class_names; a folder must be named "
+            "after one of the network's classes"
+        )
+    shape = (spec.channels, spec.image_size, spec.image_size)
+    counts = [0] * len(spec.class_names)
+    files: list[tuple[Path, int]] = []
+    for folder in folders:
+        images = [
+            path
+            for path in sorted(folder.rglob("*"))
+            if path.suffix.lower() in IMAGE_EXTENSIONS and not _hidden(path, folder) and path.is_file()
+        ]
+        if not images:
+            raise OwnDataError(f"class folder {folder} holds no images ({', '.join(IMAGE_EXTENSIONS)})")
+        _memory_check(spec, len(files) + len(images), shape)
+        for path in images:
+            _check_header(path)
+        counts[ids[folder.name]] = len(images)
+        files += [(path, ids[folder.name]) for path in images]
+    return Inventory(shape, tuple(counts), None, tuple(files))
+
+
+def _check_header(path: Path) -> None:
+    """Open the image as far as its header: its format and size, no pixels."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as image:
+            image.size  # noqa: B018 (read from the header)
+    except (OSError, ValueError, Image.DecompressionBombError) as error:
+        raise OwnDataError(f"{path} is not a readable image ({error})") from None
+
+
+def _load_folder(spec: OwnDataSpec, files: tuple[tuple[Path, int], ...]) -> tuple[np.ndarray, np.ndarray]:
+    from PIL import Image
+
+    mode = "L" if spec.channels == 1 else "RGB"
+    side = spec.image_size
+    pixels = np.empty((len(files), side, side, spec.channels), dtype=np.uint8)
+    for index, (path, _) in enumerate(files):
+        try:
+            with Image.open(path) as image:
+                converted = image.convert(mode).resize((side, side), Image.Resampling.BILINEAR)
+        except (OSError, ValueError, Image.DecompressionBombError) as error:
+            raise OwnDataError(f"{path} could not be decoded ({error})") from None
+        pixels[index] = np.asarray(converted).reshape(side, side, spec.channels)
+    labels = np.array([k for _, k in files], dtype=np.int64)
+    return _scaled(pixels.transpose(0, 3, 1, 2), 255.0), labels
+
+
+# --- .npz files ---------------------------------------------------------------------------
+
+
+def _array_headers(spec: OwnDataSpec) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Shape and dtype of each array of the .npz, read from the headers only."""
+    try:
+        with zipfile.ZipFile(spec.path) as archive:
+            names = archive.namelist()
+            odd = [name for name in names if not name.endswith(".npy") or name[:-4] not in NPZ_KEYS]
+            if odd:
+                raise OwnDataError(
+                    f"{spec.path} holds {', '.join(odd)}; a .npz of own data holds only the arrays "
+                    "x and y, and optionally x_test and y_test"
+                )
+            headers = {}
+            for name in names:
+                with archive.open(name) as member:
+                    version = np.lib.format.read_magic(member)
+                    read = np.lib.format.read_array_header_1_0
+                    if version == (2, 0):
+                        read = np.lib.format.read_array_header_2_0
+                    elif version != (1, 0):
+                        raise ValueError(f"array format {version} of {name} is not supported; save with numpy.savez")
+                    shape, _, dtype = read(member)
+                headers[name[:-4]] = (shape, dtype)
+            return headers
+    except (OSError, ValueError, zipfile.BadZipFile) as error:
+        raise OwnDataError(f"{spec.path} is not a readable .npz file ({error})") from None
+
+
+def _inspect_npz(spec: OwnDataSpec) -> Inventory:
+    headers = _array_headers(spec)
+    missing = [key for key in ("x", "y") if key not in headers]
+    if ("x_test" in headers) != ("y_test" in headers):
+        missing.append("y_test" if "x_test" in headers else "x_test")
+    if missing:
+        raise OwnDataError(f"{spec.path} lacks the array(s) {', '.join(missing)}")
+    has_test = "x_test" in headers
+    if has_test and spec.test_fraction is not None:
+        raise OwnDataError(
+            f"{spec.path} has its own test part (x_test, y_test); nothing is held out, remove test_fraction",
+            field="test_fraction",
+        )
+    shape = _image_shape(spec, "x", *headers["x"])
+    total = headers["x"][0][0]
+    if has_test:
+        if _image_shape(spec, "x_test", *headers["x_test"]) != shape:
+            raise OwnDataError(f"{spec.path}: x_test's images are not shaped like x's ({'×'.join(map(str, shape))})")
+        total += headers["x_test"][0][0]
+    _memory_check(spec, total, shape)
+    counts = _label_counts(spec, "y", headers, headers["x"][0][0])
+    test_counts = _label_counts(spec, "y_test", headers, headers["x_test"][0][0]) if has_test else None
+    if test_counts is not None and not sum(test_counts):
+        raise OwnDataError(f"{spec.path}: x_test holds no images")
+    return Inventory(shape, counts, test_counts)
+
+
+def _image_shape(spec: OwnDataSpec, key: str, shape: tuple[int, ...], dtype: np.dtype) -> tuple[int, int, int]:
+    if dtype.hasobject or not (dtype == np.uint8 or np.issubdtype(dtype, np.floating)):
+        raise OwnDataError(f"{spec.path}: {key} is {dtype}; store images as uint8 (0..255) or floats in [0, 1]")
+    if len(shape) == 3:
+        shape = (shape[0], 1, *shape[1:])
+    elif len(shape) != 4 or shape[1] not in (1, 3):
+        hint = " (channels last? store x.transpose(0, 3, 1, 2))" if len(shape) == 4 and shape[3] in (1, 3) else ""
+        raise OwnDataError(f"{spec.path}: {key} has shape {shape}; expected N×H×W or N×C×H×W with C 1 or 3{hint}")
+    if not all(MIN_SIDE <= side <= MAX_SIDE for side in shape[2:]):
+        raise OwnDataError(
+            f"{spec.path}: {key}'s images are {shape[2]}×{shape[3]}; sides from {MIN_SIDE} to {MAX_SIDE}"
+        )
+    return shape[1], shape[2], shape[3]
+
+
+def _label_counts(spec: OwnDataSpec, key: str, headers: dict, images: int) -> tuple[int, ...]:
+    shape, dtype = headers[key]
+    if not np.issubdtype(dtype, np.integer):
+        raise OwnDataError(f"{spec.path}: {key} is {dtype}; labels are integer class ids")
+    if shape != (images,):
+        raise OwnDataError(f"{spec.path}: {key} has shape {shape}; expected ({images},), one label per image")
+    try:
+        with np.load(spec.path, allow_pickle=False) as arrays:
+            labels = arrays[key]
+    except (OSError, ValueError, zipfile.BadZipFile) as error:
+        raise OwnDataError(f"{spec.path}: {key} could not be read ({error})") from None
+    classes = len(spec.class_names)
+    bad = labels[(labels < 0) | (labels >= classes)]
+    if len(bad):
+        raise OwnDataError(
+            f"{spec.path}: {key} holds label {bad[0]}; labels are positions in [data].class_names, 0 to {classes - 1}"
+        )
+    return tuple(int(n) for n in np.bincount(labels, minlength=classes))
+
+
+def _load_npz(spec: OwnDataSpec) -> tuple[np.ndarray, np.ndarray, ArrayDataset | None]:
+    """Training images and labels, and the test part if the file has one."""
+    try:
+        with np.load(spec.path, allow_pickle=False) as arrays:
+            raw = {key: arrays[key] for key in arrays.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as error:
+        raise OwnDataError(f"{spec.path} could not be read ({error})") from None
+    x, y = _npz_images(spec, "x", raw["x"]), raw["y"].astype(np.int64)
+    if "x_test" not in raw:
+        return x, y, None
+    return x, y, _pool(_npz_images(spec, "x_test", raw["x_test"]), raw["y_test"].astype(np.int64))
+
+
+def _npz_images(spec: OwnDataSpec, key: str, x: np.ndarray) -> np.ndarray:
+    if x.ndim == 3:
+        x = x[:, None]
+    if x.dtype == np.uint8:
+        return _scaled(x, 255.0)
+    x = np.asarray(x, dtype=np.float32)
+    if not np.isfinite(x).all():
+        raise OwnDataError(f"{spec.path}: {key} holds NaN or infinite values")
+    if x.size and (x.min() < 0 or x.max() > 1):
+        raise OwnDataError(
+            f"{spec.path}: {key} holds values from {x.min():g} to {x.max():g}; "
+            "float images must be scaled to [0, 1] (or stored as uint8)"
+        )
+    return x
