@@ -866,13 +866,6 @@ def _cross_checks(config: Config) -> list[str]:
             "[node].advertise: required when listen binds all "
             f"interfaces ({node.listen}): say how peers reach this node"
         )
-    limits = config.limits.limits()
-    handshake_bytes = max(limits.max_frame_bytes_for(kind) for kind in HANDSHAKE_KINDS)
-    if not handshake_bytes <= config.limits.max_public_frame_bytes <= config.limits.max_frame_bytes:
-        problems.append(
-            f"[limits].max_public_frame_bytes: must lie between the largest handshake frame "
-            f"({handshake_bytes}) and max_frame_bytes ({config.limits.max_frame_bytes})"
-        )
     socket_path = str(config.control_socket)
     if len(socket_path.encode()) > _MAX_UNIX_SOCKET_PATH:
         problems.append(
@@ -894,17 +887,27 @@ def _cross_checks(config: Config) -> list[str]:
     problems += _curve_checks(config)
     if config.security.allowlist == ():
         problems.append("[security].allowlist: an empty list would refuse every peer; omit the key to accept any key")
-    limits = config.limits
+    try:
+        check_network_id(node.network)
+    except ValueError as exc:
+        problems.append(f"[node].network: {exc}")
+    return problems + _limit_checks(config.limits) + _learning_checks(config)
+
+
+def _limit_checks(limits: LimitSettings) -> list[str]:
+    problems = []
     for kind, size in limits.frame_bytes.items():
         if size > limits.max_frame_bytes:
             problems.append(
                 f"[limits].frame_bytes: {kind.value} bound {size} exceeds max_frame_bytes {limits.max_frame_bytes}"
             )
-    try:
-        check_network_id(node.network)
-    except ValueError as exc:
-        problems.append(f"[node].network: {exc}")
-    return problems + _learning_checks(config)
+    handshake_bytes = max(limits.limits().max_frame_bytes_for(kind) for kind in HANDSHAKE_KINDS)
+    if not handshake_bytes <= limits.max_public_frame_bytes <= limits.max_frame_bytes:
+        problems.append(
+            f"[limits].max_public_frame_bytes: must lie between the largest handshake frame "
+            f"({handshake_bytes}) and max_frame_bytes ({limits.max_frame_bytes})"
+        )
+    return problems
 
 
 def _curve_checks(config: Config) -> list[str]:
