@@ -131,7 +131,7 @@ class RoundState(Generic[Item]):
     inbox_frames: int
     history_rounds: int
     round: int = 0  # the round in progress (or next, between rounds)
-    # Rounds behind the node: the last one finished + 1 (those a catch-up skipped included).
+    # Rounds completed: the last one finished + 1 (rounds a catch-up skipped count too).
     # `status` and Prometheus both show this one number.
     completed: int = 0
     catch_ups: int = 0
