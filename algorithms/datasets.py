@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["DATASETS", "ArrayDataset", "Dataset", "DatasetError", "load_dataset"]
+__all__ = ["DATASETS", "ArrayDataset", "Dataset", "DatasetError", "load_dataset", "missing_files"]
 
 DATASETS = ("mnist5k", "digits", "mnist", "fashionmnist", "cifar10", "svhn")
 
@@ -131,14 +131,26 @@ def _layout_help(name: str) -> str:
     return advice
 
 
-def _load_torchvision(name: str, root: str | None) -> Dataset:
+def missing_files(name: str, root: str | os.PathLike | None) -> str | None:
+    """Why `name` cannot be read from `root`, or None if every file it needs is there (or it
+    needs none). Only looks for the files: a node's config check calls it, without loading."""
+    if name not in _LAYOUT:
+        return None
     if root is None:
-        raise DatasetError(f"dataset {name!r} is read from local files: pass a root folder; {_layout_help(name)}")
+        return f"dataset {name!r} is read from local files: pass a root folder; {_layout_help(name)}"
+    root = os.fspath(root)
+    if not os.path.isdir(root):
+        return f"dataset {name!r}: root {root!r} is not a directory; {_layout_help(name)}"
     missing = [file for file in _LAYOUT[name] if not os.path.isfile(os.path.join(root, file))]
     if missing:
-        raise DatasetError(
-            f"dataset {name!r} not found under root {root!r}: missing {', '.join(missing)}; {_layout_help(name)}"
-        )
+        return f"dataset {name!r} not found under root {root!r}: missing {', '.join(missing)}; {_layout_help(name)}"
+    return None
+
+
+def _load_torchvision(name: str, root: str | None) -> Dataset:
+    problem = missing_files(name, root)
+    if problem is not None:
+        raise DatasetError(problem)
 
     # Imported here, not at the top: loading the built-in datasets should not pay for torchvision.
     from algorithms.torchvision_compat import torchvision

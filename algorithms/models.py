@@ -25,8 +25,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from algorithms.torchvision_compat import torchvision
-
 __all__ = [
     "BACKBONES",
     "CPU_BACKBONES",
@@ -253,10 +251,18 @@ class MLP(nn.Module):
 # --- GPU family: torchvision architectures adapted to small images ------------------------
 
 
+def _torchvision_models():
+    """Imported on first use: torchvision costs a daemon about 2.6 s of CPU at start, which a
+    node on a CPU backbone does not need."""
+    from algorithms.torchvision_compat import torchvision
+
+    return torchvision.models
+
+
 def _resnet18(image_shape: tuple[int, int, int], latent_dim: int) -> nn.Module:
     # The CIFAR adaptation of the ResNet paper: a 3×3 stride-1 stem and no max pooling, so a
     # 32 px image reaches the last stage at 4×4 instead of 1×1.
-    model = torchvision.models.resnet18(weights=None)
+    model = _torchvision_models().resnet18(weights=None)
     model.conv1 = nn.Conv2d(image_shape[0], 64, 3, stride=1, padding=1, bias=False)
     nn.init.kaiming_normal_(model.conv1.weight, mode="fan_out", nonlinearity="relu")  # as torchvision's
     model.maxpool = nn.Identity()
@@ -266,7 +272,7 @@ def _resnet18(image_shape: tuple[int, int, int], latent_dim: int) -> nn.Module:
 
 def _shufflenet(image_shape: tuple[int, int, int], latent_dim: int) -> nn.Module:
     # Same adaptation: the stem convolution loses its stride and the max pooling goes.
-    model = torchvision.models.shufflenet_v2_x1_0(weights=None)
+    model = _torchvision_models().shufflenet_v2_x1_0(weights=None)
     stem = model.conv1[0]
     model.conv1[0] = nn.Conv2d(image_shape[0], stem.out_channels, 3, stride=1, padding=1, bias=False)
     model.maxpool = nn.Identity()
@@ -276,7 +282,7 @@ def _shufflenet(image_shape: tuple[int, int, int], latent_dim: int) -> nn.Module
 
 def _googlenet(image_shape: tuple[int, int, int], latent_dim: int) -> nn.Module:
     # Five stride-2 reductions: even at 64 px the last inception stage works on 2×2.
-    model = torchvision.models.googlenet(weights=None, aux_logits=False, init_weights=True)
+    model = _torchvision_models().googlenet(weights=None, aux_logits=False, init_weights=True)
     stem = model.conv1.conv
     model.conv1.conv = nn.Conv2d(
         image_shape[0], stem.out_channels, stem.kernel_size, stride=stem.stride, padding=stem.padding, bias=False
@@ -288,7 +294,7 @@ def _googlenet(image_shape: tuple[int, int, int], latent_dim: int) -> nn.Module:
 def _alexnet(image_shape: tuple[int, int, int], latent_dim: int) -> nn.Module:
     # An 11×11 stride-4 stem and three max poolings: 64 px leaves 1×1 before the adaptive
     # pooling, which AlexNet's own 6×6 adaptive pooling then spreads out.
-    model = torchvision.models.alexnet(weights=None)
+    model = _torchvision_models().alexnet(weights=None)
     stem = model.features[0]
     model.features[0] = nn.Conv2d(
         image_shape[0], stem.out_channels, stem.kernel_size, stride=stem.stride, padding=stem.padding

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .baselines import DFedAvgM, FedProto
+from .catalog import GRAPH_LEARNING
 from .dual import MaplDual
 from .fedmrl import FedMrl
 from .mapl import Local, Mapl, MaplNoCgl, MaplPlus, Oracle
@@ -22,6 +24,7 @@ __all__ = [
     "ConfigOverrideError",
     "default_config",
     "apply_overrides",
+    "checked_config",
     "make_algorithm",
     "config_as_dict",
 ]
@@ -85,6 +88,9 @@ def default_config(name: str) -> Any:
 
 def _coerce(text: str, kind: Any, key: str) -> Any:
     origin = typing.get_origin(kind)
+    optional = [t for t in typing.get_args(kind) if t is not type(None)] if origin is types.UnionType else []
+    if len(optional) == 1:  # `int | None`: "none" is None (the setting's own default, as a rule)
+        return None if text.lower() == "none" else _coerce(text, optional[0], key)
     try:
         if kind is bool:
             if text.lower() in ("true", "1", "yes", "on"):
@@ -135,6 +141,31 @@ def _replace(config: Any, path: list[str], text: str, key: str) -> Any:
         return dataclasses.replace(config, **{name: value})
     except ValueError as exc:
         raise ConfigOverrideError(f"{key}: {exc}") from None
+
+
+# Hyper-parameters naming the round from which an algorithm that learns its graph does
+# something: a run that ends first never does it, which is never what was meant.
+_FROM_ROUND = (
+    ("warmup_rounds", "the graph is never learned"),
+    ("distill_after", "nothing is ever distilled"),
+    ("prune_round", "the neighbours are never pruned (prune_round=0: never prune)"),
+)
+
+
+def checked_config(name: str, overrides: Mapping[str, str], rounds: int, rounds_name: str = "rounds") -> Any:
+    """The configuration of algorithm `name` with `overrides` applied, checked against the
+    `rounds` the run lasts too (`rounds_name` is how the caller's user sets it). The daemon's
+    config check and `simulate` / `testnet` all come here; ConfigOverrideError says what is wrong."""
+    config = apply_overrides(default_config(name), overrides)
+    problems = []
+    if name in GRAPH_LEARNING:
+        for key, otherwise in _FROM_ROUND:
+            value = getattr(config, key, None)
+            if value is not None and value >= rounds and not (key == "prune_round" and value == 0):
+                problems.append(f"{key}={value} must be below {rounds_name} ({rounds}), or {otherwise}")
+    if problems:
+        raise ConfigOverrideError("; ".join(problems))
+    return config
 
 
 def config_as_dict(config: Any) -> dict[str, Any]:

@@ -41,8 +41,9 @@ class Checkpoint:
     state: dict[str, Any]  # Algorithm.state_dict()
     history: tuple[RoundRecord, ...]
 
-    def save(self, path: Path) -> None:
-        save_checkpoint(
+    def save(self, path: Path) -> int:
+        """Write it atomically; returns its size in bytes."""
+        return save_checkpoint(
             path,
             {
                 "format": CHECKPOINT_FORMAT,
@@ -70,12 +71,14 @@ class Checkpoint:
             raise CheckpointError(f"{path}: {exc}; move it away to start afresh") from None
 
 
-def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+def save_checkpoint(path: Path, state: dict[str, Any]) -> int:
     import torch
 
     buffer = io.BytesIO()
     torch.save(on_cpu(state), buffer)
-    write_atomically(path, buffer.getvalue())
+    data = buffer.getvalue()
+    write_atomically(path, data)
+    return len(data)
 
 
 def on_cpu(value: Any) -> Any:

@@ -1,7 +1,7 @@
 """The `p2pnode` command line.
 
-Exit codes: 0 success; 1 the command failed (the message says why and what to do); 2 bad usage
-or an invalid configuration file.
+Exit codes: 0 success; 1 the command failed (the message says why and what to do); 2 bad usage,
+an invalid configuration file or a key file that cannot be used.
 """
 
 from __future__ import annotations
@@ -108,8 +108,8 @@ def _keyinfo(args: argparse.Namespace) -> int:
 
     try:
         identity = load_key(args.key)
-    except KeyFileError as exc:
-        raise CommandError(str(exc)) from None
+    except KeyFileError as exc:  # a key `start` would refuse as [node].key: exit 2 here as there
+        raise CommandError(str(exc), EXIT_USAGE) from None
     print(json.dumps({"node_id": identity.node_id, "public_key": identity.public_key.hex()}))
     return EXIT_OK
 
@@ -185,7 +185,8 @@ def _write(report: dict, out: Path) -> None:
 
 def _learning_spec(args: argparse.Namespace):
     """The scenario of `simulate` and `testnet`, checked (hyper-parameters included)."""
-    from algorithms.registry import ConfigOverrideError, apply_overrides, default_config
+    from algorithms.datasets import missing_files
+    from algorithms.registry import ConfigOverrideError, checked_config
     from testnet.simulator import SimulationSpec
 
     overrides = {}
@@ -215,9 +216,12 @@ def _learning_spec(args: argparse.Namespace):
             mixed_precision=args.mixed_precision,
         )
         spec.node_backbones()
-        apply_overrides(default_config(spec.algorithm), overrides)
+        checked_config(spec.algorithm, overrides, spec.rounds, "--rounds")
     except (ValueError, ConfigOverrideError) as exc:
         raise CommandError(str(exc), EXIT_USAGE) from None
+    missing = missing_files(spec.dataset, spec.dataset_root)
+    if missing is not None:
+        raise CommandError(f"--data-root: {missing}", EXIT_USAGE)
     return spec
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from algorithms.catalog import ALGORITHM_NAMES, BACKBONES, DEVICE_FORMS, DEVICE_PATTERN, FLOAT32_ONLY_DEVICES
-from algorithms.datasets import DATASETS
+from algorithms.datasets import DATASETS, missing_files
 from algorithms.own_data import OwnDataError, OwnDataSpec, inspect_own_data
 from algorithms.partitions import SCENARIOS
 from protocol import DEFAULT_LIMITS, Identity, Limits, MessageType, check_network_id
@@ -512,10 +512,14 @@ class TransportSettings:
     )
     heartbeat_ivl_ms: int = option(Integer(0, 3_600_000), 1000, "ZMTP heartbeat interval (0: off)")
     heartbeat_timeout_ms: int = option(
-        Integer(0, 3_600_000), 3000, "drop a connection whose heartbeats stop for this long"
+        Integer(0, 3_600_000),
+        3000,
+        "drop a connection whose heartbeats stop for this long; must exceed heartbeat_ivl_ms",
     )
     reconnect_ivl_ms: int = option(Integer(1, 3_600_000), 100, "first reconnect delay of an outbound socket")
-    reconnect_ivl_max_ms: int = option(Integer(0, 3_600_000), 5000, "reconnect delay cap (exponential backoff)")
+    reconnect_ivl_max_ms: int = option(
+        Integer(0, 3_600_000), 5000, "reconnect delay cap (exponential backoff); 0 or at least reconnect_ivl_ms"
+    )
     handshake_ivl_ms: int = option(Integer(0, 3_600_000), 5000, "abandon a ZMTP handshake after this long")
     verify_threads: int = option(Integer(1, 64), 2, "worker threads that check signatures (Ed25519 releases the GIL)")
     sign_in_thread_bytes: int = option(
@@ -628,7 +632,11 @@ class DataSettings:
         "mnist5k",
         "dataset; `mnist5k` and `digits` ship with Python packages, the others are read from `root`",
     )
-    root: Path | None = option(FilePath(), None, "local root of the torchvision datasets (nothing is ever downloaded)")
+    root: Path | None = option(
+        FilePath(),
+        None,
+        "local root of the torchvision datasets (never downloaded: the config check wants its files there)",
+    )
     scenario: str = option(Text(choices=SCENARIOS), "1", "non-IID partition of the network (docs/learning.md)")
     nodes: int = option(
         Integer(1, 100_000), 1, "nodes the partition is cut for; every node of one network uses the same value"
@@ -640,7 +648,7 @@ class DataSettings:
         "instead of a shard: train on these classes (`samples_per_class` images of "
         "each, drawn with `seed` and the node index); such nodes may share images",
     )
-    clusters: int = option(Integer(0, 100_000), 0, "ground-truth clusters (0: the scenario's default)")
+    clusters: int = option(Integer(0, 100_000), 0, "ground-truth clusters (0: the scenario's default), at most `nodes`")
     samples_per_class: int = option(Integer(1, 1_000_000), 25, "training samples per class of this node")
     test_per_class: int = option(Integer(1, 1_000_000), 15, "test samples per own class of this node")
     seed: int = option(
@@ -720,7 +728,9 @@ class AlgorithmSettings:
         Text(choices=("none", *ALGORITHM_NAMES)), "none", "learning algorithm; `none` runs discovery only"
     )
     rounds: int = option(Integer(1, 10_000_000), 60, "rounds to run; afterwards the node keeps serving until stopped")
-    start_peers: int = option(Integer(0, 4096), 0, "wait for this many admitted peers before round 0 ...")
+    start_peers: int = option(
+        Integer(0, 4096), 0, "wait for this many admitted peers (at most `[discovery].max_peers`) before round 0 ..."
+    )
     start_timeout_s: float = option(
         Number(0, 86400),
         60.0,
@@ -891,7 +901,7 @@ def _cross_checks(config: Config) -> list[str]:
         check_network_id(node.network)
     except ValueError as exc:
         problems.append(f"[node].network: {exc}")
-    return problems + _limit_checks(config.limits) + _learning_checks(config)
+    return problems + _limit_checks(config.limits) + _transport_checks(config.transport) + _learning_checks(config)
 
 
 def _limit_checks(limits: LimitSettings) -> list[str]:
@@ -906,6 +916,23 @@ def _limit_checks(limits: LimitSettings) -> list[str]:
         problems.append(
             f"[limits].max_public_frame_bytes: must lie between the largest handshake frame "
             f"({handshake_bytes}) and max_frame_bytes ({limits.max_frame_bytes})"
+        )
+    return problems
+
+
+def _transport_checks(t: TransportSettings) -> list[str]:
+    problems = []
+    if t.heartbeat_ivl_ms and t.heartbeat_timeout_ms <= t.heartbeat_ivl_ms:
+        # The timeout is also the TTL the other side applies: it would drop an idle connection
+        # between two heartbeats.
+        problems.append(
+            "[transport].heartbeat_timeout_ms: must exceed heartbeat_ivl_ms "
+            f"({t.heartbeat_ivl_ms}) while heartbeats are on, got {t.heartbeat_timeout_ms}"
+        )
+    if 0 < t.reconnect_ivl_max_ms < t.reconnect_ivl_ms:
+        problems.append(  # ZeroMQ would ignore it silently
+            "[transport].reconnect_ivl_max_ms: must be 0 (no backoff) or at least reconnect_ivl_ms "
+            f"({t.reconnect_ivl_ms}), got {t.reconnect_ivl_max_ms}"
         )
     return problems
 
@@ -946,10 +973,20 @@ def _learning_checks(config: Config) -> list[str]:
             "[algorithm].name: `oracle` trains on its whole cluster's data, which no P2P node has; "
             "it exists in `p2pnode simulate` only"
         )
-    from algorithms.registry import ConfigOverrideError, apply_overrides, default_config
+    if data.clusters > data.nodes:
+        problems.append(f"[data].clusters: cannot exceed [data].nodes ({data.nodes}), got {data.clusters}")
+    missing = missing_files(data.dataset, data.root)
+    if missing is not None:
+        problems.append(f"[data].root: {missing}")
+    if algorithm.start_peers > config.discovery.max_peers:
+        problems.append(
+            f"[algorithm].start_peers: must not exceed [discovery].max_peers ({config.discovery.max_peers}), "
+            f"got {algorithm.start_peers}: the first round would wait start_timeout_s for peers the table cannot hold"
+        )
+    from algorithms.registry import ConfigOverrideError, checked_config
 
     try:
-        apply_overrides(default_config(algorithm.name), dict(algorithm.settings))
+        checked_config(algorithm.name, dict(algorithm.settings), algorithm.rounds, "[algorithm].rounds")
     except ConfigOverrideError as exc:
         problems.append(f"[algorithm].settings: {exc}")
     return problems

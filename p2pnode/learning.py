@@ -48,9 +48,14 @@ __all__ = [
     "build_algorithm",
     "labels_capability",
     "learning_capability",
+    "ALONE_ROUNDS",
 ]
 
 log = logging.getLogger("p2pnode.learning")
+
+# A node that communicates but has had no learning peer for this many rounds in a row says so
+# in its log, once per such streak: it is training alone, which is rarely what was meant.
+ALONE_ROUNDS = 3
 
 
 class LearningSetupError(Exception):
@@ -175,6 +180,8 @@ class RoundDriver:
         self.checkpoint_failures = 0  # saves that failed (a full disk): the older checkpoint stays
         self.checkpoint_error: str | None = None  # why the last save failed; None once one succeeds
         self._sent_to: set[str] = set()  # peers sent anything in the round in progress
+        self._last_payload: dict[str, tuple[float, int]] = {}  # peer → (when, round) of its latest payload
+        self._alone_since, self._alone_rounds = 0, 0  # the current streak of rounds without a learning peer
         # Until then the first round waits for its peers, whatever the round deadline: a peer
         # admitted at start-up may still be loading its data and model, and a node that went
         # ahead alone would find nobody to wait for in the rounds after.
@@ -192,11 +199,14 @@ class RoundDriver:
         if refusal is not None:
             self.network.rejected(refusal, envelope.size)
         else:
+            self._last_payload[envelope.sender_id] = (trio.current_time(), envelope.round)
             self._arrival.set()
 
     async def _refresh(self) -> None:
         """Tell the algorithm who its peers are now, then deliver and answer."""
-        self.algorithm.set_peers(self.network.peers())
+        peers = self.network.peers()
+        self.algorithm.set_peers(peers)
+        self._last_payload = {peer: seen for peer, seen in self._last_payload.items() if peer in peers}  # bounded
         await self._deliver_and_answer()
 
     async def _deliver_and_answer(self) -> None:
@@ -266,6 +276,7 @@ class RoundDriver:
         report = await self._in_thread(algorithm.local_step, round)
         stepped = trio.current_time()
         await self._refresh()
+        self._note_peers(round)
         self.phase = "publish"
         for out in algorithm.publish(round):
             await self._send(out, round)
@@ -308,6 +319,32 @@ class RoundDriver:
             extra={"round": round, "accuracy": record.accuracy, "arrived": record.arrived, "expected": record.expected},
         )
 
+    def _note_peers(self, round: int) -> None:
+        """Log once when a node that communicates has had no learning peer for ALONE_ROUNDS
+        rounds, and once when it has some again."""
+        if not self.algorithm.sends:
+            return  # it never communicates (local, scool-local): alone is what it is for
+        peers = self.network.peers()
+        if not peers:
+            if not self._alone_rounds:
+                self._alone_since = round
+            self._alone_rounds += 1
+            if self._alone_rounds == ALONE_ROUNDS:
+                log.warning(
+                    "no learning peers for %d rounds (since round %d): training alone; a learning peer is an "
+                    "admitted peer that announces %s (check [discovery].bootstrap and the peers' [algorithm].name)",
+                    ALONE_ROUNDS,
+                    self._alone_since,
+                    learning_capability(self.algorithm.name),
+                    extra={"round": round, "alone_rounds": ALONE_ROUNDS},
+                )
+            return
+        if self._alone_rounds >= ALONE_ROUNDS:
+            log.info(
+                "learning peers again in round %d, after %d rounds alone: %d", round, self._alone_rounds, len(peers)
+            )
+        self._alone_rounds = 0
+
     async def _gather(self, round: int, expected: set[str]) -> None:
         """Wait for the expected payloads of `round` as `Gather` decides, answering what
         arrives meanwhile."""
@@ -338,7 +375,7 @@ class RoundDriver:
             self.algorithm.name, record.round, self.algorithm.state_dict(), tuple(self.state.history)
         )
         try:
-            await self._in_thread(checkpoint.save, self.checkpoint_path)
+            size = await self._in_thread(checkpoint.save, self.checkpoint_path)
         except OSError as exc:
             # Written atomically: the previous checkpoint is intact, and a restart resumes from
             # it. Learning goes on; the next round's save tries again.
@@ -357,6 +394,13 @@ class RoundDriver:
             return
         self.checkpoint_round = record.round
         self.checkpoint_error = None
+        log.info(
+            "checkpoint of round %d written to %s (%d bytes)",
+            record.round,
+            self.checkpoint_path,
+            size,
+            extra={"round": record.round, "bytes": size},
+        )
 
     def _resume(self) -> None:
         """Continue from the checkpoint, if there is one."""
@@ -375,6 +419,7 @@ class RoundDriver:
 
     def status(self) -> dict[str, Any]:
         state = self.state
+        now = trio.current_time()
         last = state.history[-1] if state.history else None
         setup = None if self.algorithm is None else self.algorithm.setup
         return {
@@ -389,6 +434,10 @@ class RoundDriver:
             "catch_ups": state.catch_ups,
             "accuracy": None if last is None else last.accuracy,
             "neighbours": {} if last is None else {k: v for k, v in last.weights.items() if v > 0},
+            "last_payloads": {
+                peer: {"round": tagged, "age_s": round_s(now - at)}
+                for peer, (at, tagged) in sorted(self._last_payload.items())
+            },
             "missing_payloads": dict(sorted(state.missing.items())),
             "inbox": state.queued,
             "checkpoint_round": self.checkpoint_round,

@@ -63,7 +63,7 @@ from .learning import (
 )
 from .memory import trim_now
 from .metrics import NOT_LEARNING, UNKNOWN_PEER, Metrics
-from .peers import Action, Admitted, Dial, DialPeers, Evicted, Hangup, Membership, Send, SendHello
+from .peers import Action, Admitted, Dial, DialPeers, Evicted, Hangup, Membership, Send, SendHello, Unreachable
 from .prometheus import render_for, serve_prometheus
 from .state import DataDir, DataDirError
 from .transport import MissingKey, Transport, TransportError
@@ -464,11 +464,33 @@ class Node:
             elif isinstance(action, Admitted):
                 self.guard.trust(action.key, action.seq)
                 self._track_transport_key(action.key, admitted=True)
-                log.info("peer %s admitted at %s", node_id(action.key), action.address)
+                log.info(
+                    "peer %s admitted at %s (%d/%d peers)",
+                    node_id(action.key),
+                    action.address,
+                    len(membership.peers),
+                    self.config.discovery.max_peers,
+                )
             elif isinstance(action, Evicted):
                 self.guard.forget(action.key)
                 self._track_transport_key(action.key, admitted=False)
-                log.info("peer %s evicted (%s)", node_id(action.key), action.why)
+                log.info(
+                    "peer %s evicted (%s; %d/%d peers left)",
+                    node_id(action.key),
+                    action.why,
+                    len(membership.peers),
+                    self.config.discovery.max_peers,
+                )
+            elif isinstance(action, Unreachable):
+                log.warning(
+                    "bootstrap %s unreachable: %d challenges unanswered in %.1f s; still retrying (next in %g s; "
+                    "is a node running there? [discovery].bootstrap)",
+                    action.address,
+                    action.attempts,
+                    action.waited_s,
+                    action.next_in_s,
+                    extra={"address": action.address, "attempts": action.attempts},
+                )
             elif isinstance(action, SendHello):
                 sent = self.send((action.address,), self._hello_body()) == 1
                 if not sent:

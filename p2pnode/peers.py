@@ -51,7 +51,19 @@ from .config import DiscoverySettings
 from .gate import subnet_of
 from .metrics import UNKNOWN_PEER
 
-__all__ = ["Peer", "Membership", "Dial", "DialPeers", "Hangup", "SendHello", "Send", "Admitted", "Evicted", "Action"]
+__all__ = [
+    "Peer",
+    "Membership",
+    "Dial",
+    "DialPeers",
+    "Hangup",
+    "SendHello",
+    "Send",
+    "Admitted",
+    "Evicted",
+    "Unreachable",
+    "Action",
+]
 
 
 _U64 = (1 << 64) - 1
@@ -116,7 +128,18 @@ class Evicted:
     why: str
 
 
-Action = Dial | DialPeers | Hangup | SendHello | Send | Admitted | Evicted
+@dataclass(frozen=True)
+class Unreachable:
+    """The bootstrap address has left `attempts` challenges unanswered over `waited_s`: say so
+    (once per streak); it is still retried, the next time in `next_in_s`."""
+
+    address: str
+    attempts: int
+    waited_s: float
+    next_in_s: float
+
+
+Action = Dial | DialPeers | Hangup | SendHello | Send | Admitted | Evicted | Unreachable
 
 
 @dataclass
@@ -164,6 +187,7 @@ class _Dialing:
     nonce: int
     next_at: float
     delay: float
+    since: float  # when the first dial was due
     hello: tuple[Envelope, bytes] | None = None  # the signed HELLO that named this address
     attempts: int = 0
     opened: bool = False  # the outbound connection has been asked for
@@ -546,6 +570,7 @@ class Membership:
             nonce=self.rng.randint(0, _U64),
             next_at=now,
             delay=self.settings.dial_retry_initial_s,
+            since=now,
         )
 
     def _dial_now(self, entry: _Dialing, now: float) -> list[Action]:
@@ -562,10 +587,14 @@ class Membership:
                     self._given_up.clear()  # bounded; forgetting only costs a few more HELLOs
                 self._given_up[entry.key] = entry.hello[0].timestamp_us
             return self._stop_dialing(entry)
+        actions: list[Action] = []
+        if entry.permanent and entry.attempts == self.settings.dial_attempts:
+            self.counts["bootstrap_unreachable"] += 1
+            actions.append(Unreachable(entry.address, entry.attempts, now - entry.since, entry.delay))
         entry.attempts += 1
         entry.next_at = now + entry.delay
         entry.delay = min(entry.delay * 2, self.settings.dial_retry_max_s)
-        actions: list[Action] = [
+        actions += [
             Dial(entry.address, entry.key),
             SendHello(entry.address),
             Send((entry.address,), Ping(nonce=entry.nonce)),

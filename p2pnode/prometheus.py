@@ -84,8 +84,10 @@ def _learning(driver: RoundDriver) -> Iterator[Metric]:
     round_ = GaugeMetricFamily("p2pnode_round", "the learning round in progress")
     round_.add_metric([], state.round)
     yield round_
-    completed = GaugeMetricFamily("p2pnode_rounds_completed", "learning rounds completed")
-    completed.add_metric([], state.completed + 1)
+    completed = GaugeMetricFamily(
+        "p2pnode_rounds_completed", "learning rounds completed (the last one finished + 1), as status's `completed`"
+    )
+    completed.add_metric([], state.completed)
     yield completed
     last = state.history[-1] if state.history else None
     if last is not None:

@@ -131,7 +131,9 @@ class RoundState(Generic[Item]):
     inbox_frames: int
     history_rounds: int
     round: int = 0  # the round in progress (or next, between rounds)
-    completed: int = -1  # the last round finished
+    # Rounds completed: the last one finished + 1 (rounds a catch-up skipped count too).
+    # `status` and Prometheus both show this one number.
+    completed: int = 0
     catch_ups: int = 0
     resumed_from: int | None = None
     missing: Counter[str] = field(default_factory=Counter)  # expected payloads that did not arrive, by peer
@@ -203,7 +205,7 @@ class RoundState(Generic[Item]):
         self.missing.update(record.missing)
         self.history.append(record)
         self._heard = {r: peers for r, peers in self._heard.items() if r > record.round}
-        self.completed = record.round
+        self.completed = record.round + 1
 
     def next_round(self, weights: Mapping[str, float]) -> int:
         """round + 1, unless the peers this node learns from are further ahead than the queue
@@ -211,7 +213,7 @@ class RoundState(Generic[Item]):
         rounds whose payloads are gone. Peers it does not learn from (another cluster, say)
         may run at their own pace and do not pull it along."""
         heard, self._heard_this_round = self._heard_this_round, set()
-        following = self.completed + 1
+        following = self.completed
         sources = [peer for peer in heard if weights.get(peer, 0.0) > 0] or list(heard)
         if sources:
             typical = int(statistics.median_low(self._peer_round[peer] for peer in sources))
@@ -225,9 +227,8 @@ class RoundState(Generic[Item]):
     def done(self) -> bool:
         return self.round >= self.rounds
 
-    def resume(self, completed: int, history: Iterable[RoundRecord]) -> None:
-        """Continue after round `completed`, from a checkpoint."""
+    def resume(self, last_round: int, history: Iterable[RoundRecord]) -> None:
+        """Continue after round `last_round`, from a checkpoint."""
         self.history.extend(history)
-        self.completed = completed
-        self.round = completed + 1
-        self.resumed_from = completed
+        self.completed = self.round = last_round + 1
+        self.resumed_from = last_round

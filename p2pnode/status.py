@@ -9,6 +9,37 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f} s"
 
 
+TOP_NEIGHBOURS = 5  # neighbours listed by weight; the rest are counted
+
+
+def _learning_lines(learning: dict, own_id: str) -> list[str]:
+    """Algorithm, progress, last accuracy, then the heaviest neighbours with the age of the
+    latest payload each sent."""
+    accuracy = "-" if learning["accuracy"] is None else f"{learning['accuracy']:.3f}"
+    lines = [
+        f"learning {learning['algorithm'] or '(loading data and model)'}  phase {learning['phase']}  "
+        f"rounds completed {learning['completed']}/{learning['rounds']}  accuracy {accuracy}"
+        + (f"  resumed after round {learning['resumed_from']}" if learning["resumed_from"] is not None else "")
+        + (f"  catch-ups {learning['catch_ups']}" if learning["catch_ups"] else "")
+    ]
+    neighbours = sorted(learning["neighbours"].items(), key=lambda item: (-item[1], item[0]))
+    if neighbours:
+        lines.append(f"  {'neighbour':<18}{'weight':>8}  last payload")
+        for peer, weight in neighbours[:TOP_NEIGHBOURS]:
+            seen = learning["last_payloads"].get(peer)
+            when = "-" if seen is None else f"{_seconds(seen['age_s'])} ago, round {seen['round']}"
+            name = "(this node)" if peer == own_id else peer
+            lines.append(f"  {name:<18}{weight:>8.3f}  {'' if peer == own_id else when}".rstrip())
+        if len(neighbours) > TOP_NEIGHBOURS:
+            lines.append(f"  ... and {len(neighbours) - TOP_NEIGHBOURS} more (status --json lists all)")
+    missing = sorted(learning["missing_payloads"].items(), key=lambda item: (-item[1], item[0]))
+    if missing:
+        shown = ", ".join(f"{peer} {count}" for peer, count in missing[:TOP_NEIGHBOURS])
+        more = f", ... {len(missing) - TOP_NEIGHBOURS} more" if len(missing) > TOP_NEIGHBOURS else ""
+        lines.append(f"  payloads missed, by peer: {shown}{more}")
+    return lines
+
+
 def format_status(status: dict) -> str:
     lines = [
         f"node {status['node_id']}  {status['address']}  network {status['network']}  "
@@ -48,6 +79,8 @@ def format_status(status: dict) -> str:
     if status.get("state_write_failures"):
         lines.append(f"sequence reservation not saved: {status['state_write_failures']} times (see the log)")
     learning = status.get("learning") or {}
+    if learning:
+        lines += _learning_lines(learning, status["node_id"])
     if learning.get("checkpoint_failures"):
         lines.append(
             f"checkpoints not saved: {learning['checkpoint_failures']} (on disk: round {learning['checkpoint_round']}; "

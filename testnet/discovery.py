@@ -76,9 +76,10 @@ def run_discovery_testnet(
     *,
     exit_on_mesh: bool = False,
     poll_s: float = 0.5,
-    progress=sys.stderr,
+    progress=None,
 ) -> tuple[int, dict]:
     """Returns (exit code, report). Exit code 0 iff every node knew all others within duration."""
+    progress = progress or sys.stderr  # the stream of the moment, not the one at import (tests swap it)
     out.mkdir(parents=True, exist_ok=True)
     cluster = Cluster.prepare(out, nodes)
     watch = _Watch(nodes)

@@ -20,6 +20,7 @@ import numpy as np
 
 from algorithms.device import placement
 from algorithms.setup import load_scenario
+from p2pnode.config import DiscoverySettings
 from p2pnode.rounds import RoundRecord
 from protocol import LEARNING_TYPES
 
@@ -31,6 +32,7 @@ __all__ = ["run_learning_testnet", "testnet_report", "node_settings", "DISCOVERY
 
 # Daemons of one machine: quick failure detection, so a killed node stops being waited for.
 DISCOVERY = {"ping_interval_s": 0.5, "peer_timeout_s": 3.0, "exchange_interval_s": 0.5, "dial_retry_max_s": 1.0}
+MAX_PEERS = DiscoverySettings().max_peers  # the daemons keep the default
 
 
 def node_settings(spec: SimulationSpec, index: int, backbone: str, round_deadline_s: float) -> dict[str, Any]:
@@ -57,7 +59,7 @@ def node_settings(spec: SimulationSpec, index: int, backbone: str, round_deadlin
         "algorithm": {
             "name": spec.algorithm,
             "rounds": spec.rounds,
-            "start_peers": spec.nodes - 1,
+            "start_peers": min(spec.nodes - 1, MAX_PEERS),  # more cannot be admitted
             "start_timeout_s": 120.0,
             "round_deadline_s": round_deadline_s,
             "settings": dict(spec.overrides),
@@ -74,7 +76,7 @@ def run_learning_testnet(
     timeout_s: float | None = None,
     check: CheckThresholds | None = None,
     poll_s: float = 0.5,
-    progress=sys.stderr,
+    progress=None,
 ) -> tuple[int, dict[str, Any]]:
     """Returns (exit code, report): 0 if every node finished (and `check` passed, if given),
     1 if not, 130 if interrupted."""
@@ -82,6 +84,7 @@ def run_learning_testnet(
         raise ValueError("poisoning peers exist in the simulator only")
     # The daemons resolve the device name as this machine's launcher does: fail before starting them.
     device, mixed_precision = placement(spec.device, spec.mixed_precision)
+    progress = progress or sys.stderr  # the stream of the moment, not the one at import (tests swap it)
     out.mkdir(parents=True, exist_ok=True)
     backbones = spec.node_backbones()
     _, partition = load_scenario(spec.scenario_spec)
@@ -142,14 +145,14 @@ def _watch(cluster: Cluster, rounds: int, deadline: float, poll_s: float, progre
 
 def _done(status: dict | None, rounds: int) -> bool:
     learning = status and status.get("learning")
-    return bool(learning) and learning["completed"] >= rounds - 1
+    return bool(learning) and learning["completed"] >= rounds
 
 
 def _progress_line(statuses: list[dict | None], rounds: int) -> str:
     learning = [s["learning"] for s in statuses if s and s.get("learning") and s["learning"]["algorithm"]]
     if len(learning) < len(statuses):
         return f"{len(learning)}/{len(statuses)} daemons ready to learn (loading data and models)"
-    completed = [entry["completed"] + 1 for entry in learning]
+    completed = [entry["completed"] for entry in learning]
     accuracies = [entry["accuracy"] for entry in learning if entry["accuracy"] is not None]
     accuracy = f"mean accuracy {100 * np.mean(accuracies):5.1f} %" if len(accuracies) == len(learning) else ""
     return f"rounds done: min {min(completed)}/{rounds}, max {max(completed)}  {accuracy}"

@@ -9,9 +9,9 @@ __all__ = ["RoundProgress"]
 
 
 class RoundProgress:
-    def __init__(self, label: str, stream: TextIO = sys.stderr, width: int = 24) -> None:
+    def __init__(self, label: str, stream: TextIO | None = None, width: int = 24) -> None:
         self.label = label
-        self.stream = stream
+        self.stream = stream = stream or sys.stderr  # of the moment, not of the import
         self.width = width
         self.interactive = stream.isatty()
 

@@ -77,3 +77,34 @@ def test_bench_transport_json(capsys):
     assert result["curve_per_s"] > 0  # the same transfer with CURVE on the connection
     assert result["curve_ratio"] == round(result["curve_per_s"] / result["blocking_per_s"], 3)
     assert report["goal_met"] is None  # 20 KiB was not measured
+
+
+def test_a_key_others_can_read_exits_2_for_keyinfo_and_start_alike(tmp_path, capsys):
+    """The documented convention: a setting or an argument that cannot be used is exit 2, found
+    before anything starts; `start` reports the key as `[node].key`, keyinfo as itself."""
+    from p2pnode.keystore import write_key
+    from protocol import Identity
+
+    key = write_key(tmp_path / "node.pem", Identity.generate())
+    key.chmod(0o644)
+    (tmp_path / "node.toml").write_text('[node]\nkey = "node.pem"\nlisten = "tcp://127.0.0.1:7000"\n')
+    assert main(["keyinfo", str(key)]) == 2
+    assert "chmod 600" in capsys.readouterr().err
+    assert main(["start", "--config", str(tmp_path / "node.toml")]) == 2
+    err = capsys.readouterr().err
+    assert "[node].key: " in err and "chmod 600" in err
+    key.chmod(0o600)
+    assert main(["keyinfo", str(key)]) == 0 and json.loads(capsys.readouterr().out)["node_id"]
+
+
+@pytest.mark.parametrize("command", ["simulate", "testnet"])
+def test_simulate_and_testnet_refuse_a_warm_up_the_run_never_ends(tmp_path, capsys, command):
+    """The daemon's config check and these commands share one check (algorithms/registry.py):
+    exit 2 before any data is loaded or any daemon started."""
+    out = tmp_path / "out"
+    argv = [command, "--algorithm", "mapl", "--dataset", "digits", "--nodes", "4", "--rounds", "12", "--out", str(out)]
+    assert main(argv) == 2
+    assert "warmup_rounds=20 must be below --rounds (12), or the graph is never learned" in capsys.readouterr().err
+    assert main([*argv[:-2], "--set", "warmup_rounds=4", "--dataset", "mnist", "--out", str(out)]) == 2
+    assert "--data-root: dataset 'mnist' is read from local files" in capsys.readouterr().err
+    assert not out.exists()

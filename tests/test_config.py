@@ -159,3 +159,75 @@ def test_curve_settings_and_keyed_bootstrap(home):
     assert loaded.discovery.bootstrap_peers() == (("tcp://10.0.0.1:7001", key),)
     plain = load_config(config(home, MINIMAL, "plain.toml"))
     assert not plain.security.curve and plain.security.max_connections_per_address == 32
+
+
+def learning(rounds: int = 12, algorithm: str = "mapl", data: str = "", more: str = "") -> str:
+    return (
+        MINIMAL
+        + f'[data]\ndataset = "digits"\nnodes = 4\n{data}'
+        + f'[algorithm]\nname = "{algorithm}"\nrounds = {rounds}\n{more}'
+    )
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (
+            MINIMAL + "[transport]\nheartbeat_ivl_ms = 2000\nheartbeat_timeout_ms = 2000\n",
+            "[transport].heartbeat_timeout_ms: must exceed heartbeat_ivl_ms (2000) while heartbeats are on, got 2000",
+        ),
+        (
+            MINIMAL + "[transport]\nreconnect_ivl_ms = 1000\nreconnect_ivl_max_ms = 500\n",
+            "[transport].reconnect_ivl_max_ms: must be 0 (no backoff) or at least reconnect_ivl_ms (1000), got 500",
+        ),
+        (
+            learning(),  # warm-up defaults to 20 rounds
+            "[algorithm].settings: warmup_rounds=20 must be below [algorithm].rounds (12), "
+            "or the graph is never learned",
+        ),
+        (
+            learning(12, "mapl-dual", more="settings = { warmup_rounds = 4, distill_after = 12 }\n"),
+            "[algorithm].settings: distill_after=12 must be below [algorithm].rounds (12), "
+            "or nothing is ever distilled",
+        ),
+        (
+            learning(8, "scool-sbm"),  # prune_round defaults to 10
+            "[algorithm].settings: prune_round=10 must be below [algorithm].rounds (8), or the neighbours are never "
+            "pruned (prune_round=0: never prune)",
+        ),
+        (
+            learning(more="start_peers = 9\nsettings = { warmup_rounds = 4 }\n").replace(
+                "[data]", "[discovery]\nmax_peers = 8\n[data]"
+            ),
+            "[algorithm].start_peers: must not exceed [discovery].max_peers (8), got 9",
+        ),
+        (learning(data="node_index = 4\n"), "[data].node_index: must be below [data].nodes (4), got 4"),
+        (learning(data="clusters = 5\n"), "[data].clusters: cannot exceed [data].nodes (4), got 5"),
+        (
+            learning(data='root = "nowhere"\n').replace('"digits"', '"mnist"'),
+            "[data].root: dataset 'mnist': root '",  # ... '<config dir>/nowhere' is not a directory
+        ),
+        (learning().replace('"digits"', '"cifar10"'), "[data].root: dataset 'cifar10' is read from local files"),
+    ],
+)
+def test_contradicting_settings_are_refused(home, text, expected):
+    found = problems(config(home, text))
+    assert any(problem.startswith(expected) for problem in found), found
+
+
+@pytest.mark.parametrize("algorithm", ["mapl-nocgl", "local", "fedproto", "scool-dirac"])
+def test_a_warm_up_longer_than_the_run_is_fine_where_no_graph_is_learned(home, algorithm):
+    assert load_config(config(home, learning(8, algorithm))).algorithm.rounds == 8
+
+
+def test_a_dataset_root_holding_the_files_passes(home):
+    from algorithms.datasets import _LAYOUT
+
+    for file in _LAYOUT["mnist"]:
+        (home / "roots" / file).parent.mkdir(parents=True, exist_ok=True)
+        (home / "roots" / file).write_bytes(b"")
+    text = learning(data='root = "roots"\n', more="settings = { warmup_rounds = 4 }\n").replace('"digits"', '"mnist"')
+    assert load_config(config(home, text)).data.root == home / "roots"
+    (home / "roots" / _LAYOUT["mnist"][0]).unlink()
+    (found,) = problems(config(home, text))
+    assert found.startswith("[data].root: dataset 'mnist' not found under root") and _LAYOUT["mnist"][0] in found

@@ -133,3 +133,31 @@ async def test_control_socket_answers_bad_requests(tmp_path):
             await stream.send_all(b"[1, 2]\n")
             assert b"bad request" in await stream.receive_some(4096)
         node.request_stop()
+
+
+async def test_an_unreachable_bootstrap_and_peers_coming_and_going_are_logged(tmp_path, caplog):
+    """The log says when the bootstrap does not answer (once, after `dial_attempts`
+    challenges; it is still retried) and when a peer is admitted or evicted, with the count."""
+    import logging
+    import socket
+
+    caplog.set_level(logging.INFO, logger="p2pnode")
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        dead = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+    quick = {"dial_attempts": 3, "dial_retry_initial_s": 0.02, "dial_retry_max_s": 0.1}
+    async with trio.open_nursery() as nursery:
+        a = await start_node(nursery, tmp_path / "a", [dead], discovery=quick)
+        await wait_until(lambda: a.membership.counts["bootstrap_unreachable"] == 1, timeout=10)
+        b = await start_node(nursery, tmp_path / "b", [a.address])
+        await wait_until(lambda: full_mesh([a, b]), timeout=10)
+        b.request_stop()  # its BYE evicts it at once
+        await wait_until(lambda: not a.membership.peers, timeout=10)
+        assert dead in a.membership.dialing and a.membership.counts["bootstrap_unreachable"] == 1
+        a.request_stop()
+    said = [record.getMessage() for record in caplog.records if record.name == "p2pnode.node"]
+    (unreachable,) = [line for line in said if line.startswith(f"bootstrap {dead} unreachable")]
+    assert unreachable.startswith(f"bootstrap {dead} unreachable: 3 challenges unanswered in ")
+    assert "still retrying" in unreachable and "[discovery].bootstrap" in unreachable
+    assert f"peer {b.identity.node_id} admitted at {b.address} (1/64 peers)" in said
+    assert f"peer {b.identity.node_id} evicted (bye; 0/64 peers left)" in said

@@ -64,6 +64,8 @@ def test_overrides_parse_validate_and_name_the_key():
         {"graph.l2_weight": "2.5", "warmup_rounds": "3", "training.optimizer": "sgd", "shared_head_init": "yes"},
     )
     assert (config.graph.l2_weight, config.warmup_rounds, config.training.optimizer) == (2.5, 3, "sgd")
+    assert apply_overrides(default_config("mapl-dual"), {"distill_after": "5"}).distill_after == 5
+    assert apply_overrides(default_config("mapl-dual"), {"distill_after": "None"}).distill_after is None
     for bad, words in (
         ({"graph.nope": "1"}, "no setting 'nope'"),
         ({"graph": "1"}, "is a section"),

@@ -113,7 +113,7 @@ async def test_a_hostile_neighbour_is_rejected_and_counted_while_training_goes_o
         for node in (a, b):
             assert node.metrics.rejections["bad_shape"] >= 1, node.metrics.rejections
             status = node.status()["learning"]
-            assert status["completed"] == 39 and len(status["history"]) == 40
+            assert status["completed"] == 40 and len(status["history"]) == 40
             assert status["accuracy"] > 0.3  # 5 classes per node: chance is 0.2
             assert mallory.identity.node_id not in status["neighbours"] or status["history"][-1]["round"] < 2
         assert a.metrics.rejections["bad_tensor"] >= 1
@@ -183,14 +183,8 @@ def test_a_late_joiner_is_picked_up_and_a_killed_daemon_resumes(tmp_path):
 
     rounds = 600  # tens of milliseconds each: long enough for a daemon to join late
     spec = SimulationSpec(
-        algorithm="mapl",
-        dataset="digits",
-        nodes=3,
-        rounds=rounds,
-        samples_per_class=10,
-        backbones=("mlp",),
-        overrides={"warmup_rounds": "10000"},
-    )  # graph stays all-to-all
+        algorithm="mapl-nocgl", dataset="digits", nodes=3, rounds=rounds, samples_per_class=10, backbones=("mlp",)
+    )  # MAPL's graph fixed all-to-all, as in its warm-up
 
     def settings(index: int) -> dict:
         document = node_settings(spec, index, "mlp", 3.0)
@@ -203,7 +197,7 @@ def test_a_late_joiner_is_picked_up_and_a_killed_daemon_resumes(tmp_path):
 
         def completed(node) -> int:
             status = cluster.status(node)
-            return -1 if not status or not status.get("learning") else status["learning"]["completed"]
+            return 0 if not status or not status.get("learning") else status["learning"]["completed"]
 
         def wait_for(condition, timeout: float = 120) -> None:
             deadline = time.monotonic() + timeout
@@ -215,14 +209,14 @@ def test_a_late_joiner_is_picked_up_and_a_killed_daemon_resumes(tmp_path):
 
         cluster.start(first)
         cluster.start(victim)
-        wait_for(lambda: completed(first) >= 5)
+        wait_for(lambda: completed(first) >= 6)
         cluster.start(late)
-        wait_for(lambda: completed(late) >= 1)
+        wait_for(lambda: completed(late) >= 2)
         joined_at = completed(first)
         cluster.kill(victim, signal.SIGKILL)
         killed_after = completed(victim), completed(first)
         cluster.start(victim)
-        wait_for(lambda: all(completed(s) == rounds - 1 for s in cluster.specs))
+        wait_for(lambda: all(completed(s) == rounds for s in cluster.specs))
         statuses = [s["learning"] for s in cluster.statuses()]
         # The late joiner jumped to the others' round instead of replaying from 0 ...
         assert statuses[2]["catch_ups"] >= 1 and joined_at < rounds - 100, joined_at
@@ -231,15 +225,67 @@ def test_a_late_joiner_is_picked_up_and_a_killed_daemon_resumes(tmp_path):
             (e["round"], e["expected"], e["arrived"]) for s in statuses for e in s["history"][-8:]
         ]
         # The killed daemon resumed from the checkpoint of the last round it completed.
-        assert statuses[1]["resumed_from"] is not None and statuses[1]["resumed_from"] >= killed_after[0] - 1
+        assert statuses[1]["resumed_from"] is not None and statuses[1]["resumed_from"] >= killed_after[0] - 2
         rounds_seen = [entry["round"] for entry in statuses[1]["history"]]
         assert rounds_seen == sorted(rounds_seen)
+
+
+async def test_a_node_alone_says_so_logs_its_checkpoints_and_shows_its_neighbours(tmp_path, caplog):
+    """A learning node without peers warns once after ALONE_ROUNDS rounds, logs every checkpoint
+    (round, path, bytes), and says so when a peer comes; `status` then shows the neighbour's
+    weight and the age of its last payload, and `completed` is what Prometheus reports."""
+    import logging
+    import re
+
+    from p2pnode.learning import ALONE_ROUNDS
+    from p2pnode.prometheus import render_for
+    from p2pnode.status import format_status
+
+    caplog.set_level(logging.INFO, logger="p2pnode")
+    steady = {"name": "mapl-nocgl", "history_rounds": 20, "round_deadline_s": 0.5}  # uniform weights
+    async with trio.open_nursery() as nursery:
+        a = await start_node(nursery, tmp_path / "a", **learning_sections(0, 2, 100_000, start_peers=0, **steady))
+        await wait_until(lambda: a.driver and (a.driver.checkpoint_round or 0) >= ALONE_ROUNDS, timeout=120)
+        b = await start_node(nursery, tmp_path / "b", [a.address], **learning_sections(1, 2, 100_000, **steady))
+        peer = b.identity.node_id
+        await wait_until(
+            lambda: peer in a.status()["learning"]["neighbours"] and peer in a.status()["learning"]["last_payloads"],
+            timeout=120,
+        )
+        status = a.status()  # and the scrape in the same instant: no round ends in between
+        scraped = render_for(a.metrics, lambda: 1, lambda: a.driver)().decode()
+        a.request_stop()
+        b.request_stop()
+    learning = status["learning"]
+    (completed,) = re.findall(r"^p2pnode_rounds_completed (\S+)$", scraped, flags=re.M)
+    assert float(completed) == learning["completed"] == learning["history"][-1]["round"] + 1
+    table = format_status(status)
+    assert "learning mapl-nocgl  phase " in table and f"rounds completed {learning['completed']}/100000" in table
+    section = table.split("\nlearning ", 1)[1]  # after the peers' table, which names the peer too
+    (row,) = [line for line in section.splitlines() if line.startswith(f"  {peer}")]
+    assert " 0.500 " in row and re.search(r"\d+\.\d s ago, round \d+$", row), table
+    assert "(this node)" in table
+    said = [record.getMessage() for record in caplog.records if record.name == "p2pnode.learning"]
+    alone = [line for line in said if line.startswith("no learning peers")]
+    assert alone == [
+        f"no learning peers for {ALONE_ROUNDS} rounds (since round 0): training alone; a learning peer is an admitted "
+        "peer that announces algorithm:mapl-nocgl (check [discovery].bootstrap and the peers' [algorithm].name)"
+    ]
+    assert sum(line.startswith("learning peers again in round ") for line in said) == 1
+    path = a.config.node.data_dir / CHECKPOINT_NAME
+    written = [
+        re.fullmatch(rf"checkpoint of round (\d+) written to {re.escape(str(path))} \((\d+) bytes\)", line)
+        for line in said
+    ]
+    rounds = [int(match[1]) for match in written if match]
+    assert rounds[: ALONE_ROUNDS + 1] == list(range(ALONE_ROUNDS + 1))
+    assert int([match for match in written if match][-1][2]) == path.stat().st_size  # the last one written
 
 
 async def test_a_damaged_checkpoint_stops_the_start_and_says_what_to_do(tmp_path):
     from p2pnode.node import Node, NodeStartError
 
-    config = load_config(write_config(tmp_path / "n", ANY_PORT, **learning_sections(0, 1, rounds=2)))
+    config = load_config(write_config(tmp_path / "n", ANY_PORT, **learning_sections(0, 1, rounds=3)))
     config.node.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     (config.node.data_dir / CHECKPOINT_NAME).write_bytes(b"not a checkpoint")
     with trio.fail_after(60), pytest.raises(NodeStartError) as caught:  # the failure ends the node in seconds
@@ -279,7 +325,7 @@ async def test_scores_for_models_never_sent_or_sent_twice_are_counted(tmp_path):
         assert a.metrics.rejections["duplicate_score"] == 4, a.metrics.rejections
         for node in (a, b):
             status = node.status()["learning"]
-            assert status["completed"] == 3
+            assert status["completed"] == 4
             assert status["accuracy"] > 0.3  # 5 classes per node: chance is 0.2
         assert a.metrics.messages_in["SCORE"] >= 4 + 6 and b.metrics.messages_out["SCORE"] >= 4
         for node in (a, b, mallory):

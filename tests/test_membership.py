@@ -108,6 +108,32 @@ def test_a_bootstrap_that_is_down_at_start_is_retried_until_it_comes_up():
     net.run_until(net.full_mesh, timeout=6)  # retries are backed off to at most dial_retry_max_s
 
 
+def test_an_unreachable_bootstrap_is_reported_once_per_streak():
+    """After `dial_attempts` unanswered challenges a bootstrap address is reported unreachable
+    (the node logs it), once; it is still retried, and reported again only after it answered
+    and was lost."""
+    from p2pnode.peers import Unreachable
+
+    net = SimNet()
+    bootstrap = "tcp://10.0.0.1:7000"
+    a = net.add(0, [bootstrap], dial_attempts=3, dial_retry_max_s=0.2, ping_interval_s=0.2, peer_timeout_s=1.0)
+    reported = []
+    execute = net.execute
+    net.execute = lambda node, actions: (
+        reported.extend(action for action in actions if isinstance(action, Unreachable)),
+        execute(node, actions),
+    )
+    net.run(3)
+    (first,) = reported
+    assert (first.address, first.attempts) == (bootstrap, 3) and 0.1 < first.waited_s < 1.0
+    assert a.membership.counts["bootstrap_unreachable"] == 1 and bootstrap in a.membership.dialing
+    b = net.add(1)
+    net.run_until(net.full_mesh, timeout=3)
+    net.kill(b)
+    net.run(4)  # evicted after peer_timeout_s, then dialled again in vain
+    assert len(reported) == 2 and a.membership.counts["bootstrap_unreachable"] == 2
+
+
 def test_a_learned_address_that_never_answers_is_given_up():
     net = SimNet()
     b = net.add(1)

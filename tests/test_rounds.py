@@ -114,9 +114,9 @@ def test_finishing_a_round_counts_the_missing_and_keeps_a_bounded_history():
     for r in range(3):
         rounds.finish(record(round=r, missing=("p",) if r else ("p", "q")))
     assert rounds.missing == {"p": 3, "q": 1}
-    assert [entry.round for entry in rounds.history] == [1, 2] and rounds.completed == 2
+    assert [entry.round for entry in rounds.history] == [1, 2] and rounds.completed == 3  # rounds 0, 1, 2
     rounds.resume(7, [record(round=7)])
-    assert (rounds.round, rounds.completed, rounds.resumed_from) == (8, 7, 7)
+    assert (rounds.round, rounds.completed, rounds.resumed_from) == (8, 8, 7)
 
 
 def test_a_record_survives_json_and_a_wrong_one_is_refused():

@@ -1,0 +1,241 @@
+"""Every command README.md shows is run here, and must give the outcome the README claims.
+
+The commands are read from README.md itself: its `sh` blocks and the "try it" column of its
+"What works today" table. Each one must be listed below, with how it is judged (RUN, or the
+"Running a node" block as a whole) or why it is not run (NOT_RUN): a command added to the
+README and not here fails `test_every_readme_command_is_accounted_for`, and so does one listed
+here that the README no longer shows. The command synopsis ("Command line") is checked against
+the argument parser, and the Python example is run as it is.
+
+The README's learning commands are small on purpose (digits, 4 nodes, a few rounds, the `mlp`
+backbone) so that this module stays around a minute and a half on two idle cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from p2pnode.cli import build_parser, main
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _section(title: str) -> str:
+    return README.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def _blocks(language: str, text: str = README) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", text, flags=re.M | re.S)
+
+
+def _command(line: str) -> str:
+    """A command as written, without its comment and the `.venv/bin/` the README puts first."""
+    return line.split("  #", 1)[0].strip().removeprefix(".venv/bin/")
+
+
+def shell_commands() -> list[str]:
+    return [_command(line) for block in _blocks("sh") for line in block.splitlines() if line.strip()]
+
+
+def table_commands() -> list[str]:
+    rows = [line for line in _section("What works today").splitlines() if line.startswith("| ")][1:]
+    return [_command(code) for row in rows for code in re.findall(r"`([^`]+)`", row.rstrip(" |").rsplit(" | ", 1)[1])]
+
+
+def running_a_node() -> list[str]:
+    (block,) = _blocks("sh", _section("Running a node"))
+    return [_command(line) for line in block.splitlines() if line.strip()]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the README claims a command does: its exit status, a line it prints, and what its
+    report.json (under DIR) says."""
+
+    code: int = 0
+    prints: str = ""  # a regular expression, searched in what it wrote (stdout, then stderr)
+    report: Callable[[dict], bool] | None = None
+
+
+def _checked(report: dict) -> bool:
+    return report["check"]["passed"] and report["rounds_completed_per_node"] == [report["rounds"]] * report["nodes"]
+
+
+RUN = {
+    "p2pnode testnet --nodes 5 --algorithm none --duration 30 --exit-on-mesh --out DIR": Outcome(
+        prints=r"full mesh in [\d.]+ s",
+        report=lambda r: r["discovery"]["full_mesh_s"] is not None and r["discovery"]["peer_counts"] == [4] * 5,
+    ),
+    # README: "MAPL recovers the clusters"; the same command shows the one structure (issue #12).
+    "p2pnode simulate --algorithm mapl --dataset digits --nodes 4 --rounds 8 --samples-per-class 10 --backbones mlp "
+    "--set warmup_rounds=3 --out DIR --check": Outcome(prints=r"^mapl: accuracy", report=_checked),
+    "p2pnode testnet --algorithm mapl --dataset digits --nodes 4 --rounds 8 --samples-per-class 10 --backbones mlp "
+    "--set warmup_rounds=3 --out DIR --check": Outcome(
+        prints=r"^mapl: accuracy", report=lambda r: _checked(r) and r["processes"]["exit_codes"] == [0] * 4
+    ),
+    "p2pnode testnet --algorithm scool-sbm --dataset digits --scenario noniid-sbm --clusters 2 --nodes 4 --rounds 6 "
+    "--samples-per-class 10 --backbones mlp --set prune_round=3 --out DIR --check": Outcome(
+        prints=r"^scool-sbm: accuracy", report=lambda r: _checked(r) and r["comm"]["by_type"]["SCORE"]["messages"] > 0
+    ),
+    "p2pnode simulate --algorithm mapl-dual --dataset digits --nodes 4 --rounds 8 --samples-per-class 10 "
+    "--backbones mlp convnet --set warmup_rounds=3 --out DIR --check": Outcome(
+        prints=r"^mapl-dual: accuracy", report=lambda r: _checked(r) and "ensemble" in r["accuracy_by_predictor"]
+    ),
+    # README: "poisoning peers shut out of MAPL": no weight on the poisoner in any honest row.
+    "p2pnode simulate --algorithm mapl --dataset digits --nodes 4 --rounds 8 --samples-per-class 10 --backbones mlp "
+    "--set warmup_rounds=3 --poisoners 1 --attack random --out DIR": Outcome(
+        prints=r"poisoners \[1\] \(random\): honest accuracy",
+        report=lambda r: r["poisoning"]["poisoner_weight"]["max"] <= 0.01,
+    ),
+}
+
+NOT_RUN = {
+    "make demo": "about 3 minutes of ten daemons on mnist5k, more than this module's whole budget; .ci/run "
+    "does not run it either (lint and tests only). What it is made of is run here: the learning testnet "
+    "and the simulator, on digits",
+    "make test": "the test suite this module is part of",
+    "make lint": ".ci/run runs it before the tests",
+    "make bench": "a benchmark: minutes of measurement for BENCHMARKS.md; test_cli.py runs `p2pnode bench "
+    "protocol|transport --quick`",
+    "python -m tools.bench.heterogeneous --methods local mapl-dual --scenarios 1 --samples 10 --seeds 0": "a "
+    "benchmark: 80 rounds of ten nodes per method and scenario; test_dual.py runs mapl-dual as simulator and testnet",
+    "python -m tools.bench.attacks": "a benchmark: floods of several seconds against fresh daemon pairs, measured "
+    "for BENCHMARKS.md; each attack is a test in tests/adversarial/",
+}
+
+
+def test_every_readme_command_is_accounted_for():
+    shown = set(shell_commands()) | set(table_commands())
+    listed = set(RUN) | set(NOT_RUN) | set(running_a_node())
+    assert not set(RUN) & set(NOT_RUN)
+    assert shown - listed == set(), "a README command nobody runs: add it to RUN or NOT_RUN"
+    assert listed - shown == set(), "listed here but gone from the README"
+
+
+def _name(command: str) -> str:
+    words = command.split()
+    algorithm = words[words.index("--algorithm") + 1]
+    return f"{words[1]}-{algorithm}" + ("-poisoned" if "--poisoners" in words else "")
+
+
+@pytest.mark.parametrize("command", list(RUN), ids=_name)
+def test_readme_command(command, tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = shlex.split(command.replace("DIR", str(out)))
+    assert argv[0] == "p2pnode"
+    outcome = RUN[command]
+    code = main(argv[1:])
+    printed = capsys.readouterr()
+    assert code == outcome.code, printed.err[-3000:]
+    assert re.search(outcome.prints, printed.out + printed.err, flags=re.M), printed.out + printed.err[-3000:]
+    if outcome.report is not None:
+        report = json.loads((out / "report.json").read_text())
+        assert outcome.report(report), json.dumps(report)[:3000]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_running_a_node(tmp_path, monkeypatch, capsys):
+    """The "Running a node" block, line by line, in an empty directory: keygen prints the node
+    id, the config is written, `start` runs in the foreground (here: in the background), `status`
+    shows the node, `stop` stops it and `start` then exits 0. Only the two ports differ: the
+    README's 7000 and 7001 may be taken on this machine."""
+    monkeypatch.chdir(tmp_path)
+    ports = {"7000": str(_free_port()), "7001": str(_free_port())}
+    node, node_id = None, None
+    try:
+        for line in running_a_node():
+            line = re.sub(r"\b700[01]\b", lambda port: ports[port[0]], line)
+            words = shlex.split(line)
+            if words[0] == "printf":
+                subprocess.run(["bash", "-c", line], check=True)
+            elif words[1] == "start":  # in the foreground until stopped: a process of its own
+                env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout, wherever the test runs
+                node = subprocess.Popen([sys.executable, "-m", *words], stderr=subprocess.PIPE, text=True, env=env)
+                deadline = time.monotonic() + 60
+                while main(["status", *words[2:]]) != 0:  # until its control socket answers
+                    assert node.poll() is None and time.monotonic() < deadline, "start failed"
+                    time.sleep(0.1)
+                capsys.readouterr()
+            else:
+                node_id = _judge(words, capsys.readouterr, node, node_id, ports["7000"])
+    finally:
+        if node is not None and node.poll() is None:
+            node.kill()
+        if node is not None:
+            node.communicate()
+    assert node is not None and node.returncode == 0
+
+
+def _judge(words: list[str], readout, node: subprocess.Popen | None, node_id: str | None, port: str) -> str | None:
+    """Run one p2pnode command of the block and hold it to what the README says it does;
+    returns the node id once keygen has printed it."""
+    code = main(words[1:])
+    printed = readout()
+    assert code == 0, printed.err
+    command = words[1]
+    if command == "keygen":  # "prints the node id", and only that, on stdout
+        node_id = printed.out.strip()
+        assert re.fullmatch(r"[0-9a-f]{16}", node_id) and "mode 0600" in printed.err
+    elif command == "status":  # the node's id and address, its peers (none: 7001 is nobody)
+        assert printed.out.startswith(f"node {node_id}  tcp://127.0.0.1:{port}")
+        assert "peers 0/64" in printed.out and "traffic" in printed.out
+    elif command == "stop":
+        assert printed.err.strip() == "stopped"
+        _, log = node.communicate(timeout=10)
+        assert node.returncode == 0 and f"node {node_id} stopped" in log, log
+    else:
+        raise AssertionError(f"the README block runs {command!r}: say here what it should do")
+    return node_id
+
+
+def test_the_python_example_runs(tmp_path, monkeypatch, capsys):
+    (example,) = _blocks("python")
+    monkeypatch.chdir(tmp_path)
+    exec(compile(example, "README.md", "exec"), {})
+    assert "refused" not in capsys.readouterr().out  # a fresh frame is accepted
+
+
+def _synopsis() -> dict[str, set[str]]:
+    """Each command of the "Command line" block and the options it shows (continuation lines
+    included)."""
+    (block,) = _blocks("", _section("Command line"))
+    shown: dict[str, set[str]] = {}
+    command = None
+    for line in block.splitlines():
+        if line.startswith("p2pnode "):
+            command = line.split()[1] + (" " + line.split()[2].split("|")[0] if line.split()[1] == "bench" else "")
+            shown.setdefault(command, set())
+        shown[command] |= set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", line))
+    return shown
+
+
+def test_the_command_synopsis_matches_the_parser():
+    parsers = build_parser()._subparsers._group_actions[0].choices
+    shown = _synopsis()
+    assert {command.split()[0] for command in shown} == set(parsers)
+    for command, options in shown.items():
+        parser = parsers[command.split()[0]]
+        if " " in command:
+            parser = parser._subparsers._group_actions[0].choices[command.split()[1]]
+        known = {option for action in parser._actions for option in action.option_strings}
+        assert options <= known, f"{command}: {options - known} shown in README.md but not accepted"
