@@ -446,56 +446,50 @@ class Node:
                 addresses = tuple(a for a in action.addresses if a not in unready)
                 if addresses:
                     self.send(addresses, action.body)
-            elif isinstance(action, Dial):
-                try:
-                    self.transport.dial(action.address, action.key)
-                except MissingKey as exc:
-                    self.metrics.connections["dial_refused_no_key"] += 1
-                    log.warning("%s", exc)
-                except TransportError as exc:
-                    log.warning("%s", exc)
-            elif isinstance(action, DialPeers):
-                try:
-                    self.transport.dial_peers(action.address, action.peers_address)
-                except TransportError as exc:
-                    log.warning("%s", exc)
-            elif isinstance(action, Hangup):
-                self.transport.hangup(action.address)
-            elif isinstance(action, Admitted):
-                self.guard.trust(action.key, action.seq)
-                self._track_transport_key(action.key, admitted=True)
-                log.info(
-                    "peer %s admitted at %s (%d/%d peers)",
-                    node_id(action.key),
-                    action.address,
-                    len(membership.peers),
-                    self.config.discovery.max_peers,
-                )
-            elif isinstance(action, Evicted):
-                self.guard.forget(action.key)
-                self._track_transport_key(action.key, admitted=False)
-                log.info(
-                    "peer %s evicted (%s; %d/%d peers left)",
-                    node_id(action.key),
-                    action.why,
-                    len(membership.peers),
-                    self.config.discovery.max_peers,
-                )
-            elif isinstance(action, Unreachable):
-                log.warning(
-                    "bootstrap %s unreachable: %d challenges unanswered in %.1f s; still retrying (next in %g s; "
-                    "is a node running there? [discovery].bootstrap)",
-                    action.address,
-                    action.attempts,
-                    action.waited_s,
-                    action.next_in_s,
-                    extra={"address": action.address, "attempts": action.attempts},
-                )
             elif isinstance(action, SendHello):
                 sent = self.send((action.address,), self._hello_body()) == 1
                 if not sent:
                     unready.add(action.address)
                 self._execute(membership.hello_sent(action.address, sent, trio.current_time()))
+            elif isinstance(action, Dial | DialPeers | Hangup):
+                self._connect(action)
+            else:
+                self._membership_changed(action)
+
+    def _connect(self, action: Dial | DialPeers | Hangup) -> None:
+        try:
+            if isinstance(action, Dial):
+                self.transport.dial(action.address, action.key)
+            elif isinstance(action, DialPeers):
+                self.transport.dial_peers(action.address, action.peers_address)
+            else:
+                self.transport.hangup(action.address)
+        except MissingKey as exc:
+            self.metrics.connections["dial_refused_no_key"] += 1
+            log.warning("%s", exc)
+        except TransportError as exc:
+            log.warning("%s", exc)
+
+    def _membership_changed(self, action: Admitted | Evicted | Unreachable) -> None:
+        peers, max_peers = len(self.membership.peers), self.config.discovery.max_peers
+        if isinstance(action, Admitted):
+            self.guard.trust(action.key, action.seq)
+            self._track_transport_key(action.key, admitted=True)
+            log.info("peer %s admitted at %s (%d/%d peers)", node_id(action.key), action.address, peers, max_peers)
+        elif isinstance(action, Evicted):
+            self.guard.forget(action.key)
+            self._track_transport_key(action.key, admitted=False)
+            log.info("peer %s evicted (%s; %d/%d peers left)", node_id(action.key), action.why, peers, max_peers)
+        elif isinstance(action, Unreachable):
+            log.warning(
+                "bootstrap %s unreachable: %d challenges unanswered in %.1f s; still retrying (next in %g s; "
+                "is a node running there? [discovery].bootstrap)",
+                action.address,
+                action.attempts,
+                action.waited_s,
+                action.next_in_s,
+                extra={"address": action.address, "attempts": action.attempts},
+            )
 
     def _track_transport_key(self, key: bytes, *, admitted: bool) -> None:
         """With CURVE, admitted peers' transport keys pass the connection caps (zap.py)."""
