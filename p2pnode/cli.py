@@ -160,6 +160,8 @@ def _testnet(args: argparse.Namespace) -> int:
         raise CommandError(str(exc), EXIT_USAGE) from None
     except ClusterStartError as exc:
         raise CommandError(str(exc)) from None
+    if code != 130:
+        _add_baselines(report, spec, args.baselines)
     _write(report, Path(args.out))
     return code
 
@@ -168,6 +170,17 @@ def _thresholds(args: argparse.Namespace):
     from testnet.report import CheckThresholds
 
     return CheckThresholds(accuracy=args.check_accuracy, within_cluster_mass=args.check_mass) if args.check else None
+
+
+def _add_baselines(report: dict, spec, names: list[str]) -> None:
+    """Simulate the baselines on the run's nodes and put them beside it in the report."""
+    if not names:
+        return
+    from testnet.progress import RoundProgress
+    from testnet.report import attach_baselines
+    from testnet.simulator import run_baselines
+
+    attach_baselines(report, run_baselines(spec, names, progress=RoundProgress))
 
 
 def _write(report: dict, out: Path) -> None:
@@ -240,6 +253,7 @@ def _simulate(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     try:
         report = run_simulation(spec, progress=RoundProgress(args.algorithm), thresholds=_thresholds(args))
+        _add_baselines(report, spec, args.baselines)
     except (DatasetError, PartitionError, ConfigOverrideError) as exc:
         raise CommandError(str(exc), EXIT_USAGE) from None
     _write(report, Path(args.out))
@@ -289,6 +303,20 @@ def _add_device_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mixed-precision", action="store_true", help="CUDA only: local steps under float16 autocast")
 
 
+def _add_baselines_argument(parser: argparse.ArgumentParser) -> None:
+    from algorithms.catalog import BASELINES
+
+    parser.add_argument(
+        "--baselines",
+        nargs="+",
+        choices=BASELINES,
+        default=[],
+        metavar="NAME",
+        help="also simulate these on the same nodes and put them beside the run in the report and its plots: "
+        "local (each node alone), oracle (each node on its true cluster's pooled data)",
+    )
+
+
 def _add_learning_arguments(parser: argparse.ArgumentParser) -> None:
     """The scenario arguments `simulate` and `testnet` share (not --algorithm, --nodes, --out)."""
     _add_device_arguments(parser)
@@ -316,6 +344,7 @@ def _add_learning_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--rounds", type=_positive_int, default=60)
     parser.add_argument("--seed", type=int, default=0)
+    _add_baselines_argument(parser)
     parser.add_argument(
         "--backbones",
         nargs="+",

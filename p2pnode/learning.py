@@ -70,6 +70,7 @@ class Network:
     send: Callable[[tuple[str, ...], Body, int], Awaitable[int | None]]  # to addresses, tagged round → seq
     rejected: Callable[[str, int], None]  # count a refused payload: reason, frame size
     sent: Callable[[], Mapping[MessageType, tuple[int, int, int]]]  # learning frames sent so far, by type
+    discovery_sent: Callable[[], Mapping[MessageType, tuple[int, int, int]]]  # discovery frames so far, by type
 
 
 LABELS_PREFIX = "labels:"
@@ -306,6 +307,8 @@ class RoundDriver:
             gather_s=round_s(gathered - stepped),
             round_s=round_s(trio.current_time() - started),
             accuracy_by_predictor=evaluation.by_predictor,
+            test_samples=evaluation.total,
+            discovery_sent={str(kind): counts for kind, counts in self.network.discovery_sent().items()},
         )
         self.state.finish(record)
         await self._save_checkpoint(record)

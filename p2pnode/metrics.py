@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from protocol import LEARNING_TYPES, MessageType
+from protocol import DISCOVERY_TYPES, LEARNING_TYPES, MessageType
 
 __all__ = [
     "Metrics",
@@ -53,10 +53,17 @@ class Metrics:
 
     def learning_sent(self) -> dict[MessageType, tuple[int, int, int]]:
         """Learning frames sent so far, by type: (messages, bytes, payload bytes)."""
+        return self._sent_of(LEARNING_TYPES)
+
+    def discovery_sent(self) -> dict[MessageType, tuple[int, int, int]]:
+        """Discovery and keep-alive frames sent so far, by type, shaped as `learning_sent`."""
+        return self._sent_of(DISCOVERY_TYPES)
+
+    def _sent_of(self, family: frozenset[MessageType]) -> dict[MessageType, tuple[int, int, int]]:
         return {
             kind: (self.messages_out[kind], self.bytes_out[kind], self.payload_bytes_out[kind])
             for kind in sorted(self.messages_out)
-            if kind in LEARNING_TYPES
+            if kind in family
         }
 
     def inbound_bytes(self) -> int:

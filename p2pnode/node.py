@@ -551,6 +551,7 @@ class Node:
             send=self.send_payload,
             rejected=self.metrics.rejected,
             sent=self.metrics.learning_sent,
+            discovery_sent=self.metrics.discovery_sent,
         )
         self.driver = RoundDriver(self.config.algorithm, network, data_dir.path / CHECKPOINT_NAME)
         self.on_payload = self.driver.on_payload

@@ -49,6 +49,9 @@ class RoundRecord:
     gather_s: float | None = None  # waiting for the neighbours (None: no network, as in the simulator)
     round_s: float | None = None  # the whole round, checkpoint included (None: not measured alone)
     accuracy_by_predictor: Mapping[str, float] = field(default_factory=dict)  # where a node has several
+    test_samples: int = 0  # images in the node's test split: the n of its accuracy's interval (0: unknown)
+    # discovery and keep-alive frames sent so far, by type, shaped as `sent` (no payload bytes)
+    discovery_sent: Mapping[str, tuple[int, int, int]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON types (status, checkpoints)."""
@@ -57,6 +60,7 @@ class RoundRecord:
             "weights": dict(self.weights),
             "missing": list(self.missing),
             "sent": {kind: list(counts) for kind, counts in self.sent.items()},
+            "discovery_sent": {kind: list(counts) for kind, counts in self.discovery_sent.items()},
             "accuracy_by_predictor": dict(self.accuracy_by_predictor),
         }
 
@@ -68,7 +72,8 @@ class RoundRecord:
                 **{
                     **data,
                     "missing": tuple(data["missing"]),
-                    "sent": {str(kind): (int(m), int(b), int(p)) for kind, (m, b, p) in data["sent"].items()},
+                    "sent": _counts(data["sent"]),
+                    "discovery_sent": _counts(data.get("discovery_sent", {})),
                 }
             )
         except (KeyError, TypeError, ValueError) as exc:
@@ -81,6 +86,10 @@ class RoundRecord:
     @property
     def bytes_out(self) -> int:
         return sum(size for _, size, _ in self.sent.values())
+
+
+def _counts(by_type: Mapping[str, Any]) -> dict[str, tuple[int, int, int]]:
+    return {str(kind): (int(m), int(b), int(p)) for kind, (m, b, p) in by_type.items()}
 
 
 def arrived(heard: Mapping[str, set[MessageType]], waits_for: frozenset[MessageType]) -> set[str]:

@@ -104,6 +104,7 @@ class Exchange:
                     sent={kind: (m, b, p) for kind, (m, b, p) in sorted(self._sent[i].items())},
                     step_s=step_s[i],
                     accuracy_by_predictor=evaluation.by_predictor,
+                    test_samples=evaluation.total,
                 )
             )
         return records

@@ -25,6 +25,7 @@ from p2pnode.rounds import RoundRecord
 from protocol import LEARNING_TYPES
 
 from .cluster import Cluster
+from .provenance import provenance
 from .report import CheckThresholds, Truth, assemble, check, run_header
 from .simulator import SimulationSpec
 
@@ -85,6 +86,7 @@ def run_learning_testnet(
     # The daemons resolve the device name as this machine's launcher does: fail before starting them.
     device, mixed_precision = placement(spec.device, spec.mixed_precision)
     progress = progress or sys.stderr  # the stream of the moment, not the one at import (tests swap it)
+    made = provenance(spec.seed, str(device))
     out.mkdir(parents=True, exist_ok=True)
     backbones = spec.node_backbones()
     _, partition = load_scenario(spec.scenario_spec)
@@ -98,7 +100,7 @@ def run_learning_testnet(
         finals, interrupted = _watch(cluster, spec.rounds, started + timeout_s, poll_s, progress)
         exit_codes = cluster.stop()
     ids = [node.node_id for node in cluster.specs]
-    header = run_header("testnet", spec, partition, ids, backbones, spec.config_dict(), (device, mixed_precision))
+    header = run_header("testnet", spec, partition, ids, backbones, spec.config_dict(), (device, mixed_precision), made)
     report = testnet_report(header, partition, finals, time.monotonic() - started)
     report["processes"]["exit_codes"] = [exit_codes.get(s.index) for s in cluster.specs]
     report["processes"]["logs"] = [str(s.log_path) for s in cluster.specs]
@@ -164,15 +166,21 @@ def testnet_report(header: dict[str, Any], partition, statuses: list[dict | None
     learning = [((s or {}).get("learning") or {}) for s in statuses]
     records = [RoundRecord.from_dict(entry) for state in learning for entry in state.get("history", [])]
     rejections: Counter[str] = Counter()
-    discovery = {"messages": 0, "bytes": 0}
+    messages: Counter[str] = Counter()
+    sizes: Counter[str] = Counter()
     for status in statuses:
         if status is None:
             continue
         rejections.update(status["traffic"]["rejections"])
         for kind, row in status["traffic"]["by_type"].items():
-            if kind not in LEARNING_TYPES:
-                discovery["messages"] += row["messages_out"]
-                discovery["bytes"] += row["bytes_out"]
+            if kind not in LEARNING_TYPES and row["messages_out"]:
+                messages[kind] += row["messages_out"]
+                sizes[kind] += row["bytes_out"]
+    discovery = {
+        "messages": sum(messages.values()),
+        "bytes": sum(sizes.values()),
+        "by_type": {kind: {"messages": messages[kind], "bytes": sizes[kind]} for kind in sorted(messages)},
+    }
     processes = {
         "resumed_from": [state.get("resumed_from") for state in learning],
         "catch_ups": [state.get("catch_ups") for state in learning],

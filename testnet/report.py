@@ -1,7 +1,9 @@
 """A learning run's report, from the `RoundRecord`s its nodes wrote: one builder for the
 simulator and the learning testnet, so both produce one schema (docs/architecture.md, "Reports").
 
-    header ─► assemble(header, records, truth, ...) ─► check(report, thresholds) ─► write_report
+    header ─► assemble(header, records, truth, ...) ─► check(report, thresholds)
+           ─► attach_baselines(report, {name: report of the same nodes})   (optional)
+           ─► write_report: report.json, report.md (summary.py), PNGs (plots.py)
 
 Per round, a node's latest record so far stands for it (a node that skipped a round keeps its
 last one; a node with none yet talks to no one and has no accuracy). The final figures are each
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,7 +27,9 @@ from algorithms.graph import adjusted_rand_index, communities, l1_to_truth, with
 from p2pnode.files import write_atomically
 from p2pnode.rounds import RoundRecord
 
+from .intervals import paired_difference, wilson
 from .plots import write_plots
+from .summary import write_summary
 
 __all__ = [
     "REQUIRED_KEYS",
@@ -32,10 +37,10 @@ __all__ = [
     "CheckThresholds",
     "run_header",
     "assemble",
+    "attach_baselines",
     "check",
     "write_report",
     "summary_line",
-    "gap_share",
 ]
 
 REQUIRED_KEYS = (
@@ -51,6 +56,8 @@ REQUIRED_KEYS = (
     "rejections",
     "wall_s",
     "check",
+    "provenance",
+    "baselines",
 )
 
 
@@ -78,17 +85,19 @@ class CheckThresholds:
     rounds_completed: bool = True  # every node finished every round
 
 
-def gap_share(method: float, local: float, oracle: float) -> float | None:
-    """How much of the Local→Oracle gap a method realises: (method − local) / (oracle − local)."""
-    gap = oracle - local
-    return None if abs(gap) < 1e-9 else (method - local) / gap
-
-
 def run_header(
-    kind: str, spec, partition, ids: list[str], backbones: list[str], config: dict, placement: tuple[Any, bool]
+    kind: str,
+    spec,
+    partition,
+    ids: list[str],
+    backbones: list[str],
+    config: dict,
+    placement: tuple[Any, bool],
+    provenance: Mapping[str, Any],
 ) -> dict[str, Any]:
-    """The fields that say what was run; `placement` is (device, mixed precision) as the nodes
-    resolved `spec.device` (algorithms/device.py)."""
+    """The fields that say what was run, and where and with what (testnet/provenance.py);
+    `placement` is (device, mixed precision) as the nodes resolved `spec.device`
+    (algorithms/device.py)."""
     device, mixed_precision = placement
     clusters = sorted({shard.cluster for shard in partition.shards})
     return {
@@ -111,6 +120,7 @@ def run_header(
         "mixed_precision": mixed_precision,
         "poisoners": list(getattr(spec, "poisoners", ())),
         "attack": {"kind": spec.attack, "factor": spec.attack_factor} if getattr(spec, "poisoners", ()) else None,
+        "provenance": dict(provenance),
     }
 
 
@@ -121,7 +131,7 @@ def assemble(
     *,
     rejections: Mapping[str, int],
     wall_s: float,
-    discovery: Mapping[str, int] | None = None,
+    discovery: Mapping[str, Any] | None = None,
     processes: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The report of a run. `discovery` is the traffic outside learning (the testnet's daemons;
@@ -141,10 +151,10 @@ def assemble(
     every = [record for history in by_node for record in history.values()]
     return {
         **header,
-        "accuracy": {**_spread(accuracy), "per_round": series["accuracy"]},
+        "accuracy": {**_spread(accuracy), **_series(series, "accuracy", "per_round"), **_tested(finals)},
         "accuracy_own_classes": {**_spread(own_class), "per_round": series["accuracy_own_classes"]},
         "accuracy_by_predictor": _by_predictor(finals),
-        "loss": {"train_per_round": series["loss"], "test_per_round": series["test_loss"]},
+        "loss": {**_series(series, "loss", "train_per_round"), "test_per_round": series["test_loss"]},
         "graph": {
             "W": w.tolist(),
             "W_true": np.asarray(truth.w).tolist(),
@@ -158,6 +168,7 @@ def assemble(
         },
         "poisoning": _poisoning(by_node, int(header["rounds"]), ids, header.get("poisoners") or []),
         "comm": _communication(finals, series, discovery),
+        "baselines": {},
         "rejections": dict(sorted(rejections.items())),
         "missing_payloads": sum(len(record.missing) for record in every),
         "rounds_completed_per_node": [len(history) for history in by_node],
@@ -170,6 +181,27 @@ def assemble(
         "processes": dict.fromkeys(PROCESS_KEYS) | dict(processes or {}),
         "check": None,
     }
+
+
+# What a baseline brings into the report beside it, and what must be equal for the comparison to
+# hold: the same nodes, shards and test splits.
+BASELINE_KEYS = ("algorithm", "config", "backbones", "accuracy", "accuracy_own_classes", "loss", "wall_s")
+SAME_NODES = ("dataset", "scenario", "nodes", "rounds", "seed", "samples_per_class", "test_per_class", "node_classes")
+
+
+def attach_baselines(report: dict[str, Any], baselines: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Put the runs of other methods on the same nodes beside `report` (under `baselines`, by
+    name), each with the paired bootstrap interval of `report`'s accuracy minus its own."""
+    for name, other in baselines.items():
+        differ = [key for key in SAME_NODES if other.get(key) != report.get(key)]
+        if differ:
+            raise ValueError(f"baseline {name} did not run the same nodes: {', '.join(differ)} differ")
+        report["baselines"][name] = {
+            **{key: other[key] for key in BASELINE_KEYS},
+            "comm": {"messages": other["comm"]["messages"], "bytes": other["comm"]["bytes"]},
+            "difference": paired_difference(report["accuracy"]["per_node"], other["accuracy"]["per_node"]),
+        }
+    return report
 
 
 def _by_predictor(finals: list[RoundRecord | None]) -> dict[str, dict[str, Any]]:
@@ -193,19 +225,61 @@ def _latest_per_round(by_node: list[dict[int, RoundRecord]], rounds: int) -> Ite
 
 def _per_round(by_node: list[dict[int, RoundRecord]], rounds: int, ids: list[str], truth: Truth) -> dict[str, list]:
     keys = ("accuracy", "accuracy_own_classes", "loss", "test_loss", "l1_to_truth", "within_cluster_mass")
-    series: dict[str, list] = {key: [] for key in (*keys, "messages", "bytes")}
+    series: dict[str, list] = {key: [] for key in (*keys, "accuracy_band", "loss_band", "messages", "bytes")}
+    series["sent"], series["discovery_sent"] = [], []  # per round: type → bytes so far, summed over nodes
     for latest in _latest_per_round(by_node, rounds):
         present = [record for record in latest if record is not None]
         series["accuracy"].append(float(np.mean([e.accuracy for e in present])))
+        series["accuracy_band"].append(_band([e.accuracy for e in present]))
         series["accuracy_own_classes"].append(float(np.mean([e.own_class_accuracy for e in present])))
         series["loss"].append(float(np.mean([e.loss for e in present])))
+        series["loss_band"].append(_band([e.loss for e in present]))
         series["test_loss"].append(float(np.mean([e.test_loss for e in present])))
         w = _matrix([None if e is None else e.weights for e in latest], ids)
         series["l1_to_truth"].append(l1_to_truth(w, truth.w))
         series["within_cluster_mass"].append(within_cluster_mass(w, truth.clusters))
         series["messages"].append(sum(e.messages_out for e in present))
         series["bytes"].append(sum(e.bytes_out for e in present))
+        for key in ("sent", "discovery_sent"):
+            series[key].append(_bytes_by_type(getattr(e, key) for e in present))
     return series
+
+
+def _bytes_by_type(counts: Iterable[Mapping[str, tuple[int, int, int]]]) -> Counter[str]:
+    total: Counter[str] = Counter()
+    for by_type in counts:
+        for kind, (_, size, _) in by_type.items():
+            total[str(kind)] += size
+    return total
+
+
+BAND = ("min", "q1", "median", "q3", "max")
+
+
+def _band(values: Sequence[float]) -> dict[str, float]:
+    """The spread over nodes drawn as a band: extremes and quartiles."""
+    return dict(zip(BAND, (float(q) for q in np.quantile(values, [0, 0.25, 0.5, 0.75, 1])), strict=True))
+
+
+def _series(series: dict[str, list], name: str, key: str) -> dict[str, Any]:
+    """A per-round mean as `key`, and its band over nodes as `key`_band: {min, q1, median, q3, max}."""
+    bands = series[f"{name}_band"]
+    return {key: series[name], f"{key}_band": {q: [band[q] for band in bands] for q in BAND}}
+
+
+def _tested(finals: list[RoundRecord | None]) -> dict[str, Any]:
+    """Each node's test-split size and the accuracy over all their images together, with its
+    Wilson interval (testnet/intervals.py); None where a node did not say how many it had."""
+    sizes = [f.test_samples if f is not None and f.test_samples > 0 else None for f in finals]
+    if any(size is None for size in sizes):
+        return {"test_samples_per_node": sizes, "pooled": None}
+    correct = sum(round(f.accuracy * f.test_samples) for f in finals)  # accuracy is correct / test_samples
+    n = sum(sizes)
+    low, high = wilson(correct, n)
+    return {
+        "test_samples_per_node": sizes,
+        "pooled": {"correct": correct, "n": n, "accuracy": correct / n, "low": low, "high": high},
+    }
 
 
 def _poisoning(
@@ -250,9 +324,9 @@ def _matrix(rows: Sequence[Mapping[str, float] | None], ids: list[str]) -> np.nd
 
 
 def _communication(
-    finals: list[RoundRecord | None], series: dict[str, list], discovery: Mapping[str, int] | None
+    finals: list[RoundRecord | None], series: dict[str, list], discovery: Mapping[str, Any] | None
 ) -> dict[str, Any]:
-    by_type: dict[str, dict[str, int]] = {}
+    by_type: dict[str, dict[str, Any]] = {}
     payload = 0
     for final in finals:
         for kind, (messages, size, payload_bytes) in (final.sent if final else {}).items():
@@ -261,6 +335,11 @@ def _communication(
             entry["bytes"] += size
             payload += payload_bytes
     total = sum(entry["bytes"] for entry in by_type.values())
+    discovery = dict(discovery or {"messages": 0, "bytes": 0})
+    discovery_by_type = {kind: dict(entry) for kind, entry in (discovery.get("by_type") or {}).items()}
+    for family, key in ((by_type, "sent"), (discovery_by_type, "discovery_sent")):
+        for kind, entry in family.items():
+            entry["bytes_cumulative_per_round"] = [so_far[kind] for so_far in series[key]]
     return {
         "messages": sum(entry["messages"] for entry in by_type.values()),
         "bytes": total,
@@ -270,7 +349,12 @@ def _communication(
         "messages_cumulative_per_round": series["messages"],
         "bytes_cumulative_per_round": series["bytes"],
         "recipients_last_round": [None if f is None else f.recipients for f in finals],
-        "discovery": dict(discovery) if discovery is not None else {"messages": 0, "bytes": 0},
+        "discovery": {
+            "messages": discovery["messages"],
+            "bytes": discovery["bytes"],
+            "by_type": dict(sorted(discovery_by_type.items())),
+            "bytes_cumulative_per_round": [sum(so_far.values()) for so_far in series["discovery_sent"]],
+        },
     }
 
 
@@ -316,7 +400,8 @@ def write_report(report: dict[str, Any], out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "report.json"
     write_atomically(path, (json.dumps(report, indent=1) + "\n").encode())
-    return [path, *write_plots(report, out)]
+    plots = write_plots(report, out)
+    return [path, write_summary(report, out, [plot.name for plot in plots]), *plots]
 
 
 def summary_line(report: dict[str, Any]) -> str:

@@ -11,14 +11,15 @@ rows of W and the honest nodes' accuracy.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from algorithms.catalog import DEVICE_FORMS, DEVICE_PATTERN, FLOAT32_ONLY_DEVICES
+from algorithms.catalog import BASELINES, DEVICE_FORMS, DEVICE_PATTERN, FLOAT32_ONLY_DEVICES
 from algorithms.device import placement
 from algorithms.graph import within_cluster_mass
 from algorithms.models import CPU_BACKBONES
@@ -30,9 +31,10 @@ from p2pnode.rounds import RoundRecord
 from protocol import Limits
 
 from .exchange import Exchange, simulation_identity
+from .provenance import provenance
 from .report import CheckThresholds, Truth, assemble, check, run_header
 
-__all__ = ["SimulationSpec", "RoundResult", "run_simulation", "simulation_identity"]
+__all__ = ["SimulationSpec", "RoundResult", "run_simulation", "run_baselines", "simulation_identity"]
 
 HOMOGENEOUS_DEFAULT = ("convnet",)
 
@@ -121,6 +123,7 @@ def run_simulation(
     `thresholds` if given."""
     started = time.perf_counter()
     device, mixed_precision = placement(spec.device, spec.mixed_precision)
+    made = provenance(spec.seed, str(device))
     info = ALGORITHMS[spec.algorithm]
     config = spec.algorithm_config()
     _, partition = load_scenario(spec.scenario_spec)
@@ -155,10 +158,46 @@ def run_simulation(
         records.extend(latest)
         if progress is not None:
             progress(_progress(latest, truth, spec.rounds, time.perf_counter() - started))
-    header = run_header("simulation", spec, partition, ids, backbones, spec.config_dict(), (device, mixed_precision))
+    header = run_header(
+        "simulation", spec, partition, ids, backbones, spec.config_dict(), (device, mixed_precision), made
+    )
     report = assemble(header, records, truth, rejections=exchange.rejections, wall_s=time.perf_counter() - started)
     report["check"] = check(report, thresholds or CheckThresholds(accuracy=0.0, within_cluster_mass=0.0))
     return report
+
+
+def run_baselines(
+    spec: SimulationSpec, names: Sequence[str], progress: Callable[[str], Callable[[RoundResult], None]] | None = None
+) -> dict[str, dict[str, Any]]:
+    """Simulate each baseline on `spec`'s nodes, each node on the backbone it had there, with those
+    of `spec`'s overrides the baseline's configuration has; returns the reports by name
+    (testnet/report.py:attach_baselines puts them beside `spec`'s own). The run's own algorithm
+    is no baseline of itself: it is skipped."""
+    reports = {}
+    for name in (name for name in names if name != spec.algorithm):
+        if name not in BASELINES:
+            raise ValueError(f"unknown baseline {name!r}; choose from {', '.join(BASELINES)}")
+        baseline = dataclasses.replace(
+            spec,
+            algorithm=name,
+            backbones=tuple(spec.node_backbones()),
+            overrides=_applicable(name, spec.overrides),
+            poisoners=(),
+        )
+        reports[name] = run_simulation(baseline, progress=progress(name) if progress else None)
+    return reports
+
+
+def _applicable(algorithm: str, overrides: Mapping[str, str]) -> dict[str, str]:
+    """The overrides `algorithm`'s configuration has (MAPL's `training.*` for Local, not SCooL's)."""
+    kept = {}
+    for key, value in overrides.items():
+        try:
+            apply_overrides(default_config(algorithm), {key: value})
+        except ValueError:
+            continue
+        kept[key] = value
+    return kept
 
 
 def _progress(latest: list[RoundRecord], truth: Truth, rounds: int, elapsed_s: float) -> RoundResult:

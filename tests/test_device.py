@@ -250,7 +250,11 @@ ALLOWED = {
     ("algorithms/models.py", "PersonalModel.__init__", "randn"): "the prototypes' initialisation, before the move",
     ("algorithms/setup.py", "node_data", "tensor"): "the shard is read on the CPU; NodeSetup.on moves it",
     ("algorithms/setup.py", "class_list_data", "tensor"): "the same, for a node that names its classes",
-    ("algorithms/setup.py", "own_data_setup", "tensor"): "a device's own files are read on the CPU; NodeSetup.on moves them",
+    (
+        "algorithms/setup.py",
+        "own_data_setup",
+        "tensor",
+    ): "a device's own files are read on the CPU; NodeSetup.on moves them",
     ("algorithms/training.py", "seeded_generator", "Generator"): "generators stay on the CPU: the same draws anywhere",
     (
         "algorithms/attention.py",

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from algorithms.graph import adjusted_rand_index, communities
-from testnet.report import CheckThresholds, Truth, assemble, check
+from testnet.intervals import wilson
+from testnet.report import CheckThresholds, Truth, assemble, attach_baselines, check
 
 from .test_rounds import record
 
@@ -27,18 +28,41 @@ def test_every_node_every_round():
             partner = IDS[i ^ 1]
             sent = {"PROTOTYPES": ((r + 1) * 3, (r + 1) * 3000, (r + 1) * 2700)}
             records.append(
-                record(node, r, accuracy=0.5 + 0.1 * r, weights={node: 0.5, partner: 0.5}, sent=sent, recipients=3)
+                record(
+                    node,
+                    r,
+                    accuracy=0.5 + 0.1 * r + 0.02 * i,
+                    loss=2.0 - 0.5 * r,
+                    weights={node: 0.5, partner: 0.5},
+                    sent=sent,
+                    recipients=3,
+                    test_samples=50,
+                )
             )
     report = run_of(records)
-    assert report["accuracy"]["per_round"] == pytest.approx([0.5, 0.6, 0.7])
-    assert report["accuracy"]["per_node"] == pytest.approx([0.7] * 4) and report["accuracy"]["std"] == 0
+    assert report["accuracy"]["per_round"] == pytest.approx([0.53, 0.63, 0.73])
+    band = report["accuracy"]["per_round_band"]
+    assert band["min"] == pytest.approx([0.5, 0.6, 0.7]) and band["max"] == pytest.approx([0.56, 0.66, 0.76])
+    assert band["median"] == pytest.approx([0.53, 0.63, 0.73]) and band["q1"][0] == pytest.approx(0.515)
+    assert (
+        report["loss"]["train_per_round"] == [2.0, 1.5, 1.0] and report["loss"]["train_per_round_band"]["max"][2] == 1
+    )
+    # Final accuracies 0.70, 0.72, 0.74, 0.76 of 50 images each: 35 + 36 + 37 + 38 = 146 of 200.
+    assert report["accuracy"]["test_samples_per_node"] == [50] * 4
+    pooled = report["accuracy"]["pooled"]
+    assert (pooled["correct"], pooled["n"]) == (146, 200) and (pooled["low"], pooled["high"]) == wilson(146, 200)
+    assert report["accuracy"]["per_node"] == pytest.approx([0.7, 0.72, 0.74, 0.76])
     assert report["graph"]["l1_to_truth"] == 0 and report["graph"]["within_cluster_mass"] == 1
     assert report["graph"]["communities"] == [0, 0, 1, 1] and report["graph"]["community_agreement"] == 1
     comm = report["comm"]
-    assert comm["by_type"] == {"PROTOTYPES": {"messages": 36, "bytes": 36000}}
+    assert comm["by_type"] == {
+        "PROTOTYPES": {"messages": 36, "bytes": 36000, "bytes_cumulative_per_round": [12000, 24000, 36000]}
+    }
     assert comm["bytes_cumulative_per_round"] == [12000, 24000, 36000]
     assert comm["envelope_overhead"] == pytest.approx(36000 / 32400)
-    assert comm["recipients_last_round"] == [3] * 4 and comm["discovery"] == {"messages": 0, "bytes": 0}
+    assert comm["recipients_last_round"] == [3] * 4
+    assert comm["discovery"] == {"messages": 0, "bytes": 0, "by_type": {}, "bytes_cumulative_per_round": [0, 0, 0]}
+    assert report["baselines"] == {}
     assert report["rejections"] == {"bad_shape": 2} and report["check"] is None
     assert report["processes"] == {"exit_codes": None, "logs": None, "resumed_from": None, "catch_ups": None}
     assert report["timing"]["gather_s_mean"] is None  # nobody measured a gather
@@ -81,3 +105,55 @@ def test_louvain_communities_and_their_agreement_with_the_truth():
     assert adjusted_rand_index([0, 0, 1, 1], [1, 1, 0, 0]) == 1.0  # labels do not matter
     assert adjusted_rand_index([0, 0, 1, 1], [0, 1, 0, 1]) == pytest.approx(-0.5)
     assert adjusted_rand_index([0, 1, 2, 3], [0, 0, 1, 1]) == 0.0
+
+
+def test_discovery_traffic_per_round_beside_the_learning_traffic():
+    """The daemons' records carry their discovery frames so far; the totals come from their
+    counters at the end (which also count what was sent after the last round)."""
+    records = [
+        record(node, r, sent={"PROTOTYPES": (r + 1, 1000 * (r + 1), 900 * (r + 1))}, discovery_sent=hello_ping(r))
+        for r in range(3)
+        for node in IDS
+    ]
+    totals = {
+        "messages": 40,
+        "bytes": 5000,
+        "by_type": {"HELLO": {"messages": 8, "bytes": 3000}, "PING": {"messages": 32, "bytes": 2000}},
+    }
+    comm = run_of(records, discovery=totals)["comm"]
+    assert comm["bytes_cumulative_per_round"] == [4000, 8000, 12000]
+    discovery = comm["discovery"]
+    assert (discovery["messages"], discovery["bytes"]) == (40, 5000)
+    assert discovery["by_type"]["HELLO"]["bytes_cumulative_per_round"] == [4 * 300] * 3
+    assert discovery["by_type"]["PING"]["bytes_cumulative_per_round"] == [4 * 100, 4 * 200, 4 * 300]
+    assert discovery["bytes_cumulative_per_round"] == [4 * 400, 4 * 500, 4 * 600]
+
+
+def hello_ping(round: int) -> dict:
+    return {"HELLO": (2, 300, 0), "PING": (round + 1, 100 * (round + 1), 0)}
+
+
+def test_baselines_go_beside_the_run_with_a_paired_interval():
+    def run(accuracies, algorithm="mapl"):
+        header = {
+            "algorithm": algorithm,
+            "node_ids": IDS,
+            "rounds": 1,
+            "dataset": "digits",
+            "nodes": 4,
+            "seed": 0,
+            "config": {},
+            "backbones": ["mlp"] * 4,
+        }
+        records = [record(node, 0, accuracy=a, test_samples=20) for node, a in zip(IDS, accuracies, strict=True)]
+        return assemble(header, records, TRUTH, rejections={}, wall_s=1.0)
+
+    report = attach_baselines(run([0.8, 0.9, 0.7, 0.8]), {"local": run([0.75, 0.85, 0.65, 0.75], "local")})
+    local = report["baselines"]["local"]
+    assert local["algorithm"] == "local" and local["accuracy"]["per_node"] == [0.75, 0.85, 0.65, 0.75]
+    # Every node gains exactly 5 points: every resample of the nodes says so.
+    assert local["difference"]["mean"] == pytest.approx(0.05)
+    assert local["difference"]["low"] == pytest.approx(0.05) and local["difference"]["high"] == pytest.approx(0.05)
+    other_seed = {**run([0.5] * 4, "local"), "seed": 1}
+    with pytest.raises(ValueError, match="seed differ"):
+        attach_baselines(run([0.8] * 4), {"local": other_seed})

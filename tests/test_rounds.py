@@ -122,9 +122,21 @@ def test_finishing_a_round_counts_the_missing_and_keeps_a_bounded_history():
 def test_a_record_survives_json_and_a_wrong_one_is_refused():
     import json
 
-    original = record(weights={"a": 0.25, "b": 0.75}, missing=("b",), sent={"MODEL": (2, 300, 200)}, gather_s=0.5)
+    original = record(
+        weights={"a": 0.25, "b": 0.75},
+        missing=("b",),
+        sent={"MODEL": (2, 300, 200)},
+        gather_s=0.5,
+        test_samples=75,
+        discovery_sent={"PING": (4, 480, 0)},
+    )
     again = RoundRecord.from_dict(json.loads(json.dumps(original.to_dict())))
     assert again == original
     assert (again.messages_out, again.bytes_out) == (2, 300)
+    # A record from before test splits and discovery were recorded (an older checkpoint) still loads.
+    older = {k: v for k, v in original.to_dict().items() if k not in ("test_samples", "discovery_sent")}
+    assert RoundRecord.from_dict(older) == record(
+        weights=original.weights, missing=("b",), sent=original.sent, gather_s=0.5
+    )
     with pytest.raises(ValueError, match="not a round record"):
         RoundRecord.from_dict({**original.to_dict(), "surprise": 1})

@@ -1,10 +1,13 @@
-"""`make demo`: ten MAPL daemons learn over TCP on real MNIST digits, next to a Local run.
+"""`make demo`: ten MAPL daemons learn over TCP on real MNIST digits, beside Local and Oracle.
 
-    python -m tools.demo --out demo-out [--nodes 10] [--rounds 60]
+    python -m tools.demo --out demo-out [--nodes 10] [--rounds 60] [--baselines [local] [oracle]]
 
 The daemons run the MAPL testnet (Scenario 1: two clusters with disjoint classes, 25 training
-samples per class per node, the four CPU backbones); the same nodes then train alone in the
-simulator (Local, no communication). It prints one row per node and where the plots are.
+samples per class per node, the four CPU backbones); the same nodes then run the baselines in
+the simulator: Local (each node alone) and Oracle (each node on its true cluster's pooled data,
+the ceiling). It prints one row per node, each accuracy with its 95 % Wilson interval, and the
+methods compared with paired bootstrap intervals; report.md and the plots (the baselines on the
+same axes) are in OUT/mapl-testnet/.
 """
 
 from __future__ import annotations
@@ -13,9 +16,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from algorithms.catalog import BASELINES
 from testnet.learning import run_learning_testnet
-from testnet.report import CheckThresholds, summary_line, write_report
-from testnet.simulator import SimulationSpec, run_simulation
+from testnet.progress import RoundProgress
+from testnet.report import CheckThresholds, attach_baselines, summary_line, write_report
+from testnet.simulator import SimulationSpec, run_baselines
+from testnet.summary import methods_table, per_node_table
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,8 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="demo-out")
     parser.add_argument("--nodes", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--baselines", nargs="*", choices=BASELINES, default=list(BASELINES))
     args = parser.parse_args(argv)
-    out = Path(args.out)
+    out = Path(args.out) / "mapl-testnet"
     spec = SimulationSpec(
         algorithm="mapl", dataset="mnist5k", scenario="1", nodes=args.nodes, rounds=args.rounds, samples_per_class=25
     )
@@ -32,43 +39,22 @@ def main(argv: list[str] | None = None) -> int:
         f"MAPL testnet: {args.nodes} daemons, mnist5k, Scenario 1, 25 samples per class, {args.rounds} rounds",
         file=sys.stderr,
     )
-    code, mapl = run_learning_testnet(spec, out / "mapl-testnet", check=CheckThresholds())
-    write_report(mapl, out / "mapl-testnet")
-    print("Local baseline (same shards, no communication), simulated:", file=sys.stderr)
-    import torch
+    code, mapl = run_learning_testnet(spec, out, check=CheckThresholds())
+    if args.baselines and code != 130:
+        print(f"Baselines on the same nodes, simulated: {', '.join(args.baselines)}", file=sys.stderr)
+        import torch
 
-    torch.set_num_threads(1)
-    local = run_simulation(SimulationSpec(**{**vars(spec), "algorithm": "local"}))
-    write_report(local, out / "local")
-    print(format_table(mapl, local))
+        torch.set_num_threads(1)
+        attach_baselines(mapl, run_baselines(spec, args.baselines, progress=RoundProgress))
+    written = write_report(mapl, out)
+    print(per_node_table(mapl))
+    print()
+    print(methods_table(mapl))
     print(summary_line(mapl))
     for failure in mapl.get("check", {}).get("failures", []):
         print(f"check failed: {failure}")
-    print(
-        f"plots: {out / 'mapl-testnet'}/graph.png (learned W beside W*), accuracy.png, bytes.png; "
-        f"daemon logs: {out / 'mapl-testnet'}/node*/node.log"
-    )
+    print(f"report and plots: {', '.join(str(path) for path in written[1:])}; daemon logs: {out}/node*/node.log")
     return code
-
-
-def format_table(mapl: dict, local: dict) -> str:
-    rows = [
-        "| node | backbone | classes | neighbours (w > 0) | Local | MAPL over TCP | Δ |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    weights = mapl["graph"]["W"]
-    for i, (m, lo) in enumerate(zip(mapl["accuracy"]["per_node"], local["accuracy"]["per_node"], strict=True)):
-        neighbours = ", ".join(str(j) for j, w in enumerate(weights[i]) if w > 0 and j != i)
-        classes = "".join(map(str, mapl["node_classes"][i]))
-        acc = "—" if m is None else f"{100 * m:.1f} %"
-        delta = "—" if m is None else f"{100 * (m - lo):+.1f}"
-        rows.append(f"| {i} | {mapl['backbones'][i]} | {classes} | {neighbours} | {100 * lo:.1f} % | {acc} | {delta} |")
-    m, lo = mapl["accuracy"]["mean"], local["accuracy"]["mean"]
-    rows.append(
-        f"| mean | | | | {100 * lo:.1f} % | {'—' if m is None else f'{100 * m:.1f} %'} | "
-        f"{'—' if m is None else f'{100 * (m - lo):+.1f}'} |"
-    )
-    return "\n".join(rows)
 
 
 if __name__ == "__main__":

@@ -48,12 +48,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def format_table(reports: list[dict]) -> str:
-    from testnet.report import gap_share
+    from testnet.summary import gap_share
 
     rows = [
-        "| scenario | method | seed | accuracy (mean ± std) | gap realised | within-cluster mass | "
-        "L1 to truth | messages | MiB | wall s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| scenario | method | seed | accuracy (mean ± std) | − Local, points [95 % CI] | gap realised | "
+        "within-cluster mass | L1 to truth | messages | MiB | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     by = {(r["scenario"], r["algorithm"], r["seed"]): r for r in reports}
     for r in reports:
@@ -66,11 +66,24 @@ def format_table(reports: list[dict]) -> str:
         )
         rows.append(
             f"| {r['scenario']} | {r['algorithm']} | {r['seed']} | {r['accuracy']['mean'] * 100:.1f} ± "
-            f"{r['accuracy']['std'] * 100:.1f} | {'—' if share is None else f'{share * 100:.0f} %'} | "
+            f"{r['accuracy']['std'] * 100:.1f} | {_versus_local(r, by)} | "
+            f"{'—' if share is None else f'{share * 100:.0f} %'} | "
             f"{r['graph']['within_cluster_mass']:.3f} | {r['graph']['l1_to_truth']:.3f} | {r['comm']['messages']} | "
             f"{r['comm']['bytes'] / 2**20:.1f} | {r['wall_s']:.0f} |"
         )
     return "\n".join(rows)
+
+
+def _versus_local(report: dict, by: dict) -> str:
+    """The method minus Local on the same nodes (same seed), with its paired bootstrap interval
+    over nodes (testnet/intervals.py)."""
+    from testnet.intervals import paired_difference
+
+    local = by.get((report["scenario"], "local", report["seed"]))
+    if local is None or report["algorithm"] == "local":
+        return "—"
+    d = paired_difference(report["accuracy"]["per_node"], local["accuracy"]["per_node"])
+    return "—" if d is None else f"{d['mean'] * 100:+.1f} [{d['low'] * 100:+.1f}, {d['high'] * 100:+.1f}]"
 
 
 if __name__ == "__main__":

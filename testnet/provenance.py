@@ -1,0 +1,76 @@
+"""Where and with what a run ran: the `provenance` of a report, so a figure can be traced back to
+the code, the packages and the machine that produced it (docs/learning.md, "Report")."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import subprocess
+import sys
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+__all__ = ["PACKAGES", "provenance", "git_state"]
+
+# Distributions whose version can change a result (the learning stack, the wire, the plots).
+PACKAGES = (
+    "p2pnode",
+    "torch",
+    "torchvision",
+    "numpy",
+    "pyzmq",
+    "msgpack",
+    "trio",
+    "cryptography",
+    "networkx",
+    "mlxtend",
+    "scikit-learn",
+    "matplotlib",
+)
+CODE_ROOT = Path(__file__).resolve().parent.parent
+GIT_TIMEOUT_S = 5.0
+
+
+def provenance(seed: int, device: str = "cpu", *, root: Path = CODE_ROOT) -> dict[str, Any]:
+    """What to record at the start of a run; `device`: where the models train, as resolved on
+    this machine (algorithms/device.py)."""
+    return {
+        "started_utc": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": list(sys.argv),
+        "seed": seed,
+        "device": device,
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "packages": {name: _version(name) for name in PACKAGES},
+        "git": git_state(root),
+    }
+
+
+def _version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def git_state(root: Path) -> dict[str, Any] | None:
+    """{commit, dirty} of the checkout `root` is in, or None when it is none (an installed
+    package, a tarball) or git is missing. Untracked files (reports, data) do not count as dirty."""
+    try:
+        commit = _git(root, "rev-parse", "HEAD")
+        changes = _git(root, "status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": commit, "dirty": bool(changes)}
+
+
+def _git(root: Path, *args: str) -> str:
+    done = subprocess.run(
+        ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=GIT_TIMEOUT_S, check=True
+    )
+    return done.stdout.strip()

@@ -1,0 +1,205 @@
+"""`report.md`: one page a researcher can read at a glance and paste, drawn from report.json
+alone (docs/learning.md, "Report"): the run, the final accuracy of each method with its interval,
+every node, the learned graph, the traffic, the plots and where the run came from.
+
+Intervals (testnet/intervals.py): an accuracy carries its 95 % Wilson interval on the node's (or
+all nodes') test images; a difference between methods its paired bootstrap interval over nodes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .intervals import CONFIDENCE, wilson
+
+__all__ = ["SUMMARY_NAME", "gap_share", "write_summary", "summary_page", "per_node_table", "methods_table"]
+
+SUMMARY_NAME = "report.md"
+MAX_LISTED_NEIGHBOURS = 6  # more than this and the per-node table gives a count
+INTERVALS_SAID = (
+    'Intervals (docs/learning.md, "Intervals"): the Wilson interval covers the luck of the test '
+    "images (all nodes' together here, each node's own in the table below), not that of training: "
+    "another seed can move a figure further. The paired bootstrap resamples the nodes, each with its "
+    "pair of accuracies; with fewer than about 10 nodes it is too narrow."
+)
+
+
+def gap_share(method: float, local: float, oracle: float) -> float | None:
+    """How much of the Local→Oracle gap a method realises: (method − local) / (oracle − local)."""
+    gap = oracle - local
+    return None if abs(gap) < 1e-9 else (method - local) / gap
+
+
+def write_summary(report: dict[str, Any], out: Path, plots: Sequence[str]) -> Path:
+    path = out / SUMMARY_NAME
+    path.write_text(summary_page(report, plots))
+    return path
+
+
+def summary_page(report: dict[str, Any], plots: Sequence[str] = ()) -> str:
+    sections = [
+        f"# {_title(report)}",
+        _run(report),
+        "## Final accuracy\n\n" + methods_table(report) + _gap(report) + "\n\n" + INTERVALS_SAID,
+        "## Per node\n\n" + per_node_table(report),
+        _graph(report),
+        _traffic(report),
+        "## Plots\n\n" + "\n".join(f"![{Path(name).stem}]({name})" for name in plots),
+        _provenance(report),
+    ]
+    return "\n\n".join(sections) + "\n"
+
+
+def _title(report: dict[str, Any]) -> str:
+    return (
+        f"{report['algorithm']} · {report['dataset']} · scenario {report['scenario']} · "
+        f"{report['nodes']} nodes · {report['rounds']} rounds"
+    )
+
+
+def _run(report: dict[str, Any]) -> str:
+    check = report.get("check") or {}
+    rows = {
+        "kind": report["kind"],
+        "algorithm": report["algorithm"],
+        "dataset · scenario · clusters": f"{report['dataset']} · {report['scenario']} · {report['clusters']}",
+        "nodes · rounds · seed": f"{report['nodes']} · {report['rounds']} · {report['seed']}",
+        "training / test images per class per node": f"{report['samples_per_class']} / {report['test_per_class']}",
+        "backbones": ", ".join(sorted(set(report["backbones"]))),
+        "poisoners": ", ".join(map(str, report.get("poisoners") or [])) or "none",
+        "check": "passed" if check.get("passed") else "; ".join(check.get("failures") or ["not judged"]),
+        "wall time": f"{report['wall_s']:.0f} s",
+    }
+    notes = "".join(f"\n\nNote: {note}" for note in report.get("partition_notes") or [])
+    return "## Run\n\n| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows.items()) + notes
+
+
+def _methods(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(name, run) of the report's method and each baseline beside it."""
+    return [(report["algorithm"], report), *report.get("baselines", {}).items()]
+
+
+def methods_table(report: dict[str, Any]) -> str:
+    """One row per method: the mean over nodes, the pooled accuracy with its Wilson interval, and
+    the report's method minus each baseline with its paired bootstrap interval."""
+    level = f"{CONFIDENCE * 100:.0f} %"
+    rows = [
+        f"| method | mean ± std over nodes | all test images | {level} Wilson | "
+        f"{report['algorithm']} − method [{level} paired bootstrap over nodes] |",
+        "|---|---|---|---|---|",
+    ]
+    for name, run in _methods(report):
+        accuracy = run["accuracy"]
+        pooled = accuracy.get("pooled")
+        mean = "—" if accuracy["mean"] is None else f"{accuracy['mean'] * 100:.1f} ± {accuracy['std'] * 100:.1f} %"
+        counted = "—" if pooled is None else f"{pooled['correct']}/{pooled['n']} = {pooled['accuracy'] * 100:.1f} %"
+        interval = "—" if pooled is None else _interval(pooled["low"], pooled["high"])
+        difference = run.get("difference")
+        delta = (
+            "—"
+            if difference is None
+            else f"{difference['mean'] * 100:+.1f} points {_interval(difference['low'], difference['high'], '+')}"
+        )
+        rows.append(f"| {name} | {mean} | {counted} | {interval} | {delta} |")
+    return "\n".join(rows)
+
+
+def _gap(report: dict[str, Any]) -> str:
+    baselines = report.get("baselines", {})
+    if not {"local", "oracle"} <= set(baselines) or report["accuracy"]["mean"] is None:
+        return ""
+    share = gap_share(
+        report["accuracy"]["mean"], baselines["local"]["accuracy"]["mean"], baselines["oracle"]["accuracy"]["mean"]
+    )
+    said = "Local and Oracle are level" if share is None else f"{share * 100:.0f} %"
+    return f"\n\nShare of the Local → Oracle gap that {report['algorithm']} realises: {said}."
+
+
+def per_node_table(report: dict[str, Any]) -> str:
+    """Each node's final accuracy under every method, with its Wilson interval on the node's test
+    images; a last row with the mean over nodes."""
+    methods = _methods(report)
+    level = f"{CONFIDENCE * 100:.0f} %"
+    rows = [
+        "| node | backbone | classes | neighbours (w > 0) | "
+        + " | ".join(f"{name} [{level} Wilson]" for name, _ in methods)
+        + " |",
+        "|---|---|---|---|" + "---|" * len(methods),
+    ]
+    sizes = [run["accuracy"].get("test_samples_per_node") or [None] * report["nodes"] for _, run in methods]
+    for i in range(report["nodes"]):
+        cells = [
+            _node_accuracy(run["accuracy"]["per_node"][i], n[i]) for (_, run), n in zip(methods, sizes, strict=True)
+        ]
+        classes = "".join(map(str, report["node_classes"][i]))
+        rows.append(f"| {i} | {report['backbones'][i]} | {classes} | {_neighbours(report, i)} | {' | '.join(cells)} |")
+    means = ["—" if run["accuracy"]["mean"] is None else f"{run['accuracy']['mean'] * 100:.1f} %" for _, run in methods]
+    rows.append(f"| mean | | | | {' | '.join(means)} |")
+    return "\n".join(rows)
+
+
+def _node_accuracy(accuracy: float | None, n: int | None) -> str:
+    if accuracy is None:
+        return "—"
+    if not n:
+        return f"{accuracy * 100:.1f} %"
+    return f"{accuracy * 100:.1f} % {_interval(*wilson(round(accuracy * n), n))}"
+
+
+def _neighbours(report: dict[str, Any], i: int) -> str:
+    listed = [str(j) for j, w in enumerate(report["graph"]["W"][i]) if w > 0 and j != i]
+    return ", ".join(listed) if len(listed) <= MAX_LISTED_NEIGHBOURS else f"{len(listed)} nodes"
+
+
+def _graph(report: dict[str, Any]) -> str:
+    graph = report["graph"]
+    return (
+        "## Collaboration graph\n\n"
+        f"- within-cluster mass (mean weight a row puts on its own true cluster, itself included): "
+        f"{graph['within_cluster_mass']:.3f}\n"
+        f"- L1 to the true W* (mean over rows): {graph['l1_to_truth']:.3f}\n"
+        f"- Louvain communities of the learned W: {graph['communities']} against the true clusters "
+        f"{graph['clusters']}: adjusted Rand index {graph['community_agreement']:.2f}"
+    )
+
+
+def _traffic(report: dict[str, Any]) -> str:
+    comm = report["comm"]
+    families = (("learning", comm["by_type"]), ("discovery", comm["discovery"].get("by_type") or {}))
+    rows = ["| type | family | messages | MiB |", "|---|---|---|---|"]
+    for family, by_type in families:
+        for kind, entry in by_type.items():
+            rows.append(f"| {kind} | {family} | {entry['messages']} | {entry['bytes'] / 2**20:.2f} |")
+    rows.append(f"| all learning | | {comm['messages']} | {comm['bytes'] / 2**20:.2f} |")
+    discovery = comm["discovery"]
+    rows.append(f"| all discovery | | {discovery['messages']} | {discovery['bytes'] / 2**20:.2f} |")
+    overhead = comm["envelope_overhead"]
+    after = "" if overhead is None else f"\n\nLearning frames are {overhead:.3f} × the tensor bytes they carry."
+    return "## Traffic (sent, all nodes)\n\n" + "\n".join(rows) + after
+
+
+def _provenance(report: dict[str, Any]) -> str:
+    made = report.get("provenance") or {}
+    git = made.get("git")
+    code = "not a git checkout" if git is None else f"{git['commit']}{' (uncommitted changes)' if git['dirty'] else ''}"
+    packages = ", ".join(f"{name} {version}" for name, version in (made.get("packages") or {}).items() if version)
+    lines = [
+        f"- started {made.get('started_utc')} on {made.get('host')} ({made.get('platform')}, "
+        f"{made.get('cpu_count')} CPUs), device {made.get('device')}",
+        f"- command: `{' '.join(made.get('command') or [])}`",
+        f"- code: {code}",
+        f"- Python {made.get('python')}; {packages}",
+    ]
+    config = json.dumps(report.get("config"), indent=1)
+    details = (
+        f"<details><summary>configuration of {report['algorithm']}</summary>\n\n```json\n{config}\n```\n</details>"
+    )
+    return "## Provenance\n\n" + "\n".join(lines) + "\n\n" + details
+
+
+def _interval(low: float, high: float, sign: str = "") -> str:
+    """[low, high] in percent (points, with sign="+")."""
+    return f"[{low * 100:{sign}.1f}, {high * 100:{sign}.1f}]"

@@ -1,0 +1,94 @@
+"""What a reader gets from a run: provenance, intervals, the plots and report.md."""
+
+import json
+import math
+
+import pytest
+
+from testnet.intervals import paired_bootstrap, paired_difference, wilson
+from testnet.plots import PLOTS
+from testnet.provenance import PACKAGES, git_state, provenance
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def test_wilson_against_hand_computed_values():
+    # 60 of 75, z = 1.959964: centre (0.8 + z²/150) / (1 + z²/75) = 0.785380, half-width
+    # z / (1 + z²/75) · sqrt(0.8 · 0.2 / 75 + z² / (4 · 75²)) = 0.089496.
+    low, high = wilson(60, 75)
+    assert low == pytest.approx(0.695887, abs=1e-6) and high == pytest.approx(0.874879, abs=1e-6)
+    # At the edges the interval touches 0 or 1 exactly and is not degenerate.
+    assert wilson(0, 10) == (0.0, pytest.approx(0.277533, abs=1e-6))
+    assert wilson(10, 10) == (pytest.approx(0.722467, abs=1e-6), 1.0)
+    # A wider confidence gives a wider interval; more images a narrower one.
+    assert wilson(60, 75, 0.99)[0] < low and wilson(600, 750)[1] - wilson(600, 750)[0] < high - low
+    with pytest.raises(ValueError):
+        wilson(5, 0)
+
+
+def test_paired_bootstrap_against_known_values():
+    # A constant difference: every resample sees it.
+    mean, low, high = paired_bootstrap([0.9, 0.8, 0.7], [0.85, 0.75, 0.65])
+    assert (mean, low, high) == pytest.approx((0.05, 0.05, 0.05))
+    # Differences 1, 0, 0: the resampled mean is k/3 with k ~ Binomial(3, 1/3); P(k = 0) = 8/27
+    # and P(k = 3) = 1/27, both above 2.5 %, so the 95 % interval is exactly [0, 1].
+    assert paired_bootstrap([1, 0, 0], [0, 0, 0]) == pytest.approx((1 / 3, 0.0, 1.0))
+    # Nodes without an accuracy are left out of the pairs.
+    difference = paired_difference([0.9, None, 0.7], [0.8, 0.5, None])
+    assert difference["nodes"] == 1 and difference["mean"] == pytest.approx(0.1)
+    assert paired_difference([None], [0.5]) is None
+    with pytest.raises(ValueError):
+        paired_bootstrap([0.5, math.nan], [0.5, 0.5])
+
+
+def test_provenance_names_the_code_the_packages_and_the_machine():
+    made = provenance(seed=7)
+    for key in (
+        "started_utc",
+        "command",
+        "seed",
+        "device",
+        "host",
+        "platform",
+        "cpu_count",
+        "python",
+        "packages",
+        "git",
+    ):
+        assert key in made, key
+    assert made["seed"] == 7 and made["device"] == "cpu" and made["started_utc"].endswith("+00:00")
+    assert set(made["packages"]) == set(PACKAGES) and made["packages"]["torch"].startswith("2.")
+    assert json.loads(json.dumps(made)) == made
+
+
+def test_provenance_outside_a_git_checkout(tmp_path):
+    assert git_state(tmp_path) is None
+    assert provenance(seed=0, root=tmp_path)["git"] is None
+
+
+def test_a_tiny_simulation_writes_the_plots_and_a_page_with_the_table(tmp_path):
+    from p2pnode.cli import main
+
+    out = tmp_path / "sim"
+    arguments = ["simulate", "--algorithm", "mapl", "--dataset", "digits", "--nodes", "4", "--rounds", "3"]
+    arguments += ["--samples-per-class", "10", "--set", "warmup_rounds=1", "--backbones", "mlp"]
+    arguments += ["--baselines", "local", "oracle"]
+    assert main([*arguments, "--out", str(out)]) == 0
+    for name in PLOTS:
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    report = json.loads((out / "report.json").read_text())
+    assert report["provenance"]["seed"] == 0 and report["provenance"]["command"]
+    assert set(report["baselines"]) == {"local", "oracle"}
+    assert report["baselines"]["oracle"]["difference"]["nodes"] == 4
+    assert (
+        len(report["accuracy"]["per_round_band"]["q1"]) == 3 and len(report["loss"]["train_per_round_band"]["max"]) == 3
+    )
+    pooled = report["accuracy"]["pooled"]
+    assert pooled["n"] == sum(report["accuracy"]["test_samples_per_node"]) == 4 * 5 * 15
+    page = (out / "report.md").read_text()
+    assert "| method | mean ± std over nodes | all test images | 95 % Wilson |" in page
+    for name in ("mapl", "local", "oracle"):
+        assert f"\n| {name} | " in page
+    assert f"{pooled['correct']}/{pooled['n']}" in page
+    assert "| node | backbone | classes | neighbours (w > 0) | mapl [95 % Wilson] | local [95 % Wilson] |" in page
+    assert all(f"]({name})" in page for name in PLOTS)
