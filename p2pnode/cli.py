@@ -359,6 +359,10 @@ def _add_learning_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="override a hyper-parameter, e.g. --set warmup_rounds=10 --set graph.l2_weight=2",
     )
+    _add_check_arguments(parser)
+
+
+def _add_check_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--check",
         action="store_true",

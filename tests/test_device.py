@@ -124,7 +124,10 @@ def test_the_simulator_takes_a_device_and_its_report_says_which(one_torch_thread
 
 
 def test_a_node_whose_device_is_missing_exits_1_naming_the_setting_without_a_traceback(tmp_path):
-    learning = {"data": {"dataset": "digits"}, "algorithm": {"name": "mapl", "rounds": 1}}
+    learning = {
+        "data": {"dataset": "digits"},
+        "algorithm": {"name": "mapl", "rounds": 1, "settings": {"warmup_rounds": "0"}},
+    }
     path = write_config(tmp_path / "n", ANY_PORT, model={"device": "cuda:9999"}, **learning)  # no machine has it
     done = subprocess.run(
         [sys.executable, "-m", "p2pnode", "start", "--config", str(path)], capture_output=True, text=True, timeout=120
