@@ -748,7 +748,7 @@ def _parse_section(name: str, cls: type, table: Any, base: Path, problems: list[
         return None  # a required value is missing; already reported
 
 
-def _cross_checks(config: Config) -> list[str]:
+def _cross_checks(config: Config, check_learning: bool = True) -> list[str]:
     problems = []
     d = config.discovery
     if d.peer_timeout_s <= 2 * d.ping_interval_s:
@@ -801,7 +801,7 @@ def _cross_checks(config: Config) -> list[str]:
         check_network_id(node.network)
     except ValueError as exc:
         problems.append(f"[node].network: {exc}")
-    return problems + _learning_checks(config)
+    return problems + (_learning_checks(config) if check_learning else [])
 
 
 def _curve_checks(config: Config) -> list[str]:
@@ -846,8 +846,10 @@ def _learning_checks(config: Config) -> list[str]:
     return problems
 
 
-def load_config(path: str | Path, *, load_identity: bool = True) -> Config:
-    """Read, check and return a node configuration; ConfigError lists every problem found."""
+def load_config(path: str | Path, *, load_identity: bool = True, check_learning: bool = True) -> Config:
+    """Read, check and return a node configuration; ConfigError lists every problem found.
+    `check_learning=False` skips the checks that import the learning stack (torch, seconds of
+    CPU): enough for `status` and `stop`, which only look for the running node."""
     path = Path(path)
     source = str(path)
     try:
@@ -868,7 +870,7 @@ def load_config(path: str | Path, *, load_identity: bool = True) -> Config:
     if problems:
         raise ConfigError(source, problems)
     config = Config(source=path, **sections)
-    problems = _cross_checks(config)
+    problems = _cross_checks(config, check_learning)
     identity = None
     if load_identity:
         try:
