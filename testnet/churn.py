@@ -1,13 +1,13 @@
 """Daemons that stop during a testnet run: on purpose (`--churn`), or not (`--keep-going`).
 
 `--churn every=20s,down=10s[,count=N][,signal=kill|term]`: once the run is under way (every
-daemon up; for learning, every daemon has loaded its data and model), every `every` seconds one
-running daemon, chosen at random with the run's seed, is stopped by the signal and started again
-`down` seconds later with the same key, config and data directory, on the same address (its
-peers know it by that address), so a learning daemon resumes from its checkpoint. At most
-`count` daemons are stopped in all (no bound if omitted). SIGKILL is the default: it is what a
-crash or a power cut does, and it leaves no BYE and no last checkpoint behind, so it tests the
-paths a clean stop (`signal=term`) never reaches.
+daemon up; for learning, every daemon has loaded its data and model), every `every` seconds
+(counted from the previous stop) one running daemon, chosen at random with the run's seed, is
+stopped by the signal and started again `down` seconds later with the same key, config and data
+directory, on the same address (its peers know it by that address), so a learning daemon
+resumes from its checkpoint. At most `count` daemons are stopped in all (no bound if omitted).
+SIGKILL is the default: it is what a crash or a power cut does, and it leaves no BYE and no
+last checkpoint behind, so it tests the paths a clean stop (`signal=term`) never reaches.
 
 A daemon that exits without being told to is recorded (exit code, time). Without
 `--keep-going` that ends the run, as before; with it the others go on without it.
@@ -132,8 +132,8 @@ class Supervisor:
     def poll(self, statuses: list[dict | None], eligible: Collection[int] | None = None) -> bool:
         """One step: restart the daemons whose downtime is over, note those that answer again,
         record daemons that exited on their own, and stop one if one is due (among the running
-        daemons whose index is in `eligible`; None: all). Returns False when the run must end: a daemon exited on its
-        own and `keep_going` is off."""
+        daemons whose index is in `eligible`; None: all). Returns False when the run must end:
+        a daemon exited on its own and `keep_going` is off."""
         now = self._now()
         for index, event in list(self._down.items()):
             if now >= event["killed_s"] + self.churn.down_s:
@@ -166,12 +166,13 @@ class Supervisor:
             and spec.index not in self._coming_back
             and (eligible is None or spec.index in eligible)
         ]
-        self._next_stop_s += self.churn.every_s
         if not candidates:
+            self._next_stop_s += self.churn.every_s
             return  # nobody to stop this time (all down, restarting or finished)
         spec = self._random.choice(candidates)
         signum = SIGNALS[self.churn.signal]
         killed_s = self._now()
+        self._next_stop_s = killed_s + self.churn.every_s  # counted from this stop: never closer
         self.cluster.kill(spec, signum, timeout=self.cluster.stop_grace_s)
         event = {
             "node": spec.index,

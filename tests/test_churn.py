@@ -73,13 +73,13 @@ def test_with_keep_going_a_daemon_that_dies_is_reported_and_the_run_goes_on(tmp_
     out, killed = tmp_path / "net", threading.Event()
     killer = threading.Thread(target=_kill_when_up, args=(out / "node02", killed), daemon=True)
     killer.start()
-    code, report = run_discovery_testnet(out, 3, 8, keep_going=True, progress=io.StringIO())
+    code, report = run_discovery_testnet(out, 3, 10, keep_going=True, progress=io.StringIO())
     killer.join(timeout=5)
     assert killed.is_set()
     assert code == 1  # a daemon died: the run went on, but it did not pass
     (exit_,) = report["exits"]
-    assert exit_["node"] == 2 and exit_["exit_code"] == -signal.SIGKILL and exit_["exited_s"] < 8
-    assert report["wall_time_s"] >= 8  # it ran its whole duration
+    assert exit_["node"] == 2 and exit_["exit_code"] == -signal.SIGKILL and exit_["exited_s"] < 10
+    assert report["wall_time_s"] >= 10  # it ran its whole duration
     assert report["node_exit_codes"] == [0, 0, -signal.SIGKILL] and report["churn"] is None
 
 
@@ -92,7 +92,7 @@ def test_a_learning_testnet_under_churn_finishes_and_the_victim_resumes(tmp_path
         algorithm="mapl",
         dataset="digits",
         nodes=3,
-        rounds=60,
+        rounds=100,  # tens of milliseconds each: still learning when the stop comes, on a fast machine too
         samples_per_class=10,
         backbones=("mlp",),
         overrides={"warmup_rounds": "4"},
@@ -102,7 +102,7 @@ def test_a_learning_testnet_under_churn_finishes_and_the_victim_resumes(tmp_path
         tmp_path / "net",
         round_deadline_s=2.0,
         check=CheckThresholds(accuracy=0.6, within_cluster_mass=0.0),  # 3 nodes, 2 clusters: no graph to judge
-        churn=ChurnSpec(every_s=3.0, down_s=0.5, count=1),
+        churn=ChurnSpec(every_s=1.0, down_s=0.5, count=1),  # a second in: a few rounds are checkpointed
         keep_going=True,
         progress=io.StringIO(),
     )
@@ -113,5 +113,5 @@ def test_a_learning_testnet_under_churn_finishes_and_the_victim_resumes(tmp_path
     assert event["exit_code"] == -signal.SIGKILL and processes["exits"] == []
     # It came back from the checkpoint of a round it had finished before the kill, and finished.
     assert event["resumed_from"] is not None and event["resumed_from"] == processes["resumed_from"][victim]
-    assert report["last_round_per_node"] == [59] * 3
+    assert report["last_round_per_node"] == [99] * 3
     assert processes["exit_codes"] == [0, 0, 0]
