@@ -25,12 +25,11 @@ class CommandError(Exception):
         self.exit_code = exit_code
 
 
-def _config(path: str, *, load_identity: bool = True):
+def _config(path: str, *, load_identity: bool = True, check_learning: bool = True):
     from .config import ConfigError, load_config
 
     try:
-        # Without the identity the command only reaches a running node: its data needs no listing.
-        return load_config(path, load_identity=load_identity, inspect_data=load_identity)
+        return load_config(path, load_identity=load_identity, check_learning=check_learning)
     except ConfigError as exc:
         raise CommandError(str(exc), EXIT_USAGE) from None
 
@@ -57,7 +56,7 @@ def _ask(config_path: str, command: str):
     """Send one command to the node of `config_path`; returns (config, answer)."""
     from .control import ControlError, request
 
-    config = _config(config_path, load_identity=False)
+    config = _config(config_path, load_identity=False, check_learning=False)  # quick: a health check runs it
     try:
         answer = request(config.control_socket, command)
     except ControlError as exc:
@@ -133,7 +132,17 @@ def _demo(args: argparse.Namespace) -> int:
     return run(Path(args.out))
 
 
+def _churn(args: argparse.Namespace):
+    from testnet.churn import ChurnSpec
+
+    try:
+        return None if args.churn is None else ChurnSpec.parse(args.churn)
+    except ValueError as exc:
+        raise CommandError(str(exc), EXIT_USAGE) from None
+
+
 def _testnet(args: argparse.Namespace) -> int:
+    churn = _churn(args)
     if args.algorithm == "none":
         from testnet.cluster import ClusterStartError
         from testnet.discovery import run_discovery_testnet
@@ -141,7 +150,15 @@ def _testnet(args: argparse.Namespace) -> int:
         if args.duration is None:
             raise CommandError("--algorithm none needs --duration S", EXIT_USAGE)
         try:
-            code, _ = run_discovery_testnet(Path(args.out), args.nodes, args.duration, exit_on_mesh=args.exit_on_mesh)
+            code, _ = run_discovery_testnet(
+                Path(args.out),
+                args.nodes,
+                args.duration,
+                exit_on_mesh=args.exit_on_mesh,
+                churn=churn,
+                keep_going=args.keep_going,
+                seed=args.seed,
+            )
         except ClusterStartError as exc:
             raise CommandError(str(exc)) from None
         return code
@@ -154,7 +171,13 @@ def _testnet(args: argparse.Namespace) -> int:
     _device_present(spec)
     try:
         code, report = run_learning_testnet(
-            spec, Path(args.out), round_deadline_s=args.round_deadline, timeout_s=args.timeout, check=_thresholds(args)
+            spec,
+            Path(args.out),
+            round_deadline_s=args.round_deadline,
+            timeout_s=args.timeout,
+            check=_thresholds(args),
+            churn=churn,
+            keep_going=args.keep_going,
         )
     except (DatasetError, PartitionError) as exc:
         raise CommandError(str(exc), EXIT_USAGE) from None
@@ -424,7 +447,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--duration", type=_positive_float, metavar="S", help="--algorithm none: seconds to run (required)"
     )
     testnet.add_argument(
-        "--exit-on-mesh", action="store_true", help="--algorithm none: stop once every node knows all others"
+        "--exit-on-mesh",
+        action="store_true",
+        help="--algorithm none: stop once every node knows all others (with --churn: again, after the last stop)",
+    )
+    testnet.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="a daemon that exits on its own is reported and the others go on (default: the run stops)",
+    )
+    testnet.add_argument(
+        "--churn",
+        metavar="SPEC",
+        help="every=S,down=S[,count=N][,signal=kill|term]: every S seconds stop a random daemon (seeded) "
+        "and restart it S seconds later (docs/daemon.md, Churn)",
     )
     _add_learning_arguments(testnet)
     testnet.add_argument(

@@ -854,7 +854,7 @@ def _parse_section(name: str, cls: type, table: Any, base: Path, problems: list[
         return None  # a required value is missing; already reported
 
 
-def _cross_checks(config: Config) -> list[str]:
+def _cross_checks(config: Config, check_learning: bool = True) -> list[str]:
     problems = []
     d = config.discovery
     if d.peer_timeout_s <= 2 * d.ping_interval_s:
@@ -901,7 +901,8 @@ def _cross_checks(config: Config) -> list[str]:
         check_network_id(node.network)
     except ValueError as exc:
         problems.append(f"[node].network: {exc}")
-    return problems + _limit_checks(config.limits) + _transport_checks(config.transport) + _learning_checks(config)
+    problems += _limit_checks(config.limits) + _transport_checks(config.transport)
+    return problems + (_learning_checks(config) if check_learning else [])
 
 
 def _limit_checks(limits: LimitSettings) -> list[str]:
@@ -1044,9 +1045,11 @@ def _own_data_checks(config: Config, given: Mapping[str, Any], inspect: bool) ->
     return problems
 
 
-def load_config(path: str | Path, *, load_identity: bool = True, inspect_data: bool = True) -> Config:
+def load_config(path: str | Path, *, load_identity: bool = True, check_learning: bool = True) -> Config:
     """Read, check and return a node configuration; ConfigError lists every problem found.
-    `inspect_data` False skips listing `[data].path` (for commands that only reach a running node)."""
+    `check_learning=False` skips the checks that import the learning stack (torch, seconds of
+    CPU) or list `[data].path`: enough for `status` and `stop`, which only look for the running
+    node."""
     path = Path(path)
     source = str(path)
     try:
@@ -1067,7 +1070,7 @@ def load_config(path: str | Path, *, load_identity: bool = True, inspect_data: b
     if problems:
         raise ConfigError(source, problems)
     config = Config(source=path, **sections)
-    problems = _cross_checks(config) + _own_data_checks(config, raw.get("data", {}), inspect_data)
+    problems = _cross_checks(config, check_learning) + _own_data_checks(config, raw.get("data", {}), check_learning)
     identity = None
     if load_identity:
         try:

@@ -193,21 +193,33 @@ class Cluster:
     def alive(self, spec: NodeSpec) -> bool:
         return spec.process is not None and spec.process.poll() is None
 
-    def kill(self, spec: NodeSpec, sig: int = signal.SIGKILL) -> None:
+    def kill(self, spec: NodeSpec, sig: int = signal.SIGKILL, timeout: float | None = None) -> None:
+        """Send `sig` and wait until the daemon is gone; SIGKILL it if it is still there after
+        `timeout` seconds (None: wait as long as it takes)."""
         if self.alive(spec):
             if spec.address is None:
                 self.status(spec, timeout=1.0)  # learn its address, so that `start` brings it back there
             spec.process.send_signal(sig)
-            spec.process.wait()
+            try:
+                spec.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(spec.process.pid, signal.SIGKILL)
+                spec.process.wait()
 
     def stop(self) -> dict[int, int | None]:
         """SIGTERM every running node, SIGKILL what is left after the grace period.
-        Returns each node's exit code (None: it had to be killed)."""
+        Returns each started node's exit code (None: it had to be killed; a node that had
+        already exited keeps its own code)."""
         running = [spec for spec in self.specs if self.alive(spec)]
         for spec in running:
             spec.process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + self.stop_grace_s
-        codes: dict[int, int | None] = {}
+        stopping = {spec.index for spec in running}
+        codes: dict[int, int | None] = {
+            spec.index: spec.process.returncode
+            for spec in self.specs
+            if spec.process is not None and spec.index not in stopping
+        }
         for spec in running:
             try:
                 codes[spec.index] = spec.process.wait(timeout=max(0.0, deadline - time.monotonic()))

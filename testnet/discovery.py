@@ -13,6 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .churn import ChurnSpec, Supervisor
 from .cluster import Cluster
 
 __all__ = ["run_discovery_testnet"]
@@ -52,12 +53,14 @@ class _Watch:
     full_mesh_s: float | None = None
     _last_print: float = -1.0
 
-    def poll(self, statuses: list[dict | None], elapsed: float, progress) -> None:
+    def poll(self, statuses: list[dict | None], elapsed: float, progress) -> bool:
+        """Record one poll; returns whether every node knows every other now."""
         up = [s for s in statuses if s is not None]
         counts = [s["peer_count"] for s in up]
         if self.all_up_s is None and len(up) == self.nodes:
             self.all_up_s = elapsed
-        if self.full_mesh_s is None and len(up) == self.nodes and min(counts) == self.nodes - 1:
+        full_mesh = len(up) == self.nodes and min(counts) == self.nodes - 1
+        if self.full_mesh_s is None and full_mesh:
             self.full_mesh_s = elapsed
         mean = round(statistics.fmean(counts), 2) if counts else 0.0
         row = [round(elapsed, 2), len(up), min(counts, default=0), mean, max(counts, default=0)]
@@ -67,6 +70,7 @@ class _Watch:
             mesh = "full mesh: not yet" if self.full_mesh_s is None else f"full mesh at {self.full_mesh_s:.1f} s"
             peers = f"peers min {row[2]} mean {row[3]:.1f} max {row[4]}"
             print(f"[{elapsed:5.1f} s] {len(up):>3}/{self.nodes} up  {peers}  {mesh}", file=progress, flush=True)
+        return full_mesh
 
 
 def run_discovery_testnet(
@@ -75,40 +79,79 @@ def run_discovery_testnet(
     duration_s: float,
     *,
     exit_on_mesh: bool = False,
+    churn: ChurnSpec | None = None,
+    keep_going: bool = False,
+    seed: int = 0,
     poll_s: float = 0.5,
     progress=None,
 ) -> tuple[int, dict]:
-    """Returns (exit code, report). Exit code 0 iff every node knew all others within duration."""
+    """Returns (exit code, report). Exit code 0 iff every node knew all others within the
+    duration, no daemon exited on its own, and every daemon stopped by `churn` was back in a
+    full mesh before the end. Churn stops no daemon in the last `every` seconds, so that the
+    last one stopped has time to come back."""
     progress = progress or sys.stderr  # the stream of the moment, not the one at import (tests swap it)
     out.mkdir(parents=True, exist_ok=True)
     cluster = Cluster.prepare(out, nodes)
     watch = _Watch(nodes)
-    interrupted = False
     started = time.monotonic()
+    supervisor = Supervisor(
+        cluster,
+        churn,
+        seed=seed,
+        keep_going=keep_going,
+        started=started,
+        last_stop_s=duration_s - churn.every_s if churn else float("inf"),
+        progress=progress,
+    )
     with cluster:
         cluster.start_all()
-        try:
-            while (elapsed := time.monotonic() - started) < duration_s:
-                watch.poll(cluster.statuses(), elapsed, progress)
-                if exit_on_mesh and watch.full_mesh_s is not None:
-                    break
-                dead = [spec.index for spec in cluster.specs if not cluster.alive(spec)]
-                if dead:
-                    print(f"node(s) {dead} exited early; see their node.log", file=progress)
-                    break
-                time.sleep(max(0.0, poll_s - (time.monotonic() - started - elapsed)))
-        except KeyboardInterrupt:
-            interrupted = True
-            print("interrupted: stopping every node", file=progress)
+        interrupted = _watch_run(cluster, watch, supervisor, duration_s, exit_on_mesh, poll_s, progress)
         final = cluster.statuses()
         exit_codes = cluster.stop()
     report = _report(out, cluster, watch, final, exit_codes, duration_s, time.monotonic() - started)
+    report.update(supervisor.report())
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     full_mesh_s = watch.full_mesh_s
-    ok = full_mesh_s is not None and full_mesh_s <= duration_s and not interrupted
+    unhealed = [event["node"] for event in supervisor.events if event.get("mesh_s") is None]
+    ok = full_mesh_s is not None and full_mesh_s <= duration_s and not supervisor.exits and not unhealed
     verdict = f"no full mesh within {duration_s:g} s" if full_mesh_s is None else f"full mesh in {full_mesh_s:.1f} s"
+    if supervisor.events:
+        verdict += f"; {len(supervisor.events) - len(unhealed)} of {len(supervisor.events)} churned nodes back in it"
+    if supervisor.exits:
+        verdict += f"; node(s) {[entry['node'] for entry in supervisor.exits]} exited on their own"
     print(f"{verdict}; report: {out / 'report.json'}", file=progress)
     return (130 if interrupted else 0 if ok else 1), report
+
+
+def _watch_run(
+    cluster: Cluster,
+    watch: _Watch,
+    supervisor: Supervisor,
+    duration_s: float,
+    exit_on_mesh: bool,
+    poll_s: float,
+    progress,
+) -> bool:
+    """Poll until the duration is over (or the mesh is complete, with `exit_on_mesh`, and
+    churn is over with every node back in it); returns whether the user interrupted."""
+    started = supervisor.started
+    try:
+        while (elapsed := time.monotonic() - started) < duration_s:
+            statuses = cluster.statuses()
+            if watch.poll(statuses, elapsed, progress):
+                supervisor.stamp("mesh_s")  # the restarted nodes are back in a full mesh
+            if watch.all_up_s is not None:
+                supervisor.arm()
+            healed = all(event.get("mesh_s") is not None for event in supervisor.events)
+            if exit_on_mesh and watch.full_mesh_s is not None and supervisor.done() and healed:
+                break
+            if not supervisor.poll(statuses):
+                break
+            time.sleep(max(0.0, poll_s - (time.monotonic() - started - elapsed)))
+    except KeyboardInterrupt:
+        print("interrupted: stopping every node", file=progress)
+        return True
+    return False
 
 
 def _report(

@@ -24,6 +24,7 @@ from p2pnode.config import DiscoverySettings
 from p2pnode.rounds import RoundRecord
 from protocol import LEARNING_TYPES
 
+from .churn import ChurnSpec, Supervisor
 from .cluster import Cluster
 from .provenance import provenance
 from .report import CheckThresholds, Truth, assemble, check, run_header
@@ -76,11 +77,14 @@ def run_learning_testnet(
     round_deadline_s: float = 5.0,
     timeout_s: float | None = None,
     check: CheckThresholds | None = None,
+    churn: ChurnSpec | None = None,
+    keep_going: bool = False,
     poll_s: float = 0.5,
     progress=None,
 ) -> tuple[int, dict[str, Any]]:
     """Returns (exit code, report): 0 if every node finished (and `check` passed, if given),
-    1 if not, 130 if interrupted."""
+    1 if not, 130 if interrupted. `churn` stops and restarts daemons while they learn (not
+    those that have finished); they resume from their checkpoints."""
     if spec.poisoners:
         raise ValueError("poisoning peers exist in the simulator only")
     # The daemons resolve the device name as this machine's launcher does: fail before starting them.
@@ -95,15 +99,17 @@ def run_learning_testnet(
     )
     timeout_s = timeout_s if timeout_s is not None else 180 + spec.rounds * (round_deadline_s + 5)
     started = time.monotonic()
+    supervisor = Supervisor(cluster, churn, seed=spec.seed, keep_going=keep_going, started=started, progress=progress)
     with cluster:
         cluster.start_all()
-        finals, interrupted = _watch(cluster, spec.rounds, started + timeout_s, poll_s, progress)
+        finals, interrupted = _watch(cluster, supervisor, spec.rounds, started + timeout_s, poll_s, progress)
         exit_codes = cluster.stop()
     ids = [node.node_id for node in cluster.specs]
     header = run_header("testnet", spec, partition, ids, backbones, spec.config_dict(), (device, mixed_precision), made)
     report = testnet_report(header, partition, finals, time.monotonic() - started)
     report["processes"]["exit_codes"] = [exit_codes.get(s.index) for s in cluster.specs]
     report["processes"]["logs"] = [str(s.log_path) for s in cluster.specs]
+    report["processes"].update(supervisor.report())
     if interrupted:
         code = 130
     else:
@@ -118,11 +124,14 @@ def _judge(report: dict[str, Any], thresholds: CheckThresholds | None) -> dict[s
     return check(report, thresholds or CheckThresholds(accuracy=0.0, within_cluster_mass=0.0))
 
 
-def _watch(cluster: Cluster, rounds: int, deadline: float, poll_s: float, progress) -> tuple[list[dict | None], bool]:
-    """Poll every daemon's status until all have finished, one has died, or time is up; returns
-    the last status each gave and whether the user interrupted."""
+def _watch(
+    cluster: Cluster, supervisor: Supervisor, rounds: int, deadline: float, poll_s: float, progress
+) -> tuple[list[dict | None], bool]:
+    """Poll every daemon's status until all have finished (those that exited on their own
+    aside), one has exited on its own without --keep-going, or time is up; returns the last
+    status each gave and whether the user interrupted."""
     finals: list[dict | None] = [None] * len(cluster.specs)
-    started = time.monotonic()
+    started = supervisor.started  # the first spawn, as the churn events' times
     try:
         last_line, last_print = "", 0.0
         while time.monotonic() < deadline:
@@ -133,10 +142,15 @@ def _watch(cluster: Cluster, rounds: int, deadline: float, poll_s: float, progre
             if line != last_line or elapsed - last_print >= 10:
                 print(f"[{elapsed:6.1f} s] {line}", file=progress, flush=True)
                 last_line, last_print = line, elapsed
-            if all(_done(s, rounds) for s in statuses):
+            finished = [
+                _done(s, rounds) or supervisor.lost(node) for s, node in zip(statuses, cluster.specs, strict=True)
+            ]
+            if all(finished) and not supervisor.busy():
                 break
-            if any(not cluster.alive(node) for node in cluster.specs):
-                print("a daemon exited early; see its node.log", file=progress)
+            if all(_ready(s) for s in statuses):
+                supervisor.arm()  # churn starts once every daemon has its data and model
+            learning = {i for i, status in enumerate(statuses) if not _done(status, rounds)}
+            if not supervisor.poll(statuses, eligible=learning):
                 break
             time.sleep(poll_s)
     except KeyboardInterrupt:
@@ -145,19 +159,26 @@ def _watch(cluster: Cluster, rounds: int, deadline: float, poll_s: float, progre
     return finals, False
 
 
+def _ready(status: dict | None) -> bool:
+    learning = status and status.get("learning")
+    return bool(learning) and bool(learning["algorithm"])
+
+
 def _done(status: dict | None, rounds: int) -> bool:
     learning = status and status.get("learning")
     return bool(learning) and learning["completed"] >= rounds
 
 
 def _progress_line(statuses: list[dict | None], rounds: int) -> str:
-    learning = [s["learning"] for s in statuses if s and s.get("learning") and s["learning"]["algorithm"]]
-    if len(learning) < len(statuses):
+    learning = [s["learning"] for s in statuses if _ready(s)]
+    silent = statuses.count(None)
+    if not learning or (len(learning) < len(statuses) and not silent):
         return f"{len(learning)}/{len(statuses)} daemons ready to learn (loading data and models)"
     completed = [entry["completed"] for entry in learning]
     accuracies = [entry["accuracy"] for entry in learning if entry["accuracy"] is not None]
     accuracy = f"mean accuracy {100 * np.mean(accuracies):5.1f} %" if len(accuracies) == len(learning) else ""
-    return f"rounds done: min {min(completed)}/{rounds}, max {max(completed)}  {accuracy}"
+    line = f"rounds done: min {min(completed)}/{rounds}, max {max(completed)}  {accuracy}"
+    return f"{line}  ({len(statuses) - len(learning)} not learning: down or loading)" if silent else line
 
 
 def testnet_report(header: dict[str, Any], partition, statuses: list[dict | None], wall_s: float) -> dict[str, Any]:

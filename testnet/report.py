@@ -61,7 +61,9 @@ REQUIRED_KEYS = (
 )
 
 
-PROCESS_KEYS = ("exit_codes", "logs", "resumed_from", "catch_ups")  # per node; only real daemons have them
+# Only real daemons have them: per node (exit codes, logs, resumes, catch-ups), and per run what
+# `--churn` did and which daemons exited on their own (testnet/churn.py).
+PROCESS_KEYS = ("exit_codes", "logs", "resumed_from", "catch_ups", "churn", "exits")
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,7 @@ class CheckThresholds:
 
     accuracy: float = 0.6  # mean final accuracy on the nodes' own test splits
     within_cluster_mass: float = 0.9  # for algorithms that learn a graph
-    rounds_completed: bool = True  # every node finished every round
+    rounds_completed: bool = True  # every node ran up to the last round (skipping some is allowed)
 
 
 def run_header(
@@ -136,7 +138,7 @@ def assemble(
 ) -> dict[str, Any]:
     """The report of a run. `discovery` is the traffic outside learning (the testnet's daemons;
     none in a simulation), `processes` what only real daemons have (PROCESS_KEYS: exit codes,
-    logs, resumes, catch-ups; null in a simulation)."""
+    logs, resumes, catch-ups, churn, exits; null in a simulation)."""
     ids = list(header["node_ids"])
     by_node: list[dict[int, RoundRecord]] = [{} for _ in ids]
     index = {node_id: i for i, node_id in enumerate(ids)}
@@ -172,6 +174,7 @@ def assemble(
         "rejections": dict(sorted(rejections.items())),
         "missing_payloads": sum(len(record.missing) for record in every),
         "rounds_completed_per_node": [len(history) for history in by_node],
+        "last_round_per_node": [max(history) if history else None for history in by_node],
         "timing": {
             "local_step_s_mean": _mean_of(every, "step_s"),
             "gather_s_mean": _mean_of(every, "gather_s"),
@@ -379,6 +382,13 @@ def check(report: dict[str, Any], thresholds: CheckThresholds) -> dict[str, Any]
         short = [i for i, count in enumerate(report["rounds_completed_per_node"]) if count == 0]
         if short:
             failures.append(f"nodes {short} recorded no round")
+        # Rounds a node skipped (it was down, or caught up with its peers) are allowed; stopping
+        # before the last one is not.
+        unfinished = [
+            i for i, last in enumerate(report["last_round_per_node"]) if last is not None and last < rounds - 1
+        ]
+        if unfinished:
+            failures.append(f"nodes {unfinished} stopped before the last round ({rounds - 1})")
         if any(a is None for a in report["accuracy"]["per_node"]):
             failures.append("some nodes reported no accuracy")
         if len(report["accuracy"]["per_round"]) < rounds:

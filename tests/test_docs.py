@@ -81,3 +81,16 @@ def test_documented_curve_vectors_are_the_tested_ones():
     section = SPEC.split("## Transport encryption and session binding")[1]
     for column in zip(*VECTORS, strict=True):  # one row per kind of key, one column per node
         assert "| " + " | ".join(f"`{key}`" for key in column) + " |" in section
+
+
+def test_readme_and_docs_link_only_files_in_the_repository():
+    """Every relative link resolves to a file of this repository; none leads outside it."""
+    root = Path(__file__).resolve().parent.parent
+    for page in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        prose = re.sub(r"```.*?```|`[^`\n]*`", "", page.read_text(), flags=re.S)  # code is not a link
+        for target in re.findall(r"\]\(([^)\s]+)\)", prose):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue  # a web address or an anchor in the same page
+            path = (page.parent / target.split("#")[0]).resolve()
+            assert path.is_relative_to(root), f"{page.name} links {target}, outside the repository"
+            assert path.exists(), f"{page.name} links {target}, which does not exist"

@@ -8,12 +8,14 @@ namespaces cannot be created. The addresses are private to namespaces this test 
 import os
 import shutil
 import subprocess
+import sys
 import time
 import tomllib
 import uuid
 
 import pytest
 
+from p2pnode.keystore import write_key
 from protocol import Identity
 from testnet.cluster import Cluster, NodeSpec
 
@@ -102,3 +104,65 @@ def test_nodes_on_two_hosts_peer_over_tcp_and_beacon_and_survive_a_link_outage(t
             # frames the outage held back and delivered after the peer was re-admitted are older
             # than the answer that re-admitted it: `replay`.
             assert not set(status["traffic"]["rejections"]) - {"unknown_peer", "handshake_first", "replay"}
+
+
+@pytest.fixture
+def three_hosts():
+    """host-a, host-b and host-c of docs/deploy.md: 10.0.0.1, .2 and .3/24, each in its own
+    namespace, joined by a bridge in a fourth one; all removed afterwards."""
+    tag = uuid.uuid4().hex[:6]
+    switch = f"p2ps{tag}"
+    hosts = {host: f"p2p{host}{tag}" for host in "abc"}
+    created = [switch]
+    _ip("netns", "add", switch)
+    try:
+        _ip("-n", switch, "link", "add", "br0", "type", "bridge")
+        _ip("-n", switch, "link", "set", "br0", "up")
+        for number, (host, namespace) in enumerate(hosts.items(), start=1):
+            _ip("netns", "add", namespace)
+            created.append(namespace)
+            inside, outside = f"h{host}{tag}", f"s{host}{tag}"
+            _ip("link", "add", inside, "type", "veth", "peer", "name", outside)
+            _ip("link", "set", inside, "netns", namespace)
+            _ip("link", "set", outside, "netns", switch)
+            _ip("-n", switch, "link", "set", outside, "master", "br0")
+            _ip("-n", switch, "link", "set", outside, "up")
+            _ip("-n", namespace, "addr", "add", f"10.0.0.{number}/24", "dev", inside)
+            _ip("-n", namespace, "link", "set", inside, "up")
+            _ip("-n", namespace, "link", "set", "lo", "up")
+        yield hosts
+    finally:
+        for namespace in created:
+            subprocess.run(["ip", "netns", "del", namespace], capture_output=True, timeout=10)
+
+
+def test_the_deploy_walkthrough_on_three_hosts(tmp_path, three_hosts):
+    """Step 3's configurations of docs/deploy.md as written (keys and data directory filled
+    in), one per host: CURVE, allowlist, `listen` on every interface, `advertise`, bootstrap
+    entries naming keys. Step 6's `p2pnode status` then lists the two others on each host."""
+    from .test_deploy import HOSTS, filled_in, host_blocks
+
+    keys = {host: Identity.generate() for host in HOSTS}
+    specs = []
+    for index, (host, block) in enumerate(sorted(host_blocks().items())):
+        directory = tmp_path / host
+        settings = filled_in(block, keys, directory / "data")
+        write_key(settings["node"]["key"], keys[host])
+        identity = keys[host]
+        prefix = ("ip", "netns", "exec", three_hosts[host])
+        specs.append(NodeSpec(index, directory, settings, identity.node_id, identity.public_key, prefix=prefix))
+    ids = {spec.node_id for spec in specs}
+    with Cluster(specs) as cluster:
+        cluster.start_all()
+        wait_for(lambda: all(peer_ids(cluster, s) == ids - {s.node_id} for s in specs), timeout=30)
+        for spec in specs:
+            command = [*spec.prefix, sys.executable, "-m", "p2pnode", "status", "--config", str(spec.config_path)]
+            result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+            assert result.returncode == 0, result.stderr
+            assert "peers 2/64" in result.stdout and "rejections: none" in result.stdout, result.stdout
+            for other in specs:
+                if other is not spec:
+                    assert f"{other.node_id}  {other.settings['node']['advertise']}" in result.stdout
+            connections = cluster.status(spec)["traffic"]["connections"]
+            assert connections["handshake_succeeded"] >= 2 and connections.get("handshake_failed", 0) == 0, connections
+        assert cluster.stop() == {0: 0, 1: 0, 2: 0}  # SIGTERM: a clean stop

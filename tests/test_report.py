@@ -64,7 +64,7 @@ def test_every_node_every_round():
     assert comm["discovery"] == {"messages": 0, "bytes": 0, "by_type": {}, "bytes_cumulative_per_round": [0, 0, 0]}
     assert report["baselines"] == {}
     assert report["rejections"] == {"bad_shape": 2} and report["check"] is None
-    assert report["processes"] == {"exit_codes": None, "logs": None, "resumed_from": None, "catch_ups": None}
+    assert report["processes"] == dict.fromkeys(("exit_codes", "logs", "resumed_from", "catch_ups", "churn", "exits"))
     assert report["timing"]["gather_s_mean"] is None  # nobody measured a gather
 
 
@@ -82,6 +82,7 @@ def test_a_late_node_and_a_node_that_skipped_a_round():
     assert report["accuracy"]["per_node"] == [0.8, 0.9, 0.5, None]
     assert report["accuracy"]["mean"] == pytest.approx(2.2 / 3)
     assert report["rounds_completed_per_node"] == [2, 3, 1, 0]
+    assert report["last_round_per_node"] == [2, 2, 2, None]  # a and c skipped rounds, yet finished
     assert report["missing_payloads"] == 2
     w = np.array(report["graph"]["W"])
     assert w[3].tolist() == [0, 0, 0, 1]  # no record: the node talks to no one
@@ -91,11 +92,15 @@ def test_a_late_node_and_a_node_that_skipped_a_round():
 
 def test_the_check_judges_accuracy_and_a_learned_graph():
     across = {"a": "c", "b": "d", "c": "a", "d": "b"}  # half of each row on the other cluster
-    records = [record(node, 0, accuracy=0.5, weights={node: 0.5, across[node]: 0.5}) for node in IDS]
+    records = [record(node, r, accuracy=0.5, weights={node: 0.5, across[node]: 0.5}) for r in range(3) for node in IDS]
     verdict = check(run_of(records), CheckThresholds(accuracy=0.6, within_cluster_mass=0.9))
     assert not verdict["passed"]
     assert verdict["failures"] == ["mean accuracy 0.5 below 0.6", "within-cluster mass 0.500 below 0.9"]
     assert verdict["thresholds"] == {"accuracy": 0.6, "within_cluster_mass": 0.9, "rounds_completed": True}
+    # A node that stopped early fails the check even if the rounds it ran were good.
+    stopped = [entry for entry in records if not (entry.node == "d" and entry.round == 2)]
+    verdict = check(run_of(stopped), CheckThresholds(accuracy=0.0, within_cluster_mass=0.0))
+    assert verdict["failures"] == ["nodes [3] stopped before the last round (2)"]
 
 
 def test_louvain_communities_and_their_agreement_with_the_truth():
