@@ -36,7 +36,7 @@ USER p2pnode
 WORKDIR /var/lib/p2pnode
 VOLUME ["/var/lib/p2pnode"]
 # [node].listen; add -p for [metrics].listen, and use --network host for the LAN beacon (multicast).
-EXPOSE 7000/tcp
+EXPOSE 7000/tcp 7001/tcp
 # The node stops cleanly on SIGTERM (BYE to its peers, sockets closed, lock released).
 STOPSIGNAL SIGTERM
 # `status` asks the running node over its control socket; it exits 1 if no node answers.

@@ -120,7 +120,8 @@ def test_the_dockerfile_copies_what_exists_and_runs_commands_the_cli_has():
     user = [args for kind, args in instructions if kind == "USER"]
     assert user and user[-1] not in ("root", "0")
     assert '["/var/lib/p2pnode"]' in dict(instructions)["VOLUME"] and DATA_DIR.startswith("/var/lib/p2pnode/")
-    assert dict(instructions)["EXPOSE"] == "7000/tcp" and 'listen = "tcp://*:7000"' in DOC
+    assert dict(instructions)["EXPOSE"] == "7000/tcp 7001/tcp" and 'listen = "tcp://*:7000"' in DOC
+    assert 'peer_listen = "tcp://*:7001"' in DOC
     assert dict(instructions)["STOPSIGNAL"] == "SIGTERM"
     # The entry point is the console script; the command and the health check parse.
     assert dict(instructions)["ENTRYPOINT"] == '["p2pnode"]'
