@@ -7,9 +7,11 @@ connection sending 60 KB parts filled 300 MB within a second). ZeroMQ shows noth
 incomplete message, so the kernel is asked instead: TCP_INFO counts the bytes each connection
 received. What the inbound connections received, less what the node read from the socket, less
 an allowance for framing, heartbeats and handshakes (generous, so the estimate errs low), is what
-libzmq holds. Above `[transport].max_buffered_bytes` the connection that received the most since
-the last check is shut down, which makes libzmq drop it and free its parts, and it is counted:
-whoever pumps the bytes in is the one the flood comes from.
+libzmq holds. Above the socket's bound (`[transport].max_public_buffered_bytes`, tight: strangers
+connect there and its frames are small; `max_peers_buffered_bytes`, with room for models) the
+connection that received the most since the last check is shut down, which makes libzmq drop
+it and free its parts, and it is counted: whoever pumps the bytes in is the one the flood comes
+from.
 
 Linux only (TCP_INFO's layout); elsewhere, and for non-TCP endpoints, nothing is watched.
 """
@@ -157,9 +159,11 @@ async def watch_buffers(
     limit: int,
     interval_s: float,
     counts,
+    socket: str = "inbound",
 ) -> None:
-    """Every `interval_s`, estimate what libzmq holds and shut down the pumps above `limit`;
-    runs until cancelled. `read_so_far()`: (bytes, frames) read from the inbound socket."""
+    """Every `interval_s`, estimate what libzmq holds for the connections to one inbound socket
+    (`socket` names it in the log) and shut down the pumps above `limit`; runs until cancelled.
+    `read_so_far()`: (bytes, frames) read from that socket."""
     if _TCP_INFO is None:
         log.warning("no TCP_INFO on this platform: the bytes ZeroMQ holds are not bounded")
         return
@@ -182,9 +186,10 @@ async def watch_buffers(
             if shut_down(connection):
                 counts[SHED] += 1
                 log.warning(
-                    "shut down the connection from %s: ZeroMQ held over %d MB for inbound "
-                    "connections, most of it arriving on this one",
+                    "shut down the connection from %s to the %s socket: ZeroMQ held over %d MB for "
+                    "that socket's connections, most of it arriving on this one",
                     connection[1][0],
+                    socket,
                     limit >> 20,
                 )
         last = now

@@ -497,15 +497,21 @@ class TransportSettings:
         Integer(1, 1_000_000), 100, "frames queued per outbound peer socket; beyond it sends are dropped and counted"
     )
     recv_hwm: int = option(Integer(1, 1_000_000), 1000, "frames queued on the inbound socket before ZeroMQ pushes back")
-    max_buffered_bytes: int = option(
+    max_public_buffered_bytes: int = option(
+        Integer(1 << 16, 1 << 40),
+        16 << 20,
+        "bytes ZeroMQ may hold for the public socket's connections (frames arriving or unread, and "
+        "parts of a multipart message never finished); above it the connection that sent the most "
+        "lately is shut down (`shed_buffered`). Linux only",
+    )
+    max_peers_buffered_bytes: int = option(
         Integer(1 << 20, 1 << 40),
-        128 << 20,
-        "bytes ZeroMQ may hold for the inbound connections (frames arriving, unread, or parts of a "
-        "multipart message never finished); above it the connection that sent the most lately is "
-        "shut down (`shed_buffered`). Linux only. Raise it for large models and many neighbours",
+        256 << 20,
+        "the same for the peers' socket (models arrive there: at least max_frame_bytes, and room "
+        "for several neighbours sending at once)",
     )
     buffer_check_ms: int = option(
-        Integer(10, 60_000), 250, "how often the bytes ZeroMQ holds are estimated (`max_buffered_bytes`)"
+        Integer(10, 60_000), 250, "how often the bytes ZeroMQ holds are estimated (`max_public_buffered_bytes`, ...)"
     )
     linger_ms: int = option(
         Integer(0, 60_000), 500, "on shutdown, wait at most this long to flush BYE and other queued frames"
@@ -901,7 +907,7 @@ def _cross_checks(config: Config, check_learning: bool = True) -> list[str]:
         check_network_id(node.network)
     except ValueError as exc:
         problems.append(f"[node].network: {exc}")
-    problems += _limit_checks(config.limits) + _transport_checks(config.transport)
+    problems += _limit_checks(config.limits) + _transport_checks(config.transport) + _buffer_checks(config)
     return problems + (_learning_checks(config) if check_learning else [])
 
 
@@ -917,6 +923,23 @@ def _limit_checks(limits: LimitSettings) -> list[str]:
         problems.append(
             f"[limits].max_public_frame_bytes: must lie between the largest handshake frame "
             f"({handshake_bytes}) and max_frame_bytes ({limits.max_frame_bytes})"
+        )
+    return problems
+
+
+def _buffer_checks(config: Config) -> list[str]:
+    """What ZeroMQ may hold per socket must leave room for the largest frames it takes."""
+    t, limits = config.transport, config.limits
+    problems = []
+    if t.max_public_buffered_bytes < 2 * limits.max_public_frame_bytes:
+        problems.append(
+            "[transport].max_public_buffered_bytes: must be at least 2 × [limits].max_public_frame_bytes "
+            f"({2 * limits.max_public_frame_bytes}), got {t.max_public_buffered_bytes}"
+        )
+    if t.max_peers_buffered_bytes < limits.max_frame_bytes:
+        problems.append(
+            "[transport].max_peers_buffered_bytes: must be at least [limits].max_frame_bytes "
+            f"({limits.max_frame_bytes}): a frame that large would never get through, got {t.max_peers_buffered_bytes}"
         )
     return problems
 

@@ -67,7 +67,7 @@ from .peers import Action, Admitted, Dial, DialPeers, Evicted, Hangup, Membershi
 from .prometheus import render_for, serve_prometheus
 from .state import DataDir, DataDirError
 from .transport import MissingKey, Transport, TransportError
-from .zap import Connections, serve_zap
+from .zap import PEERS, PUBLIC, Connections, serve_zap
 
 __all__ = ["Node", "NodeStartError", "wall_clock_us"]
 
@@ -198,7 +198,7 @@ class Node:
                 self.membership.set_own_hello(self._hello_frame())
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
-                    monitors = list(self.transport.monitors.values())
+                    monitors = {socket: monitor for socket, (_, monitor) in self.transport.monitors.items()}
                     nursery.start_soon(serve_zap, self.transport.zap, monitors, self.connections)
                     if await self._start_services(nursery):
                         nursery.start_soon(self.inbound.run, self._handle)
@@ -563,14 +563,23 @@ class Node:
     # --- periodic work -------------------------------------------------------------------
 
     async def _watch_buffers(self) -> None:
+        """A bound on what ZeroMQ holds per inbound socket (buffers.py): tight on the public one,
+        where strangers connect and frames are small; room for models on the peers' one."""
         transport = self.config.transport
-        await watch_buffers(
-            self.connections.live,
-            lambda: (self.transport.read_bytes, self.transport.read_frames),
-            transport.max_buffered_bytes,
-            transport.buffer_check_ms / 1000,
-            self.metrics.connections,
-        )
+        bounds = {PUBLIC: transport.max_public_buffered_bytes, PEERS: transport.max_peers_buffered_bytes}
+        async with trio.open_nursery() as nursery:
+            for socket, limit in bounds.items():
+                nursery.start_soon(
+                    functools.partial(
+                        watch_buffers,
+                        functools.partial(self.connections.live, socket),
+                        functools.partial(self.transport.read_so_far, socket),
+                        limit,
+                        transport.buffer_check_ms / 1000,
+                        self.metrics.connections,
+                        socket,
+                    )
+                )
 
     async def _maintain(self) -> None:
         discovery = self.config.discovery

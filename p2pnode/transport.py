@@ -35,7 +35,7 @@ import zmq
 from protocol.curve import curve_public_from_ed25519
 
 from .config import TransportSettings
-from .zap import PEERS_DOMAIN, ZAP_DOMAIN, close_zap, open_zap, unwatch, watch
+from .zap import DOMAINS, PEERS, PUBLIC, close_zap, open_zap, unwatch, watch
 from .zmqtrio import receive_batch
 
 __all__ = ["Transport", "TransportError", "MissingKey"]
@@ -82,14 +82,14 @@ class Transport:
         self.inbound: zmq.Socket | None = None  # the public socket
         self.peers_inbound: zmq.Socket | None = None
         self.zap: zmq.Socket | None = None  # the ZAP handler's socket (zap.py)
-        self.monitors: dict[zmq.Socket, zmq.Socket] = {}  # ROUTER -> its monitor (zap.py)
+        # PUBLIC or PEERS -> (its ROUTER, the ROUTER's monitor) (zap.py)
+        self.monitors: dict[str, tuple[zmq.Socket, zmq.Socket]] = {}
         self.outbound: dict[str, _Outbound] = {}  # public address -> its DEALERs
         self.endpoint: str | None = None
         self.peers_endpoint: str | None = None
-        # What the inbound sockets delivered so far, routing ids aside (parts, their bytes):
+        # What each inbound socket delivered so far, routing ids aside: [bytes, parts].
         # buffers.py subtracts it from what arrived to estimate what libzmq holds.
-        self.read_frames = 0
-        self.read_bytes = 0
+        self.read: dict[str, list[int]] = {PUBLIC: [0, 0], PEERS: [0, 0]}
 
     def _context(self) -> zmq.Context:
         if self.context is None:
@@ -105,17 +105,17 @@ class Transport:
 
     def bind(self, endpoint: str) -> str:
         """Open the public socket; returns the endpoint actually bound (port 0 resolved)."""
-        self.inbound = self._bind(endpoint, self.max_public_frame_bytes, ZAP_DOMAIN)
+        self.inbound = self._bind(endpoint, self.max_public_frame_bytes, PUBLIC)
         self.endpoint = self.inbound.getsockopt_string(zmq.LAST_ENDPOINT)
         return self.endpoint
 
     def bind_peers(self, endpoint: str) -> str:
         """Open the peers' socket (after `bind`); returns the endpoint actually bound."""
-        self.peers_inbound = self._bind(endpoint, self.max_frame_bytes, PEERS_DOMAIN)
+        self.peers_inbound = self._bind(endpoint, self.max_frame_bytes, PEERS)
         self.peers_endpoint = self.peers_inbound.getsockopt_string(zmq.LAST_ENDPOINT)
         return self.peers_endpoint
 
-    def _bind(self, endpoint: str, max_frame_bytes: int, domain: bytes) -> zmq.Socket:
+    def _bind(self, endpoint: str, max_frame_bytes: int, name: str) -> zmq.Socket:
         context = self._context()
         socket = context.socket(zmq.ROUTER)
         socket.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
@@ -130,14 +130,14 @@ class Transport:
             socket.setsockopt(zmq.CURVE_PUBLICKEY, self.curve[1])
         if self.zap is None:
             self.zap = open_zap(context)
-        monitor = watch(context, socket, domain)
+        monitor = watch(context, socket, DOMAINS[name])
         try:
             socket.bind(endpoint)
         except zmq.ZMQError as exc:
             unwatch(socket, monitor)
             socket.close(linger=0)
             raise TransportError(f"cannot bind {endpoint}: {exc.strerror}") from None
-        self.monitors[socket] = monitor
+        self.monitors[name] = (socket, monitor)
         return socket
 
     def dial(self, address: str, key: bytes | None = None) -> None:
@@ -241,10 +241,16 @@ class Transport:
         socket = self.peers_inbound if peers else self.inbound
         assert socket is not None, "bind() first"
         batch = await receive_batch(socket, max_messages, max_bytes, copy=False)
+        read = self.read[PEERS if peers else PUBLIC]
         for message in batch:
-            self.read_frames += len(message) - 1
-            self.read_bytes += sum(len(part) for part in message) - len(message[0])
+            read[0] += sum(len(part) for part in message) - len(message[0])
+            read[1] += len(message) - 1
         return batch
+
+    def read_so_far(self, socket: str) -> tuple[int, int]:
+        """(bytes, parts) an inbound socket (PUBLIC, PEERS) delivered so far, routing ids aside."""
+        read_bytes, parts = self.read[socket]
+        return read_bytes, parts
 
     async def close(self) -> None:
         """Close every socket; outbound frames already queued (a BYE) get up to linger_ms."""
@@ -253,7 +259,7 @@ class Transport:
             for socket in (entry.socket, entry.peers):
                 if socket is not None:
                     socket.close()  # keeps each socket's LINGER
-        for router, monitor in self.monitors.items():
+        for router, monitor in self.monitors.values():
             unwatch(router, monitor)
         self.monitors = {}
         if self.zap is not None:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 import socket as pysocket
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import trio
 import zmq
@@ -43,11 +43,25 @@ from protocol.curve import curve_public_from_ed25519
 from .config import SecuritySettings
 from .zmqtrio import receive_batch
 
-__all__ = ["Connections", "open_zap", "close_zap", "watch", "unwatch", "serve_zap", "ZAP_DOMAIN", "PEERS_DOMAIN"]
+__all__ = [
+    "Connections",
+    "open_zap",
+    "close_zap",
+    "watch",
+    "unwatch",
+    "serve_zap",
+    "ZAP_DOMAIN",
+    "PEERS_DOMAIN",
+    "PUBLIC",
+    "PEERS",
+    "DOMAINS",
+]
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # fixed by the ZAP specification (RFC 27)
 ZAP_DOMAIN = b"p2pnode"  # the public socket
 PEERS_DOMAIN = b"p2pnode-peers"  # the peers' socket: with CURVE, admitted peers' keys only
+PUBLIC, PEERS = "public", "peers"  # the inbound sockets (transport.py)
+DOMAINS = {PUBLIC: ZAP_DOMAIN, PEERS: PEERS_DOMAIN}
 MONITOR_QUEUE = 10_000  # monitor events held for the handler before libzmq's I/O thread waits
 _FAILED = {
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
@@ -94,23 +108,27 @@ class Connections:
         self.by_fd: dict[int, str] = {}
         self.by_address: Counter[str] = Counter()
         self.peer_of: dict[int, tuple] = {}  # fd -> its remote end, naming the TCP connection
+        self.socket_of: dict[int, str] = {}  # fd -> the inbound socket it came to (PUBLIC, PEERS)
 
-    def live(self) -> list[tuple[int, tuple]]:
-        """The live TCP connections as (descriptor, remote end): what buffers.py watches."""
-        return list(self.peer_of.items())
+    def live(self, socket: str) -> list[tuple[int, tuple]]:
+        """The live TCP connections to one inbound socket as (descriptor, remote end): what
+        buffers.py watches."""
+        return [(fd, peer) for fd, peer in self.peer_of.items() if self.socket_of.get(fd) == socket]
 
-    def on_event(self, event: int, fd: int) -> None:
+    def on_event(self, event: int, fd: int, socket: str = PUBLIC) -> None:
         if event == zmq.EVENT_ACCEPTED:
             peer = remote_peer(fd)
             address = "?" if peer is None else peer[0]
             if peer is not None:
                 self.peer_of[fd] = peer
+                self.socket_of[fd] = socket
             self.by_fd[fd] = address
             self.by_address[address] += 1
             self.counts["accepted"] += 1
         elif event == zmq.EVENT_DISCONNECTED:
             self.counts["disconnected"] += 1
             self.peer_of.pop(fd, None)
+            self.socket_of.pop(fd, None)
             address = self.by_fd.pop(fd, None)
             if address is not None:
                 self.by_address[address] -= 1
@@ -188,7 +206,7 @@ def watch(context: zmq.Context, router: zmq.Socket, domain: bytes) -> zmq.Socket
 
 def unwatch(router: zmq.Socket, monitor: zmq.Socket) -> None:
     """Stop monitoring (after reading what is queued, so libzmq's I/O thread is not left waiting)."""
-    _drain(monitor, None)
+    _drain(monitor, None, PUBLIC)
     router.disable_monitor()
     _close(monitor)
 
@@ -202,7 +220,7 @@ def _close(socket: zmq.Socket) -> None:
     socket.close(linger=0)
 
 
-def _drain(monitor: zmq.Socket, connections: Connections | None) -> None:
+def _drain(monitor: zmq.Socket, connections: Connections | None, socket: str) -> None:
     while True:
         try:
             parts = monitor.recv_multipart(zmq.NOBLOCK)
@@ -210,23 +228,23 @@ def _drain(monitor: zmq.Socket, connections: Connections | None) -> None:
             return
         if connections is not None:
             event = parse_monitor_message(parts)
-            connections.on_event(event["event"], event["value"])
+            connections.on_event(event["event"], event["value"], socket)
 
 
-async def serve_zap(zap: zmq.Socket, monitors: list[zmq.Socket], connections: Connections) -> None:
-    """Answer ZAP requests and follow the monitors' events until cancelled."""
+async def serve_zap(zap: zmq.Socket, monitors: Mapping[str, zmq.Socket], connections: Connections) -> None:
+    """Answer ZAP requests and follow the monitors' events (by inbound socket) until cancelled."""
     async with trio.open_nursery() as nursery:
-        for monitor in monitors:
-            nursery.start_soon(_follow, monitor, connections)
+        for socket, monitor in monitors.items():
+            nursery.start_soon(_follow, monitor, connections, socket)
         while True:
             for request in await receive_batch(zap, 1):  # REP: one request, then its reply
-                for monitor in monitors:
-                    _drain(monitor, connections)  # this connection's ACCEPTED is among them
+                for socket, monitor in monitors.items():
+                    _drain(monitor, connections, socket)  # this connection's ACCEPTED is among them
                 zap.send_multipart(connections.reply(request), zmq.NOBLOCK)
 
 
-async def _follow(monitor: zmq.Socket, connections: Connections) -> None:
+async def _follow(monitor: zmq.Socket, connections: Connections, socket: str) -> None:
     while True:
         for parts in await receive_batch(monitor, 256):
             event = parse_monitor_message(parts)
-            connections.on_event(event["event"], event["value"])
+            connections.on_event(event["event"], event["value"], socket)

@@ -88,3 +88,23 @@ async def run_attack(*args: str) -> dict:
     """tools/attack.py in a process of its own (its buffers are not counted as the node's)."""
     result = await trio.run_process([sys.executable, "-m", "tools.attack", *args], capture_stdout=True)
     return json.loads(result.stdout.decode().strip().splitlines()[-1])
+
+
+async def run_attack_measuring_rss(*args: str) -> tuple[dict, float]:
+    """`run_attack`, and how far this process's RSS rose above its level at the start, at its
+    highest while the attack ran (sampled every 20 ms), in MB."""
+    before, peaks = rss_mb(), []
+    done = trio.Event()
+
+    async def watch() -> None:
+        while not done.is_set():
+            peaks.append(rss_mb())
+            await trio.sleep(0.02)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch)
+        try:
+            result = await run_attack(*args)
+        finally:
+            done.set()
+    return result, max(peaks, default=before) - before

@@ -8,7 +8,7 @@ import trio
 from p2pnode.control import request
 
 from ..daemon import full_mesh, start_chain, wait_until
-from .attacker import rss_mb, run_attack
+from .attacker import rss_mb, run_attack, run_attack_measuring_rss
 
 
 async def _status_latencies(node, until: trio.Event, into: list[float]) -> None:
@@ -76,35 +76,18 @@ async def test_a_multipart_message_never_finished_is_cut_off_before_zeromq_holds
     # libzmq keeps every part of an unfinished multipart message, with no bound of its own: one
     # connection sending 200 MB of parts would make the node hold 200 MB (p2pnode/buffers.py).
     # The attacker speaks plain ZMTP, so this node runs without CURVE (which it refuses).
-    limit = 16 << 20
+    # The default bound of the public socket, where strangers connect: 16 MiB.
     async with trio.open_nursery() as nursery:
-        a, b = await start_chain(
-            nursery,
-            tmp_path,
-            2,
-            security={"curve": False},
-            transport={"max_buffered_bytes": limit, "buffer_check_ms": 50},
-        )
+        a, b = await start_chain(nursery, tmp_path, 2, security={"curve": False})
         await wait_until(lambda: full_mesh([a, b]), timeout=10)
         rss_before = rss_mb()
-        peaks = []
-
-        async def watch(until: trio.Event) -> None:
-            while not until.is_set():
-                peaks.append(rss_mb())
-                await trio.sleep(0.02)
-
-        async with trio.open_nursery() as watching:
-            done = trio.Event()
-            watching.start_soon(watch, done)
-            bomb = await run_attack(
-                "--target", a.address, "--kind", "unfinished", "--bytes", str(200 << 20), "--seconds", "3"
-            )
-            done.set()
+        bomb, growth = await run_attack_measuring_rss(
+            "--target", a.address, "--kind", "unfinished", "--bytes", str(200 << 20), "--seconds", "3"
+        )
         assert bomb["reset"], f"the connection was never cut off: {bomb}"
         assert bomb["bytes"] < 100 << 20, f"{bomb['bytes'] >> 20} MB went in before the cut"
         assert a.metrics.connections["shed_buffered"] >= 1
-        assert max(peaks) - rss_before < 50, f"RSS grew {max(peaks) - rss_before:.0f} MB during the attack"
+        assert growth < 50, f"RSS grew {growth:.0f} MB during the attack"
         assert full_mesh([a, b]) and not any(key.startswith("evicted") for key in a.membership.counts)
         await wait_until(lambda: rss_mb() - rss_before < 20, timeout=10, interval=0.5)
         a.request_stop()

@@ -9,7 +9,7 @@ from p2pnode.zap import PEERS_DOMAIN
 from protocol import Identity, Model
 
 from ..daemon import full_mesh, start_chain, wait_until
-from .attacker import Attacker, Stranger, rss_mb, run_attack
+from .attacker import Attacker, Stranger, run_attack_measuring_rss
 
 CURVE = {"curve": True}
 SMALL_PUBLIC = {"max_public_frame_bytes": 16 << 10}
@@ -75,24 +75,13 @@ async def test_large_frames_from_a_stranger_are_cut_off_by_the_public_bound_befo
     async with trio.open_nursery() as nursery:
         a, b = await start_chain(nursery, tmp_path, 2, security={"curve": False})
         await wait_until(lambda: full_mesh([a, b]), timeout=10)
-        rss_before, peaks = rss_mb(), []
-
-        async def watch(until: trio.Event) -> None:
-            while not until.is_set():
-                peaks.append(rss_mb())
-                await trio.sleep(0.02)
-
-        async with trio.open_nursery() as watching:
-            done = trio.Event()
-            watching.start_soon(watch, done)
-            flood = await run_attack(
-                "--target", a.address, "--kind", "garbage", "--sizes", str(10 << 20), "--seconds", "3"
-            )
-            done.set()
+        flood, growth = await run_attack_measuring_rss(
+            "--target", a.address, "--kind", "garbage", "--sizes", str(10 << 20), "--seconds", "3"
+        )
         assert flood["sent"] >= 10
         assert a.metrics.connections["disconnected"] >= 1  # cut off, and counted
         assert sum(a.metrics.rejections.values()) == 0  # nothing of it was ever read
-        assert max(peaks) - rss_before < 50, f"RSS grew {max(peaks) - rss_before:.0f} MB"
+        assert growth < 50, f"RSS grew {growth:.0f} MB"
         assert full_mesh([a, b])
         for node in (a, b):
             node.request_stop()

@@ -104,7 +104,9 @@ def run_trio(size: int, count: int, verify_threads: int = 2, curve: bool = False
 
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(serve_zap, receiver.zap, list(receiver.monitors.values()), connections)
+                nursery.start_soon(
+                    serve_zap, receiver.zap, {name: m for name, (_, m) in receiver.monitors.items()}, connections
+                )
                 nursery.start_soon(inbound.run, handle)
                 socket = sender.outbound_socket(endpoint)
                 await _wait_connected(socket)
