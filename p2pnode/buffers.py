@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 
 import trio
 
+from .memory import resident_bytes, trim_now
+
 __all__ = ["BufferEstimate", "bytes_received", "shut_down", "watch_buffers", "SHED"]
 
 log = logging.getLogger("p2pnode.buffers")
@@ -44,6 +46,8 @@ IDLE_BYTES_PER_S = 256  # ZMTP heartbeats and their answers, either mechanism
 HANDSHAKE_BYTES = 4096  # greeting and handshake commands of a new connection
 RECENT_CHECKS = 20  # "the last seconds": this many checks of every connection's bytes
 SCAN_SHARE = 0.02  # of one core, at most, spent reading the connections' counters
+POLL_S = 0.02  # how often the process's size is looked at
+GROWTH_TRIGGER = 4 << 20  # growth since the last check that calls for one at once
 
 # struct tcp_info (linux/tcp.h): tcpi_bytes_received is the u64 at this offset since Linux 4.1.
 _BYTES_RECEIVED_OFFSET = 128
@@ -161,20 +165,29 @@ async def watch_buffers(
     counts,
     socket: str = "inbound",
 ) -> None:
-    """Every `interval_s`, estimate what libzmq holds for the connections to one inbound socket
-    (`socket` names it in the log) and shut down the pumps above `limit`; runs until cancelled.
-    `read_so_far()`: (bytes, frames) read from that socket."""
+    """Every `interval_s`, and at once when the process grows fast, estimate what libzmq holds
+    for the connections to one inbound socket (`socket` names it in the log) and shut down the
+    pumps above `limit`; runs until cancelled. `read_so_far()`: (bytes, frames) read from that
+    socket."""
     if _TCP_INFO is None:
         log.warning("no TCP_INFO on this platform: the bytes ZeroMQ holds are not bounded")
         return
     estimate = BufferEstimate(limit)
     last = trio.current_time()
     scan_s = 0.0
+    rss_at_scan = resident_bytes()
     while True:
-        # A check costs ~25 µs a connection: with many, checks are spaced out so that they never
-        # take more than SCAN_SHARE of a core (a pump then gets further before it is caught).
-        await trio.sleep(max(interval_s, scan_s / SCAN_SHARE))
+        # A pump on loopback moves hundreds of MB a second: between two checks it would get
+        # far past the limit. So the process's size is looked at often (one small read) and a
+        # check runs as soon as it grew by GROWTH_TRIGGER. A check costs ~25 µs a connection:
+        # with many, checks are spaced out so that they never take more than SCAN_SHARE of a
+        # core (a pump then gets further before it is caught).
+        await trio.sleep(POLL_S)
         now = trio.current_time()
+        spacing = max(POLL_S, scan_s / SCAN_SHARE)
+        growing = resident_bytes() - rss_at_scan > GROWTH_TRIGGER
+        if now - last < spacing or (now - last < interval_s and not growing):
+            continue
         started = time.perf_counter()
         received = {}
         for connection in connections():
@@ -182,14 +195,18 @@ async def watch_buffers(
             if count is not None:
                 received[connection] = count
         scan_s = time.perf_counter() - started
-        for connection in estimate.update(received, *read_so_far(), now - last):
-            if shut_down(connection):
-                counts[SHED] += 1
-                log.warning(
-                    "shut down the connection from %s to the %s socket: ZeroMQ held over %d MB for "
-                    "that socket's connections, most of it arriving on this one",
-                    connection[1][0],
-                    socket,
-                    limit >> 20,
-                )
+        shed = [c for c in estimate.update(received, *read_so_far(), now - last) if shut_down(c)]
+        for connection in shed:
+            counts[SHED] += 1
+            log.warning(
+                "shut down the connection from %s to the %s socket: ZeroMQ held over %d MB for "
+                "that socket's connections, most of it arriving on this one",
+                connection[1][0],
+                socket,
+                limit >> 20,
+            )
+        if shed:
+            await trio.sleep(POLL_S)  # libzmq drops the connections and frees their parts
+            trim_now()  # those bytes were never read: the node's own trimming would not see them
+        rss_at_scan = resident_bytes()
         last = now

@@ -108,6 +108,7 @@ class Gate:
         self.max_peer_links = 4 * max_peers
         self.max_stranger_links = settings.max_stranger_connections
         self.parked_bytes = 0
+        self.subnets: OrderedDict[bytes, str] = OrderedDict()  # connection -> its source subnet
 
     def budget(self, connection: bytes, metadata: Callable[[str], str | None], now: float) -> str | None:
         """Before its header is even read: a frame on any connection but a peer's link spends a
@@ -118,7 +119,11 @@ class Gate:
         if connection in self.peer_links:
             return None
         # The subnet's bucket first: a subnet over its own rate does not drain everyone's.
-        subnet = subnet_of(metadata("Peer-Address"))
+        subnet = self.subnets.get(connection)
+        if subnet is None:  # once per connection: a flood pays this per frame otherwise
+            subnet = self.subnets[connection] = subnet_of(metadata("Peer-Address"))
+            while len(self.subnets) > self.max_stranger_links + self.max_peer_links:
+                self.subnets.popitem(last=False)
         if not (self.subnet_rate.allow(subnet, now) and self.stranger_rate.allow(None, now)):
             return STRANGER_RATE_LIMITED
         return None

@@ -30,6 +30,9 @@ __all__ = ["Inbound", "decode_all"]
 
 log = logging.getLogger("p2pnode.inbound")
 
+COALESCE_BELOW = 16  # messages in a read
+COALESCE_S = 0.005
+
 # Takes an accepted envelope and its frame; returns None, or the reason it refuses it after all.
 Handler = Callable[[Envelope, bytes], Awaitable[str | None]]
 
@@ -95,6 +98,17 @@ class Inbound:
                 if batch.frames:
                     await to_deliver.send(batch)  # first: delivery order is read order
                     await to_verify.send(batch)
+                if len(batch.frames) < len(messages) and self._drained(messages):
+                    # Frames were refused here, and the queue is empty: maybe a flood of small
+                    # frames. Each wake-up costs more than the few frames it brings, so let the
+                    # next ones gather for a moment.
+                    await trio.sleep(COALESCE_S)
+
+    def _drained(self, messages: list[list]) -> bool:
+        """Whether a read took few messages, and not because the batch was full of bytes."""
+        if len(messages) >= COALESCE_BELOW:
+            return False
+        return sum(len(parts[-1]) for parts in messages) < self.settings.verify_batch_bytes // 2
 
     def _admit(self, messages: list[list], now: float, peers: bool) -> _Batch:
         """The frames of `messages` that may be verified; the rest are counted and dropped.

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 
-__all__ = ["trim_now"]
+__all__ = ["trim_now", "resident_bytes"]
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def _malloc_trim():
@@ -31,3 +34,12 @@ def trim_now() -> bool:
         return False
     _TRIM(0)
     return True
+
+
+def resident_bytes() -> int:
+    """This process's resident memory now, in bytes (0 where /proc is not there)."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return 0

@@ -243,7 +243,7 @@ class Transport:
         batch = await receive_batch(socket, max_messages, max_bytes, copy=False)
         read = self.read[PEERS if peers else PUBLIC]
         for message in batch:
-            read[0] += sum(len(part) for part in message) - len(message[0])
+            read[0] += len(message[1]) if len(message) == 2 else sum(map(len, message[1:]))
             read[1] += len(message) - 1
         return batch
 

@@ -4,6 +4,7 @@ one JSON line: how many messages it sent.
 
     python -m tools.attack --target tcp://127.0.0.1:7000 --kind garbage --seconds 5
     python -m tools.attack --target ... --kind strangers --connections 50 --rate 10000 --seconds 5
+    python -m tools.attack --target ... --target-key HEX ...   (over CURVE, as a node would connect)
 
 Kinds:
 - garbage: random bytes of mixed sizes (up to 64 KiB unless `--sizes` says otherwise), one in
@@ -32,6 +33,7 @@ import time
 import zmq
 
 from protocol import PROTOCOL_VERSION, Encoder, Hello, Identity, Ping
+from protocol.curve import curve_public_from_ed25519
 
 _NETWORK_DEFAULT = "test"
 
@@ -53,8 +55,7 @@ def _garbage(rng: random.Random, sizes: tuple[int, ...]) -> list[bytes]:
     return [payload, b"tail"] if rng.random() < 0.125 else [payload]
 
 
-def _stranger_frames(network: str, count: int) -> list[bytes]:
-    identity = Identity.generate()
+def _stranger_frames(identity: Identity, network: str, count: int) -> list[bytes]:
     encoder = Encoder(identity, network)
     now = time.time_ns() // 1000
     hello = Hello(address="tcp://127.0.0.1:9", capabilities=(), dataset_size=0, protocol_versions=(PROTOCOL_VERSION,))
@@ -114,41 +115,56 @@ def run(
     frames_per_key: int,
     network: str,
     sizes: tuple[int, ...] = GARBAGE_SIZES,
+    target_key: bytes | None = None,
 ):
+    """`target_key`: the target's Ed25519 key, to connect over CURVE as a node would (each
+    connection with the transport key of the identity that signs its frames)."""
     context = zmq.Context()
     rng = random.Random(0)
 
-    def connect() -> zmq.Socket:
+    def connect(identity: Identity) -> zmq.Socket:
         socket = context.socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.SNDHWM, 10_000)
+        socket.setsockopt(zmq.SNDTIMEO, 1000)  # a connection refused for good must not hang the tool
+        if target_key is not None:
+            secret, public = identity.curve_keypair()
+            socket.setsockopt(zmq.CURVE_SECRETKEY, secret)
+            socket.setsockopt(zmq.CURVE_PUBLICKEY, public)
+            socket.setsockopt(zmq.CURVE_SERVERKEY, curve_public_from_ed25519(target_key))
         socket.connect(target)
         return socket
 
-    sockets = [connect() for _ in range(connections)]
+    identities = [Identity.generate() for _ in range(connections)]
+    sockets = [connect(identity) for identity in identities]
     # Signed frames are made before the clock starts: the flood measures the target, not us.
-    plans = [_stranger_frames(network, frames_per_key) for _ in range(connections)] if kind == "strangers" else []
+    plans = [_stranger_frames(i, network, frames_per_key) for i in identities] if kind == "strangers" else []
     positions = [0] * connections
     time.sleep(0.2)  # let the connections come up
-    sent, started = 0, time.perf_counter()
+    sent, blocked, started = 0, 0, time.perf_counter()
     while (elapsed := time.perf_counter() - started) < seconds:
         if rate and sent > elapsed * rate:
             time.sleep(min(0.001, sent / rate - elapsed))
             continue
-        i = sent % connections
-        if kind == "garbage":
-            sockets[i].send_multipart(_garbage(rng, sizes))
-        else:
-            if positions[i] == len(plans[i]):  # a fresh key on a fresh connection
-                sockets[i].close(linger=0)
-                sockets[i], plans[i], positions[i] = connect(), _stranger_frames(network, frames_per_key), 0
-            sockets[i].send(plans[i][positions[i]])
-            positions[i] += 1
-        sent += 1
+        i = (sent + blocked) % connections
+        if kind == "strangers" and positions[i] == len(plans[i]):  # a fresh key on a fresh connection
+            sockets[i].close(linger=0)
+            identity = Identity.generate()
+            sockets[i] = connect(identity)
+            plans[i], positions[i] = _stranger_frames(identity, network, frames_per_key), 0
+        try:
+            if kind == "garbage":
+                sockets[i].send_multipart(_garbage(rng, sizes))
+            else:
+                sockets[i].send(plans[i][positions[i]])
+                positions[i] += 1
+            sent += 1
+        except zmq.Again:  # a second passed and its queue is still full: the target refused it
+            blocked += 1
     for socket in sockets:
         socket.close(linger=1000)
     context.term()
-    return {"sent": sent, "seconds": round(time.perf_counter() - started, 3)}
+    return {"sent": sent, "blocked": blocked, "seconds": round(time.perf_counter() - started, 3)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--network", default=_NETWORK_DEFAULT)
     parser.add_argument("--sizes", type=int, nargs="+", default=GARBAGE_SIZES, help="garbage message sizes")
     parser.add_argument("--bytes", type=int, default=200 << 20, help="unfinished: bytes of parts to send")
+    parser.add_argument(
+        "--target-key", type=bytes.fromhex, help="the target's public key (hex): connect over CURVE, as a node would"
+    )
     args = parser.parse_args(argv)
     if args.kind == "unfinished":
         print(json.dumps(unfinished(args.target, args.bytes, args.seconds)), flush=True)
@@ -178,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         args.frames_per_key,
         args.network,
         tuple(args.sizes),
+        args.target_key,
     )
     print(json.dumps(result), flush=True)
     return 0

@@ -24,12 +24,23 @@ from testnet.cluster import Cluster, NodeSpec
 
 __all__ = ["ATTACKS", "run_attack", "main"]
 
-# name -> tools.attack arguments (the target is added).
+# name -> tools.attack arguments (the target is added; over CURVE, as the testnet runs, unless
+# the name says plaintext: the unfinished multipart is spoken in plain ZMTP).
 ATTACKS = {
     "garbage, full rate, ≤ 64 KiB": ["--kind", "garbage"],
     "garbage, full rate, ≤ 10 MiB": ["--kind", "garbage", "--connections", "4", "--sizes", "200", "65536", "10485760"],
     "signed strangers, 10k/s, 50 connections": ["--kind", "strangers", "--connections", "50", "--rate", "10000"],
+    "signed strangers, 10k/s, 50 connections (plaintext)": [
+        "--kind",
+        "strangers",
+        "--connections",
+        "50",
+        "--rate",
+        "10000",
+    ],
+    "multipart never finished, 200 MB (plaintext)": ["--kind", "unfinished", "--bytes", str(200 << 20)],
 }
+PLAINTEXT = "(plaintext)"
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -69,7 +80,12 @@ class _Watch:
 
 def run_attack(name: str, args: list[str], seconds: float) -> dict:
     fast_pings = {"ping_interval_s": 0.2, "peer_timeout_s": 2.0}
-    with tempfile.TemporaryDirectory() as root, Cluster.prepare(Path(root), 2, discovery=fast_pings) as cluster:
+    # The launcher's connection caps fit a testnet on one host; 50 attacking connections too.
+    plaintext = {"security": {"curve": False, "max_connections_per_address": 64}} if PLAINTEXT in name else None
+    with (
+        tempfile.TemporaryDirectory() as root,
+        Cluster.prepare(Path(root), 2, discovery=fast_pings, extra=plaintext) as cluster,
+    ):
         cluster.start_all()
         target = cluster.specs[0]  # node 1, its only peer, is the honest one
         deadline = time.monotonic() + 30
@@ -82,6 +98,8 @@ def run_attack(name: str, args: list[str], seconds: float) -> dict:
         before = cluster.status(target)["traffic"]
         command = [sys.executable, "-m", "tools.attack", "--target", target.address, "--seconds", str(seconds)]
         command += ["--network", target.settings["node"]["network"]]
+        if not plaintext:
+            command += ["--target-key", target.public_key.hex()]
         started = time.monotonic()
         attack = subprocess.Popen([*command, *args], stdout=subprocess.PIPE, text=True)
         under = _Watch(cluster, target)
@@ -97,6 +115,10 @@ def run_attack(name: str, args: list[str], seconds: float) -> dict:
             "counted": counted,
             "rejections": after["traffic"]["rejections"],
             "evicted": {k: v for k, v in after["membership"].items() if k.startswith("evicted")},
+            "connections": {
+                k: v - before.get("connections", {}).get(k, 0)
+                for k, v in after["traffic"].get("connections", {}).items()
+            },
             "cpu_idle": idle_cpu / seconds,
             "cpu_attack": attack_cpu / took,
             "rtt_idle_ms": statistics.median(idle.rtts) if idle.rtts else None,
@@ -115,15 +137,18 @@ def _taken_in(traffic: dict) -> int:
 
 def format_table(rows: list[dict]) -> str:
     lines = [
-        "| attack | frames sent | counted by the target | CPU idle → attack (cores) | honest RTT idle → attack "
-        "(median, ms) | RSS before → peak → after (MB) | honest peers evicted |",
-        "|---|---|---|---|---|---|---|",
+        "| attack | frames sent | counted by the target | connections cut (ZeroMQ: size, shed, handshake) "
+        "| CPU idle → attack (cores) | honest RTT idle → attack (median, ms) | RSS before → peak → after (MB) "
+        "| honest peers evicted |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         rtt = f"{r['rtt_idle_ms']:.2f} → {r['rtt_attack_ms']:.2f} (max {r['rtt_attack_max_ms']:.2f})"
         rss = f"{r['rss_before_mb']:.0f} → {r['rss_peak_mb']:.0f} → {r['rss_after_mb']:.0f}"
+        c = r["connections"]
+        cut = f"{c.get('disconnected', 0)} ({c.get('shed_buffered', 0)} shed, {c.get('handshake_failed', 0)} handshake)"
         lines.append(
-            f"| {r['attack']} | {r['sent']} | {r['counted']} | {r['cpu_idle']:.3f} → {r['cpu_attack']:.3f} "
+            f"| {r['attack']} | {r['sent']} | {r['counted']} | {cut} | {r['cpu_idle']:.3f} → {r['cpu_attack']:.3f} "
             f"| {rtt} | {rss} | {sum(r['evicted'].values())} |"
         )
     return "\n".join(lines)
