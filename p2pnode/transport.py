@@ -44,6 +44,9 @@ __all__ = ["Transport", "TransportError", "MissingKey"]
 # one such frame is held.
 _OUTBOUND_MAX_INBOUND_BYTES = 1024
 PEERS_REDIAL_S = 2.0
+# With CURVE, ZMQ_MAXMSGSIZE bounds the encrypted MESSAGE command: the frame plus its box (33
+# bytes, and the command's own header). Without this room a frame of exactly the bound is cut.
+CURVE_SLACK = 64
 
 
 class TransportError(Exception):
@@ -118,7 +121,7 @@ class Transport:
     def _bind(self, endpoint: str, max_frame_bytes: int, name: str) -> zmq.Socket:
         context = self._context()
         socket = context.socket(zmq.ROUTER)
-        socket.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
+        socket.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes + CURVE_SLACK)
         socket.setsockopt(zmq.RCVHWM, self.settings.recv_hwm)
         socket.setsockopt(zmq.SNDHWM, 1)  # never sends
         socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # were it to send, unknown peers raise, not vanish

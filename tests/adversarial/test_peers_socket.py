@@ -85,3 +85,17 @@ async def test_large_frames_from_a_stranger_are_cut_off_by_the_public_bound_befo
         assert full_mesh([a, b])
         for node in (a, b):
             node.request_stop()
+
+
+async def test_a_frame_of_exactly_the_public_bound_gets_through_curve(tmp_path):
+    # CURVE wraps each frame in a box: the socket's bound leaves room for it (transport.py).
+    async with trio.open_nursery() as nursery:
+        (a,) = await start_chain(nursery, tmp_path, 1, security=CURVE, limits=SMALL_PUBLIC)
+        attacker = Attacker(a.address, curve=(Identity.generate(), a.identity.public_key))
+        try:
+            await attacker.send(bytes(SMALL_PUBLIC["max_public_frame_bytes"]))
+            await wait_until(lambda: sum(a.metrics.rejections.values()) >= 1, timeout=5)
+        finally:
+            attacker.close()
+        assert a.metrics.connections["disconnected"] == 0  # read and refused, not cut off
+        a.request_stop()
