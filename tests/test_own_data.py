@@ -246,7 +246,8 @@ def own_data_sections(folder, class_names=DIGITS, rounds: int = 2, start_peers: 
             "start_peers": start_peers,
             "start_timeout_s": 30.0,
             "round_deadline_s": 5.0,
-            "settings": {"warmup_rounds": 10},
+            # every round but the last in warm-up (all exchange with all); it must end before the run
+            "settings": {"warmup_rounds": max(1, rounds - 1)},
             "checkpoint": False,
         },
     }
@@ -292,8 +293,8 @@ def test_three_daemons_learn_from_their_own_folders_of_digit_pngs(tmp_path):
     """The issue's done-when: real digit images as PNG folders, three class subsets that overlap
     in one class each (its images split, never shared), three `p2pnode start` processes with
     `[data] path`: every round completes with both peers' payloads, and each node predicts its
-    own test images far above chance. All rounds are MAPL's warm-up (all-to-all), so what is
-    checked is the exchange, not which neighbours its graph learning would pick."""
+    own test images far above chance. All rounds but the last are MAPL's warm-up (all-to-all),
+    so what is checked is the exchange, not which neighbours its graph learning picks."""
     from testnet.cluster import Cluster
     from testnet.learning import DISCOVERY
 
@@ -321,9 +322,13 @@ def test_three_daemons_learn_from_their_own_folders_of_digit_pngs(tmp_path):
         statuses = [cluster.status(spec)["learning"] for spec in cluster.specs]
     for classes, status in zip(subsets, statuses, strict=True):
         history = status["history"]
-        assert len(history) == rounds and status["completed"] == rounds - 1
-        assert all(entry["expected"] == entry["arrived"] == entry["recipients"] == 2 for entry in history), history
-        assert history[-1]["sent"]["PROTOTYPES"][0] == 2 * rounds  # [messages, bytes, payload bytes]
-        assert len(status["neighbours"]) == 3  # itself and both peers weigh in its aggregation
+        assert len(history) == rounds and status["completed"] == rounds
+        warmup, last = history[:-1], history[-1]  # the last round learns the graph
+        assert all(entry["expected"] == entry["arrived"] == entry["recipients"] == 2 for entry in warmup), history
+        assert last["expected"] == last["arrived"], history
+        sent = sum(entry["recipients"] for entry in history)
+        assert last["sent"]["PROTOTYPES"][0] == sent  # [messages, bytes, payload bytes]
+        # (After the last round's graph learning each node weighs whom it learned to trust; on
+        # these easy class subsets that is often itself alone, so its row is not checked.)
         chance = 1 / len(classes)
         assert status["accuracy"] > 0.8 > 3 * chance, (status["accuracy"], chance)
