@@ -169,6 +169,21 @@ class Gate:
             return PARK if link.proven else HANDSHAKE_FIRST
         return None
 
+    def hold_for_admission(
+        self, connection: bytes, header: Header, metadata: Callable[[str], str | None], frame: bytes, now: float
+    ) -> bool:
+        """On the peers' socket with CURVE, a frame of a key not yet admitted: its connection was
+        authenticated with that key, which the ZAP handler let in only while it was being
+        verified. It may have admitted this node first and sent at once: park the frame (as
+        `park`) until its key is admitted, instead of refusing it. False: refuse it."""
+        if not self.curve or not self._owns_connection(header.sender, metadata("User-Id")):
+            return False
+        link = self.stranger_links.get(connection)
+        if link is None:
+            link = _Link(header.sender, proven=True)  # the transport proved the key
+            self._remember_stranger(connection, link)
+        return link.key == header.sender and self.park(connection, frame, now)
+
     def park(self, connection: bytes, frame: bytes, now: float) -> bool:
         """Hold a frame `admit` answered PARK for; False (drop it) if the bounds are reached."""
         link = self.stranger_links.get(connection)

@@ -131,7 +131,8 @@ class Inbound:
                 self.metrics.rejected(exc.reason.value, len(message))
                 continue
             if peers and not self.gate.is_peer(header.sender):
-                self.metrics.rejected(UNKNOWN_PEER, len(message))
+                if not self.gate.hold_for_admission(connection, header, message.get, message.bytes, now):
+                    self.metrics.rejected(UNKNOWN_PEER, len(message))
                 continue
             refusal = self.gate.admit(connection, header, message.get, now)
             if refusal == PARK and self.gate.park(connection, message.bytes, now):

@@ -142,16 +142,17 @@ def _watch(
             if line != last_line or elapsed - last_print >= 10:
                 print(f"[{elapsed:6.1f} s] {line}", file=progress, flush=True)
                 last_line, last_print = line, elapsed
+            # The supervisor sees every status, the last ones too (a daemon that came back may
+            # load, resume and finish between two polls: its resume is noted all the same).
+            learning = {i for i, status in enumerate(statuses) if not _done(status, rounds)}
+            carry_on = supervisor.poll(statuses, eligible=learning)
             finished = [
                 _done(s, rounds) or supervisor.lost(node) for s, node in zip(statuses, cluster.specs, strict=True)
             ]
-            if all(finished) and not supervisor.busy():
+            if (all(finished) and not supervisor.busy()) or not carry_on:
                 break
             if all(_ready(s) for s in statuses):
                 supervisor.arm()  # churn starts once every daemon has its data and model
-            learning = {i for i, status in enumerate(statuses) if not _done(status, rounds)}
-            if not supervisor.poll(statuses, eligible=learning):
-                break
             time.sleep(poll_s)
     except KeyboardInterrupt:
         print("interrupted: stopping every node", file=progress)
