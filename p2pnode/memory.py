@@ -45,10 +45,11 @@ def trim_now() -> bool:
     return True
 
 
-def resident_bytes() -> int:
-    """This process's resident memory now, in bytes (0 where /proc is not there)."""
+def resident_bytes(pid: int | str = "self") -> int:
+    """A process's resident memory now, in bytes, this one's by default (0 where /proc is not
+    there, or the process is gone)."""
     try:
-        with open("/proc/self/statm", "rb") as statm:
+        with open(f"/proc/{pid}/statm", "rb") as statm:
             return int(statm.read().split()[1]) * _PAGE
     except (OSError, IndexError, ValueError):
         return 0

@@ -1,13 +1,12 @@
 """The process's memory as status reports it, and what a daemon keeps after setting up."""
 
-import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from p2pnode.memory import MIB, process_memory
+from p2pnode.memory import MIB, process_memory, resident_bytes
 
 from .daemon import ANY_PORT, write_config
 from .test_learning_daemon import learning_sections
@@ -15,15 +14,9 @@ from .test_learning_daemon import learning_sections
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def _statm_rss_mb() -> float:
-    """The same figure another way: resident pages in /proc/self/statm."""
-    with open("/proc/self/statm") as file:
-        return int(file.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / MIB
-
-
 def test_resident_memory_follows_what_the_process_touches():
     before = process_memory()
-    assert before["rss_mb"] == pytest.approx(_statm_rss_mb(), abs=2)
+    assert before["rss_mb"] == pytest.approx(resident_bytes() / MIB, abs=2)  # the same, from /proc/self/statm
     block = np.ones(64 * MIB // 8)  # 64 MiB, every page written
     grown = process_memory()
     assert grown["rss_mb"] - before["rss_mb"] > 60
@@ -46,6 +39,16 @@ def test_the_peak_is_this_process_s_own_not_its_parent_s():
     code = "from p2pnode.memory import process_memory; print(process_memory()['peak_rss_mb'])"
     child_peak = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
     assert child_peak < process_memory()["peak_rss_mb"] - 100 and block.sum() == len(block)
+
+
+def test_another_process_s_size_by_its_pid():
+    sleeper = "import time; print('up', flush=True); time.sleep(30)"
+    with subprocess.Popen([sys.executable, "-c", sleeper], stdout=subprocess.PIPE, text=True) as child:
+        try:  # once it runs Python
+            assert child.stdout.readline() == "up\n" and 1 < resident_bytes(child.pid) / MIB < 100
+        finally:
+            child.kill()
+    assert resident_bytes(child.pid) == 0  # gone
 
 
 def test_a_built_node_keeps_its_shard_not_the_dataset(tmp_path):
