@@ -1,5 +1,6 @@
 """The process's memory as status reports it, and what a daemon keeps after setting up."""
 
+import os
 import subprocess
 import sys
 
@@ -63,3 +64,28 @@ def test_a_built_node_keeps_its_shard_not_the_dataset(tmp_path):
     assert load_scenario.cache_info().currsize == 0 and _load_cached.cache_info().currsize == 0
     counts = algorithm.setup.data.class_counts
     assert set(counts[counts > 0]) == {10}  # its shard: 10 images of each of its classes
+
+
+ARENAS = """
+import ctypes, sys, threading
+from p2pnode.memory import limit_arenas
+if int(sys.argv[1]):
+    assert limit_arenas(int(sys.argv[1]))
+together = threading.Barrier(4)
+def allocate():
+    blocks = [bytearray(1000) for _ in range(1000)]  # above pymalloc's 512 bytes: glibc's malloc
+    together.wait()  # all four alive at once: none hands its arena on to another
+threads = [threading.Thread(target=allocate) for _ in range(4)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+ctypes.CDLL(None).malloc_stats()  # one "Arena N:" paragraph per arena, on stderr
+"""
+
+
+@pytest.mark.parametrize("limit, arenas", [(0, 5), (1, 1), (2, 2)])
+def test_threads_share_as_many_heap_arenas_as_allowed(limit, arenas):
+    """Without a limit each new thread that allocates gets its own arena (up to 8 per core)."""
+    run = subprocess.run([sys.executable, "-c", ARENAS, str(limit)], capture_output=True, text=True, check=True)
+    assert run.stderr.count("Arena ") == min(arenas, 8 * os.cpu_count()), run.stderr
