@@ -9,6 +9,7 @@ all nodes') test images; a difference between methods its paired bootstrap inter
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -89,7 +90,7 @@ def _memory_spread(report: dict[str, Any]) -> str:
         known = sorted(value for value in processes.get(key) or [] if value is not None)
         if not known:
             return ""
-        spreads.append(f"median {known[(len(known) - 1) // 2]:.0f}, max {known[-1]:.0f}")
+        spreads.append(f"median {statistics.median(known):.0f}, max {known[-1]:.0f}")
     return " · ".join(spreads)
 
 
