@@ -396,7 +396,7 @@ class NodeSettings:
         Integer(0, 1024),
         1,
         "glibc heap arenas the daemon's threads share; each keeps the pages its threads freed, so "
-        "1 holds the least (14-39 MiB less on a learning node of a testnet); 0: glibc's default, 8 per core",
+        "1 holds the least (12-39 MiB less on a learning node of a testnet); 0: glibc's default, 8 per core",
     )
 
 
