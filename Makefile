@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test lint format bench bench-learning bench-scool bench-heterogeneous clean
+.PHONY: venv demo test lint format bench bench-learning bench-scool bench-heterogeneous bench-memory clean
 
 venv: $(STAMP)
 
@@ -49,6 +49,11 @@ bench-heterogeneous: venv
 # The SCooL benchmark of BENCHMARKS.md (about 4 minutes on 2 cores).
 bench-scool: venv
 	$(BIN)/python -m tools.bench.scool --out bench-out/scool
+
+# The daemon-memory benchmark of BENCHMARKS.md (issue #15): four 4-daemon testnets (about 2 minutes).
+bench-memory: venv
+	$(BIN)/python -m tools.bench.memory --out bench-out/memory
+	$(BIN)/python -m tools.bench.memory --stages
 
 clean:
 	rm -rf $(VENV) demo-out bench-out .pytest_cache .hypothesis *.egg-info

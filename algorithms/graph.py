@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import networkx as nx
 import numpy as np
 
 from .simplex import project_to_simplex
@@ -243,6 +242,8 @@ def communities(w: np.ndarray, seed: int = 0, resolution: float = 1.0) -> list[i
     W made symmetric, (W + Wᵀ) / 2, without self-loops; communities are numbered in the order of
     their lowest node. A node with no edge is a community of its own. A `resolution` above 1
     favours smaller communities, below 1 larger ones (networkx's modularity resolution)."""
+    import networkx as nx  # here, not at the top: 12 MB that only Louvain's users (SFMTL, reports) need
+
     w = np.asarray(w, dtype=np.float64)
     symmetric = (w + w.T) / 2
     graph = nx.Graph()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .datasets import Dataset, load_dataset
+from .datasets import Dataset, forget_datasets, load_dataset
 from .device import CPU
 from .own_data import OwnDataSpec, load_own_data
 from .partitions import Partition, PartitionSpec, make_partition
@@ -23,6 +23,7 @@ from .seam import LocalData, NodeSetup
 __all__ = [
     "ScenarioSpec",
     "load_scenario",
+    "forget_scenarios",
     "build_setup",
     "node_data",
     "node_seed",
@@ -48,6 +49,13 @@ def load_scenario(spec: ScenarioSpec) -> tuple[Dataset, Partition]:
     """The dataset and its partition (cached: a simulator builds every node from one copy)."""
     dataset = load_dataset(spec.dataset, spec.root)
     return dataset, make_partition(dataset, spec.partition)
+
+
+def forget_scenarios() -> None:
+    """Drop the cached datasets and partitions: a process that builds one node (the daemon)
+    then holds that node's tensors only, not the whole dataset they were cut from."""
+    load_scenario.cache_clear()
+    forget_datasets()
 
 
 def build_setup(

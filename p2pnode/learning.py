@@ -31,12 +31,13 @@ from protocol import Body, Envelope, MessageType
 
 from .checkpoint import Checkpoint, CheckpointError
 from .files import describe_os_error
+from .memory import trim_now
 from .rounds import RoundRecord, RoundState
 
 if TYPE_CHECKING:
     import torch
 
-    from algorithms.seam import Algorithm, Outbound
+    from algorithms.seam import Algorithm, NodeSetup, Outbound
 
     from .config import AlgorithmSettings, Config, ModelSettings
 
@@ -88,27 +89,38 @@ def build_algorithm(config: Config, node_id: str) -> Algorithm:
     and builds the model; run it in a worker thread)."""
     import torch
 
-    from algorithms.partitions import PartitionSpec
     from algorithms.registry import apply_overrides, default_config, make_algorithm
-    from algorithms.setup import ScenarioSpec, build_setup
+    from algorithms.setup import forget_scenarios
 
-    data, model, algorithm = config.data, config.model, config.algorithm
+    model, algorithm = config.model, config.algorithm
     if model.threads:
         torch.set_num_threads(model.threads)
-    device, mixed_precision = _placement(model)
     settings = apply_overrides(default_config(algorithm.name), dict(algorithm.settings))
+    setup = _node_setup(config, node_id)
+    # The node keeps its own tensors only: the dataset they were cut from, and what loading
+    # it left in the heap, go back to the system (docs/daemon.md, "Memory").
+    forget_scenarios()
+    built = make_algorithm(algorithm.name, setup, settings)
+    trim_now()
+    return built
+
+
+def _node_setup(config: Config, node_id: str) -> NodeSetup:
+    """The node's data (its own files, or its shard of the configured dataset) on its device."""
+    from algorithms.partitions import PartitionSpec
+    from algorithms.setup import ScenarioSpec, build_setup
+
+    data, model = config.data, config.model
+    device, mixed_precision = _placement(model)
     own = data.own_data()
     if own is not None:
         from algorithms.own_data import OwnDataError
         from algorithms.setup import own_data_setup
 
         try:
-            setup = own_data_setup(
-                node_id, own, backbone=model.backbone, device=device, mixed_precision=mixed_precision
-            )
+            return own_data_setup(node_id, own, backbone=model.backbone, device=device, mixed_precision=mixed_precision)
         except OwnDataError as exc:  # found only when decoding: a damaged image, a NaN pixel
             raise LearningSetupError(f"[data].{exc.field}: {exc}") from None
-        return make_algorithm(algorithm.name, setup, settings)
     partition = PartitionSpec(
         scenario=data.scenario,
         nodes=data.nodes,
@@ -118,7 +130,7 @@ def build_algorithm(config: Config, node_id: str) -> Algorithm:
         seed=data.seed,
     )
     scenario = ScenarioSpec(data.dataset, partition, None if data.root is None else str(data.root))
-    setup = build_setup(
+    return build_setup(
         scenario,
         data.node_index,
         node_id,
@@ -127,7 +139,6 @@ def build_algorithm(config: Config, node_id: str) -> Algorithm:
         device=device,
         mixed_precision=mixed_precision,
     )
-    return make_algorithm(algorithm.name, setup, settings)
 
 
 def _placement(model: ModelSettings) -> tuple[torch.device, bool]:
@@ -312,6 +323,7 @@ class RoundDriver:
         )
         self.state.finish(record)
         await self._save_checkpoint(record)
+        trim_now()  # the round's activations and gradients are free: give their pages back until the next
         log.info(
             "round %d: accuracy %.3f, %d/%d expected payloads, %.2f s",
             round,

@@ -61,7 +61,7 @@ from .learning import (
     labels_capability,
     learning_capability,
 )
-from .memory import trim_now
+from .memory import process_memory, trim_now
 from .metrics import NOT_LEARNING, UNKNOWN_PEER, Metrics
 from .peers import Action, Admitted, Dial, DialPeers, Evicted, Hangup, Membership, Send, SendHello, Unreachable
 from .prometheus import render_for, serve_prometheus
@@ -644,6 +644,7 @@ class Node:
             "learning": None if self.driver is None else self.driver.status(),
             "metrics_port": self.metrics_port,
             "state_write_failures": self.metrics.state_write_failures,
+            **process_memory(),  # rss_mb, peak_rss_mb
         }
 
     async def _control(self, request: dict) -> dict:

@@ -8,6 +8,7 @@ import signal
 import trio
 
 from .config import Config
+from .memory import limit_arenas
 from .node import Node, NodeStartError
 
 __all__ = ["run_until_signalled"]
@@ -39,4 +40,5 @@ async def _serve(node: Node) -> None:
 
 def run_until_signalled(config: Config) -> None:
     """Raises NodeStartError, naming every problem, if the node cannot start."""
+    limit_arenas(config.node.malloc_arenas)  # before the node's threads start (docs/daemon.md, "Memory")
     trio.run(_serve, Node(config))

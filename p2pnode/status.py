@@ -9,6 +9,12 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f} s"
 
 
+def _memory(status: dict) -> str:
+    """Resident memory now and at its peak (older nodes and non-Linux hosts may lack them)."""
+    rss, peak = status.get("rss_mb"), status.get("peak_rss_mb")
+    return f"rss {'-' if rss is None else f'{rss:.0f} MB'} (peak {'-' if peak is None else f'{peak:.0f} MB'})"
+
+
 TOP_NEIGHBOURS = 5  # neighbours listed by weight; the rest are counted
 
 
@@ -43,7 +49,7 @@ def _learning_lines(learning: dict, own_id: str) -> list[str]:
 def format_status(status: dict) -> str:
     lines = [
         f"node {status['node_id']}  {status['address']}  network {status['network']}  "
-        f"up {_seconds(status['uptime_s'])}  round {status['round']}  pid {status['pid']}",
+        f"up {_seconds(status['uptime_s'])}  round {status['round']}  pid {status['pid']}  {_memory(status)}",
         f"peers {status['peer_count']}/{status['max_peers']}"
         + (f"  dialing {len(status['dialing'])}" if status["dialing"] else ""),
     ]

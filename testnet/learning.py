@@ -206,6 +206,9 @@ def testnet_report(header: dict[str, Any], partition, statuses: list[dict | None
     processes = {
         "resumed_from": [state.get("resumed_from") for state in learning],
         "catch_ups": [state.get("catch_ups") for state in learning],
+        # Resident memory (MiB) at each daemon's last status: after its last round.
+        "rss_mb": [(s or {}).get("rss_mb") for s in statuses],
+        "peak_rss_mb": [(s or {}).get("peak_rss_mb") for s in statuses],
     }
     return assemble(
         header,

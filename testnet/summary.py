@@ -9,6 +9,7 @@ all nodes') test images; a difference between methods its paired bootstrap inter
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -73,8 +74,33 @@ def _run(report: dict[str, Any]) -> str:
         "check": "passed" if check.get("passed") else "; ".join(check.get("failures") or ["not judged"]),
         "wall time": f"{report['wall_s']:.0f} s",
     }
+    memory = _memory_spread(report)
+    if memory:
+        rows["daemon memory, MiB (after the run · peak)"] = memory
     notes = "".join(f"\n\nNote: {note}" for note in report.get("partition_notes") or [])
     return "## Run\n\n| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows.items()) + notes
+
+
+def _memory_spread(report: dict[str, Any]) -> str:
+    """The daemons' resident memory after the run and at its peak, median and max over daemons
+    (empty for a simulation, which has no daemons)."""
+    processes = report.get("processes") or {}
+    spreads = []
+    for key in ("rss_mb", "peak_rss_mb"):
+        known = sorted(value for value in processes.get(key) or [] if value is not None)
+        if not known:
+            return ""
+        spreads.append(f"median {statistics.median(known):.0f}, max {known[-1]:.0f}")
+    return " · ".join(spreads)
+
+
+def _daemon_memory(report: dict[str, Any], i: int) -> str | None:
+    """Node i's resident memory after the run / at its peak, or None in a simulation."""
+    processes = report.get("processes") or {}
+    rss, peak = processes.get("rss_mb"), processes.get("peak_rss_mb")
+    if rss is None or peak is None:
+        return None
+    return " / ".join("—" if value is None else f"{value:.0f}" for value in (rss[i], peak[i]))
 
 
 def _methods(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -123,11 +149,13 @@ def per_node_table(report: dict[str, Any]) -> str:
     images; a last row with the mean over nodes."""
     methods = _methods(report)
     level = f"{CONFIDENCE * 100:.0f} %"
+    daemons = _daemon_memory(report, 0) is not None  # a testnet: each node's memory, MiB
     rows = [
         "| node | backbone | classes | neighbours (w > 0) | "
+        + ("RSS / peak MiB | " if daemons else "")
         + " | ".join(f"{name} [{level} Wilson]" for name, _ in methods)
         + " |",
-        "|---|---|---|---|" + "---|" * len(methods),
+        "|---|---|---|---|" + "---|" * (len(methods) + daemons),
     ]
     sizes = [run["accuracy"].get("test_samples_per_node") or [None] * report["nodes"] for _, run in methods]
     for i in range(report["nodes"]):
@@ -135,9 +163,12 @@ def per_node_table(report: dict[str, Any]) -> str:
             _node_accuracy(run["accuracy"]["per_node"][i], n[i]) for (_, run), n in zip(methods, sizes, strict=True)
         ]
         classes = "".join(map(str, report["node_classes"][i]))
-        rows.append(f"| {i} | {report['backbones'][i]} | {classes} | {_neighbours(report, i)} | {' | '.join(cells)} |")
+        memory = f"{_daemon_memory(report, i)} | " if daemons else ""
+        rows.append(
+            f"| {i} | {report['backbones'][i]} | {classes} | {_neighbours(report, i)} | {memory}{' | '.join(cells)} |"
+        )
     means = ["—" if run["accuracy"]["mean"] is None else f"{run['accuracy']['mean'] * 100:.1f} %" for _, run in methods]
-    rows.append(f"| mean | | | | {' | '.join(means)} |")
+    rows.append(f"| mean | | | | {'| ' if daemons else ''}{' | '.join(means)} |")
     return "\n".join(rows)
 
 

@@ -1,5 +1,7 @@
 """Real daemons, real sockets, in this process (pytest-trio)."""
 
+import json
+import re
 import threading
 
 import pytest
@@ -111,6 +113,10 @@ async def test_status_and_stop_through_the_cli_and_a_clean_exit(tmp_path, capsys
         assert await trio.to_thread.run_sync(cli, ["status", "--config", str(a.config.source)]) == 0
         table = capsys.readouterr().out
         assert a.identity.node_id in table and b.identity.node_id in table and "rejections: none" in table
+        assert await trio.to_thread.run_sync(cli, ["status", "--config", str(a.config.source), "--json"]) == 0
+        status = json.loads(capsys.readouterr().out)
+        assert 10 < status["rss_mb"] < 10_000 and status["peak_rss_mb"] >= status["rss_mb"] - 1  # this process's
+        assert re.search(r"pid \d+  rss \d+ MB \(peak \d+ MB\)\n", table), table
         assert await trio.to_thread.run_sync(cli, ["stop", "--config", str(a.config.source)]) == 0
         await wait_until(lambda: b.membership.counts["evicted_bye"] == 1, timeout=2)  # a said BYE
         b.request_stop()

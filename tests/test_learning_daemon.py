@@ -1,6 +1,7 @@
 """Learning over real sockets: the round driver in-process, and whole testnets of processes."""
 
 import signal
+import statistics
 import time
 
 import numpy as np
@@ -150,6 +151,7 @@ def test_testnet_learns_and_matches_the_simulator(tmp_path):
     from testnet.learning import run_learning_testnet
     from testnet.report import CheckThresholds
     from testnet.simulator import SimulationSpec, run_simulation
+    from testnet.summary import summary_page
 
     spec = SimulationSpec(
         algorithm="mapl", dataset="digits", nodes=4, rounds=10, samples_per_class=20, overrides={"warmup_rounds": "4"}
@@ -172,6 +174,16 @@ def test_testnet_learns_and_matches_the_simulator(tmp_path):
     # One report builder: the same keys at every level; what only processes have is null in a simulation.
     assert simulated["processes"]["exit_codes"] is None and report["processes"]["catch_ups"] == [0, 0, 0, 0]
     assert same_keys(report, simulated) == []
+    # Each daemon's resident memory after the run, and its peak: a learning process holds torch.
+    rss, peak = report["processes"]["rss_mb"], report["processes"]["peak_rss_mb"]
+    assert all(100 < now <= top + 1 for now, top in zip(rss, peak, strict=True)) and len(rss) == 4, (rss, peak)
+    page = summary_page(report)
+    assert (
+        f"| daemon memory, MiB (after the run · peak) | median {statistics.median(rss):.0f}, max {max(rss):.0f} · "
+        in page
+    )
+    assert "| node | backbone | classes | neighbours (w > 0) | RSS / peak MiB | mapl [95 % Wilson] |" in page
+    assert "RSS / peak MiB" not in summary_page(simulated)
 
 
 def test_a_late_joiner_is_picked_up_and_a_killed_daemon_resumes(tmp_path):

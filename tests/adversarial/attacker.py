@@ -4,13 +4,13 @@ measurements of what an attack costs the daemons under test (RTT, RSS, CPU, refu
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 
 import trio
 import zmq
 
+from p2pnode.memory import resident_bytes
 from p2pnode.zmqtrio import send_waiting
 from protocol import PROTOCOL_VERSION, Encoder, Hello, Identity
 from protocol.curve import curve_public_from_ed25519
@@ -80,8 +80,7 @@ class Stranger:
 
 def rss_mb(pid: int | None = None) -> float:
     """Resident memory of a process now, in MB (this one by default)."""
-    with open(f"/proc/{pid or os.getpid()}/statm") as handle:
-        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+    return resident_bytes(pid or "self") / 1e6
 
 
 async def run_attack(*args: str) -> dict:

@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from p2pnode.memory import resident_bytes
 from testnet.cluster import Cluster, NodeSpec
 
 __all__ = ["ATTACKS", "run_attack", "main"]
@@ -42,7 +43,6 @@ ATTACKS = {
 }
 PLAINTEXT = "(plaintext)"
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-_PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 def _cpu_s(pid: int) -> float:
@@ -51,7 +51,7 @@ def _cpu_s(pid: int) -> float:
 
 
 def _rss_mb(pid: int) -> float:
-    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * _PAGE / 1e6
+    return resident_bytes(pid) / 1e6
 
 
 class _Watch:

@@ -1,0 +1,140 @@
+"""Daemon memory (issue #15, BENCHMARKS.md): the resident memory of learning daemons after a run
+and at its peak, per algorithm; and, with `--stages`, where one node's memory goes.
+
+    python -m tools.bench.memory --out bench-out/memory [--algorithms mapl mapl-dual scool-sbm local]
+                                 [--nodes 4] [--rounds 25]
+    python -m tools.bench.memory --stages [--algorithm mapl] [--rounds 25]
+
+The first runs one learning testnet per algorithm (mnist5k, scenario 1, convnet on every node,
+`p2pnode start` processes) and reads each daemon's `rss_mb` / `peak_rss_mb` from the report.
+The second runs one node's code path (the daemon's imports, config check, `build_algorithm`,
+rounds with the driver's `malloc_trim`) alone in a fresh process, without the network, and
+prints its memory after each stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ALGORITHMS = ("mapl", "mapl-dual", "scool-sbm", "local")
+BACKBONE = "convnet"
+LIMIT_MB = 400  # issue #15: a training daemon (mapl, convnet, mnist5k shard) in at most this
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="bench-out/memory")
+    parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS))
+    parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=25, help="past MAPL's 20 warm-up rounds")
+    parser.add_argument("--stages", action="store_true", help="one node's memory, stage by stage")
+    parser.add_argument("--algorithm", default="mapl", help="with --stages: the node's algorithm")
+    parser.add_argument("--measure", metavar="CONFIG", help=argparse.SUPPRESS)  # the --stages child
+    args = parser.parse_args(argv)
+    if args.measure:
+        return _measure_stages(Path(args.measure), args.rounds)
+    if args.stages:
+        print(_stages(args.algorithm, args.rounds))
+        return 0
+    reports = {name: _testnet(name, args.nodes, args.rounds, Path(args.out, name)) for name in args.algorithms}
+    print(format_table(reports))
+    summary = {name: {"processes": r["processes"], "accuracy": r["accuracy"]["mean"]} for name, r in reports.items()}
+    Path(args.out, "summary.json").write_text(json.dumps(summary, indent=1))
+    return 0
+
+
+def _testnet(algorithm: str, nodes: int, rounds: int, out: Path) -> dict:
+    from testnet.learning import run_learning_testnet
+    from testnet.simulator import SimulationSpec
+
+    spec = SimulationSpec(algorithm, dataset="mnist5k", nodes=nodes, rounds=rounds, backbones=(BACKBONE,))
+    code, report = run_learning_testnet(spec, out, round_deadline_s=10.0)
+    if code != 0:
+        raise SystemExit(f"{algorithm}: the testnet failed ({report.get('check')}); see the logs under {out}")
+    return report
+
+
+def format_table(reports: dict[str, dict]) -> str:
+    rows = [
+        "| algorithm | daemons | RSS after the run, MiB: median / max | peak RSS, MiB: median / max | accuracy |",
+        "|---|---|---|---|---|",
+    ]
+    for name, report in reports.items():
+        rss, peak = (report["processes"][key] for key in ("rss_mb", "peak_rss_mb"))
+        rows.append(
+            f"| {name} | {len(rss)} | {statistics.median(rss):.0f} / {max(rss):.0f} | "
+            f"{statistics.median(peak):.0f} / {max(peak):.0f} | {report['accuracy']['mean'] * 100:.1f} % |"
+        )
+    return "\n".join(rows)
+
+
+def _stages(algorithm: str, rounds: int) -> str:
+    """Write node 0's config of a 10-node scenario-1 partition, measure it in a fresh process
+    (what is imported is part of what is measured), and format what it found."""
+    import tomli_w
+
+    from p2pnode.keystore import write_key
+    from protocol import Identity
+    from testnet.learning import node_settings
+    from testnet.simulator import SimulationSpec
+
+    with tempfile.TemporaryDirectory() as directory:
+        settings = node_settings(SimulationSpec(algorithm, nodes=10), 0, BACKBONE, 5.0)
+        settings["node"] = {"key": "key.pem", "data_dir": "data", "listen": "tcp://127.0.0.1:0"}
+        write_key(Path(directory, "key.pem"), Identity.generate())
+        config = Path(directory, "node.toml")
+        config.write_text(tomli_w.dumps(settings))
+        command = [sys.executable, "-m", "tools.bench.memory", "--measure", str(config), "--rounds", str(rounds)]
+        lines = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True).stdout.splitlines()
+    rows = [
+        f"| stage ({algorithm}, {BACKBONE}, mnist5k, node 0 of 10) | RSS, MiB | peak RSS, MiB |",
+        "|---|---|---|",
+    ]
+    for stage in map(json.loads, lines):
+        rows.append(f"| {stage['stage']} | {stage['rss_mb']:.0f} | {stage['peak_rss_mb']:.0f} |")
+    return "\n".join(rows)
+
+
+def _measure_stages(config_path: Path, rounds: int) -> int:
+    """The --stages child: one JSON line per stage on stdout."""
+    from p2pnode.memory import limit_arenas, process_memory, trim_now
+
+    def stage(name: str) -> None:
+        print(json.dumps({"stage": name, **process_memory()}), flush=True)
+
+    stage("interpreter and this tool")
+    import p2pnode.node  # what `p2pnode start` runs (the CLI itself is not for tools to import)
+    import p2pnode.runner  # noqa: F401
+
+    stage("daemon modules imported")
+    from p2pnode.config import load_config
+
+    config = load_config(config_path)
+    limit_arenas(config.node.malloc_arenas)  # as p2pnode start does
+    stage("config checked (imports torch and algorithms/)")
+    import torch._dynamo  # noqa: F401  (torch.optim imports it on an optimiser's first use: made visible here)
+
+    stage("torch._dynamo imported (sympy, torch.distributed, ...)")
+    from p2pnode.learning import build_algorithm
+
+    algorithm = build_algorithm(config, "bench")
+    stage("shard cut, model and optimiser built")
+    for r in range(rounds):
+        algorithm.local_step(r)
+        algorithm.publish(r)
+        algorithm.end_round(r)
+        algorithm.evaluate()
+        trim_now()  # as the round driver does after each round
+        if r in (0, rounds - 1):
+            stage(f"after round {r + 1} (alone)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
