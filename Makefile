@@ -16,8 +16,8 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
 	@touch $@
 
-# Ten MAPL daemons learning over TCP on real MNIST digits (about 3 minutes), then Local and Oracle
-# simulated on the same nodes (44 s and 160 s in the learning benchmark).
+# Ten MAPL daemons learning over TCP on real MNIST digits (about 3 minutes), then Local simulated
+# on the same nodes (44 s in the learning benchmark); tools/demo.py --baselines adds Oracle.
 demo: venv
 	$(BIN)/python -m tools.demo --out demo-out
 
