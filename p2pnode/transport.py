@@ -253,7 +253,7 @@ class Transport:
     def read_so_far(self, socket: str) -> tuple[int, int]:
         """(bytes, parts) an inbound socket (PUBLIC, PEERS) delivered so far, routing ids aside."""
         read_bytes, parts = self.read[socket]
-        return read_bytes, parts
+        return read_bytes, parts  # a copy: the counters go on
 
     async def close(self) -> None:
         """Close every socket; outbound frames already queued (a BYE) get up to linger_ms."""

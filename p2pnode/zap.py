@@ -107,28 +107,26 @@ class Connections:
             self.allowed = frozenset(_curve_keys(settings.allowlist))
         self.by_fd: dict[int, str] = {}
         self.by_address: Counter[str] = Counter()
-        self.peer_of: dict[int, tuple] = {}  # fd -> its remote end, naming the TCP connection
-        self.socket_of: dict[int, str] = {}  # fd -> the inbound socket it came to (PUBLIC, PEERS)
+        # fd -> (its remote end, naming the TCP connection; the inbound socket it came to)
+        self.tcp: dict[int, tuple[tuple, str]] = {}
 
     def live(self, socket: str) -> list[tuple[int, tuple]]:
         """The live TCP connections to one inbound socket as (descriptor, remote end): what
         buffers.py watches."""
-        return [(fd, peer) for fd, peer in self.peer_of.items() if self.socket_of.get(fd) == socket]
+        return [(fd, peer) for fd, (peer, came_to) in self.tcp.items() if came_to == socket]
 
     def on_event(self, event: int, fd: int, socket: str = PUBLIC) -> None:
         if event == zmq.EVENT_ACCEPTED:
             peer = remote_peer(fd)
             address = "?" if peer is None else peer[0]
             if peer is not None:
-                self.peer_of[fd] = peer
-                self.socket_of[fd] = socket
+                self.tcp[fd] = (peer, socket)
             self.by_fd[fd] = address
             self.by_address[address] += 1
             self.counts["accepted"] += 1
         elif event == zmq.EVENT_DISCONNECTED:
             self.counts["disconnected"] += 1
-            self.peer_of.pop(fd, None)
-            self.socket_of.pop(fd, None)
+            self.tcp.pop(fd, None)
             address = self.by_fd.pop(fd, None)
             if address is not None:
                 self.by_address[address] -= 1
