@@ -108,7 +108,8 @@ class Gate:
         self.max_peer_links = 4 * max_peers
         self.max_stranger_links = settings.max_stranger_connections
         self.parked_bytes = 0
-        self.subnets: OrderedDict[bytes, str] = OrderedDict()  # connection -> its source subnet
+        # connection -> (source host, its subnet), looked up once per connection
+        self.sources: OrderedDict[bytes, tuple[str, str]] = OrderedDict()
 
     def budget(self, connection: bytes, metadata: Callable[[str], str | None], now: float) -> str | None:
         """Before its header is even read: a frame on any connection but a peer's link spends a
@@ -119,14 +120,21 @@ class Gate:
         if connection in self.peer_links:
             return None
         # The subnet's bucket first: a subnet over its own rate does not drain everyone's.
-        subnet = self.subnets.get(connection)
-        if subnet is None:  # once per connection: a flood pays this per frame otherwise
-            subnet = self.subnets[connection] = subnet_of(metadata("Peer-Address"))
-            while len(self.subnets) > self.max_stranger_links + self.max_peer_links:
-                self.subnets.popitem(last=False)
+        source = self.sources.get(connection)
+        if source is None:  # once per connection: a flood pays this per frame otherwise
+            host = metadata("Peer-Address") or ""
+            source = self.sources[connection] = (host, subnet_of(host))
+            while len(self.sources) > self.max_stranger_links + self.max_peer_links:
+                self.sources.popitem(last=False)
+        subnet = source[1]
         if not (self.subnet_rate.allow(subnet, now) and self.stranger_rate.allow(None, now)):
             return STRANGER_RATE_LIMITED
         return None
+
+    def source(self, connection: bytes) -> str | None:
+        """The host a stranger's connection comes from (its IP address), if `budget` saw it."""
+        source = self.sources.get(connection)
+        return source[0] or None if source is not None else None
 
     def admit(self, connection: bytes, header: Header, metadata: Callable[[str], str | None], now: float) -> str | None:
         """None if the frame (within `budget`) may be verified, PARK, or the reason it is dropped."""

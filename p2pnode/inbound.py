@@ -34,7 +34,8 @@ COALESCE_BELOW = 16  # messages in a read
 COALESCE_S = 0.005
 
 # Takes an accepted envelope and its frame; returns None, or the reason it refuses it after all.
-Handler = Callable[[Envelope, bytes], Awaitable[str | None]]
+# (envelope, frame, the host a stranger's connection comes from, if known) -> refusal or None
+Handler = Callable[[Envelope, bytes, str | None], Awaitable[str | None]]
 
 
 def decode_all(decoder: Decoder, frames: list[bytes]) -> list[Envelope | ProtocolError]:
@@ -72,7 +73,7 @@ class Inbound:
         self.verify_limiter = trio.CapacityLimiter(settings.verify_threads)
 
     async def run(self, handle: Handler) -> None:
-        """Receive until cancelled, calling `handle(envelope, frame)` for every frame that passes."""
+        """Receive until cancelled, calling `handle(envelope, frame, source)` for every frame that passes."""
         queue = self.settings.verify_queue
         to_verify, verify = trio.open_memory_channel[_Batch](queue)
         to_deliver, deliver = trio.open_memory_channel[_Batch](queue + self.settings.verify_threads)
@@ -188,7 +189,7 @@ class Inbound:
             self.metrics.rejected(result.reason.value, len(frame))
             return
         self.gate.verified(connection, result.sender)
-        refusal = await handle(result, frame)
+        refusal = await handle(result, frame, self.gate.source(connection))
         if refusal is None:
             self.metrics.received(result.type, result.size)
         else:

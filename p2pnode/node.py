@@ -506,14 +506,14 @@ class Node:
 
     # --- receiving -----------------------------------------------------------------------
 
-    async def _handle(self, envelope: Envelope, frame: bytes) -> str | None:
+    async def _handle(self, envelope: Envelope, frame: bytes, source: str | None) -> str | None:
         membership = self.membership
         now = trio.current_time()
         if envelope.type in DISCOVERY_TYPES:
             relayed = []
             if envelope.type is MessageType.PEERS and envelope.sender in membership.peers:
                 relayed = await self._verify_relayed(envelope.body)
-            actions, refusal = membership.on_message(envelope, frame, now, self.clock_us(), relayed)
+            actions, refusal = membership.on_message(envelope, frame, now, self.clock_us(), relayed, source=source)
             self._execute(actions)
             return refusal
         if not membership.on_frame(envelope.sender, now):

@@ -18,8 +18,10 @@ Bounds against strangers with many keys (docs/security.md):
 - Until a key is admitted, it gets no replay window (the node trusts it only on `Admitted`),
   its PEERS are not read, and its frames other than HELLO, PING and PONG are refused.
 - Verifications in flight are bounded overall (`max_dialing`), per informant (the peer that
-  relayed the address: `dialing_per_informant`) and per target subnet (`dialing_per_subnet`),
-  and each gives up after `dial_attempts` challenges; bootstrap addresses are retried forever.
+  relayed the address, or the source subnet of strangers' own HELLOs: `dialing_per_informant`;
+  strangers' HELLOs together take at most half of `max_dialing`) and per target subnet
+  (`dialing_per_subnet`, except when dialling back the host a HELLO came from), and each gives
+  up after `dial_attempts` challenges; bootstrap addresses are retried forever.
 - Only verified addresses are relayed; peers per subnet are bounded (`max_peers_per_subnet`).
 - A full table admits a newcomer only by displacing a peer from the most crowded subnet, never
   one of the longest-lived or fastest-answering peers.
@@ -142,6 +144,21 @@ class Unreachable:
 Action = Dial | DialPeers | Hangup | SendHello | Send | Admitted | Evicted | Unreachable
 
 
+@dataclass(frozen=True)
+class Direct:
+    """A HELLO sent to us by its own key, over a connection from host `source` (None: unknown)."""
+
+    source: str | None
+
+
+Informant = bytes | Direct | str  # a relaying peer's key, the sender itself, "beacon" or "bootstrap"
+
+
+def _host(address: str) -> str:
+    """The host of a tcp:// address, without IPv6 brackets."""
+    return address.removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
+
+
 @dataclass
 class Peer:
     key: bytes
@@ -183,7 +200,7 @@ class _Dialing:
     address: str
     permanent: bool  # a bootstrap address: retried forever
     key: bytes | None  # the key expected there, when learned from a signed HELLO
-    informant: bytes | str  # who told us: a relaying peer's key, "direct", "beacon" or "bootstrap"
+    informant: Informant  # who told us: a relaying peer's key, the HELLO's sender itself, "beacon", "bootstrap"
     nonce: int
     next_at: float
     delay: float
@@ -224,14 +241,22 @@ class Membership:
         self.own_hello = frame
 
     def on_message(
-        self, envelope: Envelope, frame: bytes, now: float, now_us: int, relayed: list[tuple[Envelope, bytes]] = ()
+        self,
+        envelope: Envelope,
+        frame: bytes,
+        now: float,
+        now_us: int,
+        relayed: list[tuple[Envelope, bytes]] = (),
+        *,
+        source: str | None = None,
     ) -> tuple[list[Action], str | None]:
         """A verified discovery message (DISCOVERY_TYPES); `relayed` holds a PEERS' entries,
-        already verified. Returns the actions, and the reason it is refused, if it is."""
+        already verified; `source` is the host its connection comes from, if known. Returns the
+        actions, and the reason it is refused, if it is."""
         is_peer = self.on_frame(envelope.sender, now)
         kind, body = envelope.type, envelope.body
         if kind is MessageType.HELLO:
-            return self.on_hello(envelope, frame, now), None
+            return self.on_hello(envelope, frame, now, source=source), None
         if kind is MessageType.PING:
             return self.on_ping(envelope.sender, body)
         if kind is MessageType.PONG:
@@ -242,8 +267,9 @@ class Membership:
             return self.on_peers(envelope, list(relayed), now, now_us), None
         return self.on_bye(envelope.sender, now), None
 
-    def on_hello(self, envelope: Envelope, frame: bytes, now: float) -> list[Action]:
-        """A HELLO received directly: its sender is dialing us, and will challenge us next."""
+    def on_hello(self, envelope: Envelope, frame: bytes, now: float, *, source: str | None = None) -> list[Action]:
+        """A HELLO received directly, over a connection from host `source`: its sender is
+        dialing us, and will challenge us next."""
         key, body = envelope.sender, envelope.body
         if key == self.own_key:
             self.dialing.pop(body.address, None)  # we dialled ourselves (our own bootstrap)
@@ -269,7 +295,7 @@ class Membership:
             if entry.key in (None, key):
                 entry.key, entry.hello = key, (envelope, frame)
             return []
-        return self._verify(envelope, frame, "direct", now)
+        return self._verify(envelope, frame, Direct(source), now)
 
     def on_peers(
         self, envelope: Envelope, relayed: list[tuple[Envelope, bytes]], now: float, now_us: int
@@ -285,7 +311,7 @@ class Membership:
         return actions
 
     def on_announced(
-        self, hello: Envelope, frame: bytes, now: float, now_us: int, informant: bytes | str = "beacon"
+        self, hello: Envelope, frame: bytes, now: float, now_us: int, informant: Informant = "beacon"
     ) -> list[Action]:
         """A signed HELLO heard second hand (relayed by `informant`, or a LAN beacon): verify it."""
         key = hello.sender
@@ -414,7 +440,7 @@ class Membership:
 
     # --- verification --------------------------------------------------------------------
 
-    def _verify(self, hello: Envelope, frame: bytes, informant: bytes | str, now: float) -> list[Action]:
+    def _verify(self, hello: Envelope, frame: bytes, informant: Informant, now: float) -> list[Action]:
         """Start verifying the key and address of `hello`, if the budgets allow."""
         address = hello.body.address
         refusal = self._over_dial_budget(address, informant) or self._no_room_for(self._subnet(address))
@@ -426,15 +452,33 @@ class Membership:
         entry.hello = (hello, frame)
         return self._dial_now(entry, now)  # opens the connection; HELLO and challenge follow
 
-    def _over_dial_budget(self, address: str, informant: bytes | str) -> str | None:
+    def _over_dial_budget(self, address: str, informant: Informant) -> str | None:
         s = self.settings
         learned = [entry for entry in self.dialing.values() if not entry.permanent]
         if len(learned) >= s.max_dialing:
             return "dial_budget_full"
         if isinstance(informant, bytes) and sum(e.informant == informant for e in learned) >= s.dialing_per_informant:
             return "dial_budget_informant"
+        dialling_back = False
+        if isinstance(informant, Direct):
+            # Strangers' own HELLOs: a few at once per source subnet (its keys cost it nothing),
+            # and never more than half of the budget, so addresses relayed by peers get room.
+            direct = [e for e in learned if isinstance(e.informant, Direct)]
+            if len(direct) >= s.max_dialing // 2:
+                return "dial_budget_direct"
+            subnet = self._host_subnet(informant.source)
+            if subnet is not None and sum(self._host_subnet(e.informant.source) == subnet for e in direct) >= (
+                s.dialing_per_informant
+            ):
+                return "dial_budget_source"
+            # Dialling back the host the HELLO came from reflects nothing onto anyone else.
+            dialling_back = informant.source is not None and _host(address) == informant.source
         subnet = self._subnet(address)
-        if subnet is not None and sum(self._subnet(e.address) == subnet for e in learned) >= s.dialing_per_subnet:
+        if (
+            not dialling_back
+            and subnet is not None
+            and sum(self._subnet(e.address) == subnet for e in learned) >= s.dialing_per_subnet
+        ):
             return "dial_budget_subnet"
         return None
 
@@ -516,7 +560,11 @@ class Membership:
     def _subnet(self, address: str) -> str | None:
         """The subnet of an address's host, or None where the limits do not apply (loopback by
         default: all of it is this very host) or the host is a name."""
-        host = address.removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
+        return self._host_subnet(_host(address))
+
+    def _host_subnet(self, host: str | None) -> str | None:
+        if host is None:
+            return None
         try:
             ip = ipaddress.ip_address(host)
         except ValueError:
@@ -560,7 +608,7 @@ class Membership:
         return actions
 
     def _dial_later(
-        self, address: str, *, permanent: bool, key: bytes | None, informant: bytes | str, now: float
+        self, address: str, *, permanent: bool, key: bytes | None, informant: Informant, now: float
     ) -> None:
         self.dialing[address] = _Dialing(
             address,
