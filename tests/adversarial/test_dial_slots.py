@@ -9,7 +9,10 @@ import socket
 import trio
 import zmq
 
-from ..daemon import bootstrap_entry, full_mesh, start_chain, start_node, wait_until
+from p2pnode.config import load_config
+from p2pnode.node import Node
+
+from ..daemon import bootstrap_entry, full_mesh, start_chain, start_node, wait_until, write_config
 from .attacker import Attacker, Stranger
 
 SYBILS = 60
@@ -88,4 +91,31 @@ async def test_sybils_naming_the_newcomers_subnet_do_not_keep_it_out(tmp_path):
         await wait_until(lambda: full_mesh([a, b, c]), timeout=5)
         assert set(dead) & {entry.address for entry in _learned_dials(a)}  # still held
         for node in (a, b, c):
+            node.request_stop()
+
+
+async def _start_at(nursery, directory, host: str, bootstrap, **sections):
+    config = load_config(write_config(directory, f"tcp://{host}:0", bootstrap, **sections))
+    return await nursery.start(Node(config).run)
+
+
+async def test_sybil_daemons_from_one_subnet_get_two_places_and_newcomers_still_get_in(tmp_path):
+    """Sixteen real nodes from one subnet, all bootstrapping to `a` and relaying each other: they
+    answer every challenge, so only the bound per subnet keeps them from filling its table."""
+    limits = {"discovery": {**SETTINGS["discovery"], "max_peers": 6, "max_peers_per_subnet": 2}}
+    async with trio.open_nursery() as nursery:
+        a, b = await start_chain(nursery, tmp_path, 2, **limits)
+        await wait_until(lambda: full_mesh([a, b]), timeout=10)
+        sybils = [
+            await _start_at(nursery, tmp_path / f"s{i}", "127.0.200.1", [bootstrap_entry(a)], **limits)
+            for i in range(16)
+        ]
+        sybil_keys = {node.identity.public_key for node in sybils}
+        await wait_until(lambda: a.membership.counts["refused_subnet"] >= 10, timeout=20)
+        c = await _start_at(nursery, tmp_path / "c", "127.0.1.1", [bootstrap_entry(b)], **limits)
+        await wait_until(lambda: c.identity.public_key in a.membership.peers, timeout=10)
+        assert len(set(a.membership.peers) & sybil_keys) <= 2
+        assert b.identity.public_key in a.membership.peers
+        assert not any(key.startswith("evicted") for key in a.membership.counts)
+        for node in (a, b, c, *sybils):
             node.request_stop()
