@@ -459,20 +459,18 @@ class Membership:
             return "dial_budget_full"
         if isinstance(informant, bytes) and sum(e.informant == informant for e in learned) >= s.dialing_per_informant:
             return "dial_budget_informant"
-        dialling_back = False
-        if isinstance(informant, Direct):
+        source = self._host_subnet(informant.source) if isinstance(informant, Direct) else None
+        if source is not None:
             # Strangers' own HELLOs: a few at once per source subnet (its keys cost it nothing),
             # and never more than half of the budget, so addresses relayed by peers get room.
-            direct = [e for e in learned if isinstance(e.informant, Direct)]
+            # Exempt sources (loopback: this very host) are trusted as the subnet limits trust them.
+            direct = [e for e in learned if isinstance(e.informant, Direct) and self._host_subnet(e.informant.source)]
             if len(direct) >= s.max_dialing // 2:
                 return "dial_budget_direct"
-            subnet = self._host_subnet(informant.source)
-            if subnet is not None and sum(self._host_subnet(e.informant.source) == subnet for e in direct) >= (
-                s.dialing_per_informant
-            ):
+            if sum(self._host_subnet(e.informant.source) == source for e in direct) >= s.dialing_per_informant:
                 return "dial_budget_source"
-            # Dialling back the host the HELLO came from reflects nothing onto anyone else.
-            dialling_back = informant.source is not None and _host(address) == informant.source
+        # Dialling back the host a HELLO came from reflects nothing onto anyone else.
+        dialling_back = isinstance(informant, Direct) and _host(address) == informant.source
         subnet = self._subnet(address)
         if (
             not dialling_back

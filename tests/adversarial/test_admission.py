@@ -2,7 +2,11 @@
 exhaustion and reflection (issue #14), on the simulated network of tests/simnet.py (the same
 `Membership` the daemon runs, real signed frames, simulated time)."""
 
-from protocol import PROTOCOL_VERSION, Encoder, Hello, Identity, Peers
+import random
+
+from p2pnode.config import DiscoverySettings
+from p2pnode.peers import Dial, Membership
+from protocol import PROTOCOL_VERSION, Decoder, Encoder, Envelope, Hello, Identity, Peers
 
 from ..simnet import NETWORK, SimNet
 
@@ -88,3 +92,26 @@ def test_hellos_naming_a_victim_subnet_make_at_most_a_few_dials_there():
     net.run(0.5)
     victims = {d.address for d in dials if d.address.startswith("tcp://10.200.0.")}
     assert len(victims) == 4 and a.membership.counts["dial_budget_subnet"] == 96
+
+
+def test_strangers_from_many_hosts_take_half_the_dial_slots_and_relayed_addresses_keep_the_rest():
+    """A botnet: throwaway keys from 20 source subnets, each HELLO naming a dead address. Their
+    dials back hold at most half of `max_dialing` (each source subnet `dialing_per_informant`);
+    an address relayed by a peer is still dialled."""
+    settings = DiscoverySettings(subnet_limits_exempt=())
+    membership = Membership(Identity.generate().public_key, settings, rng=random.Random(0), now=0.0)
+    decoder = Decoder(NETWORK)
+
+    def hello(address: str) -> tuple[Envelope, bytes]:
+        body = Hello(address=address, capabilities=(), dataset_size=0, protocol_versions=(PROTOCOL_VERSION,))
+        frame = Encoder(Identity.generate(), NETWORK).encode(body, seq=1, timestamp_us=0, round=0)
+        return decoder.decode(frame), frame
+
+    for source in range(20):
+        for k in range(5):
+            membership.on_hello(*hello(f"tcp://10.{source}.{k}.1:7000"), now=0.0, source=f"10.{source}.0.9")
+    direct = len(membership.dialing)
+    assert direct == settings.max_dialing // 2
+    assert membership.counts["dial_budget_source"] > 0 and membership.counts["dial_budget_direct"] > 0
+    relayed = membership.on_announced(*hello("tcp://10.99.0.1:7000"), now=0.0, now_us=0, informant=b"a peer's key")
+    assert isinstance(relayed[0], Dial) and len(membership.dialing) == direct + 1
