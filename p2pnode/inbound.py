@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from protocol import Decoder, Envelope, ProtocolError, ReplayGuard, node_id
+from protocol import Decoder, Envelope, ProtocolError, Reason, ReplayGuard, node_id
 
 from .config import TransportSettings
 from .gate import PARK, Gate
@@ -32,9 +32,10 @@ log = logging.getLogger("p2pnode.inbound")
 
 COALESCE_BELOW = 16  # messages in a read
 COALESCE_S = 0.005
+REPLAY_LOG_EVERY_S = 60.0  # per sender: a replay is worth a line, a flood of them is not
 
-# Takes an accepted envelope and its frame; returns None, or the reason it refuses it after all.
-# (envelope, frame, the host a stranger's connection comes from, if known) -> refusal or None
+# Takes an accepted envelope, its frame and the host a stranger's connection comes from (if
+# known); returns None, or the reason it refuses it after all.
 Handler = Callable[[Envelope, bytes, str | None], Awaitable[str | None]]
 
 
@@ -70,6 +71,7 @@ class Inbound:
     ) -> None:
         self.transport, self.decoder, self.guard, self.gate = transport, decoder, guard, gate
         self.metrics, self.settings, self.clock_us = metrics, settings, clock_us
+        self._replays_logged: dict[bytes, float] = {}  # sender -> when its last replay was logged
         self.verify_limiter = trio.CapacityLimiter(settings.verify_threads)
 
     async def run(self, handle: Handler) -> None:
@@ -183,6 +185,8 @@ class Inbound:
             try:
                 self.guard.admit(result.sender, result.seq, result.timestamp_us, self.clock_us())
             except ProtocolError as exc:
+                if exc.reason is Reason.REPLAY:
+                    self._log_replay(result, exc)
                 result = exc
         if isinstance(result, ProtocolError):
             self.gate.failed(connection)
@@ -194,3 +198,14 @@ class Inbound:
             self.metrics.received(result.type, result.size)
         else:
             self.metrics.rejected(refusal, result.size)
+
+    def _log_replay(self, envelope: Envelope, refusal: ProtocolError) -> None:
+        """A signed frame of a trusted sender refused as a replay: a captured frame sent again, or
+        an honest one that arrived after its sender's (re-)admission counted its number as seen."""
+        now = trio.current_time()
+        if now - self._replays_logged.get(envelope.sender, -REPLAY_LOG_EVERY_S) < REPLAY_LOG_EVERY_S:
+            return
+        self._replays_logged[envelope.sender] = now
+        while len(self._replays_logged) > self.guard.max_senders:
+            del self._replays_logged[next(iter(self._replays_logged))]
+        log.info("refused a %s of peer %s as a replay: %s", envelope.type, node_id(envelope.sender), refusal)

@@ -82,3 +82,14 @@ def free_udp_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def log_lines(root: Path, *words: str) -> str:
+    """The lines of every node log under `root` (a testnet's directory) that hold one of `words`,
+    prefixed with the node: what an assertion on a testnet's report shows when it fails."""
+    lines = []
+    for log in sorted(root.glob("*/node.log")):
+        lines += [
+            f"{log.parent.name}: {line}" for line in log.read_text().splitlines() if any(w in line for w in words)
+        ]
+    return "\n".join(lines)

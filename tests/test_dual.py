@@ -20,6 +20,8 @@ from algorithms.small import HEAD_KEY, SmallShare, encode_state
 from protocol.messages import MessageType, Model
 from testnet.simulator import SimulationSpec, run_simulation
 
+from .daemon import log_lines
+
 
 def test_distillation_on_a_hand_computed_case():
     # Teacher probabilities (1/2, 1/2); student logits (log 1, log 3) → probabilities (1/4, 3/4).
@@ -204,4 +206,5 @@ def test_a_digits_simulation_and_a_four_daemon_testnet_learn_the_same(tmp_path, 
     assert abs(report["accuracy"]["mean"] - simulated["accuracy"]["mean"]) <= 0.03
     assert report["accuracy_by_predictor"].keys() == simulated["accuracy_by_predictor"].keys()
     assert report["comm"]["by_type"]["MODEL"]["messages"] == simulated["comm"]["by_type"]["MODEL"]["messages"]
-    assert report["rejections"] == {} and report["processes"]["exit_codes"] == [0, 0, 0, 0]
+    assert report["rejections"] == {}, log_lines(tmp_path / "net", "replay", "evicted", "admitted")
+    assert report["processes"]["exit_codes"] == [0, 0, 0, 0]
