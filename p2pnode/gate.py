@@ -87,7 +87,7 @@ def subnet_of(address: str | None) -> str:
 class _Link:
     key: bytes  # every frame on this connection must claim this key
     proven: bool = False  # a frame claiming it verified here
-    parked: list[tuple[float, bytes]] = field(default_factory=list)  # (when, frame), oldest first
+    parked: list[tuple[float, bytes, int]] = field(default_factory=list)  # (when, frame, seq), oldest first
 
 
 class Gate:
@@ -190,14 +190,15 @@ class Gate:
         if link is None:
             link = _Link(header.sender, proven=True)  # the transport proved the key
             self._remember_stranger(connection, link)
-        return link.key == header.sender and self.park(connection, frame, now)
+        return link.key == header.sender and self.park(connection, frame, header.seq, now)
 
-    def park(self, connection: bytes, frame: bytes, now: float) -> bool:
-        """Hold a frame `admit` answered PARK for; False (drop it) if the bounds are reached."""
+    def park(self, connection: bytes, frame: bytes, seq: int, now: float) -> bool:
+        """Hold a frame `admit` answered PARK for (`seq` from its header); False (drop it) if
+        the bounds are reached."""
         link = self.stranger_links.get(connection)
         if link is None or len(link.parked) >= MAX_PARKED_FRAMES or self.parked_bytes + len(frame) > MAX_PARKED_BYTES:
             return False
-        link.parked.append((now, frame))
+        link.parked.append((now, frame, seq))
         self.parked_bytes += len(frame)
         return True
 
@@ -209,13 +210,20 @@ class Gate:
             if not link.parked:
                 continue
             if self.is_peer(link.key):
-                released.append((connection, [frame for _, frame in link.parked]))
+                released.append((connection, [frame for _, frame, _ in link.parked]))
                 link.parked = []
             else:
-                expired += [frame for when, frame in link.parked if now - when > PARK_S]
-                link.parked = [(when, frame) for when, frame in link.parked if now - when <= PARK_S]
-        self.parked_bytes = sum(len(f) for link in self.stranger_links.values() for _, f in link.parked)
+                expired += [frame for when, frame, _ in link.parked if now - when > PARK_S]
+                link.parked = [held for held in link.parked if now - held[0] <= PARK_S]
+        self.parked_bytes = sum(len(f) for link in self.stranger_links.values() for _, f, _ in link.parked)
         return released, expired
+
+    def lowest_parked_seq(self, key: bytes) -> int | None:
+        """The lowest sequence number of the frames parked for `key`, if any: being admitted, its
+        replay window must leave them unseen (they were sent before the frame that admitted it
+        may have been, and arrived first, or on its other connection)."""
+        seqs = [seq for link in self.stranger_links.values() if link.key == key for _, _, seq in link.parked]
+        return min(seqs, default=None)
 
     def _remember_stranger(self, connection: bytes, link: _Link) -> None:
         self.stranger_links[connection] = link

@@ -138,7 +138,7 @@ class Inbound:
                     self.metrics.rejected(UNKNOWN_PEER, len(message))
                 continue
             refusal = self.gate.admit(connection, header, message.get, now)
-            if refusal == PARK and self.gate.park(connection, message.bytes, now):
+            if refusal == PARK and self.gate.park(connection, message.bytes, header.seq, now):
                 continue
             if refusal is not None:
                 reason = HANDSHAKE_FIRST if refusal == PARK else refusal

@@ -473,7 +473,8 @@ class Node:
     def _membership_changed(self, action: Admitted | Evicted | Unreachable) -> None:
         peers, max_peers = len(self.membership.peers), self.config.discovery.max_peers
         if isinstance(action, Admitted):
-            self.guard.trust(action.key, action.seq)
+            # Frames it sent before the PONG that admitted it may be parked: checked once each.
+            self.guard.trust(action.key, action.seq, unseen_from=self.gate.lowest_parked_seq(action.key))
             self._track_transport_key(action.key, admitted=True)
             log.info("peer %s admitted at %s (%d/%d peers)", node_id(action.key), action.address, peers, max_peers)
         elif isinstance(action, Evicted):

@@ -65,12 +65,18 @@ class ReplayGuard:
                 f"this node's clock (bound ±{self.max_skew_us / 1e6:g} s)",
             )
 
-    def trust(self, sender: bytes, seq: int) -> None:
+    def trust(self, sender: bytes, seq: int, *, unseen_from: int | None = None) -> None:
         """Keep a window for `sender` from now on; every sequence number up to `seq` counts as
-        seen. The least recently used window goes once more than `max_senders` are kept (its
-        sender is a stranger again): the owner keeps the number of trusted senders below that."""
+        seen, except those from `unseen_from` to `seq - 1` (within the window): frames the
+        owner received before trusting the sender and holds to check now, each accepted once.
+        The least recently used window goes once more than `max_senders` are kept (its sender
+        is a stranger again): the owner keeps the number of trusted senders below that."""
+        seen = (1 << self.window) - 1
+        if unseen_from is not None and unseen_from < seq:
+            unseen = min(seq - unseen_from, self.window - 1)  # offsets 1..unseen: numbers below seq
+            seen &= ~(((1 << unseen) - 1) << 1)
         self._senders.pop(sender, None)
-        self._senders[sender] = _SenderWindow(highest=seq, seen=(1 << self.window) - 1)
+        self._senders[sender] = _SenderWindow(highest=seq, seen=seen)
         while len(self._senders) > self.max_senders:
             self._senders.popitem(last=False)
 

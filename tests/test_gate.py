@@ -91,15 +91,16 @@ def test_parked_frames_are_released_in_order_once_their_key_is_admitted_or_dropp
     admit(g, b"c1", MessageType.HELLO, STRANGER)
     g.verified(b"c1", STRANGER)
     assert admit(g, b"c1", MessageType.PEERS, STRANGER) == PARK
-    assert g.park(b"c1", b"first", 0.0) and g.park(b"c1", b"second", 0.0)
+    assert g.park(b"c1", b"first", 7, 0.0) and g.park(b"c1", b"second", 5, 0.0)
+    assert g.lowest_parked_seq(STRANGER) == 5 and g.lowest_parked_seq(OTHER) is None
     assert g.unpark(0.1) == ([], [])
     peers.add(STRANGER)  # the answer to our challenge, handled since
     assert g.unpark(0.2) == ([(b"c1", [b"first", b"second"])], []) and g.parked_bytes == 0
     admit(g, b"c2", MessageType.HELLO, OTHER)
     g.verified(b"c2", OTHER)
-    g.park(b"c2", b"late", 1.0)
+    g.park(b"c2", b"late", 1, 1.0)
     assert g.unpark(1.0 + PARK_S + 0.1) == ([], [b"late"])
-    assert not g.park(b"unknown", b"x", 0.0)  # only on a connection whose HELLO verified
+    assert not g.park(b"unknown", b"x", 1, 0.0)  # only on a connection whose HELLO verified
 
 
 def test_subnets():

@@ -99,6 +99,21 @@ def test_trust_counts_everything_before_the_proof_as_seen():
     assert reason(guard, A, 1_500) is Reason.REPLAY
 
 
+def test_frames_held_while_the_sender_was_verified_are_accepted_once():
+    """A peer may send before the PONG that gets it admitted is sent (it admitted us first, and
+    answered our challenge later): those frames, parked meanwhile, are numbered below the PONG.
+    Trusting from the lowest of them leaves them unseen: each is accepted once; older stay refused."""
+    guard = ReplayGuard(window=64)
+    guard.trust(A, 1_000, unseen_from=990)
+    for seq in (990, 995, 999):
+        assert reason(guard, A, seq) is None, seq
+        assert reason(guard, A, seq) is Reason.REPLAY, seq
+    for seq in (1_000, 989, 900):  # the admitting frame itself, and what came before the parked ones
+        assert reason(guard, A, seq) is Reason.REPLAY, seq
+    guard.trust(B, 1_000, unseen_from=1)  # far below: only the window's worth stays open
+    assert reason(guard, B, 1_000 - 63) is None and reason(guard, B, 1_000 - 64) is Reason.REPLAY
+
+
 def test_trusted_senders_are_bounded():
     guard = ReplayGuard(max_senders=2)
     guard.trust(A, 0)
