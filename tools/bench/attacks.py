@@ -6,6 +6,9 @@ after, all measured in one run.
 
 Each attack runs against a fresh pair of daemons. CPU is the target process's user + system time
 over the attack's duration, as a fraction of one core, next to the same measured while idle.
+With two cores or more the attacker runs on a core of its own and the daemons on the others, as
+if it flooded from another machine: otherwise the honest RTT would also measure the attacker's
+own CPU (a full-rate flood keeps a core busy) taken from the daemons.
 """
 
 from __future__ import annotations
@@ -87,6 +90,9 @@ def run_attack(name: str, args: list[str], seconds: float) -> dict:
         Cluster.prepare(Path(root), 2, discovery=fast_pings, extra=plaintext) as cluster,
     ):
         cluster.start_all()
+        daemons_cpus, attacker_cpus = _split_cpus()
+        for spec in cluster.specs:
+            os.sched_setaffinity(spec.process.pid, daemons_cpus)
         target = cluster.specs[0]  # node 1, its only peer, is the honest one
         deadline = time.monotonic() + 30
         while not (cluster.status(target) or {}).get("peers") and time.monotonic() < deadline:
@@ -101,7 +107,12 @@ def run_attack(name: str, args: list[str], seconds: float) -> dict:
         if not plaintext:
             command += ["--target-key", target.public_key.hex()]
         started = time.monotonic()
-        attack = subprocess.Popen([*command, *args], stdout=subprocess.PIPE, text=True)
+        attack = subprocess.Popen(
+            [*command, *args],
+            stdout=subprocess.PIPE,
+            text=True,
+            preexec_fn=lambda: os.sched_setaffinity(0, attacker_cpus),
+        )
         under = _Watch(cluster, target)
         attack_cpu = under.during(attack, seconds)
         took = time.monotonic() - started
@@ -128,6 +139,12 @@ def run_attack(name: str, args: list[str], seconds: float) -> dict:
             "rss_peak_mb": max(under.rss, default=rss_before),
             "rss_after_mb": _rss_mb(target.process.pid),
         }
+
+
+def _split_cpus() -> tuple[set[int], set[int]]:
+    """(the daemons' CPUs, the attacker's): the last CPU for the attacker where there are two or more."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return (set(cpus[:-1]), {cpus[-1]}) if len(cpus) > 1 else (set(cpus), set(cpus))
 
 
 def _taken_in(traffic: dict) -> int:
