@@ -18,7 +18,9 @@ with each actor (`py_modules`), so the nodes need only the same Python dependenc
 
 from __future__ import annotations
 
+import logging
 import shutil
+import socket
 import subprocess
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -37,9 +39,10 @@ import testnet
 from .cluster import ClusterStartError
 from .placement import NodeSpec, PlacementError, read_status, spawn_daemon
 
-__all__ = ["RayPlacement", "NodeLauncher", "LOST", "code"]
+__all__ = ["RayPlacement", "NodeLauncher", "LOST", "code", "next_node"]
 
 LOST = -1  # the exit code recorded for a daemon whose launcher was lost (its Ray node or worker died)
+CONNECT_TIMEOUT_S = 5.0  # the most a TCP connection to `--ray-address` may take before Ray is asked to join it
 CALL_TIMEOUT_S = 30.0  # the most a launcher may take to answer one call (beyond what the call waits itself)
 LOG_BYTES = 16 * 2**20  # the most of one daemon's log brought back to the driver (its end)
 
@@ -118,6 +121,18 @@ def _get(ref, timeout: float | None, what: str):
         raise PlacementError(f"{what} did not answer within {timeout:g} s") from None
 
 
+def _answers(address: str) -> None:
+    """Something listens at `host:port` (Ray itself retries a dead address for many minutes);
+    other forms (`auto`, `ray://...`) are left to Ray."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "/" in host:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise PlacementError(f"nothing answers at the Ray address {address}: {exc.strerror or exc}") from None
+
+
 class RayProcess:
     """A daemon on a Ray node, through its node's launcher (`DaemonProcess`)."""
 
@@ -158,6 +173,12 @@ class RayProcess:
             self._call("kill_group")
 
 
+def next_node(load: Sequence[int], cpus: Sequence[float]) -> int:
+    """Where the next daemon goes: the node whose daemons per CPU stay lowest with it (the first
+    such node on a tie), given the daemons each node has and its CPUs (all above 0)."""
+    return min(range(len(load)), key=lambda i: ((load[i] + 1) / cpus[i], i))
+
+
 def code() -> dict[str, Any]:
     """The job's runtime environment: the driver's packages, zipped and shipped by Ray to every
     node that runs a launcher (a job can only ship directories when it joins Ray)."""
@@ -182,8 +203,16 @@ class RayPlacement:
         if ray.is_initialized():
             return cls(owns_ray=False)
         print(f"connecting to the Ray cluster at {address}" if address else "starting a local Ray", file=progress)
+        if address:
+            _answers(address)
         try:
-            ray.init(address=address or "local", include_dashboard=False, log_to_driver=False, runtime_env=code())
+            ray.init(
+                address=address or "local",
+                include_dashboard=False,
+                log_to_driver=False,
+                logging_level=logging.WARNING,  # Ray's own progress lines; the run prints its own
+                runtime_env=code(),
+            )
         except Exception as exc:  # Ray raises several kinds here (ConnectionError, RuntimeError, ValueError...)
             raise PlacementError(f"cannot {'reach Ray at ' + address if address else 'start Ray'}: {exc}") from None
         return cls(owns_ray=True)
@@ -217,7 +246,7 @@ class RayPlacement:
             if spec.prefix:
                 raise ClusterStartError(f"node {spec.index}: a command prefix runs on this machine only")
             if spec.index not in self.placed:
-                where = min(range(len(load)), key=lambda i: ((load[i] + 1) / self.launchers[i][2], i))
+                where = next_node(load, [cpus for _, _, cpus in self.launchers])
                 self.placed[spec.index] = where
                 load[where] += 1
             node = spec.settings.setdefault("node", {})

@@ -6,9 +6,15 @@
 from __future__ import annotations
 
 import io
+import json
+import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import uuid
 from pathlib import Path
 
 import pytest
@@ -16,6 +22,7 @@ import pytest
 from testnet.discovery import run_discovery_testnet
 
 from .test_learning_daemon import same_keys
+from .test_netns import _ip, _namespaces_work
 from .test_processes import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,6 +33,7 @@ except ImportError:
     ray = None
 
 P2PNODE_TESTNET = [sys.executable, "-m", "p2pnode", "testnet"]
+RAY = shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray"  # the CLI beside this Python
 needs_ray = pytest.mark.skipif(ray is None, reason="needs Ray: pip install '.[ray]'")
 
 
@@ -58,6 +66,16 @@ def test_engine_ray_without_ray_is_a_usage_error_naming_the_extra(tmp_path):
         cwd=ROOT,
     )
     assert result.returncode == 2 and "--ray-address goes with --engine ray" in result.stderr
+
+
+@needs_ray
+def test_a_ray_address_where_nothing_answers_fails_at_once_naming_it(tmp_path):
+    command = [*P2PNODE_TESTNET, "--nodes", "2", "--duration", "5", "--out", str(tmp_path / "net")]
+    command += ["--engine", "ray", "--ray-address", "127.0.0.1:1"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert result.returncode == 1, result.stderr
+    assert "p2pnode: error: nothing answers at the Ray address 127.0.0.1:1: Connection refused" in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "net").exists()
 
 
 @pytest.fixture(scope="module")
@@ -171,8 +189,126 @@ def test_a_lost_launcher_takes_its_daemons_with_it_and_they_count_as_exited(tmp_
         wait_for(lambda: all(status is not None for status in cluster.statuses()), timeout=60)
         pids = [spec.process.pid for spec in cluster.specs]
         (_, launcher, _), *_ = placement.launchers
+        directory = Path(ray.get(launcher.ready.remote()))
         ray.kill(launcher)
         wait_for(lambda: all(_gone(pid) for pid in pids), timeout=30)
         assert [cluster.alive(spec) for spec in cluster.specs] == [False, False]
         assert [spec.process.returncode for spec in cluster.specs] == [LOST, LOST]
         assert cluster.stop() == {0: LOST, 1: LOST}
+    assert directory.exists()  # a launcher killed outright cannot clean up after itself (docs/ray.md)
+    shutil.rmtree(directory)
+
+
+def _session_processes(sid: int) -> list[int]:
+    """The processes of session `sid`: a `ray start --block` and everything Ray started under it
+    (its workers change process group, not session)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if int(fields[3]) == sid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _stop_session(process: subprocess.Popen) -> None:
+    process.send_signal(signal.SIGTERM)  # `ray start --block` stops what it started
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pass
+    for pid in _session_processes(process.pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    process.wait()
+
+
+def _ray_nodes_alive(namespace: str, address: str, env: dict) -> int:
+    command = ["ip", "netns", "exec", namespace, RAY, "status", "--address", address]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
+    active = result.stdout.split("Active:", 1)[-1].split("Pending:", 1)[0]
+    return len(re.findall(r"^\s*\d+ node_", active, flags=re.M))
+
+
+@pytest.fixture
+def ray_on_two_hosts(tmp_path):
+    """A Ray cluster of two hosts: a head in one network namespace (10.79.x.1) and a worker node
+    in another (10.79.x.2), joined by a veth pair; both stopped, and the namespaces removed,
+    afterwards. Token authentication off: the namespaces are this test's own."""
+    tag = uuid.uuid4().hex[:6]
+    subnet = int(tag, 16) % 250 + 1
+    head_ns, worker_ns = f"p2prh{tag}", f"p2prw{tag}"
+    head_ip, worker_ip = f"10.79.{subnet}.1", f"10.79.{subnet}.2"
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    started: list[subprocess.Popen] = []
+    temps: list[str] = []
+    _ip("netns", "add", head_ns)
+    _ip("netns", "add", worker_ns)
+    try:
+        _ip("link", "add", f"rh{tag}", "type", "veth", "peer", "name", f"rw{tag}")
+        for namespace, link, address in ((head_ns, f"rh{tag}", head_ip), (worker_ns, f"rw{tag}", worker_ip)):
+            _ip("link", "set", link, "netns", namespace)
+            _ip("-n", namespace, "addr", "add", f"{address}/24", "dev", link)
+            _ip("-n", namespace, "link", "set", link, "up")
+            _ip("-n", namespace, "link", "set", "lo", "up")
+        gcs = f"{head_ip}:6379"
+        common = ["--num-cpus=1", "--disable-usage-stats", "--block"]
+        for namespace, arguments in (
+            (head_ns, ["--head", f"--node-ip-address={head_ip}", "--port=6379", "--include-dashboard=false"]),
+            (worker_ns, [f"--address={gcs}", f"--node-ip-address={worker_ip}"]),
+        ):
+            temps.append(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # short: Ray's socket paths live under it
+            command = ["ip", "netns", "exec", namespace, RAY, "start", *arguments, *common, f"--temp-dir={temps[-1]}"]
+            with open(tmp_path / f"{namespace}.log", "wb") as log:  # the child keeps its own descriptor
+                process = subprocess.Popen(
+                    command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                )
+            started.append(process)
+            wait_for(lambda: _ray_nodes_alive(head_ns, gcs, env) == len(started), timeout=180, interval=2)
+        yield {"namespace": head_ns, "address": gcs, "hosts": (head_ip, worker_ip), "env": env}
+    finally:
+        for process in reversed(started):
+            _stop_session(process)
+        for namespace in (head_ns, worker_ns):
+            subprocess.run(["ip", "netns", "del", namespace], capture_output=True, timeout=10)
+        for temp in temps:
+            shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.mark.skipif(ray is None or not _namespaces_work(), reason="needs Ray, root and `ip netns` for two hosts")
+@pytest.mark.timeout(600)
+def test_daemons_on_two_ray_hosts_reach_full_mesh_over_tcp(tmp_path, ray_on_two_hosts):
+    """`p2pnode testnet --engine ray --ray-address` from the head's host: two daemons on each
+    Ray node, each on its own host's address, all four in a full mesh across the link."""
+    cluster = ray_on_two_hosts
+    out = tmp_path / "net"
+    command = ["ip", "netns", "exec", cluster["namespace"], *P2PNODE_TESTNET, "--nodes", "4", "--duration", "90"]
+    command += ["--exit-on-mesh", "--out", str(out), "--engine", "ray", "--ray-address", cluster["address"]]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT, env=cluster["env"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    hosts = [node["address"].removeprefix("tcp://").rsplit(":", 1)[0] for node in report["nodes_detail"]]
+    assert sorted(hosts) == sorted(cluster["hosts"] * 2)  # spread by CPUs: one each, two each
+    assert report["discovery"]["peer_counts"] == [3] * 4 and report["node_exit_codes"] == [0] * 4
+    assert report["rejections"] == {}  # every CURVE handshake and every frame across the link accepted
+
+
+@needs_ray
+def test_daemons_are_spread_over_ray_nodes_in_proportion_to_their_cpus():
+    from testnet.raynodes import next_node
+
+    def spread(cpus: list[float], daemons: int) -> list[int]:
+        load = [0] * len(cpus)
+        order = []
+        for _ in range(daemons):
+            order.append(next_node(load, cpus))
+            load[order[-1]] += 1
+        return order
+
+    assert spread([1, 1], 5) == [0, 1, 0, 1, 0]
+    assert spread([2, 1], 6) == [0, 0, 1, 0, 0, 1]  # 4 on the node of 2 CPUs, 2 on the other
+    assert spread([1, 4], 5) == [1, 1, 1, 0, 1]
