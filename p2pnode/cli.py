@@ -143,34 +143,62 @@ def _churn(args: argparse.Namespace):
 
 def _testnet(args: argparse.Namespace) -> int:
     churn = _churn(args)
-    if args.algorithm == "none":
-        from testnet.cluster import ClusterStartError
-        from testnet.discovery import run_discovery_testnet
+    if args.algorithm == "none" and args.duration is None:
+        raise CommandError("--algorithm none needs --duration S", EXIT_USAGE)
+    spec = None if args.algorithm == "none" else _learning_spec(args)
+    if spec is not None:
+        _device_present(spec)
+    from testnet.cluster import ClusterStartError
+    from testnet.placement import PlacementError
 
-        if args.duration is None:
-            raise CommandError("--algorithm none needs --duration S", EXIT_USAGE)
-        try:
-            code, _ = run_discovery_testnet(
-                Path(args.out),
-                args.nodes,
-                args.duration,
-                exit_on_mesh=args.exit_on_mesh,
-                churn=churn,
-                keep_going=args.keep_going,
-                seed=args.seed,
-            )
-        except ClusterStartError as exc:
-            raise CommandError(str(exc)) from None
-        return code
+    try:
+        with _placement(args) as placement:
+            if spec is None:
+                return _discovery_testnet(args, churn, placement)
+            code, report = _learning_testnet(args, spec, churn, placement)
+    except (ClusterStartError, PlacementError) as exc:
+        raise CommandError(str(exc)) from None
+    if code != 130:
+        _add_baselines(report, spec, args.baselines)
+    _write(report, Path(args.out))
+    return code
+
+
+def _placement(args: argparse.Namespace):
+    """Where the testnet's daemons run (`--engine`); a missing Ray is a usage error."""
+    from testnet.choose_placement import EngineUnavailable, open_placement
+
+    if args.ray_address is not None and args.engine != "ray":
+        raise CommandError("--ray-address goes with --engine ray", EXIT_USAGE)
+    try:
+        return open_placement(args.engine, ray_address=args.ray_address)
+    except EngineUnavailable as exc:
+        raise CommandError(str(exc), EXIT_USAGE) from None
+
+
+def _discovery_testnet(args: argparse.Namespace, churn, placement) -> int:
+    from testnet.discovery import run_discovery_testnet
+
+    code, _ = run_discovery_testnet(
+        Path(args.out),
+        args.nodes,
+        args.duration,
+        exit_on_mesh=args.exit_on_mesh,
+        churn=churn,
+        keep_going=args.keep_going,
+        seed=args.seed,
+        placement=placement,
+    )
+    return code
+
+
+def _learning_testnet(args: argparse.Namespace, spec, churn, placement):
     from algorithms.datasets import DatasetError
     from algorithms.partitions import PartitionError
-    from testnet.cluster import ClusterStartError
     from testnet.learning import run_learning_testnet
 
-    spec = _learning_spec(args)
-    _device_present(spec)
     try:
-        code, report = run_learning_testnet(
+        return run_learning_testnet(
             spec,
             Path(args.out),
             round_deadline_s=args.round_deadline,
@@ -178,15 +206,10 @@ def _testnet(args: argparse.Namespace) -> int:
             check=_thresholds(args),
             churn=churn,
             keep_going=args.keep_going,
+            placement=placement,
         )
     except (DatasetError, PartitionError) as exc:
         raise CommandError(str(exc), EXIT_USAGE) from None
-    except ClusterStartError as exc:
-        raise CommandError(str(exc)) from None
-    if code != 130:
-        _add_baselines(report, spec, args.baselines)
-    _write(report, Path(args.out))
-    return code
 
 
 def _thresholds(args: argparse.Namespace):
@@ -475,6 +498,18 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_float,
         metavar="S",
         help="give up after this long (default: 180 s + rounds × (deadline + 5 s))",
+    )
+    testnet.add_argument(
+        "--engine",
+        choices=["local", "ray"],
+        default="local",
+        help="where the daemons run: local (children of this process, 127.0.0.1) or ray (spread over the "
+        "nodes of a Ray cluster, each a real daemon on its node's address; pip install 'p2pnode[ray]'; docs/ray.md)",
+    )
+    testnet.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="--engine ray: the Ray cluster to join (host:port of its head, or auto); default: start a local Ray",
     )
     testnet.set_defaults(run=_testnet)
 

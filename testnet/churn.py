@@ -209,7 +209,9 @@ class Supervisor:
             self.exits.append({"node": spec.index, "node_id": spec.node_id, "exit_code": code, "exited_s": self._now()})
             self._coming_back.pop(spec.index, None)
             verdict = "going on without it (--keep-going)" if self.keep_going else "stopping the run"
-            print(f"node {spec.index} exited (code {code}); see {spec.log_path}; {verdict}", file=self.progress)
+            print(
+                f"node {spec.index} exited (code {code}); see {self.cluster.log(spec)}; {verdict}", file=self.progress
+            )
             carry_on = carry_on and self.keep_going
         return carry_on
 

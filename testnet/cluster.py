@@ -1,72 +1,39 @@
-"""Many real daemons on one machine: keys and configs on disk, one process each, and a
-guarantee that every process is gone when the cluster is (`with Cluster(...)`).
+"""Many real daemons: keys and configs on disk, one process each, and a guarantee that every
+process is gone when the cluster is (`with Cluster(...)`).
 
 No port is chosen in advance: every daemon listens on port 0, the OS picks a free port when it
 binds, and the launcher reads the address back from the node's status. The first node started
 is the bootstrap of all the others (see `Cluster.start`). Generated configs turn CURVE on
 (`[security].curve`): the launcher made every key, so it names each bootstrap peer's key too.
 
-Children get PR_SET_PDEATHSIG, so even a launcher killed with SIGKILL leaves no daemon behind,
-and they run in their own session, so a terminal's Ctrl-C reaches the launcher alone, which
-then stops them in order (SIGTERM, then SIGKILL after a grace period).
+Where the processes run is the placement's business (`testnet/placement.py`): children of this
+process by default, or on the nodes of a Ray cluster (`testnet/raynodes.py`). Either way a
+child gets PR_SET_PDEATHSIG, so even a launcher killed with SIGKILL leaves no daemon behind,
+and runs in its own session, so a terminal's Ctrl-C reaches the launcher alone, which then
+stops them in order (SIGTERM, then SIGKILL after a grace period).
 """
 
 from __future__ import annotations
 
-import ctypes
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import tomli_w
 
-from p2pnode.control import ControlError, request
 from p2pnode.keystore import write_key
 from protocol import Identity
 
-__all__ = ["NodeSpec", "Cluster", "ClusterStartError"]
+from .placement import LocalPlacement, NodeSpec, Placement
 
-_PR_SET_PDEATHSIG = 1
+__all__ = ["NodeSpec", "Cluster", "ClusterStartError"]
 
 
 class ClusterStartError(RuntimeError):
-    """The first node, which every other node joins through, exited or did not answer in time."""
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass  # not Linux: the launcher's own cleanup still applies
-
-
-@dataclass
-class NodeSpec:
-    index: int
-    directory: Path
-    settings: dict  # the TOML document, as a dict; `Cluster.start` writes it to config_path
-    node_id: str = ""
-    public_key: bytes = b""  # its Ed25519 key, named in the bootstrap entries that point at it
-    prefix: tuple[str, ...] = ()  # run the daemon under this, e.g. ("ip", "netns", "exec", "host1")
-    address: str | None = None  # the address the node reported in its status; None until it has
-    process: subprocess.Popen | None = field(default=None, repr=False)
-
-    @property
-    def config_path(self) -> Path:
-        return self.directory / "node.toml"
-
-    @property
-    def control_socket(self) -> Path:
-        return self.directory / "data" / "control.sock"
-
-    @property
-    def log_path(self) -> Path:
-        return self.directory / "node.log"
+    """The first node, which every other node joins through, exited or did not answer in time;
+    or the placement found nowhere to run a node."""
 
 
 def _security(count: int) -> dict:
@@ -77,8 +44,15 @@ def _security(count: int) -> dict:
 
 
 class Cluster:
-    def __init__(self, specs: list[NodeSpec], stop_grace_s: float = 10.0, start_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        specs: list[NodeSpec],
+        stop_grace_s: float = 10.0,
+        start_timeout_s: float = 30.0,
+        placement: Placement | None = None,
+    ) -> None:
         self.specs = specs
+        self.placement = placement or LocalPlacement()
         self.stop_grace_s = stop_grace_s
         self.start_timeout_s = start_timeout_s
         self.bootstrap: str | None = None  # the first node started (`KEY@address`); the others join it
@@ -93,11 +67,13 @@ class Cluster:
         host: str = "127.0.0.1",
         discovery: dict | None = None,
         extra: dict | Callable[[int], dict] | None = None,
+        placement: Placement | None = None,
     ) -> Cluster:
         """Write a key and a config per node under `out`, each listening on port 0 of `host`,
         with CURVE on and connection caps that fit `count` nodes on one host.
         `[discovery].bootstrap` is left out: `start` fills it in. `extra` adds sections: one
-        table for all nodes, or a function of the node index."""
+        table for all nodes, or a function of the node index. `placement` runs the daemons
+        (default: here, `LocalPlacement`), and may move `host` to where each one runs."""
         specs = []
         for index in range(count):
             directory = out / f"node{index:02d}"
@@ -113,7 +89,7 @@ class Cluster:
             spec = NodeSpec(index, directory, settings, identity.node_id, identity.public_key)
             spec.config_path.write_text(tomli_w.dumps(settings))
             specs.append(spec)
-        return cls(specs)
+        return cls(specs, placement=placement)
 
     def __enter__(self) -> Cluster:
         return self
@@ -132,6 +108,7 @@ class Cluster:
         on the same address: its `listen` is rewritten to it, as a restarted daemon would come
         back on its configured port.
         """
+        self.placement.place([spec], self.start_timeout_s)
         node = spec.settings.setdefault("node", {})
         if spec.address is not None and "advertise" not in node:
             node["listen"] = spec.address
@@ -139,22 +116,19 @@ class Cluster:
         if "bootstrap" not in discovery:
             discovery["bootstrap"] = [] if self.bootstrap is None else [self.bootstrap]
         spec.config_path.write_text(tomli_w.dumps(spec.settings))
-        with open(spec.log_path, "ab") as log:  # the child keeps its own descriptor
-            spec.process = subprocess.Popen(
-                [*spec.prefix, sys.executable, "-m", "p2pnode", "start", "--config", str(spec.config_path)],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,
-            )
+        spec.process = self.placement.spawn(spec)
         if self.bootstrap is None:
             address = self.wait_until_up(spec)
             self.bootstrap = f"{spec.public_key.hex()}@{address}" if spec.public_key else address
 
+    def place(self) -> None:
+        """Decide where every node runs, all at once (`start` places one node it finds unplaced)."""
+        self.placement.place(self.specs, self.start_timeout_s)
+
     def start_all(self) -> None:
         """Start every node: the first alone, until it answers (see `start`), then all the
-        others at once, each with the first as its bootstrap."""
+        others at once, each with the first as its bootstrap. All are placed first, together."""
+        self.place()
         for spec in self.specs:
             self.start(spec)
 
@@ -168,27 +142,31 @@ class Cluster:
             if not self.alive(spec):
                 code = None if spec.process is None else spec.process.returncode
                 raise ClusterStartError(
-                    f"node {spec.index} exited (code {code}) before it answered; see {spec.log_path}"
+                    f"node {spec.index} exited (code {code}) before it answered; see {self.log(spec)}"
                 )
             if time.monotonic() >= deadline:
-                raise ClusterStartError(f"node {spec.index} did not answer within {timeout:g} s; see {spec.log_path}")
+                raise ClusterStartError(f"node {spec.index} did not answer within {timeout:g} s; see {self.log(spec)}")
             time.sleep(0.05)
         return status["address"]
 
     def status(self, spec: NodeSpec, timeout: float = 2.0) -> dict | None:
         """The node's status, or None while it is not (yet, or any more) answering. The address
         it reports is kept in `spec.address`."""
-        try:
-            answer = request(spec.control_socket, "status", timeout=timeout)
-        except ControlError:
-            return None
-        status = answer.get("status") if answer.get("ok") else None
-        if status and status.get("address"):
-            spec.address = status["address"]
-        return status
+        return self.statuses([spec], timeout)[0]
 
-    def statuses(self) -> list[dict | None]:
-        return [self.status(spec) for spec in self.specs]
+    def statuses(self, specs: list[NodeSpec] | None = None, timeout: float = 2.0) -> list[dict | None]:
+        """`status` of each node (default: all), in order."""
+        specs = self.specs if specs is None else specs
+        statuses = self.placement.statuses(specs, timeout)
+        for spec, status in zip(specs, statuses, strict=True):
+            if status and status.get("address"):
+                spec.address = status["address"]
+        return statuses
+
+    def log(self, spec: NodeSpec) -> Path:
+        """The node's log on this machine, brought up to date from where it runs."""
+        self.placement.collect([spec])
+        return spec.log_path
 
     def alive(self, spec: NodeSpec) -> bool:
         return spec.process is not None and spec.process.poll() is None
@@ -203,7 +181,7 @@ class Cluster:
             try:
                 spec.process.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                os.killpg(spec.process.pid, signal.SIGKILL)
+                spec.process.kill_group()
                 spec.process.wait()
 
     def stop(self) -> dict[int, int | None]:
@@ -224,7 +202,8 @@ class Cluster:
             try:
                 codes[spec.index] = spec.process.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                os.killpg(spec.process.pid, signal.SIGKILL)
+                spec.process.kill_group()
                 spec.process.wait()
                 codes[spec.index] = None
+        self.placement.collect(spec for spec in self.specs if spec.process is not None)
         return codes

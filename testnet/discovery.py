@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .churn import ChurnSpec, Supervisor
 from .cluster import Cluster
+from .placement import Placement
 
 __all__ = ["run_discovery_testnet"]
 
@@ -84,14 +85,16 @@ def run_discovery_testnet(
     seed: int = 0,
     poll_s: float = 0.5,
     progress=None,
+    placement: Placement | None = None,
 ) -> tuple[int, dict]:
     """Returns (exit code, report). Exit code 0 iff every node knew all others within the
     duration, no daemon exited on its own, and every daemon stopped by `churn` was back in a
     full mesh before the end. Churn stops no daemon in the last `every` seconds, so that the
-    last one stopped has time to come back."""
+    last one stopped has time to come back. `placement` runs the daemons (default: here)."""
     progress = progress or sys.stderr  # the stream of the moment, not the one at import (tests swap it)
     out.mkdir(parents=True, exist_ok=True)
-    cluster = Cluster.prepare(out, nodes)
+    cluster = Cluster.prepare(out, nodes, placement=placement)
+    cluster.place()  # before t = 0: a Ray cluster starts its launchers here
     watch = _Watch(nodes)
     started = time.monotonic()
     supervisor = Supervisor(
@@ -168,6 +171,7 @@ def _report(
 
     return {
         "algorithm": "none",
+        "engine": cluster.placement.engine,
         "nodes": watch.nodes,
         "duration_s": duration_s,
         "out": str(out),

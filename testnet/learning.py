@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from algorithms.device import placement
+from algorithms.device import placement as device_placement
 from algorithms.setup import load_scenario
 from p2pnode.config import DiscoverySettings
 from p2pnode.rounds import RoundRecord
@@ -26,6 +26,7 @@ from protocol import LEARNING_TYPES
 
 from .churn import ChurnSpec, Supervisor
 from .cluster import Cluster
+from .placement import Placement
 from .provenance import provenance
 from .report import CheckThresholds, Truth, assemble, check, run_header
 from .simulator import SimulationSpec
@@ -81,23 +82,30 @@ def run_learning_testnet(
     keep_going: bool = False,
     poll_s: float = 0.5,
     progress=None,
+    placement: Placement | None = None,
 ) -> tuple[int, dict[str, Any]]:
     """Returns (exit code, report): 0 if every node finished (and `check` passed, if given),
     1 if not, 130 if interrupted. `churn` stops and restarts daemons while they learn (not
-    those that have finished); they resume from their checkpoints."""
+    those that have finished); they resume from their checkpoints. `placement` runs the
+    daemons (default: here)."""
     if spec.poisoners:
         raise ValueError("poisoning peers exist in the simulator only")
     # The daemons resolve the device name as this machine's launcher does: fail before starting them.
-    device, mixed_precision = placement(spec.device, spec.mixed_precision)
+    device, mixed_precision = device_placement(spec.device, spec.mixed_precision)
     progress = progress or sys.stderr  # the stream of the moment, not the one at import (tests swap it)
     made = provenance(spec.seed, str(device))
     out.mkdir(parents=True, exist_ok=True)
     backbones = spec.node_backbones()
     _, partition = load_scenario(spec.scenario_spec)
     cluster = Cluster.prepare(
-        out, spec.nodes, discovery=DISCOVERY, extra=lambda i: node_settings(spec, i, backbones[i], round_deadline_s)
+        out,
+        spec.nodes,
+        discovery=DISCOVERY,
+        extra=lambda i: node_settings(spec, i, backbones[i], round_deadline_s),
+        placement=placement,
     )
     timeout_s = timeout_s if timeout_s is not None else 180 + spec.rounds * (round_deadline_s + 5)
+    cluster.place()  # before t = 0: a Ray cluster starts its launchers here
     started = time.monotonic()
     supervisor = Supervisor(cluster, churn, seed=spec.seed, keep_going=keep_going, started=started, progress=progress)
     with cluster:
@@ -109,6 +117,8 @@ def run_learning_testnet(
     report = testnet_report(header, partition, finals, time.monotonic() - started)
     report["processes"]["exit_codes"] = [exit_codes.get(s.index) for s in cluster.specs]
     report["processes"]["logs"] = [str(s.log_path) for s in cluster.specs]
+    report["processes"]["engine"] = cluster.placement.engine
+    report["processes"]["addresses"] = [s.address for s in cluster.specs]
     report["processes"].update(supervisor.report())
     if interrupted:
         code = 130

@@ -63,7 +63,18 @@ REQUIRED_KEYS = (
 
 # Only real daemons have them: per node (exit codes, logs, resumes, catch-ups), and per run what
 # `--churn` did and which daemons exited on their own (testnet/churn.py).
-PROCESS_KEYS = ("exit_codes", "logs", "resumed_from", "catch_ups", "rss_mb", "peak_rss_mb", "churn", "exits")
+PROCESS_KEYS = (
+    "engine",
+    "addresses",
+    "exit_codes",
+    "logs",
+    "resumed_from",
+    "catch_ups",
+    "rss_mb",
+    "peak_rss_mb",
+    "churn",
+    "exits",
+)
 
 
 @dataclass(frozen=True)
@@ -137,8 +148,8 @@ def assemble(
     processes: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The report of a run. `discovery` is the traffic outside learning (the testnet's daemons;
-    none in a simulation), `processes` what only real daemons have (PROCESS_KEYS: exit codes,
-    logs, resumes, catch-ups, memory, churn, exits; null in a simulation)."""
+    none in a simulation), `processes` what only real daemons have (PROCESS_KEYS: where they ran,
+    exit codes, logs, resumes, catch-ups, memory, churn, exits; null in a simulation)."""
     ids = list(header["node_ids"])
     by_node: list[dict[int, RoundRecord]] = [{} for _ in ids]
     index = {node_id: i for i, node_id in enumerate(ids)}

@@ -64,9 +64,8 @@ def test_every_node_every_round():
     assert comm["discovery"] == {"messages": 0, "bytes": 0, "by_type": {}, "bytes_cumulative_per_round": [0, 0, 0]}
     assert report["baselines"] == {}
     assert report["rejections"] == {"bad_shape": 2} and report["check"] is None
-    assert report["processes"] == dict.fromkeys(
-        ("exit_codes", "logs", "resumed_from", "catch_ups", "rss_mb", "peak_rss_mb", "churn", "exits")
-    )
+    processes = ("engine", "addresses", "exit_codes", "logs", "resumed_from", "catch_ups", "rss_mb", "peak_rss_mb")
+    assert report["processes"] == dict.fromkeys((*processes, "churn", "exits"))
     assert report["timing"]["gather_s_mean"] is None  # nobody measured a gather
 
 
