@@ -95,7 +95,7 @@ def run_trio(size: int, count: int, verify_threads: int = 2, curve: bool = False
         done = trio.Event()
         received = 0
 
-        async def handle(envelope, frame):
+        async def handle(envelope, frame, source):
             nonlocal received
             received += 1
             if received == count:
