@@ -463,7 +463,7 @@ class Node:
             elif isinstance(action, DialPeers):
                 self.transport.dial_peers(action.address, action.peers_address)
             else:
-                self.transport.hangup(action.address)
+                self.transport.hangup(action.address, flush=action.flush)
         except MissingKey as exc:
             self.metrics.connections["dial_refused_no_key"] += 1
             log.warning("%s", exc)
@@ -637,6 +637,8 @@ class Node:
             "round": self.round,
             "peer_count": len(membership.peers),
             "max_peers": self.config.discovery.max_peers,
+            "active_view": membership.target,  # the peers it seeks
+            "passive_count": len(membership.passive),
             "peers": membership.snapshot(now),
             "dialing": sorted(membership.dialing),
             "membership": dict(sorted(membership.counts.items())),
@@ -645,6 +647,7 @@ class Node:
             "metrics_port": self.metrics_port,
             "state_write_failures": self.metrics.state_write_failures,
             **process_memory(),  # rss_mb, peak_rss_mb
+            "cpu_s": round(time.process_time(), 3),  # user + system, all threads, since it started
         }
 
     async def _control(self, request: dict) -> dict:
