@@ -64,7 +64,6 @@ from .learning import (
 from .memory import process_memory, trim_now
 from .metrics import NOT_LEARNING, UNKNOWN_PEER, Metrics
 from .peers import Action, Admitted, Dial, DialPeers, Evicted, Hangup, Membership, Send, SendHello, Unreachable
-from .prometheus import render_for, serve_prometheus
 from .state import DataDir, DataDirError
 from .transport import MissingKey, Transport, TransportError
 from .zap import PEERS, PUBLIC, Connections, serve_zap
@@ -241,6 +240,8 @@ class Node:
             self._cannot_start(problem + ", or point [node].data_dir elsewhere")
             started = False
         if config.metrics.host_port is not None:
+            from .prometheus import render_for, serve_prometheus  # 3 MB of imports that only this needs
+
             render = render_for(self.metrics, self._peer_count, lambda: self.driver)
             try:
                 self.metrics_port = await nursery.start(serve_prometheus, *config.metrics.host_port, render)
