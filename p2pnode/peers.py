@@ -205,6 +205,7 @@ class _Dialing:
     owed_pong: int | None = None  # its challenge, answered right after our next HELLO there
     answered: bool = False  # we answered its challenge
     hello_out: bool = False  # our latest HELLO there was queued (not dropped: the connection was up)
+    full: tuple[Envelope, bytes] | None = None  # verified, no room: redirected once it has our answer
 
 
 @dataclass
@@ -351,12 +352,16 @@ class Membership:
         if entry is None:
             return [], UNKNOWN_PEER  # a key we are not verifying: no dial, no answer
         entry.answered = True
-        if not entry.hello_out:
+        answer = []
+        if entry.hello_out:
+            answer.append(Send((entry.address,), Pong(nonce=ping.nonce)))
+        else:
             # Our HELLO must go first on that connection: a PONG opening it would be refused
             # there (handshake_first). Not out yet, or dropped while the connection came up.
             entry.owed_pong = ping.nonce
-            return [], None
-        return [Send((entry.address,), Pong(nonce=ping.nonce))], None
+        if entry.full is not None:  # verified already, and no room for it: on its way it goes
+            answer += self._redirect(entry, *entry.full)
+        return answer, None
 
     def on_pong(self, envelope: Envelope, now: float) -> list[Action]:
         key, nonce = envelope.sender, envelope.body.nonce
@@ -418,6 +423,19 @@ class Membership:
         """Fewer peers than the target, counting the verifications in flight (each may become one)."""
         learned = sum(not entry.permanent for entry in self.dialing.values())
         return len(self.peers) + learned < self.target
+
+    def next_due(self, now: float) -> float:
+        """When `tick` next has work: a ping or gossip round, a dial, a peer's timeout, a fill
+        from the passive view, a rejoin. The node sleeps until then (or until a message changes
+        it): an idle node wakes a few times a second, not at every dial retry interval."""
+        due = [self._next_ping_at, self._next_gossip_at, *(entry.next_at for entry in self.dialing.values())]
+        if self.peers:
+            due.append(min(peer.last_seen for peer in self.peers.values()) + self.settings.peer_timeout_s)
+        elif self._bootstrap and not any(entry.permanent for entry in self.dialing.values()):
+            due.append(now)  # alone: rejoin
+        if self.passive and self._seeking():
+            due.append(min(entry.not_before for entry in self.passive.values()))
+        return max(now, min(due))
 
     def tick(self, now: float) -> list[Action]:
         """Time-driven work: evict the silent, ping the rest, retry dials, fill the active view
@@ -509,8 +527,11 @@ class Membership:
         full = len(self.peers) >= self.settings.max_peers  # then the subnet rule may displace (#14)
         if refusal is None and not full and entry.informant == "direct" and not self._welcome(key):
             refusal = "refused_full"
-        if refusal == "refused_full" and entry.answered:
-            return self._redirect(entry, hello, frame)
+        if refusal == "refused_full":
+            if entry.answered:
+                return self._redirect(entry, hello, frame)
+            entry.full = (hello, frame)  # it would refuse our sample before our answer: wait for its challenge
+            return []
         if refusal is not None:
             self.counts[refusal] += 1
             return [] if entry.permanent else self._stop_dialing(entry)  # a bootstrap is retried
@@ -568,8 +589,11 @@ class Membership:
         while len(self._redirected) > _HEARD:
             self._redirected.popitem(last=False)
         self.dialing.pop(entry.address, None)
+        actions: list[Action] = []
+        if entry.owed_pong is not None:  # our answer first: only then does it take our sample
+            actions += [SendHello(entry.address), Send((entry.address,), Pong(nonce=entry.owed_pong))]
         sample = self._peers_body(first=self.rng.sample(others, min(len(others), self.target)))
-        actions: list[Action] = [Send((entry.address,), sample), Send((entry.address,), Bye(reason=FULL))]
+        actions += [Send((entry.address,), sample), Send((entry.address,), Bye(reason=FULL))]
         if not self._in_use(entry.address):
             actions.append(Hangup(entry.address, flush=True))
         return actions
