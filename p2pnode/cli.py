@@ -141,6 +141,12 @@ def _churn(args: argparse.Namespace):
         raise CommandError(str(exc), EXIT_USAGE) from None
 
 
+def _views(args: argparse.Namespace) -> dict:
+    """The `[discovery]` settings of every daemon that --active-view and --max-peers give."""
+    views = {"active_view": args.active_view, "max_peers": args.max_peers}
+    return {key: value for key, value in views.items() if value is not None}
+
+
 def _testnet(args: argparse.Namespace) -> int:
     churn = _churn(args)
     if args.algorithm == "none" and args.duration is None:
@@ -188,6 +194,7 @@ def _discovery_testnet(args: argparse.Namespace, churn, placement) -> int:
         keep_going=args.keep_going,
         seed=args.seed,
         placement=placement,
+        discovery=_views(args),
     )
     return code
 
@@ -207,6 +214,7 @@ def _learning_testnet(args: argparse.Namespace, spec, churn, placement):
             churn=churn,
             keep_going=args.keep_going,
             placement=placement,
+            discovery=_views(args),
         )
     except (DatasetError, PartitionError) as exc:
         raise CommandError(str(exc), EXIT_USAGE) from None
@@ -472,7 +480,21 @@ def build_parser() -> argparse.ArgumentParser:
     testnet.add_argument(
         "--exit-on-mesh",
         action="store_true",
-        help="--algorithm none: stop once every node knows all others (with --churn: again, after the last stop)",
+        help="--algorithm none: stop once every node's view is at its target, for N ≤ active view + 1 the full mesh "
+        "(with --churn: again, after the last stop)",
+    )
+    testnet.add_argument(
+        "--active-view",
+        type=_positive_int,
+        metavar="K",
+        help="[discovery].active_view of every daemon: the peers each seeks (default: the daemon's, 64)",
+    )
+    testnet.add_argument(
+        "--max-peers",
+        type=_positive_int,
+        metavar="M",
+        help="[discovery].max_peers of every daemon (default: the daemon's, 64); for a large testnet "
+        "a little above --active-view, e.g. 8 and 10 (docs/daemon.md)",
     )
     testnet.add_argument(
         "--keep-going",

@@ -408,7 +408,23 @@ class DiscoverySettings:
         "peers to contact at start; retried with backoff until they answer, and again whenever they are "
         "lost; with `[security].curve` each entry names the peer's key (`p2pnode keyinfo`)",
     )
-    max_peers: int = option(Integer(1, 4096), 64, "peer table bound; newcomers beyond it are refused")
+    max_peers: int = option(
+        Integer(1, 4096),
+        64,
+        "peer table bound (the active view: connected and pinged peers); a verified newcomer beyond it "
+        "is sent a sample of the peers and a BYE (`full`) instead",
+    )
+    active_view: int = option(
+        Integer(1, 4096),
+        64,
+        "peers this node seeks: while it has fewer, it verifies addresses from its passive view "
+        "(at most max_peers; for a large network set it below max_peers, e.g. 8 and 16: docs/daemon.md)",
+    )
+    passive_view: int = option(
+        Integer(0, 4096),
+        64,
+        "signed HELLOs of nodes that are not peers, learned by peer exchange, kept to replace peers that leave",
+    )
     ping_interval_s: float = option(
         Number(0.05, 3600), 1.0, "PING each peer this often; PONG gives the round-trip time"
     )

@@ -20,9 +20,9 @@ import ctypes
 import ctypes.util
 import os
 
-__all__ = ["trim_now", "limit_arenas", "resident_bytes", "process_memory"]
+__all__ = ["PAGE_BYTES", "trim_now", "limit_arenas", "resident_bytes", "process_memory"]
 
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 MIB = 1 << 20
 
 
@@ -62,7 +62,7 @@ def resident_bytes(pid: int | str = "self") -> int:
     there, or the process is gone)."""
     try:
         with open(f"/proc/{pid}/statm", "rb") as statm:
-            return int(statm.read().split()[1]) * _PAGE
+            return int(statm.read().split()[1]) * PAGE_BYTES
     except (OSError, IndexError, ValueError):
         return 0
 

@@ -26,6 +26,14 @@ Bounds against strangers with many keys (docs/security.md):
 - A full table admits a newcomer only by displacing a peer from the most crowded subnet, never
   one of the longest-lived or fastest-answering peers.
 PEERS never asks for an answer, so no exchange can loop.
+
+Bounded views (HyParView-like, docs/daemon.md): the peers are the *active view*, at most
+`max_peers`, connected and pinged. A node seeks `active_view` of them (at most `max_peers`):
+below that it verifies relayed addresses at once, otherwise it keeps their signed HELLOs in a
+bounded *passive view*, from which it later replaces a peer that leaves. A full node answers a
+verified newcomer with a sample of its peers and BYE(`full`) instead of admitting it, so the
+newcomer learns where to go and nobody already in is pushed out. Only the active view is
+pinged, so liveness costs O(max_peers) per node, whatever the size of the network.
 """
 
 from __future__ import annotations
@@ -84,9 +92,11 @@ class Dial:
 
 @dataclass(frozen=True)
 class Hangup:
-    """Close the outbound connection to `address`."""
+    """Close the outbound connection to `address`; with `flush`, after what is queued there
+    went out (within the transport's linger time): a BYE that says why."""
 
     address: str
+    flush: bool = False
 
 
 @dataclass(frozen=True)
@@ -175,6 +185,7 @@ class Peer:
     admitted_us: bool = False  # it admitted us: we answered its challenge, before anything else we send it
     hello_address: str = ""  # the address its latest HELLO names
     peer_port: int | None = None  # its peers' socket, on the host of `address` (HELLO.peer_port)
+    hello_envelope: Envelope | None = None  # `hello`, decoded: what the passive view keeps of it
 
     @property
     def peers_address(self) -> str | None:
@@ -211,6 +222,24 @@ class _Dialing:
     owed_pong: int | None = None  # its challenge, answered right after our next HELLO there
     answered: bool = False  # we answered its challenge
     hello_out: bool = False  # our latest HELLO there was queued (not dropped: the connection was up)
+    full: tuple[Envelope, bytes] | None = None  # verified, no room: redirected once it has our answer
+
+
+@dataclass
+class _Known:
+    """A passive-view entry: a node that is no peer, its signed HELLO, who told us of it, the
+    earliest time it is worth dialling (a node that said it is full is not asked again at once)
+    and when it is forgotten (`hello_max_age_s` after it was heard, unless a newer HELLO came)."""
+
+    hello: Envelope
+    frame: bytes
+    informant: Informant
+    not_before: float
+    expires_at: float
+
+
+# BYE reasons that mean "I am fine, but not your peer": the sender stays in the passive view.
+FULL, DISPLACED = "full", "displaced"
 
 
 class Membership:
@@ -220,11 +249,15 @@ class Membership:
         self.rng = rng
         self.peers: dict[bytes, Peer] = {}
         self.dialing: dict[str, _Dialing] = {}
+        self.passive: dict[bytes, _Known] = {}  # key -> its latest signed HELLO (bounded: passive_view)
         self.own_hello: bytes | None = None
         self._exempt = tuple(ipaddress.ip_network(cidr) for cidr in settings.subnet_limits_exempt)
         # Key -> timestamp of the HELLO we gave up dialling: only a newer one is worth a new try.
         self._given_up: dict[bytes, int] = {}
         self._heard: OrderedDict[bytes, tuple[Envelope, bytes]] = OrderedDict()
+        # Newcomers redirected lately (at most _HEARD), with their HELLO where it names the
+        # address where they answered: they are short of peers, so the next ones are sent there.
+        self._redirected: OrderedDict[bytes, bytes | None] = OrderedDict()
         self.counts: Counter[str] = Counter()  # admitted, evicted_*, refused_*, dial_budget_*, ...
         self._ping_nonce: int | None = None
         self._ping_sent_at = 0.0
@@ -265,7 +298,7 @@ class Membership:
             return [], UNKNOWN_PEER  # PEERS and BYE mean something only from a peer
         if kind is MessageType.PEERS:
             return self.on_peers(envelope, list(relayed), now, now_us), None
-        return self.on_bye(envelope.sender, now), None
+        return self.on_bye(envelope.sender, now, body.reason), None
 
     def on_hello(self, envelope: Envelope, frame: bytes, now: float, *, source: str | None = None) -> list[Action]:
         """A HELLO received directly, over a connection from host `source`: its sender is
@@ -273,6 +306,7 @@ class Membership:
         key, body = envelope.sender, envelope.body
         if key == self.own_key:
             self.dialing.pop(body.address, None)  # we dialled ourselves (our own bootstrap)
+            self._bootstrap.pop(body.address, None)  # and never again, not even to rejoin
             return [Hangup(body.address)]
         if PROTOCOL_VERSION not in body.protocol_versions:
             self.counts["incompatible"] += 1
@@ -327,6 +361,9 @@ class Membership:
             return []
         if PROTOCOL_VERSION not in hello.body.protocol_versions:
             return []
+        if not self._seeking():
+            self._remember(hello, frame, informant, now)  # enough peers: kept to replace one that leaves
+            return []
         return self._verify(hello, frame, informant, now)
 
     def on_ping(self, key: bytes, ping: Ping) -> tuple[list[Action], str | None]:
@@ -341,12 +378,16 @@ class Membership:
         if entry is None:
             return [], UNKNOWN_PEER  # a key we are not verifying: no dial, no answer
         entry.answered = True
-        if not entry.hello_out:
+        answer = []
+        if entry.hello_out:
+            answer.append(Send((entry.address,), Pong(nonce=ping.nonce)))
+        else:
             # Our HELLO must go first on that connection: a PONG opening it would be refused
             # there (handshake_first). Not out yet, or dropped while the connection came up.
             entry.owed_pong = ping.nonce
-            return [], None
-        return [Send((entry.address,), Pong(nonce=ping.nonce))], None
+        if entry.full is not None:  # verified already, and no room for it: on its way it goes
+            answer += self._redirect(entry, *entry.full)
+        return answer, None
 
     def on_pong(self, envelope: Envelope, now: float) -> list[Action]:
         key, nonce = envelope.sender, envelope.body.nonce
@@ -391,16 +432,47 @@ class Membership:
         peer.last_seen = now
         return True
 
-    def on_bye(self, key: bytes, now: float) -> list[Action]:
+    def on_bye(self, key: bytes, now: float, reason: str = "shutdown") -> list[Action]:
+        """A peer leaves: it shuts down, or it is full (`full`: it redirected us) or pushed us
+        out (`displaced`); those two stay in the passive view."""
         peer = self.peers.get(key)
-        return self._evict(peer, now, "bye") if peer else []
+        if peer is None:
+            return []
+        return self._evict(peer, now, f"bye_{reason}" if reason in (FULL, DISPLACED) else "bye")
+
+    @property
+    def target(self) -> int:
+        """How many peers this node seeks (`active_view`, never more than it may hold)."""
+        return min(self.settings.active_view, self.settings.max_peers)
+
+    def _seeking(self) -> bool:
+        """Fewer peers than the target, counting the verifications in flight (each may become one)."""
+        learned = sum(not entry.permanent for entry in self.dialing.values())
+        return len(self.peers) + learned < self.target
+
+    def next_due(self, now: float) -> float:
+        """When `tick` next has work: a ping or gossip round, a dial, a peer's timeout, a fill
+        from the passive view, a rejoin. The node sleeps until then (or until a message changes
+        it): an idle node wakes a few times a second, not at every dial retry interval."""
+        due = [self._next_ping_at, self._next_gossip_at, *(entry.next_at for entry in self.dialing.values())]
+        if self.peers:
+            due.append(min(peer.last_seen for peer in self.peers.values()) + self.settings.peer_timeout_s)
+        elif self._bootstrap and not any(entry.permanent for entry in self.dialing.values()):
+            due.append(now)  # alone: rejoin
+        if self.passive and self._seeking():
+            due.append(min(entry.not_before for entry in self.passive.values()))
+        return max(now, min(due))
 
     def tick(self, now: float) -> list[Action]:
-        """Time-driven work: evict the silent, ping the rest, retry dials, gossip peers."""
+        """Time-driven work: evict the silent, ping the rest, retry dials, fill the active view
+        from the passive one, gossip peers."""
         actions: list[Action] = []
         for peer in list(self.peers.values()):
             if now - peer.last_seen > self.settings.peer_timeout_s:
                 actions += self._evict(peer, now, "timeout")
+        if not self.peers and not any(entry.permanent for entry in self.dialing.values()):
+            for address, key in self._bootstrap.items():  # alone: join again where we joined first
+                self._dial_later(address, permanent=True, key=key, informant="bootstrap", now=now)
         ready = self.ready()
         if now >= self._next_ping_at and ready:
             # One nonce per round: one signed PING serves every peer, and each PONG times one.
@@ -412,6 +484,8 @@ class Membership:
         for entry in list(self.dialing.values()):
             if now >= entry.next_at:
                 actions += self._dial_now(entry, now)
+        if self.passive and self._seeking():
+            actions += self._fill(now)
         if now >= self._next_gossip_at:
             self._next_gossip_at = now + self.settings.exchange_interval_s
             if ready:
@@ -441,11 +515,17 @@ class Membership:
     # --- verification --------------------------------------------------------------------
 
     def _verify(self, hello: Envelope, frame: bytes, informant: Informant, now: float) -> list[Action]:
-        """Start verifying the key and address of `hello`, if the budgets allow."""
+        """Start verifying the key and address of `hello`, if the budgets allow. A newcomer that
+        dials us is verified even when the table is full: it is then redirected (`_admit`).
+        A relayed HELLO that cannot be verified now is kept in the passive view."""
         address = hello.body.address
-        refusal = self._over_dial_budget(address, informant) or self._no_room_for(self._subnet(address))
+        subnet = self._subnet(address)
+        refusal = self._over_dial_budget(address, informant) or self._no_room_for(
+            subnet, newcomer=isinstance(informant, Direct)
+        )
         if refusal is not None:
             self.counts[refusal] += 1
+            self._remember(hello, frame, informant, now)
             return []
         self._dial_later(address, permanent=False, key=hello.sender, informant=informant, now=now)
         entry = self.dialing[address]
@@ -481,14 +561,23 @@ class Membership:
         return None
 
     def _admit(self, entry: _Dialing, hello: Envelope, frame: bytes, *, seq: int, now: float) -> list[Action]:
-        """`hello`'s key answered the challenge sent to `entry.address`: admit it there."""
+        """`hello`'s key answered the challenge sent to `entry.address`: admit it there, or,
+        with the table full, redirect it."""
         subnet = self._subnet(entry.address)
+        key = hello.sender
         refusal = self._no_room_for(subnet)
+        full = len(self.peers) >= self.settings.max_peers  # then the subnet rule may displace (#14)
+        if refusal is None and not full and isinstance(entry.informant, Direct) and not self._welcome(key):
+            refusal = "refused_full"
+        if refusal == "refused_full":
+            if entry.answered:
+                return self._redirect(entry, hello, frame)
+            entry.full = (hello, frame)  # it would refuse our sample before our answer: wait for its challenge
+            return []
         if refusal is not None:
             self.counts[refusal] += 1
             return [] if entry.permanent else self._stop_dialing(entry)  # a bootstrap is retried
         actions = self._make_room(subnet, now)
-        key = hello.sender
         peer = Peer(
             key=key,
             address=entry.address,
@@ -498,6 +587,7 @@ class Membership:
             hello_timestamp_us=hello.timestamp_us,
             hello_address=hello.body.address,
             peer_port=hello.body.peer_port,
+            hello_envelope=hello,
             admitted_at=now,
             last_seen=now,
             subnet=subnet,
@@ -505,6 +595,7 @@ class Membership:
         self.peers[key] = peer
         self.counts["admitted"] += 1
         self._heard.pop(key, None)
+        self.passive.pop(key, None)
         for address, other in list(self.dialing.items()):
             if other is entry or (other.key == key and not other.permanent):
                 del self.dialing[address]
@@ -515,17 +606,52 @@ class Membership:
             actions += self._ready(peer)
         return actions
 
+    def _welcome(self, key: bytes) -> bool:
+        """Whether a newcomer that dialled us gets in, room permitting: while we are below the
+        target; beyond it (up to max_peers) only if we sent it elsewhere before and it is back,
+        so still short of peers. Without this slack two nodes one peer short each, already
+        peers of each other, would wait forever; with it for everyone, the first nodes
+        everyone joins through would fill up to max_peers."""
+        return len(self.peers) < self.target or key in self._redirected
+
+    def _redirect(self, entry: _Dialing, hello: Envelope, frame: bytes) -> list[Action]:
+        """No room: the verified newcomer at `entry` (which admitted us: we answered its
+        challenge) gets, to dial instead, some of the newcomers we redirected lately (short of
+        peers too, they have room: HyParView's forwarded join, in one hop; drawn at random from
+        the latest few, as the latest alone would string newcomers into a chain) and a sample of
+        our peers; then BYE(`full`). Nobody already in is pushed out, so strangers with many
+        keys cannot churn the table; the newcomer keeps us in its passive view."""
+        self.counts["refused_full"] += 1
+        self.counts["redirected"] += 1
+        key = hello.sender
+        recent = [relay for other, relay in reversed(self._redirected.items()) if other != key and relay]
+        others = recent[: 4 * self.target]  # the latest are likelier to have room still
+        self._redirected[key] = frame if hello.body.address == entry.address else None  # verified there
+        self._redirected.move_to_end(key)
+        while len(self._redirected) > _HEARD:
+            self._redirected.popitem(last=False)
+        self.dialing.pop(entry.address, None)
+        actions: list[Action] = []
+        if entry.owed_pong is not None:  # our answer first: only then does it take our sample
+            actions += [SendHello(entry.address), Send((entry.address,), Pong(nonce=entry.owed_pong))]
+        sample = self._peers_body(first=self.rng.sample(others, min(len(others), self.target)))
+        actions += [Send((entry.address,), sample), Send((entry.address,), Bye(reason=FULL))]
+        if not self._in_use(entry.address):
+            actions.append(Hangup(entry.address, flush=True))
+        return actions
+
     def _ready(self, peer: Peer) -> list[Action]:
         """We answered its challenge: it admits us once that answer arrives, before our PEERS
         behind it on the same connection (the gate there parks the PEERS if it reads both at once)."""
         peer.admitted_us = True
         return [Send((peer.address,), self._peers_body())]
 
-    def _no_room_for(self, subnet: str | None) -> str | None:
-        """Why a newcomer from `subnet` could not be admitted now, or None."""
+    def _no_room_for(self, subnet: str | None, *, newcomer: bool = False) -> str | None:
+        """Why a node from `subnet` could not be admitted now, or None. A `newcomer` (it dialled
+        us) is not refused for a full table before it is verified: it is redirected then."""
         if subnet is not None and self._subnet_counts()[subnet] >= self.settings.max_peers_per_subnet:
             return "refused_subnet"
-        if len(self.peers) >= self.settings.max_peers and self._displaceable(subnet) is None:
+        if not newcomer and len(self.peers) >= self.settings.max_peers and self._displaceable(subnet) is None:
             return "refused_full"
         return None
 
@@ -581,6 +707,7 @@ class Membership:
         body: Hello = hello.body
         peer.capabilities, peer.dataset_size = body.capabilities, body.dataset_size
         peer.hello, peer.hello_timestamp_us, peer.hello_address = frame, hello.timestamp_us, body.address
+        peer.hello_envelope = hello
         if body.peer_port == peer.peer_port:
             return []
         peer.peer_port = body.peer_port
@@ -590,19 +717,73 @@ class Membership:
         return next((entry for entry in self.dialing.values() if entry.key == key), None)
 
     def _evict(self, peer: Peer, now: float, why: str) -> list[Action]:
+        """Drop `peer`. One that is alive but no peer of ours any more (we displaced it, or it
+        said it is full or displaced us) goes to the passive view; a silent or departed one does not."""
         del self.peers[peer.key]
         self.counts[f"evicted_{why}"] += 1
         actions: list[Action] = [Evicted(peer.key, why)]
+        alive = why in ("displaced", f"bye_{FULL}", f"bye_{DISPLACED}")
+        if why == "displaced":
+            actions.append(Send((peer.address,), Bye(reason=DISPLACED)))  # it need not wait for silence
+        if alive and peer.hello_envelope is not None and peer.relayable:
+            self._remember(peer.hello_envelope, peer.hello, "demoted", now, wait=self.settings.dial_retry_max_s)
         if not self._in_use(peer.address):
-            actions.append(Hangup(peer.address))
-        if peer.address in self._bootstrap:
+            actions.append(Hangup(peer.address, flush=why == "displaced"))
+        if peer.address in self._bootstrap and len(self.peers) < self.target:
+            # A bootstrap peer lost while we need peers is dialled again; one that is full, later.
+            wait = self.settings.dial_retry_max_s if alive else self.settings.dial_retry_initial_s
             self._dial_later(
                 peer.address,
                 permanent=True,
                 key=self._bootstrap[peer.address],
                 informant="bootstrap",
-                now=now + self.settings.dial_retry_initial_s,
+                now=now + wait,
             )
+        return actions
+
+    # --- the passive view ----------------------------------------------------------------
+
+    def _remember(self, hello: Envelope, frame: bytes, informant: Informant, now: float, *, wait: float = 0.0) -> None:
+        """Keep a relayed (so verified by the peer that relayed it) or demoted peer's HELLO in
+        the passive view. When it is full, an entry from the informant with the most entries
+        (this one's, in a tie) makes room, so that one lying peer cannot fill it with addresses
+        nobody answers at."""
+        key = hello.sender
+        if not isinstance(informant, bytes) and informant != "demoted":
+            return  # a stranger's own HELLO or a beacon: nobody verified that address
+        if key == self.own_key or key in self.peers or self.settings.passive_view == 0:
+            return
+        known = self.passive.get(key)
+        if known is not None and known.hello.timestamp_us >= hello.timestamp_us:
+            return  # the same or an older HELLO: the first informant keeps it
+        if known is None and len(self.passive) >= self.settings.passive_view:
+            counts = Counter(entry.informant for entry in self.passive.values())
+            crowded = informant if counts[informant] == max(counts.values()) else counts.most_common(1)[0][0]
+            victims = [k for k, entry in self.passive.items() if entry.informant == crowded]
+            del self.passive[self.rng.choice(victims)]
+        self.passive[key] = _Known(hello, frame, informant, now + wait, now + self.settings.hello_max_age_s)
+
+    def _fill(self, now: float) -> list[Action]:
+        """Below the target: verify addresses from the passive view, in random order, as far as
+        the dial budgets allow (an entry over budget waits for a later tick)."""
+        actions: list[Action] = []
+        keys = [key for key, entry in self.passive.items() if entry.not_before <= now]
+        self.rng.shuffle(keys)
+        for key in keys:
+            if not self._seeking():
+                break
+            entry = self.passive[key]
+            hello, address = entry.hello, entry.hello.body.address
+            if now >= entry.expires_at or hello.timestamp_us <= self._given_up.get(key, -1):
+                del self.passive[key]
+                continue
+            if address in self.dialing:
+                continue
+            if self._over_dial_budget(address, entry.informant) or self._no_room_for(self._subnet(address)):
+                continue
+            del self.passive[key]
+            self.counts["passive_dialled"] += 1
+            actions += self._verify(hello, entry.frame, entry.informant, now)
         return actions
 
     def _dial_later(
@@ -620,6 +801,8 @@ class Membership:
         )
 
     def _dial_now(self, entry: _Dialing, now: float) -> list[Action]:
+        if entry.permanent and len(self.peers) >= self.target:
+            return self._stop_dialing(entry)  # enough peers: the bootstrap is for joining, or rejoining
         if not entry.opened:
             # A new connection refuses frames until ZeroMQ's handshake is done (IMMEDIATE=1):
             # open it now, send HELLO and the challenge one retry interval later.
@@ -656,11 +839,12 @@ class Membership:
     def _in_use(self, address: str) -> bool:
         return any(peer.address == address for peer in self.peers.values()) or address in self.dialing
 
-    def _peers_body(self) -> Peers:
+    def _peers_body(self, first: list[bytes] = ()) -> Peers:
+        """Our own HELLO, the verified HELLOs `first`, then a random sample of our relayable peers'."""
         others = [peer.hello for peer in self.peers.values() if peer.relayable]
-        own = [self.own_hello] if self.own_hello is not None else []
-        sample = self.rng.sample(others, min(len(others), MAX_RELAYED_HELLOS - len(own)))
-        return Peers(hellos=tuple(own + sample))
+        head = ([self.own_hello] if self.own_hello is not None else []) + list(first)[: MAX_RELAYED_HELLOS - 1]
+        sample = self.rng.sample(others, min(len(others), MAX_RELAYED_HELLOS - len(head)))
+        return Peers(hellos=tuple(head + sample))
 
     @staticmethod
     def _addresses(peers) -> tuple[str, ...]:

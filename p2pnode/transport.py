@@ -208,10 +208,12 @@ class Transport:
             return entry.peers
         return entry.socket
 
-    def hangup(self, address: str) -> None:
+    def hangup(self, address: str, flush: bool = False) -> None:
+        """Close the connections to `address`; with `flush`, what is queued on the public one
+        (a BYE) still goes out within `linger_ms`, from ZeroMQ's I/O thread."""
         entry = self.outbound.pop(address, None)
         if entry is not None:
-            entry.socket.close(linger=0)
+            entry.socket.close(linger=self.settings.linger_ms if flush else 0)
             if entry.peers is not None:
                 entry.peers.close(linger=0)
 

@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import os
 import socket as pysocket
+import struct
 from collections import Counter
 from collections.abc import Callable, Mapping
 
 import trio
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
 from protocol.curve import curve_public_from_ed25519
 
@@ -63,6 +63,7 @@ PEERS_DOMAIN = b"p2pnode-peers"  # the peers' socket: with CURVE, admitted peers
 PUBLIC, PEERS = "public", "peers"  # the inbound sockets (transport.py)
 DOMAINS = {PUBLIC: ZAP_DOMAIN, PEERS: PEERS_DOMAIN}
 MONITOR_QUEUE = 10_000  # monitor events held for the handler before libzmq's I/O thread waits
+_MONITOR_HEADER = struct.Struct("=hi")  # a monitor message's first frame: event id, value (libzmq)
 _FAILED = {
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
@@ -218,6 +219,14 @@ def _close(socket: zmq.Socket) -> None:
     socket.close(linger=0)
 
 
+def _monitor_event(parts: list[bytes]) -> tuple[int, int]:
+    """A monitor message: (event, value: the fd for ACCEPTED and DISCONNECTED). Read here, not
+    with zmq.utils.monitor, which imports asyncio (1.5 MB in every daemon) to offer a coroutine."""
+    if len(parts) != 2 or len(parts[0]) != _MONITOR_HEADER.size:
+        raise RuntimeError(f"invalid monitor message: {parts!r}")
+    return _MONITOR_HEADER.unpack(parts[0])
+
+
 def _drain(monitor: zmq.Socket, connections: Connections | None, socket: str) -> None:
     while True:
         try:
@@ -225,8 +234,7 @@ def _drain(monitor: zmq.Socket, connections: Connections | None, socket: str) ->
         except zmq.Again:
             return
         if connections is not None:
-            event = parse_monitor_message(parts)
-            connections.on_event(event["event"], event["value"], socket)
+            connections.on_event(*_monitor_event(parts), socket)
 
 
 async def serve_zap(zap: zmq.Socket, monitors: Mapping[str, zmq.Socket], connections: Connections) -> None:
@@ -244,5 +252,4 @@ async def serve_zap(zap: zmq.Socket, monitors: Mapping[str, zmq.Socket], connect
 async def _follow(monitor: zmq.Socket, connections: Connections, socket: str) -> None:
     while True:
         for parts in await receive_batch(monitor, 256):
-            event = parse_monitor_message(parts)
-            connections.on_event(event["event"], event["value"], socket)
+            connections.on_event(*_monitor_event(parts), socket)

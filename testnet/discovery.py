@@ -1,6 +1,8 @@
 """`p2pnode testnet --algorithm none`: launch daemons, watch them find each other, report.
 
-t = 0 is when the first daemon is spawned, so `full_mesh_s` includes process start-up.
+t = 0 is when the first daemon is spawned, so `full_mesh_s` and `target_s` include process
+start-up. A node's target is its active view, or all other nodes if there are fewer
+(`[discovery].active_view`, docs/daemon.md): for N ≤ active_view + 1 that is the full mesh.
 """
 
 from __future__ import annotations
@@ -15,9 +17,14 @@ from pathlib import Path
 
 from .churn import ChurnSpec, Supervisor
 from .cluster import Cluster
+from .overlay import at_target, resources, shape, steady_rates
 from .placement import Placement
 
 __all__ = ["run_discovery_testnet"]
+
+# Steady-state rates are measured from the first poll this long after every view reached its
+# target (the last redirects and handshakes are over by then) to the end of the run.
+STEADY_AFTER_S = 5.0
 
 
 def _aggregate(statuses: list[dict | None]) -> dict:
@@ -46,16 +53,19 @@ def _aggregate(statuses: list[dict | None]) -> dict:
 @dataclass
 class _Watch:
     """What the launcher saw while the daemons found each other: a row per poll (elapsed s, nodes
-    up, peers min / mean / max) and when all were up and when every node knew every other."""
+    up, peers min / mean / max), when all were up, when every node knew every other, when every
+    view was at its target, and the statuses the steady-state rates are measured from."""
 
     nodes: int
     timeline: list[list[float]] = field(default_factory=list)
     all_up_s: float | None = None
     full_mesh_s: float | None = None
+    target_s: float | None = None
+    steady_from: list[dict | None] | None = None
     _last_print: float = -1.0
 
     def poll(self, statuses: list[dict | None], elapsed: float, progress) -> bool:
-        """Record one poll; returns whether every node knows every other now."""
+        """Record one poll; returns whether every node's view is at its target now."""
         up = [s for s in statuses if s is not None]
         counts = [s["peer_count"] for s in up]
         if self.all_up_s is None and len(up) == self.nodes:
@@ -63,15 +73,24 @@ class _Watch:
         full_mesh = len(up) == self.nodes and min(counts) == self.nodes - 1
         if self.full_mesh_s is None and full_mesh:
             self.full_mesh_s = elapsed
+        targets = at_target(statuses)
+        if self.target_s is None and targets:
+            self.target_s = elapsed
+        if self.steady_from is None and self.target_s is not None and elapsed >= self.target_s + STEADY_AFTER_S:
+            self.steady_from = statuses
         mean = round(statistics.fmean(counts), 2) if counts else 0.0
         row = [round(elapsed, 2), len(up), min(counts, default=0), mean, max(counts, default=0)]
         self.timeline.append(row)
-        if elapsed - self._last_print >= 1.0 or self.full_mesh_s == elapsed:
+        if elapsed - self._last_print >= 1.0 or self.target_s == elapsed:
             self._last_print = elapsed
             mesh = "full mesh: not yet" if self.full_mesh_s is None else f"full mesh at {self.full_mesh_s:.1f} s"
+            if self.nodes - 1 > max((s["active_view"] for s in up), default=self.nodes):
+                mesh = (
+                    "views at target: not yet" if self.target_s is None else f"views at target at {self.target_s:.1f} s"
+                )
             peers = f"peers min {row[2]} mean {row[3]:.1f} max {row[4]}"
             print(f"[{elapsed:5.1f} s] {len(up):>3}/{self.nodes} up  {peers}  {mesh}", file=progress, flush=True)
-        return full_mesh
+        return targets
 
 
 def run_discovery_testnet(
@@ -84,16 +103,20 @@ def run_discovery_testnet(
     keep_going: bool = False,
     seed: int = 0,
     poll_s: float = 0.5,
+    discovery: dict | None = None,
     progress=None,
     placement: Placement | None = None,
 ) -> tuple[int, dict]:
-    """Returns (exit code, report). Exit code 0 iff every node knew all others within the
-    duration, no daemon exited on its own, and every daemon stopped by `churn` was back in a
-    full mesh before the end. Churn stops no daemon in the last `every` seconds, so that the
-    last one stopped has time to come back. `placement` runs the daemons (default: here)."""
+    """Returns (exit code, report). Exit code 0 iff every node's view reached its target (for
+    N ≤ active_view + 1: every node knew all others) within the duration, the overlay was
+    connected at the end, no daemon exited on its own, and every daemon stopped by `churn` was
+    back with every view at target before the end. Churn stops no daemon in the last `every`
+    seconds, so that the last one stopped has time to come back. `discovery` sets
+    `[discovery]` settings of every node (e.g. `active_view`, `max_peers`); `placement` runs
+    the daemons (default: here)."""
     progress = progress or sys.stderr  # the stream of the moment, not the one at import (tests swap it)
     out.mkdir(parents=True, exist_ok=True)
-    cluster = Cluster.prepare(out, nodes, placement=placement)
+    cluster = Cluster.prepare(out, nodes, discovery=discovery, placement=placement)
     cluster.place()  # before t = 0: a Ray cluster starts its launchers here
     watch = _Watch(nodes)
     started = time.monotonic()
@@ -114,10 +137,17 @@ def run_discovery_testnet(
     report = _report(out, cluster, watch, final, exit_codes, duration_s, time.monotonic() - started)
     report.update(supervisor.report())
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    full_mesh_s = watch.full_mesh_s
+    target_s, connected = watch.target_s, report["discovery"]["overlay"]["connected"]
     unhealed = [event["node"] for event in supervisor.events if event.get("mesh_s") is None]
-    ok = full_mesh_s is not None and full_mesh_s <= duration_s and not supervisor.exits and not unhealed
-    verdict = f"no full mesh within {duration_s:g} s" if full_mesh_s is None else f"full mesh in {full_mesh_s:.1f} s"
+    ok = target_s is not None and target_s <= duration_s and connected and not supervisor.exits and not unhealed
+    if watch.full_mesh_s is not None:
+        verdict = f"full mesh in {watch.full_mesh_s:.1f} s"
+    elif target_s is not None:
+        verdict = f"every view at target in {target_s:.1f} s"
+    else:
+        verdict = f"views not at target within {duration_s:g} s"
+    overlay = report["discovery"]["overlay"]
+    verdict += "; overlay " + (f"connected, diameter {overlay['diameter']}" if connected else "NOT connected")
     if supervisor.events:
         verdict += f"; {len(supervisor.events) - len(unhealed)} of {len(supervisor.events)} churned nodes back in it"
     if supervisor.exits:
@@ -135,18 +165,18 @@ def _watch_run(
     poll_s: float,
     progress,
 ) -> bool:
-    """Poll until the duration is over (or the mesh is complete, with `exit_on_mesh`, and
-    churn is over with every node back in it); returns whether the user interrupted."""
+    """Poll until the duration is over (or every view is at target, with `exit_on_mesh`, and
+    churn is over with every node back); returns whether the user interrupted."""
     started = supervisor.started
     try:
         while (elapsed := time.monotonic() - started) < duration_s:
             statuses = cluster.statuses()
             if watch.poll(statuses, elapsed, progress):
-                supervisor.stamp("mesh_s")  # the restarted nodes are back in a full mesh
+                supervisor.stamp("mesh_s")  # the restarted nodes are back, every view at target
             if watch.all_up_s is not None:
                 supervisor.arm()
             healed = all(event.get("mesh_s") is not None for event in supervisor.events)
-            if exit_on_mesh and watch.full_mesh_s is not None and supervisor.done() and healed:
+            if exit_on_mesh and watch.target_s is not None and supervisor.done() and healed:
                 break
             if not supervisor.poll(statuses):
                 break
@@ -178,10 +208,15 @@ def _report(
         "wall_time_s": round(wall_s, 3),
         "discovery": {
             "full_mesh_s": rounded(watch.full_mesh_s),
+            "target_s": rounded(watch.target_s),
             "all_up_s": rounded(watch.all_up_s),
+            "active_view": [None if s is None else s["active_view"] for s in final],
             "peer_counts": [None if s is None else s["peer_count"] for s in final],
+            "overlay": shape(final),
+            "steady": None if watch.steady_from is None else steady_rates(watch.steady_from, final),
             "timeline": watch.timeline,
         },
+        "resources": resources(final),
         **_aggregate(final),
         "node_exit_codes": [exit_codes.get(spec.index) for spec in cluster.specs],
         "nodes_detail": [

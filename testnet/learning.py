@@ -35,10 +35,15 @@ __all__ = ["run_learning_testnet", "testnet_report", "node_settings", "DISCOVERY
 
 # Daemons of one machine: quick failure detection, so a killed node stops being waited for.
 DISCOVERY = {"ping_interval_s": 0.5, "peer_timeout_s": 3.0, "exchange_interval_s": 0.5, "dial_retry_max_s": 1.0}
-MAX_PEERS = DiscoverySettings().max_peers  # the daemons keep the default
 
 
-def node_settings(spec: SimulationSpec, index: int, backbone: str, round_deadline_s: float) -> dict[str, Any]:
+def node_settings(
+    spec: SimulationSpec, index: int, backbone: str, round_deadline_s: float, target: int | None = None
+) -> dict[str, Any]:
+    """Node `index`'s config sections; `target` is the peers it seeks (its `active_view`, at
+    most `max_peers`; default: the daemon's)."""
+    if target is None:
+        target = DiscoverySettings().active_view
     data = {
         "dataset": spec.dataset,
         "scenario": spec.scenario,
@@ -62,7 +67,7 @@ def node_settings(spec: SimulationSpec, index: int, backbone: str, round_deadlin
         "algorithm": {
             "name": spec.algorithm,
             "rounds": spec.rounds,
-            "start_peers": min(spec.nodes - 1, MAX_PEERS),  # more cannot be admitted
+            "start_peers": min(spec.nodes - 1, target),  # it seeks no more
             "start_timeout_s": 120.0,
             "round_deadline_s": round_deadline_s,
             "settings": dict(spec.overrides),
@@ -81,13 +86,15 @@ def run_learning_testnet(
     churn: ChurnSpec | None = None,
     keep_going: bool = False,
     poll_s: float = 0.5,
+    discovery: dict[str, Any] | None = None,
     progress=None,
     placement: Placement | None = None,
 ) -> tuple[int, dict[str, Any]]:
     """Returns (exit code, report): 0 if every node finished (and `check` passed, if given),
     1 if not, 130 if interrupted. `churn` stops and restarts daemons while they learn (not
-    those that have finished); they resume from their checkpoints. `placement` runs the
-    daemons (default: here)."""
+    those that have finished); they resume from their checkpoints. `discovery` adds
+    `[discovery]` settings (e.g. `active_view`, `max_peers`) to every node's. `placement` runs
+    the daemons (default: here)."""
     if spec.poisoners:
         raise ValueError("poisoning peers exist in the simulator only")
     # The daemons resolve the device name as this machine's launcher does: fail before starting them.
@@ -97,11 +104,13 @@ def run_learning_testnet(
     out.mkdir(parents=True, exist_ok=True)
     backbones = spec.node_backbones()
     _, partition = load_scenario(spec.scenario_spec)
+    views = DiscoverySettings(**(discovery or {}))
+    target = min(views.active_view, views.max_peers)
     cluster = Cluster.prepare(
         out,
         spec.nodes,
-        discovery=DISCOVERY,
-        extra=lambda i: node_settings(spec, i, backbones[i], round_deadline_s),
+        discovery={**DISCOVERY, **(discovery or {})},
+        extra=lambda i: node_settings(spec, i, backbones[i], round_deadline_s, target),
         placement=placement,
     )
     timeout_s = timeout_s if timeout_s is not None else 180 + spec.rounds * (round_deadline_s + 5)

@@ -129,6 +129,28 @@ def test_testnet_reaches_a_full_mesh_and_reports(tmp_path):
     assert report["node_exit_codes"] == [0] * 5
 
 
+def test_testnet_with_a_bounded_view_reports_a_connected_overlay_with_every_view_at_target(tmp_path):
+    """12 daemons seeking 4 peers each (at most 6): not a full mesh, but every view at its
+    target, one connected overlay (networkx, from the peer tables), and what it costs."""
+    out = tmp_path / "net"
+    command = ["testnet", "--nodes", "12", "--algorithm", "none", "--duration", "30", "--out", str(out)]
+    views = ["--active-view", "4", "--max-peers", "6"]
+    result = subprocess.run([*P2PNODE, *command, *views], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "every view at target in" in result.stderr and "overlay connected" in result.stderr
+    report = json.loads((out / "report.json").read_text())
+    discovery = report["discovery"]
+    assert discovery["full_mesh_s"] is None and 0 < discovery["target_s"] <= 25  # steady rates need 5 s more
+    assert discovery["active_view"] == [4] * 12 and all(4 <= count <= 6 for count in discovery["peer_counts"])
+    overlay = discovery["overlay"]
+    assert overlay["connected"] and overlay["components"] == 1 and 1 <= overlay["diameter"] <= 11
+    assert sum(overlay["degree_distribution"].values()) == 12 and overlay["mutual_edges"] == overlay["edges"]
+    steady = discovery["steady"]  # measured from 5 s after the target was reached
+    assert steady["nodes"] == 12 and 4 <= steady["liveness_frames_per_s"]["mean"] / 2 <= 6.5  # PING + PONG per peer
+    resources = report["resources"]
+    assert all(cpu > 0 for cpu in resources["cpu_s"]) and all(rss > 0 for rss in resources["rss_mb"])
+
+
 def _daemon_pids(out: Path) -> list[int]:
     pids = []
     for lock in out.glob("node*/data/node.lock"):

@@ -115,3 +115,37 @@ def test_strangers_from_many_hosts_take_half_the_dial_slots_and_relayed_addresse
     assert membership.counts["dial_budget_source"] > 0 and membership.counts["dial_budget_direct"] > 0
     relayed = membership.on_announced(*hello("tcp://10.99.0.1:7000"), now=0.0, now_us=0, informant=b"a peer's key")
     assert isinstance(relayed[0], Dial) and len(membership.dialing) == direct + 1
+
+
+def test_sybils_from_many_subnets_cannot_push_honest_peers_out_of_a_bounded_view():
+    """A node at its active view redirects newcomers instead of displacing anyone: sixty keys,
+    each in a subnet of its own and coming back when sent away, get at most the slack between
+    `active_view` and `max_peers`."""
+    net = SimNet()
+    target = net.add(0, active_view=4, max_peers=6)
+    honest = [net.add(i, [target.address], address=f"tcp://10.1.{i}.1:7000") for i in range(1, 5)]
+    net.run_until(lambda: len(target.membership.peers) == 4, timeout=3)
+    for i in range(60):
+        net.add(100 + i, [target.address], address=f"tcp://10.{100 + i}.0.1:7000")
+    net.run(15)  # the redirected come back: bootstrap addresses are dialled again
+    assert {node.key for node in honest} <= set(target.membership.peers)
+    assert len(target.membership.peers) <= 6 and target.membership.counts["evicted_displaced"] == 0
+    assert target.membership.counts["redirected"] >= 50
+
+
+def test_a_peer_relaying_dead_addresses_cannot_flush_the_passive_view():
+    """When the passive view is full, an entry of the informant with the most entries makes
+    room: a liar relaying 63 dead addresses over and over keeps what honest peers relayed."""
+    net = SimNet()
+    a = net.add(0, active_view=2, max_peers=2, passive_view=16)
+    honest = net.add(1, [a.address], address="tcp://10.1.0.1:7000")
+    liar = net.add(2, [a.address], address="tcp://10.2.0.1:7000", max_peers=1)  # relays none of them
+    net.run_until(lambda: len(a.membership.ready()) == 2, timeout=3)
+    known = [net.add(10 + i, [honest.address], address=f"tcp://10.3.{i}.1:7000") for i in range(8)]
+    net.run_until(lambda: all(n.key in a.membership.passive for n in known), timeout=10)
+    for _ in range(5):
+        fake = tuple(_hello(net, f"tcp://10.{100 + i}.0.1:7000") for i in range(63))
+        net.inject(a, net.frame(liar, Peers(hellos=(liar.membership.own_hello, *fake))))
+        net.run(0.2)
+    assert all(n.key in a.membership.passive for n in known)
+    assert len(a.membership.passive) == 16
