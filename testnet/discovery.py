@@ -111,9 +111,8 @@ def run_discovery_testnet(
     N ≤ active_view + 1: every node knew all others) within the duration, the overlay was
     connected at the end, no daemon exited on its own, and every daemon stopped by `churn` was
     back with every view at target before the end. Churn stops no daemon in the last `every`
-    seconds, so that the last one stopped has time to come back. `discovery` sets
-    `[discovery]` settings of every node (e.g. `active_view`, `max_peers`); `placement` runs
-    the daemons (default: here)."""
+    seconds, so that the last one stopped has time to come back. `discovery`: `[discovery]`
+    settings of every node (`active_view`, ...); `placement` runs the daemons (default: here)."""
     progress = progress or sys.stderr  # the stream of the moment, not the one at import (tests swap it)
     out.mkdir(parents=True, exist_ok=True)
     cluster = Cluster.prepare(out, nodes, discovery=discovery, placement=placement)
