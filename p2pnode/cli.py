@@ -295,8 +295,9 @@ def _engine(args: argparse.Namespace, nodes: int):
     from testnet.rayhosts import ray_missing
 
     kind = args.engine or ("inline" if min(args.workers or cores(), nodes) == 1 else "processes")
-    if kind == "ray" and ray_missing():
-        raise CommandError(ray_missing(), EXIT_USAGE)
+    missing = ray_missing() if kind == "ray" else None
+    if missing:
+        raise CommandError(missing, EXIT_USAGE)
     try:
         return Engine(kind, args.workers, args.threads, args.ray_address, args.worker_timeout)
     except ValueError as exc:

@@ -63,7 +63,8 @@ class Engine:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
 
     def describe(self, hosts: int) -> dict[str, object]:
-        """What the report records about the engine (in its provenance: results do not depend on it)."""
+        """What the report records about the engine, in its provenance (results do not depend on
+        it); the simulator adds each host's nodes, memory and CPU time at the end."""
         return {"kind": self.kind, "workers": hosts, "threads": self.threads, "ray_address": self.ray_address}
 
 

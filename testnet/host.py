@@ -9,12 +9,14 @@ travel to it, and only signed frames and records come back.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 
 from algorithms.device import placement
 from algorithms.poison import Attack, PoisoningNode
 from algorithms.registry import ALGORITHMS, make_algorithm
 from algorithms.setup import build_setup
+from p2pnode.memory import process_memory
 from protocol import Limits
 
 from .shard import Shard, simulation_identity
@@ -58,6 +60,11 @@ class Host(Shard):
     def where(self) -> tuple[str, bool]:
         """The device this host's nodes train on, and whether under mixed precision."""
         return str(self.device), self.mixed_precision
+
+    def usage(self) -> dict[str, float | None]:
+        """Its nodes; its process's resident memory now and at its peak, MiB, and the CPU seconds
+        it has used (inline: the simulator's own process, dataset and all)."""
+        return {"nodes": len(self.nodes), **process_memory(), "cpu_s": round(time.process_time(), 2)}
 
 
 def blocks(nodes: int, workers: int) -> list[tuple[int, ...]]:

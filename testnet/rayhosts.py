@@ -28,9 +28,9 @@ RAY_EXTRA = "pip install 'p2pnode[ray]'"
 
 def ray_missing() -> str | None:
     """Why the ray engine cannot run here, or None if it can."""
-    import importlib.util
-
-    if importlib.util.find_spec("ray") is None:
+    try:
+        import ray  # noqa: F401
+    except ImportError:
         return f"--engine ray needs Ray, an optional extra: {RAY_EXTRA}"
     return None
 
@@ -58,9 +58,9 @@ class RayHosts:
             self.blocks = blocks(spec.nodes, workers or cpus)
             gpus = ray.cluster_resources().get("GPU", 0) if spec.device != "cpu" else 0
             share = min(1.0, gpus / len(self.blocks))
-            actor = ray.remote(num_cpus=1, num_gpus=share)(Host)
-            self._actors = [actor.remote(spec, block, threads) for block in self.blocks]
-            self._gather([actor.where.remote() for actor in self._actors], "start")
+            actor = ray.remote(num_cpus=1, num_gpus=share)(HostActor)
+            self._actors = [actor.remote() for _ in self.blocks]
+            self.call("start", [(spec, block, threads) for block in self.blocks])
         except BaseException:
             self.close()
             raise
@@ -72,7 +72,7 @@ class RayHosts:
         self.close()
 
     def call(self, method: str, args: Sequence[tuple[Any, ...]]) -> list[Any]:
-        refs = [getattr(actor, method).remote(*a) for actor, a in zip(self._actors, args, strict=True)]
+        refs = [actor.call.remote(method, a) for actor, a in zip(self._actors, args, strict=True)]
         return self._gather(refs, method)
 
     def close(self) -> None:
@@ -100,9 +100,24 @@ class RayHosts:
                     raise NodeFailed(f"{cause}; it ran in {self._name(h)}") from None
                 raise SimulationError(f"{self._name(h)} failed in {method}: {type(cause).__name__}: {cause}") from None
             except ray.exceptions.RayActorError as exc:
-                raise SimulationError(f"{self._name(h)} died during {method}: {exc}") from None
+                why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise SimulationError(f"{self._name(h)} died during {method}: {why}") from None
         return answers
 
     def _name(self, h: int) -> str:
         block = self.blocks[h]
         return f"Ray host {h} (nodes {block[0]}–{block[-1]})"
+
+
+class HostActor:
+    """What Ray runs: a host built by a method, not the actor's constructor, so that a failure to
+    build comes back as the error it is rather than as a dead actor."""
+
+    def __init__(self) -> None:
+        self.host: Host | None = None
+
+    def call(self, method: str, args: tuple[Any, ...]) -> Any:
+        if method == "start":
+            self.host = Host(*args)
+            return None
+        return getattr(self.host, method)(*args)

@@ -69,6 +69,7 @@ def run_simulation(
             if progress is not None:
                 progress(_progress(latest, truth, spec.rounds, time.perf_counter() - started))
         rejections = sum((Counter(part) for part in hosts.call("rejected", [()] * len(hosts.blocks))), Counter())
+        made["engine"]["hosts"] = hosts.call("usage", [()] * len(hosts.blocks))
     header = run_header("simulation", spec, partition, ids, backbones, config, (device, mixed_precision), made)
     report = assemble(header, records, truth, rejections=rejections, wall_s=time.perf_counter() - started)
     report["check"] = check(report, thresholds or CheckThresholds(accuracy=0.0, within_cluster_mass=0.0))
