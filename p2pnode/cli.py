@@ -226,15 +226,17 @@ def _thresholds(args: argparse.Namespace):
     return CheckThresholds(accuracy=args.check_accuracy, within_cluster_mass=args.check_mass) if args.check else None
 
 
-def _add_baselines(report: dict, spec, names: list[str]) -> None:
-    """Simulate the baselines on the run's nodes and put them beside it in the report."""
+def _add_baselines(report: dict, spec, names: list[str], engine=None) -> None:
+    """Simulate the baselines on the run's nodes (on `engine`; default inline) and put them
+    beside it in the report."""
     if not names:
         return
+    from testnet.engines import INLINE
     from testnet.progress import RoundProgress
     from testnet.report import attach_baselines
     from testnet.simulator import run_baselines
 
-    attach_baselines(report, run_baselines(spec, names, progress=RoundProgress))
+    attach_baselines(report, run_baselines(spec, names, progress=RoundProgress, engine=engine or INLINE))
 
 
 def _write(report: dict, out: Path) -> None:
@@ -297,21 +299,40 @@ def _simulate(args: argparse.Namespace) -> int:
     from algorithms.partitions import PartitionError
     from algorithms.registry import ConfigOverrideError
     from testnet.progress import RoundProgress
+    from testnet.shard import SimulationError
     from testnet.simulator import run_simulation
 
     spec = _learning_spec(args)
-    _device_present(spec)
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
+    engine = _engine(args, spec.nodes)
+    if engine.kind != "ray":  # a Ray cluster's machines may have devices this one lacks
+        _device_present(spec)
     try:
-        report = run_simulation(spec, progress=RoundProgress(args.algorithm), thresholds=_thresholds(args))
-        _add_baselines(report, spec, args.baselines)
+        report = run_simulation(
+            spec, progress=RoundProgress(args.algorithm), thresholds=_thresholds(args), engine=engine
+        )
+        _add_baselines(report, spec, args.baselines, engine)
     except (DatasetError, PartitionError, ConfigOverrideError) as exc:
         raise CommandError(str(exc), EXIT_USAGE) from None
+    except SimulationError as exc:
+        raise CommandError(str(exc)) from None
     _write(report, Path(args.out))
     return EXIT_OK if report["check"]["passed"] else EXIT_FAILED
+
+
+def _engine(args: argparse.Namespace, nodes: int):
+    """The engine of `simulate` (testnet/engines.py): processes when more than one worker would
+    have nodes to run, else inline, unless --engine says otherwise."""
+    from testnet.engines import Engine, cores
+    from testnet.rayhosts import ray_missing
+
+    kind = args.engine or ("inline" if min(args.workers or cores(), nodes) == 1 else "processes")
+    missing = ray_missing() if kind == "ray" else None
+    if missing:
+        raise CommandError(missing, EXIT_USAGE)
+    try:
+        return Engine(kind, args.workers, args.threads, args.ray_address, args.worker_timeout)
+    except ValueError as exc:
+        raise CommandError(f"--engine {kind}: {exc}", EXIT_USAGE) from None
 
 
 def _positive(convert, what: str):
@@ -536,13 +557,44 @@ def build_parser() -> argparse.ArgumentParser:
     testnet.set_defaults(run=_testnet)
 
     simulate = commands.add_parser(
-        "simulate", help="run a learning algorithm on all nodes in one process (no network) and write a report"
+        "simulate",
+        help="run a learning algorithm on all nodes without a network (in worker processes, or on Ray) and "
+        "write a report",
     )
     simulate.add_argument("--algorithm", choices=ALGORITHM_NAMES, required=True)
     simulate.add_argument("--nodes", type=_positive_int, default=10)
     simulate.add_argument("--out", required=True, metavar="DIR", help="report.json and PNGs go here")
     _add_learning_arguments(simulate)
-    simulate.add_argument("--threads", type=_positive_int, metavar="N", help="torch CPU threads (default: torch's)")
+    simulate.add_argument(
+        "--engine",
+        choices=("inline", "processes", "ray"),
+        help="where the nodes run: inline (all in this process), processes (a pool of --workers worker "
+        "processes), ray (Ray actors; needs pip install 'p2pnode[ray]'). Default: processes, or inline "
+        'when one worker would do. Same report on each (docs/learning.md, "Engines")',
+    )
+    simulate.add_argument(
+        "--workers",
+        type=_positive_int,
+        metavar="N",
+        help="hosts the nodes are dealt to (default: one per core; ray: one per CPU of the cluster)",
+    )
+    simulate.add_argument(
+        "--threads",
+        type=_positive_int,
+        metavar="N",
+        help="torch CPU threads per worker (default 1; inline: torch's default)",
+    )
+    simulate.add_argument(
+        "--ray-address", metavar="ADDR", help="--engine ray: the cluster to use (default: start a local Ray)"
+    )
+    simulate.add_argument(
+        "--worker-timeout",
+        type=_positive_float,
+        default=1800.0,
+        metavar="S",
+        help="most seconds a worker may take over one command, e.g. a round's local steps of its nodes "
+        "(default 1800); a worker that takes longer, dies or raises stops the run with exit 1",
+    )
     simulate.add_argument(
         "--poisoners", type=int, nargs="+", default=[], metavar="I", help="nodes that poison what they send"
     )

@@ -1,8 +1,10 @@
-"""The in-process simulator: every node of a scenario in one process, exchanging real frames.
+"""The simulator: every node of a scenario, exchanging real frames without sockets.
 
 It drives the same algorithm seam the daemon drives, through the perfect synchronous network
 of testnet/exchange.py, and builds its report from the same per-node-round records as the
-learning testnet (testnet/report.py). `p2pnode simulate` is its command line.
+learning testnet (testnet/report.py). `p2pnode simulate` is its command line. The nodes run on
+an engine (testnet/engines.py): all in this process (`inline`, the default), spread over worker
+processes, or over Ray actors; the report is the same on each.
 
 `poisoners` turns some nodes Byzantine (algorithms/poison.py): they learn as the others do but
 poison every learning payload they send, and the report measures their weight in the honest
@@ -12,96 +14,25 @@ rows of W and the honest nodes' accuracy.
 from __future__ import annotations
 
 import dataclasses
-import math
-import re
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from algorithms.catalog import BASELINES, DEVICE_FORMS, DEVICE_PATTERN, FLOAT32_ONLY_DEVICES
-from algorithms.device import placement
+from algorithms.catalog import BASELINES
 from algorithms.graph import within_cluster_mass
-from algorithms.models import CPU_BACKBONES
-from algorithms.partitions import PartitionSpec
-from algorithms.poison import ATTACKS, Attack, PoisoningNode
-from algorithms.registry import ALGORITHMS, apply_overrides, config_as_dict, default_config, make_algorithm
-from algorithms.setup import ScenarioSpec, build_setup, load_scenario
+from algorithms.registry import apply_overrides, default_config
+from algorithms.setup import load_scenario
 from p2pnode.rounds import RoundRecord
-from protocol import Limits
 
-from .exchange import Exchange, simulation_identity
+from .engines import INLINE, Engine, open_hosts
+from .exchange import exchange_round, simulation_identity
 from .provenance import provenance
 from .report import CheckThresholds, Truth, assemble, check, run_header
+from .spec import SimulationSpec
 
-__all__ = ["SimulationSpec", "RoundResult", "run_simulation", "run_baselines", "simulation_identity"]
-
-HOMOGENEOUS_DEFAULT = ("convnet",)
-
-
-@dataclass(frozen=True)
-class SimulationSpec:
-    algorithm: str
-    dataset: str = "mnist5k"
-    scenario: str = "1"
-    nodes: int = 10
-    rounds: int = 60
-    seed: int = 0
-    clusters: int | None = None
-    samples_per_class: int = 25
-    test_per_class: int = 15
-    backbones: tuple[str, ...] | None = None  # node i runs backbones[i % len]; None: the CPU family
-    dataset_root: str | None = None
-    overrides: Mapping[str, str] = field(default_factory=dict)
-    poisoners: tuple[int, ...] = ()  # indices of the nodes that poison what they send
-    attack: str = "sign-flip"  # algorithms/poison.py: scale, sign-flip, random, none (the control)
-    attack_factor: float = 10.0  # the factor of `scale`
-    device: str = "auto"  # where every node trains (algorithms/device.py resolves it)
-    mixed_precision: bool = False  # CUDA only
-
-    def __post_init__(self) -> None:
-        if not re.fullmatch(DEVICE_PATTERN, self.device):
-            raise ValueError(f"device {self.device!r} is not {DEVICE_FORMS}")
-        if self.mixed_precision and self.device in FLOAT32_ONLY_DEVICES:
-            raise ValueError(f"mixed precision needs a CUDA device, not {self.device!r}")
-        if self.algorithm not in ALGORITHMS:
-            raise ValueError(f"unknown algorithm {self.algorithm!r}; choose from {', '.join(ALGORITHMS)}")
-        if self.nodes < 1 or self.rounds < 1:
-            raise ValueError("nodes and rounds must be ≥ 1")
-        if any(not 0 <= i < self.nodes for i in self.poisoners) or len(set(self.poisoners)) != len(self.poisoners):
-            raise ValueError(f"poisoners must be distinct node indices below {self.nodes}, got {self.poisoners}")
-        if len(self.poisoners) >= self.nodes:
-            raise ValueError("at least one node must be honest")
-        if self.attack not in ATTACKS:
-            raise ValueError(f"unknown attack {self.attack!r}; choose from {', '.join(ATTACKS)}")
-        Attack(self.attack, self.attack_factor)
-
-    @property
-    def scenario_spec(self) -> ScenarioSpec:
-        """The data of the run, as every node builds its share of it (algorithms/setup.py)."""
-        partition = PartitionSpec(
-            scenario=self.scenario,
-            nodes=self.nodes,
-            clusters=self.clusters,
-            samples_per_class=self.samples_per_class,
-            test_per_class=self.test_per_class,
-            seed=self.seed,
-        )
-        return ScenarioSpec(self.dataset, partition, self.dataset_root)
-
-    def algorithm_config(self) -> Any:
-        """The algorithm's configuration: its defaults with the run's overrides."""
-        return apply_overrides(default_config(self.algorithm), self.overrides)
-
-    def config_dict(self) -> dict[str, Any]:
-        return config_as_dict(self.algorithm_config())
-
-    def node_backbones(self) -> list[str]:
-        info = ALGORITHMS[self.algorithm]
-        chosen = self.backbones or (HOMOGENEOUS_DEFAULT if info.homogeneous else CPU_BACKBONES)
-        if info.homogeneous and len(set(chosen)) > 1:
-            raise ValueError(f"{self.algorithm} averages whole models: give it one backbone, not {chosen}")
-        return [chosen[i % len(chosen)] for i in range(self.nodes)]
+__all__ = ["SimulationSpec", "RoundResult", "Engine", "run_simulation", "run_baselines", "simulation_identity"]
 
 
 @dataclass(frozen=True)
@@ -118,56 +49,44 @@ def run_simulation(
     spec: SimulationSpec,
     progress: Callable[[RoundResult], None] | None = None,
     thresholds: CheckThresholds | None = None,
+    engine: Engine = INLINE,
 ) -> dict[str, Any]:
-    """Run every round of `spec`; returns the report (testnet/report.py), judged against
-    `thresholds` if given."""
+    """Run every round of `spec` on `engine` (testnet/engines.py: the same report on each);
+    returns the report (testnet/report.py), judged against `thresholds` if given."""
     started = time.perf_counter()
-    device, mixed_precision = placement(spec.device, spec.mixed_precision)
-    made = provenance(spec.seed, str(device))
-    info = ALGORITHMS[spec.algorithm]
-    config = spec.algorithm_config()
+    config = spec.config_dict()  # a bad override fails here, before any host starts
     _, partition = load_scenario(spec.scenario_spec)
     backbones = spec.node_backbones()
-    identities = [simulation_identity(spec.seed, i) for i in range(spec.nodes)]
-    ids = [identity.node_id for identity in identities]
-    nodes = [
-        make_algorithm(
-            spec.algorithm,
-            build_setup(
-                spec.scenario_spec,
-                i,
-                ids[i],
-                backbone=backbones[i],
-                pooled=info.pooled_training_data,
-                device=device,
-                mixed_precision=mixed_precision,
-            ),
-            config,
-        )
-        for i in range(spec.nodes)
-    ]
-    attack = Attack(spec.attack, spec.attack_factor)
-    for i in spec.poisoners:
-        nodes[i] = PoisoningNode(nodes[i], attack, seed=spec.seed * 1000 + i)
-    # An attacker signs whatever it likes; the honest decoders keep the real norm bound.
-    exchange = Exchange(nodes, identities, dict.fromkeys(spec.poisoners, Limits(max_tensor_norm=math.inf)))
+    ids = [simulation_identity(spec.seed, i).node_id for i in range(spec.nodes)]
     truth = Truth.of(partition)
     records: list[RoundRecord] = []
-    for round in range(spec.rounds):
-        latest = exchange.run_round(round)
-        records.extend(latest)
-        if progress is not None:
-            progress(_progress(latest, truth, spec.rounds, time.perf_counter() - started))
-    header = run_header(
-        "simulation", spec, partition, ids, backbones, spec.config_dict(), (device, mixed_precision), made
-    )
-    report = assemble(header, records, truth, rejections=exchange.rejections, wall_s=time.perf_counter() - started)
+    with open_hosts(spec, engine) as hosts:
+        device, mixed_precision = _placement(hosts.call("where", [()] * len(hosts.blocks)))
+        made = {**provenance(spec.seed, device), "engine": engine.describe(len(hosts.blocks))}
+        for round in range(spec.rounds):
+            latest = exchange_round(hosts, ids, round)
+            records.extend(latest)
+            if progress is not None:
+                progress(_progress(latest, truth, spec.rounds, time.perf_counter() - started))
+        rejections = sum((Counter(part) for part in hosts.call("rejected", [()] * len(hosts.blocks))), Counter())
+        made["engine"]["hosts"] = hosts.call("usage", [()] * len(hosts.blocks))
+    header = run_header("simulation", spec, partition, ids, backbones, config, (device, mixed_precision), made)
+    report = assemble(header, records, truth, rejections=rejections, wall_s=time.perf_counter() - started)
     report["check"] = check(report, thresholds or CheckThresholds(accuracy=0.0, within_cluster_mass=0.0))
     return report
 
 
+def _placement(where: list[tuple[str, bool]]) -> tuple[str, bool]:
+    """Where the hosts' nodes train: one device, or every one of them where hosts differ."""
+    devices = sorted({device for device, _ in where})
+    return ", ".join(devices), all(mixed for _, mixed in where)
+
+
 def run_baselines(
-    spec: SimulationSpec, names: Sequence[str], progress: Callable[[str], Callable[[RoundResult], None]] | None = None
+    spec: SimulationSpec,
+    names: Sequence[str],
+    progress: Callable[[str], Callable[[RoundResult], None]] | None = None,
+    engine: Engine = INLINE,
 ) -> dict[str, dict[str, Any]]:
     """Simulate each baseline on `spec`'s nodes, each node on the backbone it had there, with those
     of `spec`'s overrides the baseline's configuration has; returns the reports by name
@@ -184,7 +103,7 @@ def run_baselines(
             overrides=_applicable(name, spec.overrides),
             poisoners=(),
         )
-        reports[name] = run_simulation(baseline, progress=progress(name) if progress else None)
+        reports[name] = run_simulation(baseline, progress=progress(name) if progress else None, engine=engine)
     return reports
 
 

@@ -82,3 +82,18 @@ def test_importing_protocol_loads_no_torch_trio_or_zmq():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_ray_stays_optional_importing_every_module_loads_no_ray():
+    """Ray is the optional extra of `simulate --engine ray`: only testnet/rayhosts.py imports it,
+    and only when that engine runs."""
+    names = [".".join(p.relative_to(ROOT).with_suffix("").parts) for pkg in PACKAGES for p in files(pkg)]
+    names = [n.removesuffix(".__init__") for n in names if not n.endswith("__main__")]
+    code = f"import importlib, sys\nfor n in {names!r}: importlib.import_module(n)\nprint('ray' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
+    for package in PACKAGES:
+        for path in files(package):
+            if path.relative_to(ROOT) != Path("testnet/rayhosts.py"):
+                assert "ray" not in {top(n) for n in imports(path)}, path

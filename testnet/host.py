@@ -1,0 +1,76 @@
+"""A host: the shard of a simulation's nodes one process owns, built from the run's spec alone.
+
+Every engine (testnet/engines.py) runs the same hosts: one in the simulator's own process, one
+per worker process, one per Ray actor. A host builds its nodes itself (the dataset is loaded
+once per process and each node cuts its shard from it), so only the spec and the node indices
+travel to it, and only signed frames and records come back.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+
+from algorithms.device import placement
+from algorithms.poison import Attack, PoisoningNode
+from algorithms.registry import ALGORITHMS, make_algorithm
+from algorithms.setup import build_setup
+from p2pnode.memory import process_memory
+from protocol import Limits
+
+from .shard import Shard, simulation_identity
+from .spec import SimulationSpec
+
+__all__ = ["Host", "blocks"]
+
+
+class Host(Shard):
+    def __init__(self, spec: SimulationSpec, block: Sequence[int], threads: int | None = None) -> None:
+        """Nodes `block` of `spec`; `threads`: torch's CPU threads in this process (None: as
+        they are)."""
+        if threads is not None:
+            import torch
+
+            torch.set_num_threads(threads)
+        self.device, self.mixed_precision = placement(spec.device, spec.mixed_precision)
+        info = ALGORITHMS[spec.algorithm]
+        config = spec.algorithm_config()
+        backbones = spec.node_backbones()
+        identities = {i: simulation_identity(spec.seed, i) for i in range(spec.nodes)}
+        ids = [identities[i].node_id for i in range(spec.nodes)]
+        attack = Attack(spec.attack, spec.attack_factor)
+        nodes = {}
+        for i in block:
+            setup = build_setup(
+                spec.scenario_spec,
+                i,
+                ids[i],
+                backbone=backbones[i],
+                pooled=info.pooled_training_data,
+                device=self.device,
+                mixed_precision=self.mixed_precision,
+            )
+            node = make_algorithm(spec.algorithm, setup, config)
+            nodes[i] = PoisoningNode(node, attack, seed=spec.seed * 1000 + i) if i in spec.poisoners else node
+        # An attacker signs whatever it likes; the honest decoders keep the real norm bound.
+        loose = {i: Limits(max_tensor_norm=math.inf) for i in spec.poisoners if i in nodes}
+        super().__init__(nodes, {i: identities[i] for i in nodes}, ids, loose)
+
+    def where(self) -> tuple[str, bool]:
+        """The device this host's nodes train on, and whether under mixed precision."""
+        return str(self.device), self.mixed_precision
+
+    def usage(self) -> dict[str, float | None]:
+        """Its nodes; its process's resident memory now and at its peak, MiB, and the CPU seconds
+        it has used (inline: the simulator's own process, dataset and all)."""
+        return {"nodes": len(self.nodes), **process_memory(), "cpu_s": round(time.process_time(), 2)}
+
+
+def blocks(nodes: int, workers: int) -> list[tuple[int, ...]]:
+    """Nodes 0..nodes-1 dealt to `workers` hosts (fewer if there are fewer nodes): contiguous
+    blocks whose sizes differ by one at most, so the cycling backbones spread evenly."""
+    count = max(1, min(workers, nodes))
+    size, extra = divmod(nodes, count)
+    starts = [h * size + min(h, extra) for h in range(count + 1)]
+    return [tuple(range(starts[h], starts[h + 1])) for h in range(count)]

@@ -1,0 +1,86 @@
+"""What a simulation runs: the scenario, the algorithm and its settings, the poisoners, the
+device. Every host of a run builds its nodes from this alone (testnet/host.py), so nothing big
+travels to a worker."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from algorithms.catalog import DEVICE_FORMS, DEVICE_PATTERN, FLOAT32_ONLY_DEVICES
+from algorithms.models import CPU_BACKBONES
+from algorithms.partitions import PartitionSpec
+from algorithms.poison import ATTACKS, Attack
+from algorithms.registry import ALGORITHMS, apply_overrides, config_as_dict, default_config
+from algorithms.setup import ScenarioSpec
+
+__all__ = ["SimulationSpec", "HOMOGENEOUS_DEFAULT"]
+
+HOMOGENEOUS_DEFAULT = ("convnet",)
+
+
+@dataclass(frozen=True)
+class SimulationSpec:
+    algorithm: str
+    dataset: str = "mnist5k"
+    scenario: str = "1"
+    nodes: int = 10
+    rounds: int = 60
+    seed: int = 0
+    clusters: int | None = None
+    samples_per_class: int = 25
+    test_per_class: int = 15
+    backbones: tuple[str, ...] | None = None  # node i runs backbones[i % len]; None: the CPU family
+    dataset_root: str | None = None
+    overrides: Mapping[str, str] = field(default_factory=dict)
+    poisoners: tuple[int, ...] = ()  # indices of the nodes that poison what they send
+    attack: str = "sign-flip"  # algorithms/poison.py: scale, sign-flip, random, none (the control)
+    attack_factor: float = 10.0  # the factor of `scale`
+    device: str = "auto"  # where every node trains (algorithms/device.py resolves it)
+    mixed_precision: bool = False  # CUDA only
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(DEVICE_PATTERN, self.device):
+            raise ValueError(f"device {self.device!r} is not {DEVICE_FORMS}")
+        if self.mixed_precision and self.device in FLOAT32_ONLY_DEVICES:
+            raise ValueError(f"mixed precision needs a CUDA device, not {self.device!r}")
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"unknown algorithm {self.algorithm!r}; choose from {', '.join(ALGORITHMS)}")
+        if self.nodes < 1 or self.rounds < 1:
+            raise ValueError("nodes and rounds must be ≥ 1")
+        if any(not 0 <= i < self.nodes for i in self.poisoners) or len(set(self.poisoners)) != len(self.poisoners):
+            raise ValueError(f"poisoners must be distinct node indices below {self.nodes}, got {self.poisoners}")
+        if len(self.poisoners) >= self.nodes:
+            raise ValueError("at least one node must be honest")
+        if self.attack not in ATTACKS:
+            raise ValueError(f"unknown attack {self.attack!r}; choose from {', '.join(ATTACKS)}")
+        Attack(self.attack, self.attack_factor)
+
+    @property
+    def scenario_spec(self) -> ScenarioSpec:
+        """The data of the run, as every node builds its share of it (algorithms/setup.py)."""
+        partition = PartitionSpec(
+            scenario=self.scenario,
+            nodes=self.nodes,
+            clusters=self.clusters,
+            samples_per_class=self.samples_per_class,
+            test_per_class=self.test_per_class,
+            seed=self.seed,
+        )
+        return ScenarioSpec(self.dataset, partition, self.dataset_root)
+
+    def algorithm_config(self) -> Any:
+        """The algorithm's configuration: its defaults with the run's overrides."""
+        return apply_overrides(default_config(self.algorithm), self.overrides)
+
+    def config_dict(self) -> dict[str, Any]:
+        return config_as_dict(self.algorithm_config())
+
+    def node_backbones(self) -> list[str]:
+        info = ALGORITHMS[self.algorithm]
+        chosen = self.backbones or (HOMOGENEOUS_DEFAULT if info.homogeneous else CPU_BACKBONES)
+        if info.homogeneous and len(set(chosen)) > 1:
+            raise ValueError(f"{self.algorithm} averages whole models: give it one backbone, not {chosen}")
+        return [chosen[i % len(chosen)] for i in range(self.nodes)]

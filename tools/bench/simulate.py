@@ -1,0 +1,163 @@
+"""The simulator's engines (issue #16; BENCHMARKS.md, "Scaling: simulator"): the wall time of
+one simulation inline, spread over worker processes, and on Ray, with the ratios measured in the
+same run of this tool.
+
+    python -m tools.bench.simulate speedup [--rounds 60] [--repeats 1] [--skip-before]  # 10-node MAPL
+    python -m tools.bench.simulate scaling [--nodes 10 30 100] [--rounds 5] [--workers 1 2] [--ray]
+    python -m tools.bench.simulate large [--nodes 200] [--rounds 3] [--engines ray processes]
+
+`speedup` runs the MAPL row of `tools/bench/learning.py` (mnist5k, Scenario 1, 10 nodes, 25
+samples per class, 60 rounds, seed 0) as `p2pnode simulate` ran it before engines existed
+(inline, torch's default threads), then inline on one thread and on 2 worker processes of one
+thread each, in turn, `--repeats` times. `scaling` times MAPL (mnist5k, Scenario 1) against the number of nodes and of workers;
+`large` one run of many nodes. Each run is a fresh process (`run`, below), so none inherits
+another's threads or caches; the 1-minute load average is printed beside each, since the machine
+may be shared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from dataclasses import asdict
+
+from testnet.engines import Engine
+from testnet.simulator import SimulationSpec
+
+BENCHMARK = {"algorithm": "mapl", "dataset": "mnist5k", "scenario": "1", "samples_per_class": 25, "seed": 0}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=("speedup", "scaling", "large", "run"))
+    parser.add_argument("--rounds", type=int)
+    parser.add_argument("--nodes", type=int, nargs="+")
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="scaling: worker counts")
+    parser.add_argument("--ray", action="store_true", help="scaling: also on a local Ray")
+    parser.add_argument("--engines", nargs="+", default=["ray", "processes"], help="large: the engines to run")
+    parser.add_argument("--repeats", type=int, default=1, help="speedup: inline / processes pairs, in turn")
+    parser.add_argument(
+        "--skip-before", action="store_true", help="speedup: leave out the run as before engines (the slowest)"
+    )
+    parser.add_argument("--job", help=argparse.SUPPRESS)  # `run`: one simulation, as JSON
+    args = parser.parse_args(argv)
+    if args.what == "run":
+        print(json.dumps(_run_here(json.loads(args.job))))
+        return 0
+    if args.what == "speedup":
+        print(_speedup(args.rounds or 60, args.skip_before, args.repeats))
+    elif args.what == "scaling":
+        print(_scaling(args.nodes or [10, 30, 100], args.rounds or 5, args.workers, args.ray))
+    else:
+        print(_large(args.nodes or [200], args.rounds or 3, args.engines))
+    return 0
+
+
+def _speedup(rounds: int, skip_before: bool, repeats: int) -> str:
+    """The run as before engines once; then inline on one thread and 2 worker processes, in turn,
+    `repeats` times, so that a busy stretch of a shared machine hits both alike."""
+    spec = {**BENCHMARK, "nodes": 10, "rounds": rounds}
+    before = None if skip_before else run(spec, {"kind": "inline"}, label="before engines: inline, torch's threads")
+    pairs = [
+        (
+            run(spec, {"kind": "inline", "threads": 1}, label="inline, 1 thread"),
+            run(spec, {"kind": "processes", "workers": 2, "threads": 1}, label="processes, 2 workers × 1 thread"),
+        )
+        for _ in range(repeats)
+    ]
+    lines = [HEADER, *([_row(before)] if before else []), *(_row(r) for pair in pairs for r in pair), ""]
+    spread = pairs[0][1]
+    if before:
+        lines.append(
+            f"processes against before engines: {before['wall_s'] / spread['wall_s']:.2f}× as fast, accuracy "
+            f"{(spread['accuracy'] - before['accuracy']) * 100:+.2f} points"
+        )
+    ratios = [inline["wall_s"] / spread["wall_s"] for inline, spread in pairs]
+    same = all(inline["results"] == spread["results"] for inline, spread in pairs)
+    lines.append(
+        f"processes against inline on 1 thread: {statistics.median(ratios):.2f}× as fast (median of "
+        f"{', '.join(f'{r:.2f}' for r in ratios)}), reports {'identical' if same else 'different'}"
+    )
+    return "\n".join(lines)
+
+
+def _scaling(nodes: list[int], rounds: int, workers: list[int], ray: bool) -> str:
+    rows = [HEADER]
+    for count in nodes:
+        spec = {**BENCHMARK, "nodes": count, "rounds": rounds}
+        engines = [{"kind": "inline", "threads": 1} if w == 1 else {"kind": "processes", "workers": w} for w in workers]
+        engines += [{"kind": "ray", "workers": w} for w in workers] if ray else []
+        results = [run(spec, engine) for engine in engines]
+        rows += [_row(r) for r in results]
+        same = len({r["results"] for r in results}) == 1
+        rows.append(f"| {count} nodes: reports {'identical' if same else 'different'} on every engine |" + " |" * 10)
+    return "\n".join(rows)
+
+
+def _large(nodes: list[int], rounds: int, engines: list[str]) -> str:
+    rows = [HEADER]
+    for count in nodes:
+        spec = {**BENCHMARK, "nodes": count, "rounds": rounds}
+        rows += [_row(run(spec, {"kind": kind, "workers": 2})) for kind in engines]
+    return "\n".join(rows)
+
+
+HEADER = (
+    "| run | nodes | rounds | engine | hosts × threads | wall s | cores used | local step s (mean) | accuracy % | "
+    "peak RSS per host, MiB | load (1 min) before / after |\n" + "|---" * 11 + "|"
+)
+
+
+def _row(r: dict) -> str:
+    """One run; `cores used` is the hosts' CPU seconds over the wall time (process start included)."""
+    peak = [host["peak_rss_mb"] or 0.0 for host in r["engine"]["hosts"]]
+    cores = sum(host["cpu_s"] for host in r["engine"]["hosts"]) / r["wall_s"]
+    return (
+        f"| {r['label']} | {r['nodes']} | {r['rounds']} | {r['engine']['kind']} | {len(peak)} × "
+        f"{r['threads']} | {r['wall_s']:.1f} | {cores:.2f} | {r['step_s']:.3f} | {r['accuracy'] * 100:.2f} | "
+        f"{' / '.join(f'{p:.0f}' for p in peak)} | {r['load'][0]:.1f} / {r['load'][1]:.1f} |"
+    )
+
+
+def run(spec: dict, engine: dict, label: str = "") -> dict:
+    """One simulation in a fresh process; what it measured, with the load average around it."""
+    job = json.dumps({"spec": spec, "engine": engine})
+    before = os.getloadavg()[0]
+    done = subprocess.run(
+        [sys.executable, "-m", "tools.bench.simulate", "run", "--job", job],
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    result = json.loads(done.stdout.splitlines()[-1])
+    result.update(label=label or engine["kind"], load=(before, os.getloadavg()[0]))
+    print(_row(result), file=sys.stderr, flush=True)
+    return result
+
+
+def _run_here(job: dict) -> dict:
+    import torch
+
+    from testnet.simulator import run_simulation
+
+    spec, engine = SimulationSpec(**job["spec"]), Engine(**job["engine"])
+    report = run_simulation(spec, engine=engine)
+    kept = {k: v for k, v in report.items() if k not in ("wall_s", "timing", "provenance")}
+    return {
+        "nodes": spec.nodes,
+        "rounds": spec.rounds,
+        "engine": {**asdict(engine), "hosts": report["provenance"]["engine"]["hosts"]},
+        "threads": torch.get_num_threads() if engine.kind == "inline" else engine.threads or 1,  # per host
+        "wall_s": report["wall_s"],
+        "step_s": report["timing"]["local_step_s_mean"],
+        "accuracy": report["accuracy"]["mean"],
+        "results": json.dumps(kept, sort_keys=True),  # compared between runs: identical or not
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())
