@@ -323,7 +323,7 @@ def _engine(args: argparse.Namespace, nodes: int):
     """The engine of `simulate` (testnet/engines.py): processes when more than one worker would
     have nodes to run, else inline, unless --engine says otherwise."""
     from testnet.engines import Engine, cores
-    from testnet.rayhosts import ray_missing
+    from testnet.optional import ray_missing
 
     kind = args.engine or ("inline" if min(args.workers or cores(), nodes) == 1 else "processes")
     missing = ray_missing() if kind == "ray" else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 
+from .optional import ray_missing
 from .placement import LocalPlacement
 
 __all__ = ["ENGINES", "EngineUnavailable", "open_placement"]
@@ -23,10 +24,9 @@ def open_placement(engine: str, *, ray_address: str | None = None, progress=None
         return LocalPlacement()
     if engine != "ray":
         raise ValueError(f"unknown engine {engine!r}: expected one of {', '.join(ENGINES)}")
-    try:
-        import ray  # noqa: F401  (a missing extra is a usage error; a broken install is not hidden below)
-    except ImportError:
-        raise EngineUnavailable("--engine ray needs Ray: pip install 'p2pnode[ray]'") from None
+    missing = ray_missing()
+    if missing:
+        raise EngineUnavailable(missing)
     from .raynodes import RayPlacement
 
     return RayPlacement.connect(ray_address, progress=progress or sys.stderr)

@@ -18,21 +18,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from .host import Host, blocks
+from .optional import ray_missing
 from .shard import NodeFailed, SimulationError
 from .spec import SimulationSpec
 
-__all__ = ["RayHosts", "RAY_EXTRA", "ray_missing"]
-
-RAY_EXTRA = "pip install 'p2pnode[ray]'"
-
-
-def ray_missing() -> str | None:
-    """Why the ray engine cannot run here, or None if it can."""
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        return f"--engine ray needs Ray, an optional extra: {RAY_EXTRA}"
-    return None
+__all__ = ["RayHosts"]
 
 
 class RayHosts:

@@ -56,7 +56,7 @@ def test_engine_ray_without_ray_is_a_usage_error_naming_the_extra(tmp_path):
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert result.returncode == 2, result.stderr
-    assert "p2pnode: error: --engine ray needs Ray: pip install 'p2pnode[ray]'" in result.stderr
+    assert "p2pnode: error: --engine ray needs Ray, an optional extra: pip install 'p2pnode[ray]'" in result.stderr
     assert not out.exists()
     result = subprocess.run(
         [*P2PNODE_TESTNET, "--nodes", "2", "--duration", "5", "--out", str(out), "--ray-address", "127.0.0.1:6379"],
