@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from algorithms.device import placement
 from algorithms.poison import Attack, PoisoningNode
 from algorithms.registry import ALGORITHMS, make_algorithm
-from algorithms.setup import build_setup
-from p2pnode.memory import process_memory
+from algorithms.setup import build_setup, forget_scenarios
+from p2pnode.memory import process_memory, trim_now
 from protocol import Limits
 
 from .shard import Shard, simulation_identity
@@ -26,9 +26,12 @@ __all__ = ["Host", "blocks"]
 
 
 class Host(Shard):
-    def __init__(self, spec: SimulationSpec, block: Sequence[int], threads: int | None = None) -> None:
+    def __init__(
+        self, spec: SimulationSpec, block: Sequence[int], threads: int | None = None, *, worker: bool = False
+    ) -> None:
         """Nodes `block` of `spec`; `threads`: torch's CPU threads in this process (None: as
-        they are)."""
+        they are); `worker`: this process is the host's alone, so the dataset the shards were
+        cut from is dropped once they are (as a daemon does: p2pnode/memory.py)."""
         if threads is not None:
             import torch
 
@@ -56,6 +59,9 @@ class Host(Shard):
         # An attacker signs whatever it likes; the honest decoders keep the real norm bound.
         loose = {i: Limits(max_tensor_norm=math.inf) for i in spec.poisoners if i in nodes}
         super().__init__(nodes, {i: identities[i] for i in nodes}, ids, loose)
+        if worker:
+            forget_scenarios()
+            trim_now()
 
     def where(self) -> tuple[str, bool]:
         """The device this host's nodes train on, and whether under mixed precision."""

@@ -108,6 +108,6 @@ class HostActor:
 
     def call(self, method: str, args: tuple[Any, ...]) -> Any:
         if method == "start":
-            self.host = Host(*args)
+            self.host = Host(*args, worker=True)
             return None
         return getattr(self.host, method)(*args)

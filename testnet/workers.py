@@ -125,7 +125,7 @@ def serve(conn: Connection, spec: SimulationSpec, block: tuple[int, ...], thread
     error is sent back and ends the worker."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the simulator to handle
     try:
-        host = Host(spec, block, threads)
+        host = Host(spec, block, threads, worker=True)
         conn.send(("ok", None))
         while (command := conn.recv()) is not None:
             method, arguments = command

@@ -14,7 +14,7 @@ from algorithms.registry import default_config
 from testnet.engines import Engine
 from testnet.host import blocks
 from testnet.shard import SimulationError
-from testnet.simulator import SimulationSpec, run_simulation
+from testnet.simulator import SimulationSpec, run_baselines, run_simulation
 from testnet.workers import ProcessHosts
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,9 +56,14 @@ def test_nodes_are_dealt_in_contiguous_blocks_that_differ_by_one_at_most():
 @pytest.mark.parametrize("algorithm", SAME_REPORT)
 def test_worker_processes_give_the_inline_report_bit_for_bit(algorithm, one_torch_thread):
     spec = small(algorithm)
-    inline = run_simulation(spec)
-    spread = run_simulation(spec, engine=Engine("processes", workers=2, threads=1))
+    progress: dict[str, list] = {"inline": [], "processes": []}
+    inline = run_simulation(spec, progress=progress["inline"].append)
+    spread = run_simulation(
+        spec, progress=progress["processes"].append, engine=Engine("processes", workers=2, threads=1)
+    )
     assert results(spread) == results(inline)
+    untimed = {kind: [dataclasses.replace(r, elapsed_s=0.0) for r in rounds] for kind, rounds in progress.items()}
+    assert untimed["processes"] == untimed["inline"] and len(untimed["inline"]) == spec.rounds
     assert spread["accuracy"]["per_node"] == inline["accuracy"]["per_node"]  # spelled out: what matters most
     assert spread["graph"]["W"] == inline["graph"]["W"] and spread["comm"] == inline["comm"]
     assert spread["comm"]["messages"] > 0
@@ -69,6 +74,14 @@ def test_worker_processes_give_the_inline_report_bit_for_bit(algorithm, one_torc
     assert [host["nodes"] for host in engine["hosts"]] == [2, 2] and all(h["peak_rss_mb"] > 0 for h in engine["hosts"])
     assert inline["provenance"]["engine"]["kind"] == "inline"
     assert not multiprocessing.active_children()
+
+
+def test_baselines_run_on_the_engine_of_the_run(one_torch_thread):
+    spec = small("mapl")
+    inline = run_baselines(spec, ["local"])
+    spread = run_baselines(spec, ["local"], engine=Engine("processes", workers=2, threads=1))
+    assert results(spread["local"]) == results(inline["local"])
+    assert spread["local"]["provenance"]["engine"]["kind"] == "processes"
 
 
 def test_a_node_that_raises_stops_the_run_naming_it(tmp_path, capsys):

@@ -9,10 +9,12 @@ same run of this tool.
 `speedup` runs the MAPL row of `tools/bench/learning.py` (mnist5k, Scenario 1, 10 nodes, 25
 samples per class, 60 rounds, seed 0) as `p2pnode simulate` ran it before engines existed
 (inline, torch's default threads), then inline on one thread and on 2 worker processes of one
-thread each, in turn, `--repeats` times. `scaling` times MAPL (mnist5k, Scenario 1) against the number of nodes and of workers;
-`large` one run of many nodes. Each run is a fresh process (`run`, below), so none inherits
-another's threads or caches; the 1-minute load average is printed beside each, since the machine
-may be shared.
+thread each, in turn, `--repeats` times. `scaling` times MAPL (mnist5k, Scenario 1) against the
+number of nodes and of workers; `large` one run of many nodes. Both keep the data per node the
+same whatever the number of nodes (5 training and 5 test images per class for `scaling`, 3 and
+2 for `large`), so that mnist5k can supply them all without scaling it down. Each run is a
+fresh process (`run`, below), so none inherits another's threads or caches; the 1-minute load
+average is printed beside each, since the machine may be shared.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--skip-before", action="store_true", help="speedup: leave out the run as before engines (the slowest)"
     )
+    parser.add_argument("--samples-per-class", type=int, help="scaling, large: per node (default 5; large: 3)")
+    parser.add_argument("--test-per-class", type=int, help="scaling, large: per node (default 5; large: 2)")
     parser.add_argument("--job", help=argparse.SUPPRESS)  # `run`: one simulation, as JSON
     args = parser.parse_args(argv)
     if args.what == "run":
@@ -51,9 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "speedup":
         print(_speedup(args.rounds or 60, args.skip_before, args.repeats))
     elif args.what == "scaling":
-        print(_scaling(args.nodes or [10, 30, 100], args.rounds or 5, args.workers, args.ray))
+        data = {"samples_per_class": args.samples_per_class or 5, "test_per_class": args.test_per_class or 5}
+        print(_scaling(args.nodes or [10, 30, 100], args.rounds or 5, data, args.workers, args.ray))
     else:
-        print(_large(args.nodes or [200], args.rounds or 3, args.engines))
+        data = {"samples_per_class": args.samples_per_class or 3, "test_per_class": args.test_per_class or 2}
+        print(_large(args.nodes or [200], args.rounds or 3, data, args.engines))
     return 0
 
 
@@ -85,10 +91,11 @@ def _speedup(rounds: int, skip_before: bool, repeats: int) -> str:
     return "\n".join(lines)
 
 
-def _scaling(nodes: list[int], rounds: int, workers: list[int], ray: bool) -> str:
+def _scaling(nodes: list[int], rounds: int, data: dict, workers: list[int], ray: bool) -> str:
+    """The same data per node whatever their number (the default fits 100 nodes of mnist5k)."""
     rows = [HEADER]
     for count in nodes:
-        spec = {**BENCHMARK, "nodes": count, "rounds": rounds}
+        spec = {**BENCHMARK, **data, "nodes": count, "rounds": rounds}
         engines = [{"kind": "inline", "threads": 1} if w == 1 else {"kind": "processes", "workers": w} for w in workers]
         engines += [{"kind": "ray", "workers": w} for w in workers] if ray else []
         results = [run(spec, engine) for engine in engines]
@@ -98,10 +105,11 @@ def _scaling(nodes: list[int], rounds: int, workers: list[int], ray: bool) -> st
     return "\n".join(rows)
 
 
-def _large(nodes: list[int], rounds: int, engines: list[str]) -> str:
+def _large(nodes: list[int], rounds: int, data: dict, engines: list[str]) -> str:
+    """The default data fits 200 nodes of mnist5k (100 per class, 5 images each)."""
     rows = [HEADER]
     for count in nodes:
-        spec = {**BENCHMARK, "nodes": count, "rounds": rounds}
+        spec = {**BENCHMARK, **data, "nodes": count, "rounds": rounds}
         rows += [_row(run(spec, {"kind": kind, "workers": 2})) for kind in engines]
     return "\n".join(rows)
 
