@@ -97,11 +97,131 @@ def run_learning_testnet(
     the daemons (default: here)."""
     if spec.poisoners:
         raise ValueError("poisoning peers exist in the simulator only")
-    # The daemons resolve the device as this launcher does: fail before starting them. Provenance
-    # says what ran the nodes (`engine`), as a simulation's does.
+    # The daemons resolve the device as this launcher does; provenance names the engine, as a simulation's.
     device, mixed_precision = device_placement(spec.device, spec.mixed_precision)
     progress = progress or sys.stderr  # the stream of the moment, not the one at import (tests swap it)
     made = {**provenance(spec.seed, str(device)), "engine": {"kind": placement.engine if placement else "local"}}
+    out.mkdir(parents=True, exist_ok=True)
+    backbones = spec.node_backbones()
+    _, partition = load_scenario(spec.scenario_spec)
+    views = DiscoverySettings(**(discovery or {}))
+    target = min(views.active_view, views.max_peers)
+    cluster = Cluster.prepare(
+        out,
+        spec.nodes,
+        discovery={**DISCOVERY, **(discovery or {})},
+        extra=lambda i: node_settings(spec, i, backbones[i], round_deadline_s, target),
+        placement=placement,
+    )
+    timeout_s = timeout_s if timeout_s is not None else 180 + spec.rounds * (round_deadline_s + 5)
+    cluster.place()  # before t = 0: a Ray cluster starts its launchers here
+    started = time.monotonic()
+    supervisor = Supervisor(cluster, churn, seed=spec.seed, keep_going=keep_going, started=started, progress=progress)
+    with cluster:
+        cluster.start_all()
+        finals, interrupted = _watch(cluster, supervisor, spec.rounds, started + timeout_s, poll_s, progress)
+        exit_codes = cluster.stop()
+    ids = [node.node_id for node in cluster.specs]
+    header = run_header("testnet", spec, partition, ids, backbones, spec.config_dict(), (device, mixed_precision), made)
+    report = testnet_report(header, partition, finals, time.monotonic() - started)
+    report["processes"]["exit_codes"] = [exit_codes.get(s.index) for s in cluster.specs]
+    report["processes"]["logs"] = [str(s.log_path) for s in cluster.specs]
+    report["processes"]["engine"] = cluster.placement.engine
+    report["processes"]["addresses"] = [s.address for s in cluster.specs]
+    report["processes"].update(supervisor.report())
+    if interrupted:
+        code = 130
+    else:
+        report["check"] = _judge(report, check)
+        code = 0 if report["check"]["passed"] else 1
+    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+    return code, report
+
+
+def _judge(report: dict[str, Any], thresholds: CheckThresholds | None) -> dict[str, Any]:
+    """Without --check only that every node finished every round is judged."""
+    return check(report, thresholds or CheckThresholds(accuracy=0.0, within_cluster_mass=0.0))
+
+
+def _watch(
+    cluster: Cluster, supervisor: Supervisor, rounds: int, deadline: float, poll_s: float, progress
+) -> tuple[list[dict | None], bool]:
+    """Poll every daemon's status until all have finished (those that exited on their own
+    aside), one has exited on its own without --keep-going, or time is up; returns the last
+    status each gave and whether the user interrupted."""
+    finals: list[dict | None] = [None] * len(cluster.specs)
+    started = supervisor.started  # the first spawn, as the churn events' times
+    try:
+        last_line, last_print = "", 0.0
+        while time.monotonic() < deadline:
+            statuses = cluster.statuses()
+            finals = [s if s is not None else f for s, f in zip(statuses, finals, strict=True)]
+            elapsed = time.monotonic() - started
+            line = _progress_line(statuses, rounds)
+            if line != last_line or elapsed - last_print >= 10:
+                print(f"[{elapsed:6.1f} s] {line}", file=progress, flush=True)
+                last_line, last_print = line, elapsed
+            # The supervisor sees every status, the last ones too (a daemon that came back may
+            # load, resume and finish between two polls: its resume is noted all the same).
+            learning = {i for i, status in enumerate(statuses) if not _done(status, rounds)}
+            carry_on = supervisor.poll(statuses, eligible=learning)
+            finished = [
+                _done(s, rounds) or supervisor.lost(node) for s, node in zip(statuses, cluster.specs, strict=True)
+            ]
+            if (all(finished) and not supervisor.busy()) or not carry_on:
+                break
+            if all(_ready(s) for s in statuses):
+                supervisor.arm()  # churn starts once every daemon has its data and model
+            time.sleep(poll_s)
+    except KeyboardInterrupt:
+        print("interrupted: stopping every node", file=progress)
+        return finals, True
+    return finals, False
+
+
+def _ready(status: dict | None) -> bool:
+    learning = status and status.get("learning")
+    return bool(learning) and bool(learning["algorithm"])
+
+
+def _done(status: dict | None, rounds: int) -> bool:
+    learning = status and status.get("learning")
+    return bool(learning) and learning["completed"] >= rounds
+
+
+def _progress_line(statuses: list[dict | None], rounds: int) -> str:
+    learning = [s["learning"] for s in statuses if _ready(s)]
+    silent = statuses.count(None)
+    if not learning or (len(learning) < len(statuses) and not silent):
+        return f"{len(learning)}/{len(statuses)} daemons ready to learn (loading data and models)"
+    completed = [entry["completed"] for entry in learning]
+    accuracies = [entry["accuracy"] for entry in learning if entry["accuracy"] is not None]
+    accuracy = f"mean accuracy {100 * np.mean(accuracies):5.1f} %" if len(accuracies) == len(learning) else ""
+    line = f"rounds done: min {min(completed)}/{rounds}, max {max(completed)}  {accuracy}"
+    return f"{line}  ({len(statuses) - len(learning)} not learning: down or loading)" if silent else line
+
+
+def testnet_report(header: dict[str, Any], partition, statuses: list[dict | None], wall_s: float) -> dict[str, Any]:
+    """The report from the daemons' last statuses: their round records, plus the traffic and
+    refusals their counters saw (learning and discovery apart)."""
+    learning = [((s or {}).get("learning") or {}) for s in statuses]
+    records = [RoundRecord.from_dict(entry) for state in learning for entry in state.get("history", [])]
+    rejections: Counter[str] = Counter()
+    messages: Counter[str] = Counter()
+    sizes: Counter[str] = Counter()
+    for status in statuses:
+        if status is None:
+            continue
+        rejections.update(status["traffic"]["rejections"])
+        for kind, row in status["traffic"]["by_type"].items():
+            if kind not in LEARNING_TYPES and row["messages_out"]:
+                messages[kind] += row["messages_out"]
+                sizes[kind] += row["bytes_out"]
+    discovery = {
+        "messages": sum(messages.values()),
+        "bytes": sum(sizes.values()),
+        "by_type": {kind: {"messages": messages[kind], "bytes": sizes[kind]} for kind in sorted(messages)},
+    }
     processes = {
         "resumed_from": [state.get("resumed_from") for state in learning],
         "catch_ups": [state.get("catch_ups") for state in learning],
