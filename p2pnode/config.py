@@ -421,7 +421,7 @@ class DiscoverySettings:
         "(at most max_peers; for a large network set it below max_peers, e.g. 8 and 16: docs/daemon.md)",
     )
     passive_view: int = option(
-        Integer(0, 4096),
+        Integer(1, 4096),
         64,
         "signed HELLOs of nodes that are not peers, learned by peer exchange, kept to replace peers that leave",
     )

@@ -205,7 +205,8 @@ class _Dialing:
     owed_pong: int | None = None  # its challenge, answered right after our next HELLO there
     answered: bool = False  # we answered its challenge
     hello_out: bool = False  # our latest HELLO there was queued (not dropped: the connection was up)
-    full: tuple[Envelope, bytes] | None = None  # verified, no room: redirected once it has our answer
+    committed: bool = False  # we answered its challenge: it admits us, so we admit it (see _welcome)
+    full: tuple[Envelope, bytes] | None = None  # verified, no room: redirected once it challenged us
 
 
 @dataclass
@@ -335,8 +336,11 @@ class Membership:
             return []
         if PROTOCOL_VERSION not in hello.body.protocol_versions:
             return []
-        if not self._seeking():
-            self._remember(hello, frame, informant, now)  # enough peers: kept to replace one that leaves
+        known = self.passive.get(key)
+        if not self._seeking() or (known is not None and known.not_before > now):
+            # Enough peers: kept to replace one that leaves. Or it sent us on a moment ago: every
+            # sample relaying it again would have us ask again, and be sent on again, at once.
+            self._remember(hello, frame, informant, now)
             return []
         return self._verify(hello, frame, informant, now)
 
@@ -352,16 +356,20 @@ class Membership:
         if entry is None:
             return [], UNKNOWN_PEER  # a key we are not verifying: no dial, no answer
         entry.answered = True
-        answer = []
-        if entry.hello_out:
-            answer.append(Send((entry.address,), Pong(nonce=ping.nonce)))
-        else:
+        if not entry.committed:
+            # Our answer makes it admit us: give it only with a place kept for it, so that no
+            # node admits a peer that drops it a moment later. Without room it is answered with
+            # the redirect, once it has answered our challenge (its address is verified).
+            entry.committed = entry.permanent or self._welcome(key)
+        if not entry.committed:
+            entry.owed_pong = ping.nonce
+            return (self._redirect(entry, *entry.full) if entry.full is not None else []), None
+        if not entry.hello_out:
             # Our HELLO must go first on that connection: a PONG opening it would be refused
             # there (handshake_first). Not out yet, or dropped while the connection came up.
             entry.owed_pong = ping.nonce
-        if entry.full is not None:  # verified already, and no room for it: on its way it goes
-            answer += self._redirect(entry, *entry.full)
-        return answer, None
+            return [], None
+        return [Send((entry.address,), Pong(nonce=ping.nonce))], None
 
     def on_pong(self, envelope: Envelope, now: float) -> list[Action]:
         key, nonce = envelope.sender, envelope.body.nonce
@@ -386,8 +394,8 @@ class Membership:
         entry = self.dialing.get(address)
         if entry is not None:
             entry.hello_out = ok
-            if ok:
-                entry.owed_pong = None  # it followed that HELLO
+            if ok and (entry.committed or self.own_key < (entry.key or b"")):
+                entry.owed_pong = None  # it followed that HELLO (`_dial_now`)
             else:
                 self.counts["hello_not_sent"] += 1  # and the node sends nothing after it there
         return []
@@ -525,7 +533,7 @@ class Membership:
         key = hello.sender
         refusal = self._no_room_for(subnet)
         full = len(self.peers) >= self.settings.max_peers  # then the subnet rule may displace (#14)
-        if refusal is None and not full and entry.informant == "direct" and not self._welcome(key):
+        if refusal is None and not full and not (entry.permanent or entry.committed or self._welcome(key)):
             refusal = "refused_full"
         if refusal == "refused_full":
             if entry.answered:
@@ -561,16 +569,23 @@ class Membership:
         if peer.peers_address is not None:
             actions.append(DialPeers(peer.address, peer.peers_address))
         if entry.answered:
+            if entry.owed_pong is not None:  # its challenge, held back (no place was kept): answered now
+                if not entry.hello_out:
+                    actions.append(SendHello(entry.address))
+                actions.append(Send((entry.address,), Pong(nonce=entry.owed_pong)))
             actions += self._ready(peer)
         return actions
 
     def _welcome(self, key: bytes) -> bool:
-        """Whether a newcomer that dialled us gets in, room permitting: while we are below the
-        target; beyond it (up to max_peers) only if we sent it elsewhere before and it is back,
-        so still short of peers. Without this slack two nodes one peer short each, already
-        peers of each other, would wait forever; with it for everyone, the first nodes
-        everyone joins through would fill up to max_peers."""
-        return len(self.peers) < self.target or key in self._redirected
+        """Whether a node that answered our challenge gets in (room permitting, max_peers):
+        while we are below the target; one more, if it is a newcomer we sent elsewhere before
+        and it is back, so still short of peers. Without that slack two nodes one peer short
+        each, already peers of each other, would wait forever; with more of it, or for anyone,
+        the first nodes everyone joins through fill up and the latecomers find no room."""
+        kept = len(self.peers) + sum(entry.committed for entry in self.dialing.values())
+        if kept >= self.settings.max_peers:
+            return False
+        return kept < self.target or (kept == self.target and key in self._redirected)
 
     def _redirect(self, entry: _Dialing, hello: Envelope, frame: bytes) -> list[Action]:
         """No room: the verified newcomer at `entry` (which admitted us: we answered its
@@ -683,15 +698,15 @@ class Membership:
             self._remember(peer.hello_envelope, peer.hello, "demoted", now, wait=self.settings.dial_retry_max_s)
         if not self._in_use(peer.address):
             actions.append(Hangup(peer.address, flush=why == "displaced"))
-        if peer.address in self._bootstrap and len(self.peers) < self.target:
-            # A bootstrap peer lost while we need peers is dialled again; one that is full, later.
-            wait = self.settings.dial_retry_max_s if alive else self.settings.dial_retry_initial_s
+        if peer.address in self._bootstrap and not alive and len(self.peers) < self.target:
+            # A bootstrap peer lost while we need peers is dialled again. One that is full is
+            # not: it would only send us on again (a node left alone rejoins through it, `tick`).
             self._dial_later(
                 peer.address,
                 permanent=True,
                 key=self._bootstrap[peer.address],
                 informant="bootstrap",
-                now=now + wait,
+                now=now + self.settings.dial_retry_initial_s,
             )
         return actions
 
@@ -707,7 +722,7 @@ class Membership:
         key = hello.sender
         if not isinstance(informant, bytes) and informant != "demoted":
             return  # a stranger's own HELLO or a beacon: nobody verified that address
-        if key == self.own_key or key in self.peers or self.settings.passive_view == 0:
+        if key == self.own_key or key in self.peers:
             return
         known = self.passive.get(key)
         if known is not None and known.hello.timestamp_us >= hello.timestamp_us:
@@ -784,7 +799,9 @@ class Membership:
             SendHello(entry.address),
             Send((entry.address,), Ping(nonce=entry.nonce)),
         ]
-        if entry.owed_pong is not None:  # owed until `hello_sent` says our HELLO went out
+        # A held answer goes out with a retry as well when ours is the smaller key: two nodes
+        # without room that verify each other would otherwise each wait for the other's.
+        if entry.owed_pong is not None and (entry.committed or self.own_key < (entry.key or b"")):
             actions.append(Send((entry.address,), Pong(nonce=entry.owed_pong)))
         return actions
 
