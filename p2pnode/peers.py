@@ -37,6 +37,7 @@ pinged, so liveness costs O(max_peers) per node, whatever the size of the networ
 from __future__ import annotations
 
 import ipaddress
+import math
 import random
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
@@ -169,6 +170,9 @@ class Peer:
     hello_address: str = ""  # the address its latest HELLO names
     peer_port: int | None = None  # its peers' socket, on the host of `address` (HELLO.peer_port)
     hello_envelope: Envelope | None = None  # `hello`, decoded: what the passive view keeps of it
+    # Peers it has, at least, as its latest PEERS showed (the relayable ones, up to 63): a full
+    # node makes room for a newcomer only by dropping a peer that keeps its target without us.
+    reported_peers: int = 0
 
     @property
     def peers_address(self) -> str | None:
@@ -242,6 +246,9 @@ class Membership:
         # Newcomers redirected lately (at most _HEARD), with their HELLO where it names the
         # address where they answered: they are short of peers, so the next ones are sent there.
         self._redirected: OrderedDict[bytes, bytes | None] = OrderedDict()
+        # Keys we found no room with, both of us full (latest _HEARD): their HELLOs are not
+        # verified again before the time noted, or each one's retry starts the other's anew.
+        self._full_until: OrderedDict[bytes, float] = OrderedDict()
         self.counts: Counter[str] = Counter()  # admitted, evicted_*, refused_*, dial_budget_*, ...
         self._ping_nonce: int | None = None
         self._ping_sent_at = 0.0
@@ -295,6 +302,8 @@ class Membership:
             # connection there, so that it can bind that connection and take our answers.
             peer.last_hello_at = now
             return [*actions, SendHello(peer.address)]
+        if self._full_until.get(key, -math.inf) > now:
+            return []
         self._heard[key] = (envelope, frame)
         self._heard.move_to_end(key)
         while len(self._heard) > _HEARD:
@@ -311,7 +320,9 @@ class Membership:
     ) -> list[Action]:
         """PEERS from a peer; `relayed` holds its HELLO entries, already verified."""
         actions: list[Action] = []
-        self.peers[envelope.sender].admitted_us = True  # only a peer that admitted us sends PEERS
+        sender = self.peers[envelope.sender]
+        sender.admitted_us = True  # only a peer that admitted us sends PEERS
+        sender.reported_peers = len(envelope.body.hellos) - 1  # all but its own
         for hello, frame in relayed:
             if hello.sender == envelope.sender:
                 actions += self._update(self.peers[envelope.sender], hello, frame)
@@ -394,7 +405,7 @@ class Membership:
         entry = self.dialing.get(address)
         if entry is not None:
             entry.hello_out = ok
-            if ok and (entry.committed or self.own_key < (entry.key or b"")):
+            if ok and entry.committed:
                 entry.owed_pong = None  # it followed that HELLO (`_dial_now`)
             else:
                 self.counts["hello_not_sent"] += 1  # and the node sends nothing after it there
@@ -533,8 +544,10 @@ class Membership:
         key = hello.sender
         refusal = self._no_room_for(subnet)
         full = len(self.peers) >= self.settings.max_peers  # then the subnet rule may displace (#14)
+        surplus = None
         if refusal is None and not full and not (entry.permanent or entry.committed or self._welcome(key)):
-            refusal = "refused_full"
+            surplus = self._surplus_peer() if key in self._redirected else None
+            refusal = "refused_full" if surplus is None else None
         if refusal == "refused_full":
             if entry.answered:
                 return self._redirect(entry, hello, frame)
@@ -543,7 +556,7 @@ class Membership:
         if refusal is not None:
             self.counts[refusal] += 1
             return [] if entry.permanent else self._stop_dialing(entry)  # a bootstrap is retried
-        actions = self._make_room(subnet, now)
+        actions = self._make_room(subnet, now) if surplus is None else self._evict(surplus, now, "displaced")
         peer = Peer(
             key=key,
             address=entry.address,
@@ -586,6 +599,18 @@ class Membership:
         if kept >= self.settings.max_peers:
             return False
         return kept < self.target or (kept == self.target and key in self._redirected)
+
+    def _surplus_peer(self) -> Peer | None:
+        """A peer that has more than the target without us (its latest PEERS says so), and is
+        not one of the longest-lived or fastest-answering quarter: the one a newcomer that came
+        back, still short of peers, may take the place of. Nobody falls below the target for it,
+        so this cannot start a chain of nodes pushing each other out."""
+        quarter = max(1, self.settings.max_peers // 4)
+        by_age = sorted(self.peers.values(), key=lambda p: p.admitted_at)
+        by_rtt = sorted(self.peers.values(), key=lambda p: float("inf") if p.rtt_s is None else p.rtt_s)
+        protected = {p.key for p in by_age[:quarter]} | {p.key for p in by_rtt[:quarter]}
+        spare = [p for p in by_age if p.key not in protected and p.reported_peers - 1 >= self.target]
+        return max(spare, key=lambda p: p.reported_peers, default=None)
 
     def _redirect(self, entry: _Dialing, hello: Envelope, frame: bytes) -> list[Action]:
         """No room: the verified newcomer at `entry` (which admitted us: we answered its
@@ -774,6 +799,16 @@ class Membership:
     def _dial_now(self, entry: _Dialing, now: float) -> list[Action]:
         if entry.permanent and len(self.peers) >= self.target:
             return self._stop_dialing(entry)  # enough peers: the bootstrap is for joining, or rejoining
+        if entry.answered and not entry.committed and entry.attempts >= 2 and not entry.permanent:
+            # We hold its challenge (no room) and it has not answered ours twice: it holds ours
+            # too, for the same reason. Neither wants the other: let go, for a while.
+            self.counts["gave_up_full"] += 1
+            if entry.key is not None:
+                self._full_until[entry.key] = now + self.settings.dial_retry_max_s
+                self._full_until.move_to_end(entry.key)
+                while len(self._full_until) > _HEARD:
+                    self._full_until.popitem(last=False)
+            return self._stop_dialing(entry)
         if not entry.opened:
             # A new connection refuses frames until ZeroMQ's handshake is done (IMMEDIATE=1):
             # open it now, send HELLO and the challenge one retry interval later.
@@ -799,9 +834,7 @@ class Membership:
             SendHello(entry.address),
             Send((entry.address,), Ping(nonce=entry.nonce)),
         ]
-        # A held answer goes out with a retry as well when ours is the smaller key: two nodes
-        # without room that verify each other would otherwise each wait for the other's.
-        if entry.owed_pong is not None and (entry.committed or self.own_key < (entry.key or b"")):
+        if entry.owed_pong is not None and entry.committed:  # owed until `hello_sent` says our HELLO went out
             actions.append(Send((entry.address,), Pong(nonce=entry.owed_pong)))
         return actions
 
