@@ -101,19 +101,21 @@ def run_discovery_testnet(
     churn: ChurnSpec | None = None,
     keep_going: bool = False,
     seed: int = 0,
-    poll_s: float = 0.5,
-    discovery: dict | None = None,
+    poll_s: float | None = None,
+    settings: dict[str, dict] | None = None,
     progress=None,
 ) -> tuple[int, dict]:
     """Returns (exit code, report). Exit code 0 iff every node's view reached its target (for
     N ≤ active_view + 1: every node knew all others) within the duration, the overlay was
     connected at the end, no daemon exited on its own, and every daemon stopped by `churn` was
     back with every view at target before the end. Churn stops no daemon in the last `every`
-    seconds, so that the last one stopped has time to come back. `discovery` sets
-    `[discovery]` settings of every node (e.g. `active_view`, `max_peers`)."""
+    seconds, so that the last one stopped has time to come back. `settings` adds config
+    settings of every node, by section (e.g. `{"discovery": {"active_view": 8}}`)."""
     progress = progress or sys.stderr  # the stream of the moment, not the one at import (tests swap it)
+    # Each poll asks every daemon for its status: 0.5 s apart, or 1 s per 50 daemons.
+    poll_s = poll_s if poll_s is not None else max(0.5, nodes / 50)
     out.mkdir(parents=True, exist_ok=True)
-    cluster = Cluster.prepare(out, nodes, discovery=discovery)
+    cluster = Cluster.prepare(out, nodes, extra=settings)
     watch = _Watch(nodes)
     started = time.monotonic()
     supervisor = Supervisor(
