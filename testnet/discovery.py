@@ -98,6 +98,7 @@ def run_discovery_testnet(
     duration_s: float,
     *,
     exit_on_mesh: bool = False,
+    hold_s: float = 0.0,
     churn: ChurnSpec | None = None,
     keep_going: bool = False,
     seed: int = 0,
@@ -109,7 +110,10 @@ def run_discovery_testnet(
     N ≤ active_view + 1: every node knew all others) within the duration, the overlay was
     connected at the end, no daemon exited on its own, and every daemon stopped by `churn` was
     back with every view at target before the end. Churn stops no daemon in the last `every`
-    seconds, so that the last one stopped has time to come back. `settings` adds config
+    seconds, so that the last one stopped has time to come back. With `exit_on_mesh` the run
+    stops `hold_s` after every view reached its target (the steady-state rates need more than
+    STEADY_AFTER_S; a 100-daemon join under load took from 30 s to 2 minutes after the last
+    daemon was up, so a fixed duration either wastes minutes or ends too soon). `settings` adds config
     settings of every node, by section (e.g. `{"discovery": {"active_view": 8}}`)."""
     progress = progress or sys.stderr  # the stream of the moment, not the one at import (tests swap it)
     # Each poll asks every daemon for its status: 0.5 s apart, or 1 s per 50 daemons.
@@ -129,7 +133,7 @@ def run_discovery_testnet(
     )
     with cluster:
         cluster.start_all()
-        interrupted = _watch_run(cluster, watch, supervisor, duration_s, exit_on_mesh, poll_s, progress)
+        interrupted = _watch_run(cluster, watch, supervisor, duration_s, exit_on_mesh, hold_s, poll_s, progress)
         final = cluster.statuses()
         exit_codes = cluster.stop()
     report = _report(out, cluster, watch, final, exit_codes, duration_s, time.monotonic() - started)
@@ -160,6 +164,7 @@ def _watch_run(
     supervisor: Supervisor,
     duration_s: float,
     exit_on_mesh: bool,
+    hold_s: float,
     poll_s: float,
     progress,
 ) -> bool:
@@ -174,7 +179,8 @@ def _watch_run(
             if watch.all_up_s is not None:
                 supervisor.arm()
             healed = all(event.get("mesh_s") is not None for event in supervisor.events)
-            if exit_on_mesh and watch.target_s is not None and supervisor.done() and healed:
+            held = watch.target_s is not None and elapsed >= watch.target_s + hold_s
+            if exit_on_mesh and held and supervisor.done() and healed:
                 break
             if not supervisor.poll(statuses):
                 break

@@ -3,9 +3,10 @@ real daemons per network size, every daemon with the same bounded view, and a ta
 each costs.
 
     python -m tools.bench.scale --out bench-out/scale [--nodes 10 30 100] [--active-view 8]
-                                [--max-peers 10] [--duration S]
+                                [--max-peers 10] [--duration S] [--hold S]
 
-For each N: seconds until every view was at its target, the overlay's shape (connected,
+For each N (a testnet that stops `--hold` seconds after every view reached its target, or at
+`--duration`): seconds until every view was at its target, the overlay's shape (connected,
 diameter, degrees, from the daemons' peer tables with networkx), and per daemon in steady
 state (from 5 s after the target was reached to the end) liveness frames/s (PING + PONG), all
 discovery frames/s and bytes/s sent, CPU (share of one core); then CPU seconds since start and
@@ -38,12 +39,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, nargs="+", default=[10, 30, 100])
     parser.add_argument("--active-view", type=int, default=8)
     parser.add_argument("--max-peers", type=int, default=10)
-    parser.add_argument("--duration", type=float, help="seconds per testnet (default: 60 + 1.5 N)")
+    parser.add_argument("--duration", type=float, help="at most this many seconds per testnet (default: 60 + 5 N)")
+    parser.add_argument("--hold", type=float, default=30.0, help="stop this long after every view reached its target")
     args = parser.parse_args(argv)
     rows = []
     for nodes in args.nodes:
-        duration = args.duration or 60.0 + 1.5 * nodes
-        rows.append(_run(nodes, args.active_view, args.max_peers, duration, Path(args.out, f"n{nodes}")))
+        duration = args.duration or 60.0 + 5.0 * nodes
+        rows.append(_run(nodes, args.active_view, args.max_peers, duration, args.hold, Path(args.out, f"n{nodes}")))
         Path(args.out, "summary.json").write_text(json.dumps(rows, indent=1) + "\n")
     print(format_table(rows))
     failed = [row["nodes"] for row in rows if not row["ok"]]
@@ -55,12 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed or heavy else 0
 
 
-def _run(nodes: int, active_view: int, max_peers: int, duration: float, out: Path) -> dict:
+def _run(nodes: int, active_view: int, max_peers: int, duration: float, hold: float, out: Path) -> dict:
     from testnet.discovery import run_discovery_testnet
 
     load_before = os.getloadavg()
     views = {"active_view": active_view, "max_peers": max_peers, **LIVENESS}
-    code, report = run_discovery_testnet(out, nodes, duration, settings={"discovery": views, "transport": TRANSPORT})
+    settings = {"discovery": views, "transport": TRANSPORT}
+    code, report = run_discovery_testnet(out, nodes, duration, exit_on_mesh=True, hold_s=hold, settings=settings)
     discovery, resources = report["discovery"], report["resources"]
     return {
         "nodes": nodes,
@@ -69,6 +72,7 @@ def _run(nodes: int, active_view: int, max_peers: int, duration: float, out: Pat
         **LIVENESS,
         **TRANSPORT,
         "duration_s": duration,
+        "wall_time_s": report["wall_time_s"],
         "ok": code == 0,
         "all_up_s": discovery["all_up_s"],
         "target_s": discovery["target_s"],
