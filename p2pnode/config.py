@@ -16,16 +16,25 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from algorithms.catalog import ALGORITHM_NAMES, BACKBONES, DEVICE_FORMS, DEVICE_PATTERN, FLOAT32_ONLY_DEVICES
-from algorithms.datasets import DATASETS, missing_files
-from algorithms.own_data import OwnDataError, OwnDataSpec, inspect_own_data
-from algorithms.partitions import SCENARIOS
+# Names only: the data modules import numpy (15 MB), which a node that learns nothing never needs.
+from algorithms.catalog import (
+    ALGORITHM_NAMES,
+    BACKBONES,
+    DATASETS,
+    DEVICE_FORMS,
+    DEVICE_PATTERN,
+    FLOAT32_ONLY_DEVICES,
+    SCENARIOS,
+)
 from protocol import DEFAULT_LIMITS, Identity, Limits, MessageType, check_network_id
 from protocol.curve import curve_public_from_ed25519
 
 from .keystore import KeyFileError, load_key
+
+if TYPE_CHECKING:
+    from algorithms.own_data import OwnDataSpec
 
 # What a stranger may send (gate.py); the public socket must take the largest of them.
 HANDSHAKE_KINDS = (MessageType.HELLO, MessageType.PING, MessageType.PONG)
@@ -721,6 +730,8 @@ class DataSettings:
         """The own-data settings, defaults filled in; None for a benchmark dataset."""
         if self.path is None:
             return None
+        from algorithms.own_data import OwnDataSpec
+
         given = {"image_size": self.image_size, "channels": self.channels}
         return OwnDataSpec(
             path=self.path,
@@ -1027,6 +1038,8 @@ def _learning_checks(config: Config) -> list[str]:
         )
     if data.clusters > data.nodes:
         problems.append(f"[data].clusters: cannot exceed [data].nodes ({data.nodes}), got {data.clusters}")
+    from algorithms.datasets import missing_files
+
     missing = missing_files(data.dataset, data.root)
     if missing is not None:
         problems.append(f"[data].root: {missing}")
@@ -1089,6 +1102,8 @@ def _own_data_checks(config: Config, given: Mapping[str, Any], inspect: bool) ->
         problems.append("[node].capabilities: at most 30 with [data].path (HELLO carries 32, two are the node's own)")
     if len(data.class_names) < 2 or not inspect or config.algorithm.name == "none":
         return problems
+    from algorithms.own_data import OwnDataError, inspect_own_data
+
     try:
         inspect_own_data(data.own_data())
     except OwnDataError as exc:

@@ -113,8 +113,8 @@ def run_discovery_testnet(
     seconds, so that the last one stopped has time to come back. With `exit_on_mesh` the run
     stops `hold_s` after every view reached its target (the steady-state rates need more than
     STEADY_AFTER_S; a 100-daemon join under load took from 30 s to 2 minutes after the last
-    daemon was up, so a fixed duration either wastes minutes or ends too soon). `settings` adds config
-    settings of every node, by section (e.g. `{"discovery": {"active_view": 8}}`)."""
+    daemon was up, so a fixed duration either wastes minutes or ends too soon). `settings` adds
+    config settings of every node, by section (e.g. `{"discovery": {"active_view": 8}}`)."""
     progress = progress or sys.stderr  # the stream of the moment, not the one at import (tests swap it)
     # Each poll asks every daemon for its status: 0.5 s apart, or 1 s per 50 daemons.
     poll_s = poll_s if poll_s is not None else max(0.5, nodes / 50)
@@ -139,7 +139,14 @@ def run_discovery_testnet(
     report = _report(out, cluster, watch, final, exit_codes, duration_s, time.monotonic() - started)
     report.update(supervisor.report())
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    target_s, connected = watch.target_s, report["discovery"]["overlay"]["connected"]
+    ok, verdict = _verdict(watch, supervisor, report["discovery"]["overlay"], duration_s)
+    print(f"{verdict}; report: {out / 'report.json'}", file=progress)
+    return (130 if interrupted else 0 if ok else 1), report
+
+
+def _verdict(watch: _Watch, supervisor: Supervisor, overlay: dict, duration_s: float) -> tuple[bool, str]:
+    """Whether the run passed (see run_discovery_testnet), and the line that says so."""
+    target_s, connected = watch.target_s, overlay["connected"]
     unhealed = [event["node"] for event in supervisor.events if event.get("mesh_s") is None]
     ok = target_s is not None and target_s <= duration_s and connected and not supervisor.exits and not unhealed
     if watch.full_mesh_s is not None:
@@ -148,14 +155,12 @@ def run_discovery_testnet(
         verdict = f"every view at target in {target_s:.1f} s"
     else:
         verdict = f"views not at target within {duration_s:g} s"
-    overlay = report["discovery"]["overlay"]
     verdict += "; overlay " + (f"connected, diameter {overlay['diameter']}" if connected else "NOT connected")
     if supervisor.events:
         verdict += f"; {len(supervisor.events) - len(unhealed)} of {len(supervisor.events)} churned nodes back in it"
     if supervisor.exits:
         verdict += f"; node(s) {[entry['node'] for entry in supervisor.exits]} exited on their own"
-    print(f"{verdict}; report: {out / 'report.json'}", file=progress)
-    return (130 if interrupted else 0 if ok else 1), report
+    return ok, verdict
 
 
 def _watch_run(
