@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test lint format bench bench-learning bench-scool bench-heterogeneous bench-memory clean
+.PHONY: venv demo test lint format bench bench-learning bench-scool bench-heterogeneous bench-memory bench-scale clean
 
 venv: $(STAMP)
 
@@ -54,6 +54,11 @@ bench-scool: venv
 bench-memory: venv
 	$(BIN)/python -m tools.bench.memory --out bench-out/memory
 	$(BIN)/python -m tools.bench.memory --stages
+
+# The discovery scaling table of BENCHMARKS.md (issue #16): testnets of 10, 30 and 100 daemons
+# with a bounded view (about 10 minutes on 2 cores).
+bench-scale: venv
+	$(BIN)/python -m tools.bench.scale --out bench-out/scale --nodes 10 30 100
 
 clean:
 	rm -rf $(VENV) demo-out bench-out .pytest_cache .hypothesis *.egg-info

@@ -39,3 +39,8 @@ ATTACKS = ("scale", "sign-flip", "random", "none")  # a poisoning peer's (algori
 DEVICE_PATTERN = r"auto|cpu|mps|cuda(:[0-9]{1,4})?"
 DEVICE_FORMS = '"auto", "cpu", "cuda", "cuda:N" or "mps"'
 FLOAT32_ONLY_DEVICES = ("cpu", "mps")  # names that never get mixed precision (CUDA only)
+
+# Datasets (algorithms/datasets.py) and non-IID scenarios (algorithms/partitions.py): named here,
+# where the daemon's config check reads them without importing numpy.
+DATASETS = ("mnist5k", "digits", "mnist", "fashionmnist", "cifar10", "svhn")
+SCENARIOS = ("1", "2", "3", "4", "noniid-sbm", "noniid", "dirichlet")

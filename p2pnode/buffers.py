@@ -160,13 +160,14 @@ def shut_down(connection: Connection) -> bool:
 
 
 class GrowthAlarm:
-    """Looks at the process's size every POLL_S from a thread of its own and wakes whoever
+    """Looks at the process's size every `poll_s` from a thread of its own and wakes whoever
     `watch`es when it grew by GROWTH_TRIGGER since they last `rearm`ed. A thread, because in the
     event loop each look cost a trio wake-up (~0.3 ms): 3 % of a core for an idle daemon, which
     100 daemons on 2 cores could not pay; a plain sleep and one pread of /proc/self/statm on a
     file kept open cost 0.3 %. Use as a context manager inside trio."""
 
     def __init__(self, poll_s: float = POLL_S, trigger: int = GROWTH_TRIGGER) -> None:
+        """`poll_s`: `[transport].growth_check_ms`."""
         self.poll_s, self.trigger = poll_s, trigger
         self._token = trio.lowlevel.current_trio_token()
         self._watches: list[GrowthWatch] = []

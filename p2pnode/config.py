@@ -16,16 +16,25 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from algorithms.catalog import ALGORITHM_NAMES, BACKBONES, DEVICE_FORMS, DEVICE_PATTERN, FLOAT32_ONLY_DEVICES
-from algorithms.datasets import DATASETS, missing_files
-from algorithms.own_data import OwnDataError, OwnDataSpec, inspect_own_data
-from algorithms.partitions import SCENARIOS
+# Names only: the data modules import numpy (15 MB), which a node that learns nothing never needs.
+from algorithms.catalog import (
+    ALGORITHM_NAMES,
+    BACKBONES,
+    DATASETS,
+    DEVICE_FORMS,
+    DEVICE_PATTERN,
+    FLOAT32_ONLY_DEVICES,
+    SCENARIOS,
+)
 from protocol import DEFAULT_LIMITS, Identity, Limits, MessageType, check_network_id
 from protocol.curve import curve_public_from_ed25519
 
 from .keystore import KeyFileError, load_key
+
+if TYPE_CHECKING:
+    from algorithms.own_data import OwnDataSpec
 
 # What a stranger may send (gate.py); the public socket must take the largest of them.
 HANDSHAKE_KINDS = (MessageType.HELLO, MessageType.PING, MessageType.PONG)
@@ -421,7 +430,7 @@ class DiscoverySettings:
         "(at most max_peers; for a large network set it below max_peers, e.g. 8 and 16: docs/daemon.md)",
     )
     passive_view: int = option(
-        Integer(0, 4096),
+        Integer(1, 4096),
         64,
         "signed HELLOs of nodes that are not peers, learned by peer exchange, kept to replace peers that leave",
     )
@@ -534,6 +543,12 @@ class TransportSettings:
     )
     buffer_check_ms: int = option(
         Integer(10, 60_000), 250, "how often the bytes ZeroMQ holds are estimated (`max_public_buffered_bytes`, ...)"
+    )
+    growth_check_ms: int = option(
+        Integer(1, 60_000),
+        20,
+        "how often the process's size is looked at, to estimate at once when it grows fast; longer "
+        "costs less CPU (20 ms: about 1 % of a core on a busy 2-core machine) and lets a pump get further",
     )
     linger_ms: int = option(
         Integer(0, 60_000), 500, "on shutdown, wait at most this long to flush BYE and other queued frames"
@@ -715,6 +730,8 @@ class DataSettings:
         """The own-data settings, defaults filled in; None for a benchmark dataset."""
         if self.path is None:
             return None
+        from algorithms.own_data import OwnDataSpec
+
         given = {"image_size": self.image_size, "channels": self.channels}
         return OwnDataSpec(
             path=self.path,
@@ -1021,6 +1038,8 @@ def _learning_checks(config: Config) -> list[str]:
         )
     if data.clusters > data.nodes:
         problems.append(f"[data].clusters: cannot exceed [data].nodes ({data.nodes}), got {data.clusters}")
+    from algorithms.datasets import missing_files
+
     missing = missing_files(data.dataset, data.root)
     if missing is not None:
         problems.append(f"[data].root: {missing}")
@@ -1083,6 +1102,8 @@ def _own_data_checks(config: Config, given: Mapping[str, Any], inspect: bool) ->
         problems.append("[node].capabilities: at most 30 with [data].path (HELLO carries 32, two are the node's own)")
     if len(data.class_names) < 2 or not inspect or config.algorithm.name == "none":
         return problems
+    from algorithms.own_data import OwnDataError, inspect_own_data
+
     try:
         inspect_own_data(data.own_data())
     except OwnDataError as exc:

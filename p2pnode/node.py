@@ -82,7 +82,7 @@ TRIM_AFTER_BYTES = 16 << 20
 TRIM_INTERVAL_S = 2.0
 
 # The longest the maintenance task sleeps when discovery has nothing due (Membership.next_due).
-MAINTAIN_MAX_SLEEP_S = 0.25
+MAINTAIN_MAX_SLEEP_S = 1.0
 
 
 def wall_clock_us() -> int:
@@ -533,8 +533,10 @@ class Node:
         return None
 
     async def _verify_relayed(self, peers: Peers) -> list[tuple[Envelope, bytes]]:
-        """Check the HELLO frames inside a PEERS in a worker thread; skip those already known."""
+        """Check the HELLO frames inside a PEERS in a worker thread; skip those already known
+        (our peers' and the passive view's: the same bytes were checked when they came)."""
         known = {peer.hello for peer in self.membership.peers.values()}
+        known.update(entry.frame for entry in self.membership.passive.values())
         known.add(self.membership.own_hello)
         fresh = [frame for frame in dict.fromkeys(peers.hellos) if frame not in known]
         if not fresh:
@@ -576,7 +578,7 @@ class Node:
         where strangers connect and frames are small; room for models on the peers' one."""
         transport = self.config.transport
         bounds = {PUBLIC: transport.max_public_buffered_bytes, PEERS: transport.max_peers_buffered_bytes}
-        with GrowthAlarm() as alarm:
+        with GrowthAlarm(transport.growth_check_ms / 1000) as alarm:
             async with trio.open_nursery() as nursery:
                 for socket, limit in bounds.items():
                     nursery.start_soon(

@@ -39,6 +39,7 @@ pinged, so liveness costs O(max_peers) per node, whatever the size of the networ
 from __future__ import annotations
 
 import ipaddress
+import math
 import random
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
@@ -186,6 +187,9 @@ class Peer:
     hello_address: str = ""  # the address its latest HELLO names
     peer_port: int | None = None  # its peers' socket, on the host of `address` (HELLO.peer_port)
     hello_envelope: Envelope | None = None  # `hello`, decoded: what the passive view keeps of it
+    # Peers it has, at least, as its latest PEERS showed (the relayable ones, up to 63): a full
+    # node makes room for a newcomer only by dropping a peer that keeps its target without us.
+    reported_peers: int = 0
 
     @property
     def peers_address(self) -> str | None:
@@ -222,7 +226,8 @@ class _Dialing:
     owed_pong: int | None = None  # its challenge, answered right after our next HELLO there
     answered: bool = False  # we answered its challenge
     hello_out: bool = False  # our latest HELLO there was queued (not dropped: the connection was up)
-    full: tuple[Envelope, bytes] | None = None  # verified, no room: redirected once it has our answer
+    committed: bool = False  # we answered its challenge: it admits us, so we admit it (see _welcome)
+    full: tuple[Envelope, bytes] | None = None  # verified, no room: redirected once it challenged us
 
 
 @dataclass
@@ -258,6 +263,9 @@ class Membership:
         # Newcomers redirected lately (at most _HEARD), with their HELLO where it names the
         # address where they answered: they are short of peers, so the next ones are sent there.
         self._redirected: OrderedDict[bytes, bytes | None] = OrderedDict()
+        # Keys we found no room with, both of us full (latest _HEARD): their HELLOs are not
+        # verified again before the time noted, or each one's retry starts the other's anew.
+        self._full_until: OrderedDict[bytes, float] = OrderedDict()
         self.counts: Counter[str] = Counter()  # admitted, evicted_*, refused_*, dial_budget_*, ...
         self._ping_nonce: int | None = None
         self._ping_sent_at = 0.0
@@ -320,6 +328,8 @@ class Membership:
             # connection there, so that it can bind that connection and take our answers.
             peer.last_hello_at = now
             return [*actions, SendHello(peer.address)]
+        if self._full_until.get(key, -math.inf) > now:
+            return []
         self._heard[key] = (envelope, frame)
         self._heard.move_to_end(key)
         while len(self._heard) > _HEARD:
@@ -336,7 +346,9 @@ class Membership:
     ) -> list[Action]:
         """PEERS from a peer; `relayed` holds its HELLO entries, already verified."""
         actions: list[Action] = []
-        self.peers[envelope.sender].admitted_us = True  # only a peer that admitted us sends PEERS
+        sender = self.peers[envelope.sender]
+        sender.admitted_us = True  # only a peer that admitted us sends PEERS
+        sender.reported_peers = len(envelope.body.hellos) - 1  # all but its own
         for hello, frame in relayed:
             if hello.sender == envelope.sender:
                 actions += self._update(self.peers[envelope.sender], hello, frame)
@@ -361,8 +373,11 @@ class Membership:
             return []
         if PROTOCOL_VERSION not in hello.body.protocol_versions:
             return []
-        if not self._seeking():
-            self._remember(hello, frame, informant, now)  # enough peers: kept to replace one that leaves
+        known = self.passive.get(key)
+        if not self._seeking() or (known is not None and known.not_before > now):
+            # Enough peers: kept to replace one that leaves. Or it sent us on a moment ago: every
+            # sample relaying it again would have us ask again, and be sent on again, at once.
+            self._remember(hello, frame, informant, now)
             return []
         return self._verify(hello, frame, informant, now)
 
@@ -378,16 +393,20 @@ class Membership:
         if entry is None:
             return [], UNKNOWN_PEER  # a key we are not verifying: no dial, no answer
         entry.answered = True
-        answer = []
-        if entry.hello_out:
-            answer.append(Send((entry.address,), Pong(nonce=ping.nonce)))
-        else:
+        if not entry.committed:
+            # Our answer makes it admit us: give it only with a place kept for it, so that no
+            # node admits a peer that drops it a moment later. Without room it is answered with
+            # the redirect, once it has answered our challenge (its address is verified).
+            entry.committed = entry.permanent or self._welcome(key)
+        if not entry.committed:
+            entry.owed_pong = ping.nonce
+            return (self._redirect(entry, *entry.full) if entry.full is not None else []), None
+        if not entry.hello_out:
             # Our HELLO must go first on that connection: a PONG opening it would be refused
             # there (handshake_first). Not out yet, or dropped while the connection came up.
             entry.owed_pong = ping.nonce
-        if entry.full is not None:  # verified already, and no room for it: on its way it goes
-            answer += self._redirect(entry, *entry.full)
-        return answer, None
+            return [], None
+        return [Send((entry.address,), Pong(nonce=ping.nonce))], None
 
     def on_pong(self, envelope: Envelope, now: float) -> list[Action]:
         key, nonce = envelope.sender, envelope.body.nonce
@@ -412,8 +431,8 @@ class Membership:
         entry = self.dialing.get(address)
         if entry is not None:
             entry.hello_out = ok
-            if ok:
-                entry.owed_pong = None  # it followed that HELLO
+            if ok and entry.committed:
+                entry.owed_pong = None  # it followed that HELLO (`_dial_now`)
             else:
                 self.counts["hello_not_sent"] += 1  # and the node sends nothing after it there
         return []
@@ -567,8 +586,10 @@ class Membership:
         key = hello.sender
         refusal = self._no_room_for(subnet)
         full = len(self.peers) >= self.settings.max_peers  # then the subnet rule may displace (#14)
-        if refusal is None and not full and isinstance(entry.informant, Direct) and not self._welcome(key):
-            refusal = "refused_full"
+        surplus = None
+        if refusal is None and not full and not (entry.permanent or entry.committed or self._welcome(key)):
+            surplus = self._surplus_peer() if key in self._redirected else None
+            refusal = "refused_full" if surplus is None else None
         if refusal == "refused_full":
             if entry.answered:
                 return self._redirect(entry, hello, frame)
@@ -577,7 +598,7 @@ class Membership:
         if refusal is not None:
             self.counts[refusal] += 1
             return [] if entry.permanent else self._stop_dialing(entry)  # a bootstrap is retried
-        actions = self._make_room(subnet, now)
+        actions = self._make_room(subnet, now) if surplus is None else self._evict(surplus, now, "displaced")
         peer = Peer(
             key=key,
             address=entry.address,
@@ -603,16 +624,35 @@ class Membership:
         if peer.peers_address is not None:
             actions.append(DialPeers(peer.address, peer.peers_address))
         if entry.answered:
+            if entry.owed_pong is not None:  # its challenge, held back (no place was kept): answered now
+                if not entry.hello_out:
+                    actions.append(SendHello(entry.address))
+                actions.append(Send((entry.address,), Pong(nonce=entry.owed_pong)))
             actions += self._ready(peer)
         return actions
 
     def _welcome(self, key: bytes) -> bool:
-        """Whether a newcomer that dialled us gets in, room permitting: while we are below the
-        target; beyond it (up to max_peers) only if we sent it elsewhere before and it is back,
-        so still short of peers. Without this slack two nodes one peer short each, already
-        peers of each other, would wait forever; with it for everyone, the first nodes
-        everyone joins through would fill up to max_peers."""
-        return len(self.peers) < self.target or key in self._redirected
+        """Whether a node that answered our challenge gets in (room permitting, max_peers):
+        while we are below the target; one more, if it is a newcomer we sent elsewhere before
+        and it is back, so still short of peers. Without that slack two nodes one peer short
+        each, already peers of each other, would wait forever; with more of it, or for anyone,
+        the first nodes everyone joins through fill up and the latecomers find no room."""
+        kept = len(self.peers) + sum(entry.committed for entry in self.dialing.values())
+        if kept >= self.settings.max_peers:
+            return False
+        return kept < self.target or (kept == self.target and key in self._redirected)
+
+    def _surplus_peer(self) -> Peer | None:
+        """A peer that has more than the target without us (its latest PEERS says so), and is
+        not one of the longest-lived or fastest-answering quarter: the one a newcomer that came
+        back, still short of peers, may take the place of. Nobody falls below the target for it,
+        so this cannot start a chain of nodes pushing each other out."""
+        quarter = max(1, self.settings.max_peers // 4)
+        by_age = sorted(self.peers.values(), key=lambda p: p.admitted_at)
+        by_rtt = sorted(self.peers.values(), key=lambda p: float("inf") if p.rtt_s is None else p.rtt_s)
+        protected = {p.key for p in by_age[:quarter]} | {p.key for p in by_rtt[:quarter]}
+        spare = [p for p in by_age if p.key not in protected and p.reported_peers - 1 >= self.target]
+        return max(spare, key=lambda p: p.reported_peers, default=None)
 
     def _redirect(self, entry: _Dialing, hello: Envelope, frame: bytes) -> list[Action]:
         """No room: the verified newcomer at `entry` (which admitted us: we answered its
@@ -729,15 +769,15 @@ class Membership:
             self._remember(peer.hello_envelope, peer.hello, "demoted", now, wait=self.settings.dial_retry_max_s)
         if not self._in_use(peer.address):
             actions.append(Hangup(peer.address, flush=why == "displaced"))
-        if peer.address in self._bootstrap and len(self.peers) < self.target:
-            # A bootstrap peer lost while we need peers is dialled again; one that is full, later.
-            wait = self.settings.dial_retry_max_s if alive else self.settings.dial_retry_initial_s
+        if peer.address in self._bootstrap and not alive and len(self.peers) < self.target:
+            # A bootstrap peer lost while we need peers is dialled again. One that is full is
+            # not: it would only send us on again (a node left alone rejoins through it, `tick`).
             self._dial_later(
                 peer.address,
                 permanent=True,
                 key=self._bootstrap[peer.address],
                 informant="bootstrap",
-                now=now + wait,
+                now=now + self.settings.dial_retry_initial_s,
             )
         return actions
 
@@ -751,7 +791,7 @@ class Membership:
         key = hello.sender
         if not isinstance(informant, bytes) and informant != "demoted":
             return  # a stranger's own HELLO or a beacon: nobody verified that address
-        if key == self.own_key or key in self.peers or self.settings.passive_view == 0:
+        if key == self.own_key or key in self.peers:
             return
         known = self.passive.get(key)
         if known is not None and known.hello.timestamp_us >= hello.timestamp_us:
@@ -803,6 +843,16 @@ class Membership:
     def _dial_now(self, entry: _Dialing, now: float) -> list[Action]:
         if entry.permanent and len(self.peers) >= self.target:
             return self._stop_dialing(entry)  # enough peers: the bootstrap is for joining, or rejoining
+        if entry.answered and not entry.committed and entry.attempts >= 2 and not entry.permanent:
+            # We hold its challenge (no room) and it has not answered ours twice: it holds ours
+            # too, for the same reason. Neither wants the other: let go, for a while.
+            self.counts["gave_up_full"] += 1
+            if entry.key is not None:
+                self._full_until[entry.key] = now + self.settings.dial_retry_max_s
+                self._full_until.move_to_end(entry.key)
+                while len(self._full_until) > _HEARD:
+                    self._full_until.popitem(last=False)
+            return self._stop_dialing(entry)
         if not entry.opened:
             # A new connection refuses frames until ZeroMQ's handshake is done (IMMEDIATE=1):
             # open it now, send HELLO and the challenge one retry interval later.
@@ -828,7 +878,7 @@ class Membership:
             SendHello(entry.address),
             Send((entry.address,), Ping(nonce=entry.nonce)),
         ]
-        if entry.owed_pong is not None:  # owed until `hello_sent` says our HELLO went out
+        if entry.owed_pong is not None and entry.committed:  # owed until `hello_sent` says our HELLO went out
             actions.append(Send((entry.address,), Pong(nonce=entry.owed_pong)))
         return actions
 

@@ -39,7 +39,6 @@ from .messages import (
     Score,
 )
 from .replay import ReplayGuard, SequenceCounter, SequenceExhausted
-from .tensors import WIRE_DTYPES
 
 __all__ = [
     "BODY_TYPES",
@@ -52,7 +51,6 @@ __all__ = [
     "PROTOCOL_VERSION",
     "PUBLIC_KEY_SIZE",
     "SIGNATURE_SIZE",
-    "WIRE_DTYPES",
     "Body",
     "Bye",
     "Decoder",

@@ -11,13 +11,13 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeVar
 
-import numpy as np
-
 from .errors import ProtocolError, Reason
 from .kinds import DISCOVERY_TYPES, LEARNING_TYPES, MessageType
-from .schema import Blob, Choice, Codec, ListOf, Nullable, Real, Tensor, TensorMap, Text, UInt, malformed
+from .schema import Blob, Choice, Codec, ListOf, Nullable, Real, Tensor, TensorMap, Text, UInt, is_array, malformed
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from .limits import Limits
 
 __all__ = [
@@ -103,7 +103,7 @@ class Body:
 
 
 def _payload_bytes(value: Any) -> int:
-    if isinstance(value, np.ndarray):
+    if is_array(value):
         return value.nbytes
     if isinstance(value, bytes):
         return len(value)
@@ -115,21 +115,15 @@ def _payload_bytes(value: Any) -> int:
 
 
 def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return (
-            isinstance(a, np.ndarray)
-            and isinstance(b, np.ndarray)
-            and a.dtype == b.dtype
-            and a.shape == b.shape
-            and bool(np.array_equal(a, b))
-        )
+    if is_array(a) or is_array(b):
+        return is_array(a) and is_array(b) and a.dtype == b.dtype and a.shape == b.shape and bool((a == b).all())
     if isinstance(a, dict) and isinstance(b, dict):
         return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
     return a == b
 
 
 def _short(value: Any) -> str:
-    if isinstance(value, np.ndarray):
+    if is_array(value):
         return f"<{value.dtype.name}{list(value.shape)}>"
     if isinstance(value, dict):
         return "{" + ", ".join(f"{k!r}: {_short(v)}" for k, v in value.items()) + "}"

@@ -16,6 +16,7 @@ stops them in order (SIGTERM, then SIGKILL after a grace period).
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import time
@@ -77,9 +78,10 @@ class Cluster:
     ) -> Cluster:
         """Write a key and a config per node under `out`, each listening on port 0 of `host`,
         with CURVE on and connection caps that fit `count` nodes on one host.
-        `[discovery].bootstrap` is left out: `start` fills it in. `extra` adds sections: one
-        table for all nodes, or a function of the node index. `placement` runs the daemons
-        (default: here, `LocalPlacement`), and may move `host` to where each one runs."""
+        `[discovery].bootstrap` is left out: `start` fills it in. `extra` adds sections, or
+        settings to the sections above: one document for all nodes, or a function of the node
+        index. `placement` runs the daemons (default: here, `LocalPlacement`), and may move
+        `host` to where each one runs."""
         specs = []
         for index in range(count):
             directory = out / f"node{index:02d}"
@@ -90,8 +92,9 @@ class Cluster:
                 "node": {"key": "key.pem", "data_dir": "data", "network": network, "listen": f"tcp://{host}:0"},
                 "discovery": dict(discovery or {}),
                 "security": _security(count),
-                **((extra(index) if callable(extra) else extra) or {}),
             }
+            for section, table in ((extra(index) if callable(extra) else extra) or {}).items():
+                settings[section] = {**settings.get(section, {}), **table}
             spec = NodeSpec(index, directory, settings, identity.node_id, identity.public_key)
             spec.config_path.write_text(tomli_w.dumps(settings))
             specs.append(spec)
@@ -133,11 +136,20 @@ class Cluster:
 
     def start_all(self, at_once: int = START_AT_ONCE) -> None:
         """Start every node: the first alone, until it answers (see `start`), then the others,
-        each with the first as its bootstrap, at most `at_once` of them starting at a time. All
-        are placed first, together."""
+        at most `at_once` of them starting at a time. Each joins through the first and through
+        one node started before it that answers (drawn with a fixed seed), so that the first is
+        not the only way in: with 100 daemons its handshakes became the bottleneck of the join.
+        All are placed first, together."""
         self.place()
         starting: list[tuple[NodeSpec, float]] = []  # and when it was spawned
+        draw = random.Random(len(self.specs))
         for spec in self.specs:
+            discovery = spec.settings.setdefault("discovery", {})
+            up = [other for other in self.specs[1 : spec.index] if other.address is not None and self.alive(other)]
+            if self.bootstrap is not None and up and "bootstrap" not in discovery:
+                contact = draw.choice(up)
+                named = f"{contact.public_key.hex()}@{contact.address}" if contact.public_key else contact.address
+                discovery["bootstrap"] = [self.bootstrap, named]
             while len(starting) >= at_once:
                 # Still starting: alive, silent, and not past start_timeout_s (then it is the
                 # run's to notice, not the start's to wait for).

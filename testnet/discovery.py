@@ -99,11 +99,12 @@ def run_discovery_testnet(
     duration_s: float,
     *,
     exit_on_mesh: bool = False,
+    hold_s: float = 0.0,
     churn: ChurnSpec | None = None,
     keep_going: bool = False,
     seed: int = 0,
-    poll_s: float = 0.5,
-    discovery: dict | None = None,
+    poll_s: float | None = None,
+    settings: dict[str, dict] | None = None,
     progress=None,
     placement: Placement | None = None,
 ) -> tuple[int, dict]:
@@ -111,11 +112,17 @@ def run_discovery_testnet(
     N ≤ active_view + 1: every node knew all others) within the duration, the overlay was
     connected at the end, no daemon exited on its own, and every daemon stopped by `churn` was
     back with every view at target before the end. Churn stops no daemon in the last `every`
-    seconds, so that the last one stopped has time to come back. `discovery`: `[discovery]`
-    settings of every node (`active_view`, ...); `placement` runs the daemons (default: here)."""
+    seconds, so that the last one stopped has time to come back. With `exit_on_mesh` the run
+    stops `hold_s` after every view reached its target (the steady-state rates need more than
+    STEADY_AFTER_S; a 100-daemon join under load took from 30 s to 2 minutes after the last
+    daemon was up, so a fixed duration either wastes minutes or ends too soon). `settings` adds
+    config settings of every node, by section (e.g. `{"discovery": {"active_view": 8}}`);
+    `placement` runs the daemons (default: here)."""
     progress = progress or sys.stderr  # the stream of the moment, not the one at import (tests swap it)
+    # Each poll asks every daemon for its status: 0.5 s apart, or 1 s per 50 daemons.
+    poll_s = poll_s if poll_s is not None else max(0.5, nodes / 50)
     out.mkdir(parents=True, exist_ok=True)
-    cluster = Cluster.prepare(out, nodes, discovery=discovery, placement=placement)
+    cluster = Cluster.prepare(out, nodes, extra=settings, placement=placement)
     cluster.place()  # before t = 0: a Ray cluster starts its launchers here
     watch = _Watch(nodes)
     started = time.monotonic()
@@ -130,13 +137,20 @@ def run_discovery_testnet(
     )
     with cluster:
         cluster.start_all()
-        interrupted = _watch_run(cluster, watch, supervisor, duration_s, exit_on_mesh, poll_s, progress)
+        interrupted = _watch_run(cluster, watch, supervisor, duration_s, exit_on_mesh, hold_s, poll_s, progress)
         final = cluster.statuses()
         exit_codes = cluster.stop()
     report = _report(out, cluster, watch, final, exit_codes, duration_s, time.monotonic() - started)
     report.update(supervisor.report())
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    target_s, connected = watch.target_s, report["discovery"]["overlay"]["connected"]
+    ok, verdict = _verdict(watch, supervisor, report["discovery"]["overlay"], duration_s)
+    print(f"{verdict}; report: {out / 'report.json'}", file=progress)
+    return (130 if interrupted else 0 if ok else 1), report
+
+
+def _verdict(watch: _Watch, supervisor: Supervisor, overlay: dict, duration_s: float) -> tuple[bool, str]:
+    """Whether the run passed (see run_discovery_testnet), and the line that says so."""
+    target_s, connected = watch.target_s, overlay["connected"]
     unhealed = [event["node"] for event in supervisor.events if event.get("mesh_s") is None]
     ok = target_s is not None and target_s <= duration_s and connected and not supervisor.exits and not unhealed
     if watch.full_mesh_s is not None:
@@ -145,14 +159,12 @@ def run_discovery_testnet(
         verdict = f"every view at target in {target_s:.1f} s"
     else:
         verdict = f"views not at target within {duration_s:g} s"
-    overlay = report["discovery"]["overlay"]
     verdict += "; overlay " + (f"connected, diameter {overlay['diameter']}" if connected else "NOT connected")
     if supervisor.events:
         verdict += f"; {len(supervisor.events) - len(unhealed)} of {len(supervisor.events)} churned nodes back in it"
     if supervisor.exits:
         verdict += f"; node(s) {[entry['node'] for entry in supervisor.exits]} exited on their own"
-    print(f"{verdict}; report: {out / 'report.json'}", file=progress)
-    return (130 if interrupted else 0 if ok else 1), report
+    return ok, verdict
 
 
 def _watch_run(
@@ -161,6 +173,7 @@ def _watch_run(
     supervisor: Supervisor,
     duration_s: float,
     exit_on_mesh: bool,
+    hold_s: float,
     poll_s: float,
     progress,
 ) -> bool:
@@ -175,7 +188,8 @@ def _watch_run(
             if watch.all_up_s is not None:
                 supervisor.arm()
             healed = all(event.get("mesh_s") is not None for event in supervisor.events)
-            if exit_on_mesh and watch.target_s is not None and supervisor.done() and healed:
+            held = watch.target_s is not None and elapsed >= watch.target_s + hold_s
+            if exit_on_mesh and held and supervisor.done() and healed:
                 break
             if not supervisor.poll(statuses):
                 break

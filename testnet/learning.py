@@ -86,15 +86,15 @@ def run_learning_testnet(
     churn: ChurnSpec | None = None,
     keep_going: bool = False,
     poll_s: float = 0.5,
-    discovery: dict[str, Any] | None = None,
+    settings: dict[str, dict] | None = None,
     progress=None,
     placement: Placement | None = None,
 ) -> tuple[int, dict[str, Any]]:
     """Returns (exit code, report): 0 if every node finished (and `check` passed, if given),
     1 if not, 130 if interrupted. `churn` stops and restarts daemons while they learn (not
-    those that have finished); they resume from their checkpoints. `discovery` adds
-    `[discovery]` settings (e.g. `active_view`, `max_peers`) to every node's. `placement` runs
-    the daemons (default: here)."""
+    those that have finished); they resume from their checkpoints. `settings` adds config
+    settings to every node's, by section (e.g. `{"discovery": {"active_view": 8}}`).
+    `placement` runs the daemons (default: here)."""
     if spec.poisoners:
         raise ValueError("poisoning peers exist in the simulator only")
     # The daemons resolve the device as this launcher does; provenance names the engine, as a simulation's.
@@ -104,13 +104,13 @@ def run_learning_testnet(
     out.mkdir(parents=True, exist_ok=True)
     backbones = spec.node_backbones()
     _, partition = load_scenario(spec.scenario_spec)
-    views = DiscoverySettings(**(discovery or {}))
-    target = min(views.active_view, views.max_peers)
+    defaults, chosen = DiscoverySettings(), (settings or {}).get("discovery", {})
+    target = min(chosen.get("active_view", defaults.active_view), chosen.get("max_peers", defaults.max_peers))
     cluster = Cluster.prepare(
         out,
         spec.nodes,
-        discovery={**DISCOVERY, **(discovery or {})},
-        extra=lambda i: node_settings(spec, i, backbones[i], round_deadline_s, target),
+        discovery=DISCOVERY,
+        extra=lambda i: _merged(node_settings(spec, i, backbones[i], round_deadline_s, target), settings or {}),
         placement=placement,
     )
     timeout_s = timeout_s if timeout_s is not None else 180 + spec.rounds * (round_deadline_s + 5)
@@ -136,6 +136,11 @@ def run_learning_testnet(
         code = 0 if report["check"]["passed"] else 1
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     return code, report
+
+
+def _merged(document: dict[str, dict], settings: dict[str, dict]) -> dict[str, dict]:
+    """`document` with `settings` added, section by section."""
+    return {**document, **{name: {**document.get(name, {}), **table} for name, table in settings.items()}}
 
 
 def _judge(report: dict[str, Any], thresholds: CheckThresholds | None) -> dict[str, Any]:
