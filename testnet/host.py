@@ -32,6 +32,7 @@ class Host(Shard):
         """Nodes `block` of `spec`; `threads`: torch's CPU threads in this process (None: as
         they are); `worker`: this process is the host's alone, so the dataset the shards were
         cut from is dropped once they are (as a daemon does: p2pnode/memory.py)."""
+        self._cpu_started = time.process_time()
         if threads is not None:
             import torch
 
@@ -68,9 +69,11 @@ class Host(Shard):
         return str(self.device), self.mixed_precision
 
     def usage(self) -> dict[str, float | None]:
-        """Its nodes; its process's resident memory now and at its peak, MiB, and the CPU seconds
-        it has used (inline: the simulator's own process, dataset and all)."""
-        return {"nodes": len(self.nodes), **process_memory(), "cpu_s": round(time.process_time(), 2)}
+        """Its nodes; its process's resident memory now and at its peak, MiB (inline: the
+        simulator's own process, dataset and all), and the CPU seconds it used since it began to
+        build its nodes."""
+        cpu_s = time.process_time() - self._cpu_started
+        return {"nodes": len(self.nodes), **process_memory(), "cpu_s": round(cpu_s, 2)}
 
 
 def blocks(nodes: int, workers: int) -> list[tuple[int, ...]]:

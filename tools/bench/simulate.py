@@ -121,7 +121,8 @@ HEADER = (
 
 
 def _row(r: dict) -> str:
-    """One run; `cores used` is the hosts' CPU seconds over the wall time (process start included)."""
+    """One run; `cores used` is the hosts' CPU seconds since they began to build their nodes over
+    the run's wall time (which includes starting them)."""
     peak = [host["peak_rss_mb"] or 0.0 for host in r["engine"]["hosts"]]
     cores = sum(host["cpu_s"] for host in r["engine"]["hosts"]) / r["wall_s"]
     return (
