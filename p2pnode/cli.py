@@ -560,7 +560,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout",
         type=_positive_float,
         metavar="S",
-        help="give up after this long (default: 180 s + rounds × (deadline + 5 s))",
+        help="give up after this long (default: 180 s + rounds × (deadline + 5 s), more for more daemons "
+        "than cores: docs/daemon.md)",
     )
     testnet.add_argument(
         "--engine",

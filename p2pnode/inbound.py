@@ -123,7 +123,7 @@ class Inbound:
                 self.metrics.rejected(MULTIPART, sum(map(len, parts[1:])))
                 continue
             # Routing ids are per socket: the prefix keeps the two sockets' connections apart.
-            connection, message = (b"P" if peers else b"p") + parts[0].bytes, parts[1]
+            connection, message = (b"P" if peers else b"p") + parts[0], parts[1]
             refusal = None if peers else self.gate.budget(connection, message.get, now)
             if refusal is not None:
                 self.metrics.rejected(refusal, len(message))

@@ -36,7 +36,7 @@ from protocol.curve import curve_public_from_ed25519
 
 from .config import TransportSettings
 from .zap import DOMAINS, PEERS, PUBLIC, close_zap, open_zap, unwatch, watch
-from .zmqtrio import receive_batch
+from .zmqtrio import receive_routed
 
 __all__ = ["Transport", "TransportError", "MissingKey"]
 
@@ -239,13 +239,13 @@ class Transport:
         if time.monotonic() - entry.peers_opened_at >= PEERS_REDIAL_S:
             self._open_peers(entry, entry.peers_address)
 
-    async def receive(self, max_messages: int, max_bytes: int, *, peers: bool = False) -> list[list[zmq.Frame]]:
+    async def receive(self, max_messages: int, max_bytes: int, *, peers: bool = False) -> list[list]:
         """Wait for inbound messages on the public socket (or the peers' one); each is [routing
-        id, frame, ...more parts if malformed], as zmq.Frame objects: `frame.get("Peer-Address")`
-        tells where a connection comes from."""
+        id (bytes), frame, ...more parts if malformed], the frames as zmq.Frame objects:
+        `frame.get("Peer-Address")` tells where a connection comes from."""
         socket = self.peers_inbound if peers else self.inbound
         assert socket is not None, "bind() first"
-        batch = await receive_batch(socket, max_messages, max_bytes, copy=False)
+        batch = await receive_routed(socket, max_messages, max_bytes)
         read = self.read[PEERS if peers else PUBLIC]
         for message in batch:
             read[0] += len(message[1]) if len(message) == 2 else sum(map(len, message[1:]))

@@ -10,6 +10,7 @@ sent them; discovery and keep-alives are reported apart, under `comm.discovery`.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections import Counter
@@ -31,10 +32,29 @@ from .provenance import provenance
 from .report import CheckThresholds, Truth, assemble, check, run_header
 from .simulator import SimulationSpec
 
-__all__ = ["run_learning_testnet", "testnet_report", "node_settings", "DISCOVERY"]
+__all__ = ["run_learning_testnet", "testnet_report", "node_settings", "default_timeout_s", "DISCOVERY"]
 
 # Daemons of one machine: quick failure detection, so a killed node stops being waited for.
 DISCOVERY = {"ping_interval_s": 0.5, "peer_timeout_s": 3.0, "exchange_interval_s": 0.5, "dial_retry_max_s": 1.0}
+
+# Daemons per core that step without waiting for CPU, about (a MAPL local step is ~0.2 s of one
+# core; the round deadline absorbs the rest). Past that the rounds slow down in proportion:
+# 20 MAPL daemons on 2 cores took 9 s a round, not 5, and 150 s to load, and ran out of the
+# fixed 180 s + rounds × (deadline + 5 s) before their last rounds (issue #16).
+DAEMONS_PER_CORE = 5
+START_S_PER_DAEMON_PER_CORE = 5.0  # loading torch, the data and the model, sharing the cores
+
+
+def crowding(nodes: int, cores: int | None = None) -> float:
+    """How many times more daemons than this machine's cores step at once (at least 1)."""
+    return max(1.0, nodes / (DAEMONS_PER_CORE * (cores or os.cpu_count() or 1)))
+
+
+def default_timeout_s(nodes: int, rounds: int, round_deadline_s: float, cores: int | None = None) -> float:
+    """`--timeout`'s default: 180 s + rounds × (deadline + 5 s), stretched for more daemons than
+    this machine's cores can step at once (`cores`: os.cpu_count())."""
+    starting = START_S_PER_DAEMON_PER_CORE * nodes / (cores or os.cpu_count() or 1)
+    return 180 + starting + rounds * (round_deadline_s + 5) * crowding(nodes, cores)
 
 
 def node_settings(
@@ -113,13 +133,13 @@ def run_learning_testnet(
         extra=lambda i: _merged(node_settings(spec, i, backbones[i], round_deadline_s, target), settings or {}),
         placement=placement,
     )
-    timeout_s = timeout_s if timeout_s is not None else 180 + spec.rounds * (round_deadline_s + 5)
+    timeout_s = timeout_s if timeout_s is not None else default_timeout_s(spec.nodes, spec.rounds, round_deadline_s)
     cluster.place()  # before t = 0: a Ray cluster starts its launchers here
     started = time.monotonic()
     supervisor = Supervisor(cluster, churn, seed=spec.seed, keep_going=keep_going, started=started, progress=progress)
     with cluster:
         cluster.start_all()
-        finals, interrupted = _watch(cluster, supervisor, spec.rounds, started + timeout_s, poll_s, progress)
+        finals, interrupted, timed_out = _watch(cluster, supervisor, spec.rounds, started + timeout_s, poll_s, progress)
         exit_codes = cluster.stop()
     ids = [node.node_id for node in cluster.specs]
     header = run_header("testnet", spec, partition, ids, backbones, spec.config_dict(), (device, mixed_precision), made)
@@ -129,10 +149,18 @@ def run_learning_testnet(
     report["processes"]["engine"] = cluster.placement.engine
     report["processes"]["addresses"] = [s.address for s in cluster.specs]
     report["processes"].update(supervisor.report())
+    report["processes"]["timeout_s"] = round(timeout_s, 1)
+    report["processes"]["timed_out"] = timed_out
     if interrupted:
         code = 130
     else:
         report["check"] = _judge(report, check)
+        if timed_out:  # say why the nodes stopped early: it was us, not them
+            report["check"]["failures"].append(
+                f"the run reached its timeout ({timeout_s:.0f} s) before every node finished: "
+                "give it more with --timeout S"
+            )
+            report["check"]["passed"] = False
         code = 0 if report["check"]["passed"] else 1
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     return code, report
@@ -150,10 +178,10 @@ def _judge(report: dict[str, Any], thresholds: CheckThresholds | None) -> dict[s
 
 def _watch(
     cluster: Cluster, supervisor: Supervisor, rounds: int, deadline: float, poll_s: float, progress
-) -> tuple[list[dict | None], bool]:
+) -> tuple[list[dict | None], bool, bool]:
     """Poll every daemon's status until all have finished (those that exited on their own
     aside), one has exited on its own without --keep-going, or time is up; returns the last
-    status each gave and whether the user interrupted."""
+    status each gave, whether the user interrupted, and whether time ran out."""
     finals: list[dict | None] = [None] * len(cluster.specs)
     started = supervisor.started  # the first spawn, as the churn events' times
     try:
@@ -174,14 +202,14 @@ def _watch(
                 _done(s, rounds) or supervisor.lost(node) for s, node in zip(statuses, cluster.specs, strict=True)
             ]
             if (all(finished) and not supervisor.busy()) or not carry_on:
-                break
+                return finals, False, False
             if all(_ready(s) for s in statuses):
                 supervisor.arm()  # churn starts once every daemon has its data and model
             time.sleep(poll_s)
     except KeyboardInterrupt:
         print("interrupted: stopping every node", file=progress)
-        return finals, True
-    return finals, False
+        return finals, True, False
+    return finals, False, True
 
 
 def _ready(status: dict | None) -> bool:

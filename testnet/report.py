@@ -62,7 +62,8 @@ REQUIRED_KEYS = (
 
 
 # Only real daemons have them: per node (exit codes, logs, resumes, catch-ups), and per run what
-# `--churn` did and which daemons exited on their own (testnet/churn.py).
+# `--churn` did, which daemons exited on their own (testnet/churn.py), and the run's timeout
+# and whether it ran out.
 PROCESS_KEYS = (
     "engine",
     "addresses",
@@ -74,6 +75,8 @@ PROCESS_KEYS = (
     "peak_rss_mb",
     "churn",
     "exits",
+    "timeout_s",
+    "timed_out",
 )
 
 

@@ -44,9 +44,11 @@ def decoder() -> Decoder:
     return Decoder(NETWORK)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session", autouse=True)
 def one_torch_thread():
-    """Tiny batches gain nothing from threads, and spinning threads crawl when the machine is busy."""
+    """Every test's torch runs one thread, as the daemons and the simulator's workers do: tiny
+    batches gain nothing from threads, and spinning threads crawl when the machine is busy (a
+    10-node simulation on torch's 2 threads took 16× as long with other jobs running)."""
     import torch
 
     threads = torch.get_num_threads()

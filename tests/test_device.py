@@ -111,7 +111,7 @@ def test_the_config_checks_the_form_of_a_device_and_leaves_its_presence_to_the_s
         assert any(problem.startswith(field) for problem in caught.value.problems), caught.value.problems
 
 
-def test_the_simulator_takes_a_device_and_its_report_says_which(one_torch_thread):
+def test_the_simulator_takes_a_device_and_its_report_says_which():
     for bad, message in (("tpu", 'is not "auto"'), ("cuda:x", "is not")):
         with pytest.raises(ValueError, match=message):
             SimulationSpec(algorithm="local", device=bad)
@@ -192,7 +192,7 @@ def assert_on(exchange: Exchange, device: torch.device) -> None:
 
 
 @pytest.mark.parametrize("name", ALGORITHM_NAMES)
-def test_every_algorithm_runs_every_step_through_the_device_it_is_given(name, one_torch_thread):
+def test_every_algorithm_runs_every_step_through_the_device_it_is_given(name):
     exchange = network(name, CPU)
     for round in range(2):
         records = exchange.run_round(round)
@@ -204,7 +204,7 @@ def test_every_algorithm_runs_every_step_through_the_device_it_is_given(name, on
 # --- checkpoints --------------------------------------------------------------------------------
 
 
-def test_a_checkpoint_is_read_onto_any_device_and_a_resumed_node_trains_on_exactly(tmp_path, one_torch_thread):
+def test_a_checkpoint_is_read_onto_any_device_and_a_resumed_node_trains_on_exactly(tmp_path):
     trained = network("mapl", CPU, nodes=2)
     trained.run_round(0)
     node = trained.nodes[0]

@@ -54,7 +54,7 @@ def test_nodes_are_dealt_in_contiguous_blocks_that_differ_by_one_at_most():
 
 
 @pytest.mark.parametrize("algorithm", SAME_REPORT)
-def test_worker_processes_give_the_inline_report_bit_for_bit(algorithm, one_torch_thread):
+def test_worker_processes_give_the_inline_report_bit_for_bit(algorithm):
     spec = small(algorithm)
     progress: dict[str, list] = {"inline": [], "processes": []}
     inline = run_simulation(spec, progress=progress["inline"].append)
@@ -76,7 +76,7 @@ def test_worker_processes_give_the_inline_report_bit_for_bit(algorithm, one_torc
     assert not multiprocessing.active_children()
 
 
-def test_baselines_run_on_the_engine_of_the_run(one_torch_thread):
+def test_baselines_run_on_the_engine_of_the_run():
     spec = small("mapl")
     inline = run_baselines(spec, ["local"])
     spread = run_baselines(spec, ["local"], engine=Engine("processes", workers=2, threads=1))
@@ -152,7 +152,7 @@ def local_ray():
     ray.shutdown()
 
 
-def test_ray_actors_give_the_inline_report_bit_for_bit(local_ray, one_torch_thread):
+def test_ray_actors_give_the_inline_report_bit_for_bit(local_ray):
     for algorithm in SAME_REPORT:
         spec = small(algorithm)
         on_ray = run_simulation(spec, engine=Engine("ray", workers=2, threads=1))

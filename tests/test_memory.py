@@ -12,8 +12,6 @@ from p2pnode.memory import MIB, process_memory, resident_bytes
 from .daemon import ANY_PORT, write_config
 from .test_learning_daemon import learning_sections
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 def test_resident_memory_follows_what_the_process_touches():
     before = process_memory()

@@ -24,9 +24,6 @@ SHAPES = [(1, 8, 8), (1, 28, 28), (3, 32, 32)]
 BATCH = 4
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
 def model(backbone="convnet", image_shape=(1, 28, 28), num_classes=10, seed=0, **dims) -> PersonalModel:
     torch.manual_seed(seed)
     return make_model(ModelSpec(backbone, image_shape, num_classes, **dims))

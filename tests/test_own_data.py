@@ -253,7 +253,7 @@ def own_data_sections(folder, class_names=DIGITS, rounds: int = 2, start_peers: 
     }
 
 
-async def test_nodes_whose_class_lists_differ_are_not_learning_peers(tmp_path, one_torch_thread, caplog):
+async def test_nodes_whose_class_lists_differ_are_not_learning_peers(tmp_path, caplog):
     write_digit_pngs(tmp_path / "data", (0, 1, 2), per_class=10)
     data = tmp_path / "data"
     reordered = ("1", "0", *DIGITS[2:])  # the same names, other ids
@@ -274,7 +274,7 @@ async def test_nodes_whose_class_lists_differ_are_not_learning_peers(tmp_path, o
             node.request_stop()
 
 
-async def test_damaged_pixels_stop_the_start_with_the_field_to_look_at(tmp_path, one_torch_thread):
+async def test_damaged_pixels_stop_the_start_with_the_field_to_look_at(tmp_path):
     from p2pnode.node import Node, NodeStartError
 
     images = np.full((20, 8, 8), 0.5, np.float32)

@@ -32,8 +32,6 @@ from p2pnode.cli import build_parser, main
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 def _section(title: str) -> str:
     return README.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]

@@ -65,7 +65,7 @@ def test_every_node_every_round():
     assert report["baselines"] == {}
     assert report["rejections"] == {"bad_shape": 2} and report["check"] is None
     processes = ("engine", "addresses", "exit_codes", "logs", "resumed_from", "catch_ups", "rss_mb", "peak_rss_mb")
-    assert report["processes"] == dict.fromkeys((*processes, "churn", "exits"))
+    assert report["processes"] == dict.fromkeys((*processes, "churn", "exits", "timeout_s", "timed_out"))
     assert report["timing"]["gather_s_mean"] is None  # nobody measured a gather
 
 
@@ -163,3 +163,33 @@ def test_baselines_go_beside_the_run_with_a_paired_interval():
     other_seed = {**run([0.5] * 4, "local"), "seed": 1}
     with pytest.raises(ValueError, match="seed differ"):
         attach_baselines(run([0.8] * 4), {"local": other_seed})
+
+
+def test_the_default_timeout_grows_with_daemons_per_core_and_a_run_that_hits_it_says_so():
+    from testnet.learning import _watch, default_timeout_s
+
+    assert default_timeout_s(4, 8, 5.0, cores=2) == 180 + 10 + 8 * 10  # few daemons: as before, plus loading
+    assert default_timeout_s(20, 30, 5.0, cores=2) == 180 + 50 + 30 * 10 * 2  # twice the daemons the cores step
+    assert default_timeout_s(20, 30, 5.0, cores=4) == 180 + 25 + 30 * 10
+
+    class Silent:  # daemons that never answer, under a supervisor with nothing to do
+        specs = (object(), object())
+        started = 0.0
+
+        def statuses(self):
+            return [None, None]
+
+        def poll(self, statuses, eligible):
+            return True
+
+        def lost(self, spec):
+            return False
+
+        def busy(self):
+            return False
+
+    import io
+    import time
+
+    finals, interrupted, timed_out = _watch(Silent(), Silent(), 3, time.monotonic() + 0.2, 0.05, io.StringIO())
+    assert finals == [None, None] and not interrupted and timed_out

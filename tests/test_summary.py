@@ -9,8 +9,6 @@ from testnet.intervals import paired_bootstrap, paired_difference, wilson
 from testnet.plots import PLOTS
 from testnet.provenance import PACKAGES, git_state, provenance
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 def test_wilson_against_hand_computed_values():
     # 60 of 75, z = 1.959964: centre (0.8 + z²/150) / (1 + z²/75) = 0.785380, half-width

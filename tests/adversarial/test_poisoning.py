@@ -10,8 +10,6 @@ from algorithms.seam import PayloadRejected
 from protocol.messages import Head, Model, Prototypes, Score
 from testnet.simulator import SimulationSpec, run_simulation
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 def _rng():
     return np.random.default_rng(1)
