@@ -144,26 +144,26 @@ def run_learning_testnet(
     ids = [node.node_id for node in cluster.specs]
     header = run_header("testnet", spec, partition, ids, backbones, spec.config_dict(), (device, mixed_precision), made)
     report = testnet_report(header, partition, finals, time.monotonic() - started)
-    report["processes"]["exit_codes"] = [exit_codes.get(s.index) for s in cluster.specs]
-    report["processes"]["logs"] = [str(s.log_path) for s in cluster.specs]
-    report["processes"]["engine"] = cluster.placement.engine
-    report["processes"]["addresses"] = [s.address for s in cluster.specs]
-    report["processes"].update(supervisor.report())
-    report["processes"]["timeout_s"] = round(timeout_s, 1)
+    report["processes"].update(_processes(cluster, exit_codes, supervisor), timeout_s=round(timeout_s, 1))
     report["processes"]["timed_out"] = timed_out
     if interrupted:
         code = 130
     else:
         report["check"] = _judge(report, check)
-        if timed_out:  # say why the nodes stopped early: it was us, not them
-            report["check"]["failures"].append(
-                f"the run reached its timeout ({timeout_s:.0f} s) before every node finished: "
-                "give it more with --timeout S"
-            )
-            report["check"]["passed"] = False
         code = 0 if report["check"]["passed"] else 1
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     return code, report
+
+
+def _processes(cluster: Cluster, exit_codes: dict[int, int | None], supervisor: Supervisor) -> dict[str, Any]:
+    """What only real daemons have, per node and per run (testnet/report.py, PROCESS_KEYS)."""
+    return {
+        "exit_codes": [exit_codes.get(s.index) for s in cluster.specs],
+        "logs": [str(s.log_path) for s in cluster.specs],
+        "engine": cluster.placement.engine,
+        "addresses": [s.address for s in cluster.specs],
+        **supervisor.report(),
+    }
 
 
 def _merged(document: dict[str, dict], settings: dict[str, dict]) -> dict[str, dict]:
@@ -172,8 +172,16 @@ def _merged(document: dict[str, dict], settings: dict[str, dict]) -> dict[str, d
 
 
 def _judge(report: dict[str, Any], thresholds: CheckThresholds | None) -> dict[str, Any]:
-    """Without --check only that every node finished every round is judged."""
-    return check(report, thresholds or CheckThresholds(accuracy=0.0, within_cluster_mass=0.0))
+    """Without --check only that every node finished every round is judged. A run the launcher
+    stopped at its timeout fails, saying so: the nodes did not stop early, we stopped them."""
+    verdict = check(report, thresholds or CheckThresholds(accuracy=0.0, within_cluster_mass=0.0))
+    if report["processes"]["timed_out"]:
+        timeout_s = report["processes"]["timeout_s"]
+        verdict["failures"].append(
+            f"the run reached its timeout ({timeout_s:.0f} s) before every node finished: give it more with --timeout S"
+        )
+        verdict["passed"] = False
+    return verdict
 
 
 def _watch(

@@ -176,6 +176,9 @@ def test_testnet_leaves_no_orphans(tmp_path, how):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        # As a terminal's foreground job gets it: a shell starts background jobs (a test run
+        # with `&`) with SIGINT ignored, which Python and so the launcher would inherit.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     ) as launcher:
         try:
             pids = wait_for(lambda: len(p := _daemon_pids(out)) == 3 and p, timeout=30)
