@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@touch $@
 
 # Ten MAPL daemons learning over TCP on real MNIST digits (about 3 minutes), then Local simulated
-# on the same nodes (44 s in the learning benchmark); tools/demo.py --baselines adds Oracle.
+# on the same nodes (under 2 minutes more; 5 minutes in all on 2 cores); tools/demo.py --baselines adds Oracle.
 demo: venv
 	$(BIN)/python -m tools.demo --out demo-out
 
