@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="demo-out")
     parser.add_argument("--nodes", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=60)
-    # Local by default (under a minute); Oracle, the ceiling, takes ~3 minutes more: on request.
+    # Local by default (under 2 minutes); Oracle, the ceiling, takes ~3 minutes more: on request.
     parser.add_argument("--baselines", nargs="*", choices=BASELINES, default=["local"])
     args = parser.parse_args(argv)
     out = Path(args.out) / "mapl-testnet"
