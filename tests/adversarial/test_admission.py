@@ -122,9 +122,10 @@ def test_sybils_from_many_subnets_cannot_isolate_a_node_with_a_bounded_view():
     comes back may take the place of a peer that has a surplus without this node (the slack the
     100-daemon overlay needs to converge, docs/daemon.md), and Sybils can give an honest peer that
     surplus by being redirected to it. What holds against thirty returning keys, each in a
-    subnet of its own: the table stays within `max_peers`, the protected peers (longest-lived,
-    fastest) keep their places, and an honest peer that loses its place still has as many
-    peers as this node's target elsewhere: nobody is cut off. (The trade-off: docs/security.md.)"""
+    subnet of its own: the table stays within `max_peers`, the longest-lived peer (protected,
+    as the fastest are) keeps its place, and an honest peer that loses its place still has as
+    many peers as this node's target elsewhere: nobody is cut off. (The trade-off:
+    docs/security.md.)"""
     net = SimNet()
     target = net.add(0, active_view=4, max_peers=6)
     honest = [net.add(i, [target.address], address=f"tcp://10.1.{i}.1:7000") for i in range(1, 5)]
