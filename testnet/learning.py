@@ -45,16 +45,12 @@ DAEMONS_PER_CORE = 5
 START_S_PER_DAEMON_PER_CORE = 5.0  # loading torch, the data and the model, sharing the cores
 
 
-def crowding(nodes: int, cores: int | None = None) -> float:
-    """How many times more daemons than this machine's cores step at once (at least 1)."""
-    return max(1.0, nodes / (DAEMONS_PER_CORE * (cores or os.cpu_count() or 1)))
-
-
 def default_timeout_s(nodes: int, rounds: int, round_deadline_s: float, cores: int | None = None) -> float:
     """`--timeout`'s default: 180 s + rounds × (deadline + 5 s), stretched for more daemons than
     this machine's cores can step at once (`cores`: os.cpu_count())."""
-    starting = START_S_PER_DAEMON_PER_CORE * nodes / (cores or os.cpu_count() or 1)
-    return 180 + starting + rounds * (round_deadline_s + 5) * crowding(nodes, cores)
+    cores = cores or os.cpu_count() or 1
+    crowding = max(1.0, nodes / (DAEMONS_PER_CORE * cores))
+    return 180 + START_S_PER_DAEMON_PER_CORE * nodes / cores + rounds * (round_deadline_s + 5) * crowding
 
 
 def node_settings(
