@@ -527,7 +527,16 @@ class TransportSettings:
     send_hwm: int = option(
         Integer(1, 1_000_000), 100, "frames queued per outbound peer socket; beyond it sends are dropped and counted"
     )
-    recv_hwm: int = option(Integer(1, 1_000_000), 1000, "frames queued on the inbound socket before ZeroMQ pushes back")
+    recv_hwm: int = option(
+        Integer(1, 1_000_000), 1000, "frames queued per connection on the peers' socket before ZeroMQ pushes back"
+    )
+    public_recv_hwm: int = option(
+        Integer(1, 1_000_000),
+        4,
+        "the same on the public socket, which is read no faster than `stranger_rate`: a stranger "
+        "sending faster fills this queue, then TCP's buffers, and then waits. Small, for ZeroMQ "
+        "may hold a whole receive buffer (8 KiB) for each queued frame, however small",
+    )
     max_public_buffered_bytes: int = option(
         Integer(1 << 16, 1 << 40),
         16 << 20,
@@ -553,11 +562,11 @@ class TransportSettings:
     linger_ms: int = option(
         Integer(0, 60_000), 500, "on shutdown, wait at most this long to flush BYE and other queued frames"
     )
-    heartbeat_ivl_ms: int = option(Integer(0, 3_600_000), 1000, "ZMTP heartbeat interval (0: off)")
-    heartbeat_timeout_ms: int = option(
-        Integer(0, 3_600_000),
-        3000,
-        "drop a connection whose heartbeats stop for this long; must exceed heartbeat_ivl_ms",
+    keepalive_s: int = option(
+        Integer(0, 86_400),
+        10,
+        "TCP keepalive: a connection idle this long is probed, and cut after 3 probes "
+        "`keepalive_s` / 3 apart go unanswered (a dead host or a lost route; 0: the system's default)",
     )
     reconnect_ivl_ms: int = option(Integer(1, 3_600_000), 100, "first reconnect delay of an outbound socket")
     reconnect_ivl_max_ms: int = option(
@@ -593,7 +602,8 @@ class TransportSettings:
         Number(1, 1e9),
         500.0,
         "frames per second, node-wide, that connections no admitted peer proved may send to be "
-        "verified (handshakes, reconnections); excess is dropped and counted (`stranger_rate_limited`)",
+        "verified (handshakes, reconnections); excess is dropped and counted (`stranger_rate_limited`). "
+        "The public socket is read no faster than this (bursts of `stranger_burst` aside)",
     )
     stranger_rate_per_subnet: float = option(
         Number(1, 1e9), 100.0, "the same, per source subnet (/24 for IPv4, /64 for IPv6)"
@@ -867,6 +877,14 @@ class Config:
 # --- loading --------------------------------------------------------------------------------
 
 
+# Settings that existed once, and why they do not any more: a config naming one is told so.
+REMOVED = {
+    ("transport", "heartbeat_ivl_ms"): "removed: ZMTP heartbeats made libzmq abort the daemon when a "
+    "connection whose queue was full (recv_hwm) broke (libzmq issues 3937, 4364, 4767); see keepalive_s",
+    ("transport", "heartbeat_timeout_ms"): "removed with heartbeat_ivl_ms; see keepalive_s",
+}
+
+
 def _unknown(key: str, known: list[str], what: str = "key") -> str:
     close = difflib.get_close_matches(key, known, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(known)})"
@@ -880,7 +898,7 @@ def _parse_section(name: str, cls: type, table: Any, base: Path, problems: list[
     fields = {f.name: f for f in dataclasses.fields(cls)}
     for key in table:
         if key not in fields:
-            problems.append(f"[{name}].{key}: {_unknown(key, list(fields))}")
+            problems.append(f"[{name}].{key}: {REMOVED.get((name, key)) or _unknown(key, list(fields))}")
     values = {}
     for key, spec in fields.items():
         if key not in table:
@@ -985,13 +1003,6 @@ def _buffer_checks(config: Config) -> list[str]:
 
 def _transport_checks(t: TransportSettings) -> list[str]:
     problems = []
-    if t.heartbeat_ivl_ms and t.heartbeat_timeout_ms <= t.heartbeat_ivl_ms:
-        # The timeout is also the TTL the other side applies: it would drop an idle connection
-        # between two heartbeats.
-        problems.append(
-            "[transport].heartbeat_timeout_ms: must exceed heartbeat_ivl_ms "
-            f"({t.heartbeat_ivl_ms}) while heartbeats are on, got {t.heartbeat_timeout_ms}"
-        )
     if 0 < t.reconnect_ivl_max_ms < t.reconnect_ivl_ms:
         problems.append(  # ZeroMQ would ignore it silently
             "[transport].reconnect_ivl_max_ms: must be 0 (no backoff) or at least reconnect_ivl_ms "

@@ -3,6 +3,9 @@
 A signature check costs ~130 µs and a body decode more; a header check (`Decoder.peek`) a few.
 So every frame is judged by its header and by the connection it came on before any of that:
 
+- The public socket is read no faster than `stranger_rate` frames a second (bursts aside) on
+  strangers' connections (`ReadPace`), refused or not: peers send on the peers' socket
+  (transport.py), so a flood there is left in its own queues and sockets, unread.
 - A connection whose frames verified as an admitted peer's is the peer's link: only frames that
   claim the same key pass, within the per-connection rate (`rate_per_connection`).
 - Any other connection is a stranger's. Its first frame must be a HELLO (or claim an admitted
@@ -43,7 +46,7 @@ from protocol.curve import ed25519_y, ed25519_y_of_curve_public
 from .config import HANDSHAKE_KINDS, TransportSettings
 from .metrics import HANDSHAKE_FIRST, RATE_LIMITED, STRANGER_RATE_LIMITED, WRONG_SENDER
 
-__all__ = ["Gate", "TokenBuckets", "HANDSHAKE_TYPES", "PARK", "subnet_of"]
+__all__ = ["Gate", "TokenBuckets", "ReadPace", "HANDSHAKE_TYPES", "PARK", "subnet_of"]
 
 # What a key that is not an admitted peer may send: enough to prove who it is and where.
 HANDSHAKE_TYPES = frozenset(HANDSHAKE_KINDS)
@@ -69,6 +72,31 @@ class TokenBuckets:
         if len(self._buckets) > self.capacity:
             self._buckets.popitem(last=False)
         return allowed
+
+
+class ReadPace:
+    """A token bucket that can go into debt: how fast a socket is read. Each frame read spends a
+    token, allowed or not, and the reader waits until the bucket is out of debt. A flood beyond
+    `rate` is then left where it is, in ZeroMQ's queue (RCVHWM) and behind it in TCP's buffers and
+    the sender's own: never read, it costs this node nothing."""
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate, self.burst = rate, burst
+        self.tokens, self.at = float(burst), None
+
+    def _refill(self, now: float) -> None:
+        if self.at is not None:
+            self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+
+    def spend(self, now: float) -> None:
+        self._refill(now)
+        self.tokens -= 1
+
+    def wait_s(self, now: float) -> float:
+        """Seconds until the next read may start (0: now)."""
+        self._refill(now)
+        return max(0.0, (1 - self.tokens) / self.rate)
 
 
 def subnet_of(address: str | None) -> str:
@@ -103,11 +131,14 @@ class Gate:
         self.subnet_rate = TokenBuckets(
             settings.stranger_rate_per_subnet, settings.stranger_burst_per_subnet, capacity=4096
         )
+        # Every frame `budget` sees, whatever becomes of it: the public socket's reading pace.
+        self.stranger_reads = ReadPace(settings.stranger_rate, settings.stranger_burst)
         self.peer_links: OrderedDict[bytes, _Link] = OrderedDict()
         self.stranger_links: OrderedDict[bytes, _Link] = OrderedDict()
         self.max_peer_links = 4 * max_peers
         self.max_stranger_links = settings.max_stranger_connections
-        self.parked_bytes = 0
+        self.parked_bytes = 0  # parked frames' bytes, those of forgotten connections included
+        self._forgotten_parked: list[bytes] = []  # parked on a connection pushed out: to count
         # connection -> (source host, its subnet), looked up once per connection
         self.sources: OrderedDict[bytes, tuple[str, str]] = OrderedDict()
 
@@ -119,6 +150,7 @@ class Gate:
         where needed."""
         if connection in self.peer_links:
             return None
+        self.stranger_reads.spend(now)
         # The subnet's bucket first: a subnet over its own rate does not drain everyone's.
         source = self.sources.get(connection)
         if source is None:  # once per connection: a flood pays this per frame otherwise
@@ -205,7 +237,8 @@ class Gate:
     def unpark(self, now: float) -> tuple[list[tuple[bytes, list[bytes]]], list[bytes]]:
         """The parked frames to verify now, per connection in arrival order (their key is a peer
         now), and those dropped (held longer than PARK_S, or their connection forgotten)."""
-        released, expired = [], []
+        released, expired = [], self._forgotten_parked
+        self._forgotten_parked = []
         for connection, link in list(self.stranger_links.items()):
             if not link.parked:
                 continue
@@ -218,6 +251,10 @@ class Gate:
         self.parked_bytes = sum(len(f) for link in self.stranger_links.values() for _, f, _ in link.parked)
         return released, expired
 
+    @property
+    def parked_frames(self) -> int:
+        return sum(len(link.parked) for link in self.stranger_links.values()) + len(self._forgotten_parked)
+
     def lowest_parked_seq(self, key: bytes) -> int | None:
         """The lowest sequence number of the frames parked for `key`, if any: being admitted, its
         replay window must leave them unseen (they were sent before the frame that admitted it
@@ -228,7 +265,8 @@ class Gate:
     def _remember_stranger(self, connection: bytes, link: _Link) -> None:
         self.stranger_links[connection] = link
         while len(self.stranger_links) > self.max_stranger_links:
-            self.stranger_links.popitem(last=False)
+            _, forgotten = self.stranger_links.popitem(last=False)
+            self._forgotten_parked += [frame for _, frame, _ in forgotten.parked]
 
     def verified(self, connection: bytes, sender: bytes) -> None:
         """A frame on `connection` verified as `sender`'s: the connection is proven to carry its
@@ -237,7 +275,7 @@ class Gate:
         if link is None or link.key != sender:
             return
         link.proven = True
-        if self.is_peer(sender):
+        if self.is_peer(sender) and not link.parked:  # parked frames leave through `unpark` first
             del self.stranger_links[connection]
             self.peer_links[connection] = link
             while len(self.peer_links) > self.max_peer_links:

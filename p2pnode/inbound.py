@@ -4,7 +4,8 @@ the event loop, then the replay guard, and hand each accepted envelope to the no
     transport.receive ─► header check + gate (gate.py) ─► batches ─► verify threads (Decoder)
         ─► in receive order: replay guard ─► handler
 
-Every stage is bounded: the batch (in frames and in bytes), the batches in flight (when
+Every stage is bounded: the public socket's reading pace (strangers' frames: `stranger_rate`,
+gate.py), the batch (in frames and in bytes), the batches in flight (when
 `verify_queue` of them wait, reading stops and ZeroMQ pushes back on the senders), the number of
 verify threads. Batches are handled in the order they were read, whichever thread finishes
 first, so a peer's frames reach the node in the order it sent them (its handshake before what
@@ -73,6 +74,14 @@ class Inbound:
         self.metrics, self.settings, self.clock_us = metrics, settings, clock_us
         self._replays_logged: dict[bytes, float] = {}  # sender -> when its last replay was logged
         self.verify_limiter = trio.CapacityLimiter(settings.verify_threads)
+        self._pending = 0  # frames read and passed to verification, not yet handled
+
+    @property
+    def in_flight(self) -> int:
+        """Frames read and neither counted as received nor refused yet: being verified, waiting
+        for delivery, or parked by the gate. Every frame the transport read (its `messages_read`)
+        is counted once it leaves here."""
+        return self._pending + self.gate.parked_frames
 
     async def run(self, handle: Handler) -> None:
         """Receive until cancelled, calling `handle(envelope, frame, source)` for every frame that passes."""
@@ -94,11 +103,14 @@ class Inbound:
         delivered in the order it read them."""
         async with to_verify, to_deliver:
             while True:
+                if not peers:  # strangers' frames: no faster than their budget (gate.py)
+                    await trio.sleep(self.gate.stranger_reads.wait_s(trio.current_time()))
                 messages = await self.transport.receive(
                     self.settings.verify_batch, self.settings.verify_batch_bytes, peers=peers
                 )
                 batch = self._admit(messages, trio.current_time(), peers)
                 if batch.frames:
+                    self._pending += len(batch.frames)
                     await to_deliver.send(batch)  # first: delivery order is read order
                     await to_verify.send(batch)
                 if len(batch.frames) < len(messages) and self._drained(messages):
@@ -119,14 +131,13 @@ class Inbound:
         budget (with CURVE, only admitted peers can connect there at all)."""
         batch = _Batch()
         for parts in messages:
-            if len(parts) != 2:  # [routing id, frame]; a DEALER sending more parts is not a peer
-                self.metrics.rejected(MULTIPART, sum(map(len, parts[1:])))
-                continue
             # Routing ids are per socket: the prefix keeps the two sockets' connections apart.
             connection, message = (b"P" if peers else b"p") + parts[0], parts[1]
             refusal = None if peers else self.gate.budget(connection, message.get, now)
+            if refusal is None and len(parts) != 2:  # [routing id, frame]; more parts: not a peer
+                refusal = MULTIPART
             if refusal is not None:
-                self.metrics.rejected(refusal, len(message))
+                self.metrics.rejected(refusal, sum(map(len, parts[1:])))
                 continue
             try:  # on ZeroMQ's buffer: a frame refused here is never copied
                 header = self.decoder.peek(message.buffer)
@@ -163,6 +174,7 @@ class Inbound:
             async for batch in batches:
                 await batch.done.wait()
                 for connection, frame, result in zip(batch.connections, batch.frames, batch.results, strict=True):
+                    self._pending -= 1
                     await self._deliver_one(connection, frame, result, handle)
                 if self.gate.parked_bytes:
                     await self._deliver_parked(handle)
@@ -170,12 +182,14 @@ class Inbound:
     async def _deliver_parked(self, handle: Handler) -> None:
         """Frames held by the gate whose key the frames just handled admitted (gate.py)."""
         released, expired = self.gate.unpark(trio.current_time())
+        self._pending += sum(len(frames) for _, frames in released)
         for frame in expired:
             self.metrics.rejected(HANDSHAKE_FIRST, len(frame))
             log.debug("a parked frame of %d bytes expired: its sender was not admitted in time", len(frame))
         for connection, frames in released:
             results = await trio.to_thread.run_sync(decode_all, self.decoder, frames, limiter=self.verify_limiter)
             for frame, result in zip(frames, results, strict=True):
+                self._pending -= 1
                 await self._deliver_one(connection, frame, result, handle)
 
     async def _deliver_one(

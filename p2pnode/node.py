@@ -390,8 +390,9 @@ class Node:
         kind = body.TYPE
         payload = body.payload_bytes()
         delivered = 0
+        public = kind is MessageType.HELLO  # transport.send: read even where this node is no peer
         for address in addresses:
-            if self.transport.send(address, frame):
+            if self.transport.send(address, frame, public=public):
                 self.metrics.sent(kind, len(frame), payload)
                 delivered += 1
             else:

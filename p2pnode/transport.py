@@ -10,9 +10,11 @@ Two inbound sockets, because ZeroMQ reads a whole frame before the node sees a b
 its size bound (ZMQ_MAXMSGSIZE) is per socket: the *public* socket (`[node].listen`), where
 strangers connect and handshakes happen, takes frames up to `max_public_frame_bytes` only; the
 *peers'* socket (`[node].peer_listen`, its port announced in HELLO) takes frames up to
-`max_frame_bytes`, and with CURVE only from admitted peers (zap.py). A frame goes to a peer's
-peers' socket when it is larger than the public bound and the peer has one, else to its public
-socket.
+`max_frame_bytes`, and with CURVE only from admitted peers (zap.py). Every frame to an admitted
+peer goes to its peers' socket, but HELLO and, while that connection is not up or is full, frames
+within the public bound: so the public socket carries strangers' frames, which the node reads no
+faster than the strangers' budget (inbound.py), and a flood there backs up into the flooder's
+own queues without delaying what peers send.
 
 With CURVE (`[security].curve`) every connection is encrypted and authenticated: the ROUTERs are
 CURVE servers with this node's derived X25519 secret, and each DEALER a CURVE client whose
@@ -63,7 +65,7 @@ class _Outbound:
     key: bytes | None  # the key expected there
     peers: zmq.Socket | None = None  # to its peers' socket, once it is an admitted peer
     peers_address: str | None = None
-    peers_opened_at: float = 0.0
+    peers_took_at: float = 0.0  # when `peers` was opened or last took a frame
 
 
 class Transport:
@@ -93,40 +95,48 @@ class Transport:
         # What each inbound socket delivered so far, routing ids aside: [bytes, parts].
         # buffers.py subtracts it from what arrived to estimate what libzmq holds.
         self.read: dict[str, list[int]] = {PUBLIC: [0, 0], PEERS: [0, 0]}
+        self.messages_read = {PUBLIC: 0, PEERS: 0}  # each counted by the node as taken or refused
 
     def _context(self) -> zmq.Context:
         if self.context is None:
             self.context = zmq.Context(io_threads=1)
         return self.context
 
-    def _heartbeats(self, socket: zmq.Socket) -> None:
+    def _liveness(self, socket: zmq.Socket) -> None:
+        """Dead connections are found by TCP keepalive, not ZMTP heartbeats: libzmq 4.3 aborts
+        the process when a heartbeat falls due on a connection that broke while its receive
+        queue was full (stream_engine_base.cpp `!_io_error`; libzmq issues 3937, 4364, 4767),
+        and the public socket's queues fill by design. A frozen peer is the node's business: its
+        PINGs go unanswered and it is evicted (peers.py)."""
         s = self.settings
-        socket.setsockopt(zmq.HEARTBEAT_IVL, s.heartbeat_ivl_ms)
-        socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, s.heartbeat_timeout_ms)
-        socket.setsockopt(zmq.HEARTBEAT_TTL, s.heartbeat_timeout_ms)
         socket.setsockopt(zmq.HANDSHAKE_IVL, s.handshake_ivl_ms)
+        if s.keepalive_s:
+            socket.setsockopt(zmq.TCP_KEEPALIVE, 1)
+            socket.setsockopt(zmq.TCP_KEEPALIVE_IDLE, s.keepalive_s)
+            socket.setsockopt(zmq.TCP_KEEPALIVE_INTVL, max(1, s.keepalive_s // 3))
+            socket.setsockopt(zmq.TCP_KEEPALIVE_CNT, 3)
 
     def bind(self, endpoint: str) -> str:
         """Open the public socket; returns the endpoint actually bound (port 0 resolved)."""
-        self.inbound = self._bind(endpoint, self.max_public_frame_bytes, PUBLIC)
+        self.inbound = self._bind(endpoint, self.max_public_frame_bytes, self.settings.public_recv_hwm, PUBLIC)
         self.endpoint = self.inbound.getsockopt_string(zmq.LAST_ENDPOINT)
         return self.endpoint
 
     def bind_peers(self, endpoint: str) -> str:
         """Open the peers' socket (after `bind`); returns the endpoint actually bound."""
-        self.peers_inbound = self._bind(endpoint, self.max_frame_bytes, PEERS)
+        self.peers_inbound = self._bind(endpoint, self.max_frame_bytes, self.settings.recv_hwm, PEERS)
         self.peers_endpoint = self.peers_inbound.getsockopt_string(zmq.LAST_ENDPOINT)
         return self.peers_endpoint
 
-    def _bind(self, endpoint: str, max_frame_bytes: int, name: str) -> zmq.Socket:
+    def _bind(self, endpoint: str, max_frame_bytes: int, recv_hwm: int, name: str) -> zmq.Socket:
         context = self._context()
         socket = context.socket(zmq.ROUTER)
         socket.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes + CURVE_SLACK)
-        socket.setsockopt(zmq.RCVHWM, self.settings.recv_hwm)
+        socket.setsockopt(zmq.RCVHWM, recv_hwm)
         socket.setsockopt(zmq.SNDHWM, 1)  # never sends
         socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # were it to send, unknown peers raise, not vanish
         socket.setsockopt(zmq.LINGER, 0)
-        self._heartbeats(socket)
+        self._liveness(socket)
         if self.curve is not None:
             socket.setsockopt(zmq.CURVE_SERVER, 1)
             socket.setsockopt(zmq.CURVE_SECRETKEY, self.curve[0])
@@ -167,7 +177,7 @@ class Transport:
             entry.peers.close(linger=0)
             entry.peers = entry.peers_address = None
         entry.peers = self._connect(peers_address, entry.key)
-        entry.peers_address, entry.peers_opened_at = peers_address, time.monotonic()
+        entry.peers_address, entry.peers_took_at = peers_address, time.monotonic()
 
     def _connect(self, address: str, key: bytes | None) -> zmq.Socket:
         s = self.settings
@@ -187,7 +197,7 @@ class Transport:
         socket.setsockopt(zmq.RECONNECT_IVL_MAX, s.reconnect_ivl_max_ms)
         socket.setsockopt(zmq.RCVHWM, 1)
         socket.setsockopt(zmq.MAXMSGSIZE, _OUTBOUND_MAX_INBOUND_BYTES)
-        self._heartbeats(socket)
+        self._liveness(socket)
         if server_key is not None:
             socket.setsockopt(zmq.CURVE_SECRETKEY, self.curve[0])
             socket.setsockopt(zmq.CURVE_PUBLICKEY, self.curve[1])
@@ -199,44 +209,52 @@ class Transport:
             raise TransportError(f"cannot connect to {address}: {exc.strerror}") from None
         return socket
 
-    def outbound_socket(self, address: str, size: int = 0) -> zmq.Socket | None:
-        """The socket a frame of `size` bytes for `address` goes on, None if there is none."""
+    def outbound_socket(self, address: str) -> zmq.Socket | None:
+        """The socket frames for `address` go on first (its peers' socket once there is one),
+        None if there is none."""
         entry = self.outbound.get(address)
         if entry is None:
             return None
-        if size > self.max_public_frame_bytes and entry.peers is not None:
-            return entry.peers
-        return entry.socket
+        return entry.peers if entry.peers is not None else entry.socket
 
     def hangup(self, address: str, flush: bool = False) -> None:
-        """Close the connections to `address`; with `flush`, what is queued on the public one
-        (a BYE) still goes out within `linger_ms`, from ZeroMQ's I/O thread."""
+        """Close the connections to `address`; with `flush`, what is queued on them (a BYE)
+        still goes out within `linger_ms`, from ZeroMQ's I/O thread."""
         entry = self.outbound.pop(address, None)
         if entry is not None:
-            entry.socket.close(linger=self.settings.linger_ms if flush else 0)
+            linger = self.settings.linger_ms if flush else 0
+            entry.socket.close(linger=linger)
             if entry.peers is not None:
-                entry.peers.close(linger=0)
+                entry.peers.close(linger=linger)
 
-    def send(self, address: str, frame: bytes) -> bool:
-        """Queue `frame` for `address` without waiting; False if it was dropped."""
-        socket = self.outbound_socket(address, len(frame))
-        if socket is None:
+    def send(self, address: str, frame: bytes, *, public: bool = False) -> bool:
+        """Queue `frame` for `address` without waiting; False if it was dropped. It goes on the
+        peers' socket of an admitted peer, unless `public` (a HELLO: the one frame a node that
+        dropped this one from its table still reads from it) or that connection refuses it
+        (not up yet, or full), when a frame within the public bound goes on the public one."""
+        entry = self.outbound.get(address)
+        if entry is None:
             return False
+        if entry.peers is not None and not public:
+            try:
+                entry.peers.send(frame, zmq.NOBLOCK)
+                entry.peers_took_at = time.monotonic()
+                return True
+            except zmq.Again:  # not connected, or the peer's queue is full
+                self._revive_peers(entry)
+                if len(frame) > self.max_public_frame_bytes:
+                    return False
         try:
-            socket.send(frame, zmq.NOBLOCK)
-        except zmq.Again:  # not connected, or the peer's queue is full
-            self._revive_peers(address, socket)
+            entry.socket.send(frame, zmq.NOBLOCK)
+        except zmq.Again:
             return False
         return True
 
-    def _revive_peers(self, address: str, refused_on: zmq.Socket) -> None:
+    def _revive_peers(self, entry: _Outbound) -> None:
         """libzmq never reconnects a connection the other side's ZAP handler refused (it may
-        have refused it a moment before it admitted this node): a connection to a peers' socket
-        that still refuses frames `PEERS_REDIAL_S` after it was opened is opened anew."""
-        entry = self.outbound.get(address)
-        if entry is None or entry.peers is not refused_on or entry.peers_address is None:
-            return
-        if time.monotonic() - entry.peers_opened_at >= PEERS_REDIAL_S:
+        have refused it a moment before it admitted this node, or it restarted): a connection to
+        a peers' socket that took no frame for `PEERS_REDIAL_S` is opened anew."""
+        if entry.peers_address is not None and time.monotonic() - entry.peers_took_at >= PEERS_REDIAL_S:
             self._open_peers(entry, entry.peers_address)
 
     async def receive(self, max_messages: int, max_bytes: int, *, peers: bool = False) -> list[list]:
@@ -246,7 +264,9 @@ class Transport:
         socket = self.peers_inbound if peers else self.inbound
         assert socket is not None, "bind() first"
         batch = await receive_routed(socket, max_messages, max_bytes)
-        read = self.read[PEERS if peers else PUBLIC]
+        name = PEERS if peers else PUBLIC
+        read = self.read[name]
+        self.messages_read[name] += len(batch)
         for message in batch:
             read[0] += len(message[1]) if len(message) == 2 else sum(map(len, message[1:]))
             read[1] += len(message) - 1

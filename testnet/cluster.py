@@ -45,7 +45,7 @@ class ClusterStartError(RuntimeError):
 
 def _security(count: int) -> dict:
     """CURVE on; every node of the testnet connects from this one host, some twice for a while
-    (a restarted peer's old connection lingers until its heartbeats stop): caps to fit."""
+    (a restarted peer's old connection lingers until TCP finds it closed): caps to fit."""
     caps = max(4 * count, 64)
     return {"curve": True, "max_connections": max(caps, 1024), "max_connections_per_address": caps}
 

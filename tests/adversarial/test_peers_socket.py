@@ -5,7 +5,7 @@ socket, which, with CURVE, only admitted peers (and keys being verified) may con
 import numpy as np
 import trio
 
-from p2pnode.zap import PEERS_DOMAIN
+from p2pnode.zap import PEERS, PEERS_DOMAIN, PUBLIC
 from protocol import Identity, Model
 
 from ..daemon import full_mesh, start_chain, wait_until
@@ -39,6 +39,23 @@ async def test_frames_over_the_public_bound_travel_on_the_peers_socket(tmp_path)
         # verified, having arrived on the peers' socket (the public one would have cut it off).
         await wait_until(lambda: b.metrics.rejections.get("not_learning", 0) >= 1, timeout=5)
         assert b.metrics.connections["zap_allowed"] >= 2  # one connection on each socket
+        for node in (a, b):
+            node.request_stop()
+
+
+async def test_admitted_peers_send_everything_but_hello_on_the_peers_socket(tmp_path):
+    """So that the public socket carries strangers' frames only, and can be read no faster
+    than their budget (p2pnode/inbound.py) without delaying a peer."""
+    async with trio.open_nursery() as nursery:
+        a, b = await start_chain(nursery, tmp_path, 2, security=CURVE)
+        await wait_until(lambda: full_mesh([a, b]), timeout=10)
+        await wait_until(lambda: a.transport.messages_read[PEERS] > 0, timeout=5)
+        public, peers = a.transport.messages_read[PUBLIC], a.transport.messages_read[PEERS]
+        hellos, pings = a.metrics.messages_in["HELLO"], a.metrics.messages_in["PING"]
+        await trio.sleep(2.0)  # b pings every 0.2 s here
+        assert a.metrics.messages_in["PING"] - pings >= 5
+        assert a.transport.messages_read[PEERS] - peers >= a.metrics.messages_in["PING"] - pings
+        assert a.transport.messages_read[PUBLIC] - public == a.metrics.messages_in["HELLO"] - hellos
         for node in (a, b):
             node.request_stop()
 

@@ -116,13 +116,14 @@ def run_attack(name: str, args: list[str], seconds: float) -> dict:
         under = _Watch(cluster, target)
         attack_cpu = under.during(attack, seconds)
         took = time.monotonic() - started
-        sent = json.loads(attack.stdout.read().strip().splitlines()[-1])["sent"]
+        result = json.loads(attack.stdout.read().strip().splitlines()[-1])
         time.sleep(3.0)  # the node drains its queue and gives memory back
         after = cluster.status(target)
         counted = _taken_in(after["traffic"]) - _taken_in(before)
         return {
             "attack": name,
-            "sent": sent,
+            "sent": result["sent"],
+            "blocked": result.get("blocked", 0),  # sends that waited a second: the target held back
             "counted": counted,
             "rejections": after["traffic"]["rejections"],
             "evicted": {k: v for k, v in after["membership"].items() if k.startswith("evicted")},
@@ -154,10 +155,11 @@ def _taken_in(traffic: dict) -> int:
 
 def format_table(rows: list[dict]) -> str:
     lines = [
-        "| attack | frames sent | counted by the target | connections cut (ZeroMQ: size, shed, handshake) "
+        "| attack | frames sent | sends held back (1 s each) | counted by the target "
+        "| connections cut (ZeroMQ: size, shed, handshake) "
         "| CPU idle → attack (cores) | honest RTT idle → attack (median, ms) | RSS before → peak → after (MB) "
         "| honest peers evicted |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         rtt = f"{r['rtt_idle_ms']:.2f} → {r['rtt_attack_ms']:.2f} (max {r['rtt_attack_max_ms']:.2f})"
@@ -165,7 +167,8 @@ def format_table(rows: list[dict]) -> str:
         c = r["connections"]
         cut = f"{c.get('disconnected', 0)} ({c.get('shed_buffered', 0)} shed, {c.get('handshake_failed', 0)} handshake)"
         lines.append(
-            f"| {r['attack']} | {r['sent']} | {r['counted']} | {cut} | {r['cpu_idle']:.3f} → {r['cpu_attack']:.3f} "
+            f"| {r['attack']} | {r['sent']} | {r['blocked']} | {r['counted']} | {cut} "
+            f"| {r['cpu_idle']:.3f} → {r['cpu_attack']:.3f} "
             f"| {rtt} | {rss} | {sum(r['evicted'].values())} |"
         )
     return "\n".join(lines)
