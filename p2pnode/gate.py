@@ -46,10 +46,13 @@ from protocol.curve import ed25519_y, ed25519_y_of_curve_public
 from .config import HANDSHAKE_KINDS, TransportSettings
 from .metrics import HANDSHAKE_FIRST, RATE_LIMITED, STRANGER_RATE_LIMITED, WRONG_SENDER
 
-__all__ = ["Gate", "TokenBuckets", "ReadPace", "HANDSHAKE_TYPES", "PARK", "subnet_of"]
+__all__ = ["Gate", "TokenBuckets", "ReadPace", "HANDSHAKE_TYPES", "CHALLENGE_TYPES", "PARK", "subnet_of"]
 
 # What a key that is not an admitted peer may send: enough to prove who it is and where.
 HANDSHAKE_TYPES = frozenset(HANDSHAKE_KINDS)
+# What of it may come on the peers' socket, from a key being verified or a peer that dropped this
+# node unnoticed: a challenge and its answer (a HELLO always goes to the public socket).
+CHALLENGE_TYPES = frozenset({MessageType.PING, MessageType.PONG})
 PARK = "park"  # Gate.admit's answer for a frame to hold until its key is admitted
 PARK_S = 2.0
 MAX_PARKED_BYTES = 16 << 20
@@ -223,6 +226,18 @@ class Gate:
             link = _Link(header.sender, proven=True)  # the transport proved the key
             self._remember_stranger(connection, link)
         return link.key == header.sender and self.park(connection, frame, header.seq, now)
+
+    def vouch(self, connection: bytes, header: Header, metadata: Callable[[str], str | None]) -> None:
+        """On the peers' socket, a challenge or answer of a key that is not an admitted peer (one
+        being verified, or a peer that dropped this node unnoticed: it may answer our challenge
+        there) binds its connection to that key, as a HELLO does on the public socket; with
+        CURVE as proven, the transport having authenticated the key (checked here)."""
+        if connection in self.peer_links or connection in self.stranger_links:
+            return
+        proven = self.curve and self._owns_connection(header.sender, metadata("User-Id"))
+        if self.curve and not proven:
+            return  # `admit` refuses it: wrong_sender
+        self._remember_stranger(connection, _Link(header.sender, proven=proven))
 
     def park(self, connection: bytes, frame: bytes, seq: int, now: float) -> bool:
         """Hold a frame `admit` answered PARK for (`seq` from its header); False (drop it) if

@@ -23,7 +23,7 @@ import trio
 from protocol import Decoder, Envelope, ProtocolError, Reason, ReplayGuard, node_id
 
 from .config import TransportSettings
-from .gate import PARK, Gate
+from .gate import CHALLENGE_TYPES, PARK, Gate
 from .metrics import HANDSHAKE_FIRST, MULTIPART, UNKNOWN_PEER, Metrics
 from .transport import Transport
 
@@ -127,8 +127,9 @@ class Inbound:
 
     def _admit(self, messages: list[list], now: float, peers: bool) -> _Batch:
         """The frames of `messages` that may be verified; the rest are counted and dropped.
-        On the peers' socket only admitted peers' frames pass, and none spends the strangers'
-        budget (with CURVE, only admitted peers can connect there at all)."""
+        On the peers' socket admitted peers' frames pass without spending the strangers' budget
+        (with CURVE, only admitted peers and keys being verified can connect there at all);
+        others' PINGs and PONGs are judged as on the public socket, the rest parked or refused."""
         batch = _Batch()
         for parts in messages:
             # Routing ids are per socket: the prefix keeps the two sockets' connections apart.
@@ -145,9 +146,18 @@ class Inbound:
                 self.metrics.rejected(exc.reason.value, len(message))
                 continue
             if peers and not self.gate.is_peer(header.sender):
-                if not self.gate.hold_for_admission(connection, header, message.get, message.bytes, now):
-                    self.metrics.rejected(UNKNOWN_PEER, len(message))
-                continue
+                if header.type not in CHALLENGE_TYPES:
+                    if not self.gate.hold_for_admission(connection, header, message.get, message.bytes, now):
+                        self.metrics.rejected(UNKNOWN_PEER, len(message))
+                    continue
+                # A key being verified, or a peer this node dropped that has not noticed: it sends
+                # on this socket, and its PONG may be the answer that (re-)admits it. Judged as on
+                # the public socket, within the strangers' budget.
+                self.gate.vouch(connection, header, message.get)
+                refusal = self.gate.budget(connection, message.get, now)
+                if refusal is not None:
+                    self.metrics.rejected(refusal, len(message))
+                    continue
             refusal = self.gate.admit(connection, header, message.get, now)
             if refusal == PARK and self.gate.park(connection, message.bytes, header.seq, now):
                 continue

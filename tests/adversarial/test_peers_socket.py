@@ -3,12 +3,13 @@ takes small frames only; frames larger than that travel between admitted peers o
 socket, which, with CURVE, only admitted peers (and keys being verified) may connect to."""
 
 import numpy as np
+import pytest
 import trio
 
 from p2pnode.zap import PEERS, PEERS_DOMAIN, PUBLIC
 from protocol import Identity, Model
 
-from ..daemon import full_mesh, start_chain, wait_until
+from ..daemon import bootstrap_entry, full_mesh, start_chain, start_node, wait_until
 from .attacker import Attacker, Stranger, run_attack_measuring_rss
 
 CURVE = {"curve": True}
@@ -116,3 +117,27 @@ async def test_a_frame_of_exactly_the_public_bound_gets_through_curve(tmp_path):
             attacker.close()
         assert a.metrics.connections["disconnected"] == 0  # read and refused, not cut off
         a.request_stop()
+
+
+@pytest.mark.parametrize("curve", [True, False], ids=["curve", "plaintext"])
+async def test_a_peer_that_dropped_us_unnoticed_answers_its_challenge_on_the_peers_socket(tmp_path, curve):
+    """`a` drops `b` (a timeout) while `b` still takes `a` for a peer, then challenges `b` again
+    (as when two nodes dial each other at once). `b` answers on `a`'s peers' socket, from a key
+    `a` has not admitted (yet): that PONG must be judged as a handshake frame there, not parked
+    until an admission only it can bring (`b` would notice nothing for a minute)."""
+    patient = {"peer_timeout_s": 60.0}
+    security = {"curve": curve}
+    async with trio.open_nursery() as nursery:
+        a = await start_node(nursery, tmp_path / "a", security=security)
+        b = await start_node(nursery, tmp_path / "b", [bootstrap_entry(a)], security=security, discovery=patient)
+        await wait_until(lambda: full_mesh([a, b]) and a.transport.messages_read[PEERS] > 0, timeout=10)
+        key = b.identity.public_key
+        now = trio.current_time()
+        a._execute(a.membership._evict(a.membership.peers[key], now, "timeout"))  # silent for a while, no BYE
+        assert key not in a.membership.peers and a.identity.public_key in b.membership.peers
+        a.membership._dial_later(b.address, permanent=False, key=key, informant="bootstrap", now=now)
+        a._wake_maintain.set()
+        took = await wait_until(lambda: key in a.membership.peers, timeout=10)
+        assert took < 5 and a.identity.public_key in b.membership.peers
+        for node in (a, b):
+            node.request_stop()
