@@ -227,7 +227,7 @@ class _Dialing:
     answered: bool = False  # we answered its challenge
     hello_out: bool = False  # our latest HELLO there was queued (not dropped: the connection was up)
     committed: bool = False  # we answered its challenge: it admits us, so we admit it (see _welcome)
-    full: tuple[Envelope, bytes, float] | None = None  # verified, no room (then): redirected once it challenged us
+    full: tuple[Envelope, bytes] | None = None  # verified, no room: redirected once it challenged us
 
 
 @dataclass
@@ -261,9 +261,8 @@ class Membership:
         self._given_up: dict[bytes, int] = {}
         self._heard: OrderedDict[bytes, tuple[Envelope, bytes]] = OrderedDict()
         # Newcomers redirected lately (at most _HEARD), with their HELLO where it names the
-        # address where they answered (they are short of peers, so the next ones are sent there),
-        # and when they were first sent away.
-        self._redirected: OrderedDict[bytes, tuple[bytes | None, float]] = OrderedDict()
+        # address where they answered: they are short of peers, so the next ones are sent there.
+        self._redirected: OrderedDict[bytes, bytes | None] = OrderedDict()
         # Keys we found no room with, both of us full (latest _HEARD): their HELLOs are not
         # verified again before the time noted, or each one's retry starts the other's anew.
         self._full_until: OrderedDict[bytes, float] = OrderedDict()
@@ -589,12 +588,12 @@ class Membership:
         full = len(self.peers) >= self.settings.max_peers  # then the subnet rule may displace (#14)
         surplus = None
         if refusal is None and not full and not (entry.permanent or entry.committed or self._welcome(key)):
-            surplus = self._surplus_peer(admitted_after=self._redirected[key][1]) if key in self._redirected else None
+            surplus = self._surplus_peer() if key in self._redirected else None
             refusal = "refused_full" if surplus is None else None
         if refusal == "refused_full":
             if entry.answered:
-                return self._redirect(entry, hello, frame, now)
-            entry.full = (hello, frame, now)  # it would refuse our sample before our answer: wait for its challenge
+                return self._redirect(entry, hello, frame)
+            entry.full = (hello, frame)  # it would refuse our sample before our answer: wait for its challenge
             return []
         if refusal is not None:
             self.counts[refusal] += 1
@@ -643,27 +642,19 @@ class Membership:
             return False
         return kept < self.target or (kept == self.target and key in self._redirected)
 
-    def _surplus_peer(self, admitted_after: float) -> Peer | None:
+    def _surplus_peer(self) -> Peer | None:
         """A peer that has more than the target without us (its latest PEERS says so), and is
         not one of the longest-lived or fastest-answering quarter: the one a newcomer that came
         back, still short of peers, may take the place of. Nobody falls below the target for it,
-        so this cannot start a chain of nodes pushing each other out. Only a peer admitted after
-        the newcomer was first sent away (`admitted_after`) may lose its place: it took the room
-        the newcomer had asked for first. So keys that show up later, however many, displace
-        none of the peers that were here before them (Sybils redirected to a peer give it the
-        surplus this rule looks for)."""
+        so this cannot start a chain of nodes pushing each other out."""
         quarter = max(1, self.settings.max_peers // 4)
         by_age = sorted(self.peers.values(), key=lambda p: p.admitted_at)
         by_rtt = sorted(self.peers.values(), key=lambda p: float("inf") if p.rtt_s is None else p.rtt_s)
         protected = {p.key for p in by_age[:quarter]} | {p.key for p in by_rtt[:quarter]}
-        spare = [
-            p
-            for p in by_age
-            if p.key not in protected and p.admitted_at > admitted_after and p.reported_peers - 1 >= self.target
-        ]
+        spare = [p for p in by_age if p.key not in protected and p.reported_peers - 1 >= self.target]
         return max(spare, key=lambda p: p.reported_peers, default=None)
 
-    def _redirect(self, entry: _Dialing, hello: Envelope, frame: bytes, now: float) -> list[Action]:
+    def _redirect(self, entry: _Dialing, hello: Envelope, frame: bytes) -> list[Action]:
         """No room: the verified newcomer at `entry` (which admitted us: we answered its
         challenge) gets, to dial instead, some of the newcomers we redirected lately (short of
         peers too, they have room: HyParView's forwarded join, in one hop; drawn at random from
@@ -673,10 +664,9 @@ class Membership:
         self.counts["refused_full"] += 1
         self.counts["redirected"] += 1
         key = hello.sender
-        recent = [relay for other, (relay, _) in reversed(self._redirected.items()) if other != key and relay]
+        recent = [relay for other, relay in reversed(self._redirected.items()) if other != key and relay]
         others = recent[: 4 * self.target]  # the latest are likelier to have room still
-        first = self._redirected[key][1] if key in self._redirected else now
-        self._redirected[key] = (frame if hello.body.address == entry.address else None, first)  # verified there
+        self._redirected[key] = frame if hello.body.address == entry.address else None  # verified there
         self._redirected.move_to_end(key)
         while len(self._redirected) > _HEARD:
             self._redirected.popitem(last=False)

@@ -117,25 +117,28 @@ def test_strangers_from_many_hosts_take_half_the_dial_slots_and_relayed_addresse
     assert isinstance(relayed[0], Dial) and len(membership.dialing) == direct + 1
 
 
-def test_sybils_from_many_subnets_displace_no_peer_that_was_there_before_them():
+def test_sybils_from_many_subnets_cannot_isolate_a_node_with_a_bounded_view():
     """A node at its active view redirects newcomers instead of admitting them. A newcomer that
     comes back may take the place of a peer that has a surplus without this node (the slack the
     100-daemon overlay needs to converge, docs/daemon.md), and Sybils can give an honest peer that
-    surplus by being redirected to it; but only a peer admitted after the newcomer was first
-    sent away may lose its place. Thirty returning keys, each in a subnet of its own, all first
-    seen after the honest peers were in: none of those is displaced, the table stays within
-    `max_peers`."""
+    surplus by being redirected to it. What holds against thirty returning keys, each in a
+    subnet of its own: the table stays within `max_peers`, the longest-lived peer (protected,
+    as the fastest are) keeps its place, and an honest peer that loses its place still has as
+    many peers as this node's target elsewhere: nobody is cut off. (The trade-off:
+    docs/security.md.)"""
     net = SimNet()
     target = net.add(0, active_view=4, max_peers=6)
     honest = [net.add(i, [target.address], address=f"tcp://10.1.{i}.1:7000") for i in range(1, 5)]
     net.run_until(lambda: len(target.membership.peers) == 4, timeout=3)
+    oldest = min(target.membership.peers.values(), key=lambda peer: peer.admitted_at).key
     for i in range(30):
         net.add(100 + i, [target.address], address=f"tcp://10.{100 + i}.0.1:7000")
     net.run(8)  # the redirected come back: bootstrap addresses are dialled again
     peers = target.membership.peers
-    assert len(peers) <= 6 and target.membership.counts["redirected"] >= 25
-    assert all(node.key in peers for node in honest)
-    assert not target.membership.counts["evicted_displaced"]
+    assert len(peers) <= 6 and oldest in peers and target.membership.counts["redirected"] >= 25
+    displaced = [node for node in honest if node.key not in peers]
+    assert len(displaced) < len(honest)
+    assert all(len(node.membership.peers) >= target.membership.target for node in displaced)  # the surplus it had
 
 
 def test_a_peer_relaying_dead_addresses_cannot_flush_the_passive_view():
