@@ -133,14 +133,16 @@ def test_testnet_with_a_bounded_view_reports_a_connected_overlay_with_every_view
     """12 daemons seeking 4 peers each (at most 6): not a full mesh, but every view at its
     target, one connected overlay (networkx, from the peer tables), and what it costs."""
     out = tmp_path / "net"
-    command = ["testnet", "--nodes", "12", "--algorithm", "none", "--duration", "30", "--out", str(out)]
+    # Every view is at target within 5-11 s on a quiet 2-core machine; under CI's load it once took
+    # 26 s: the bound leaves room for that, and the run 5 s more for the steady rates.
+    command = ["testnet", "--nodes", "12", "--algorithm", "none", "--duration", "45", "--out", str(out)]
     views = ["--active-view", "4", "--max-peers", "6"]
     result = subprocess.run([*P2PNODE, *command, *views], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "every view at target in" in result.stderr and "overlay connected" in result.stderr
     report = json.loads((out / "report.json").read_text())
     discovery = report["discovery"]
-    assert discovery["full_mesh_s"] is None and 0 < discovery["target_s"] <= 25  # steady rates need 5 s more
+    assert discovery["full_mesh_s"] is None and 0 < discovery["target_s"] <= 40  # steady rates need 5 s more
     assert discovery["active_view"] == [4] * 12 and all(4 <= count <= 6 for count in discovery["peer_counts"])
     overlay = discovery["overlay"]
     assert overlay["connected"] and overlay["components"] == 1 and 1 <= overlay["diameter"] <= 11
