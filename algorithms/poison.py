@@ -59,7 +59,8 @@ def corrupt_tensor(array: np.ndarray, attack: Attack, rng: np.random.Generator) 
         scale = np.linalg.norm(wide) / max(float(np.linalg.norm(noise)), 1e-300)
         poisoned = noise * scale
     fits = np.abs(poisoned).max(initial=0.0) <= np.finfo(array.dtype).max
-    return poisoned.astype(array.dtype if fits else np.float32)
+    with np.errstate(over="ignore"):  # past float32 it becomes Inf, as an attacker may send: the signer refuses it
+        return poisoned.astype(array.dtype if fits else np.float32)
 
 
 def corrupt(body: Body, attack: Attack, rng: np.random.Generator) -> Body:

@@ -1,8 +1,8 @@
 """Where a simulation's hosts run: the engines of `p2pnode simulate --engine`.
 
 - `inline`: one host holding every node, in this process (the default for one worker).
-- `processes`: one host per worker process on this machine (spawned, each with its own torch
-  threads: one by default), talking over pipes (testnet/workers.py).
+- `processes`: one host per worker process on this machine (forked where that is safe, each
+  with its own torch threads: one by default), talking over pipes (testnet/workers.py).
 - `ray`: one host per Ray actor, on a local Ray or a cluster (testnet/rayhosts.py; the optional
   extra `pip install 'p2pnode[ray]'`).
 

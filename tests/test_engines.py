@@ -15,7 +15,7 @@ from testnet.engines import Engine
 from testnet.host import blocks
 from testnet.shard import SimulationError
 from testnet.simulator import SimulationSpec, run_baselines, run_simulation
-from testnet.workers import ProcessHosts
+from testnet.workers import ProcessHosts, start_method
 
 ROOT = Path(__file__).resolve().parent.parent
 # Learning from round 1 on (graph, pruning), so two rounds run every step of each algorithm;
@@ -95,6 +95,14 @@ def test_a_node_that_raises_stops_the_run_naming_it(tmp_path, capsys):
     error = capsys.readouterr().err
     assert "p2pnode: error: node 1 (" in error and "failed in publish" in error and "contains NaN or Inf" in error
     assert "worker 0 (nodes 0–1)" in error and "Traceback" not in error
+    assert not multiprocessing.active_children()
+
+
+def test_workers_are_forked_only_where_a_child_can_inherit_this_process_safely():
+    assert start_method(1) == ("fork" if sys.platform == "linux" else "spawn")
+    assert start_method(2) == "spawn"  # a torch thread pool of its own: a fresh interpreter
+    spawned = run_simulation(small("local", nodes=2, rounds=1), engine=Engine("processes", workers=1, threads=2))
+    assert len(spawned["accuracy"]["per_node"]) == 2 and spawned["provenance"]["engine"]["threads"] == 2
     assert not multiprocessing.active_children()
 
 
