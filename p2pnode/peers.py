@@ -32,8 +32,10 @@ Bounded views (HyParView-like, docs/daemon.md): the peers are the *active view*,
 below that it verifies relayed addresses at once, otherwise it keeps their signed HELLOs in a
 bounded *passive view*, from which it later replaces a peer that leaves. A full node answers a
 verified newcomer with a sample of its peers and BYE(`full`) instead of admitting it, so the
-newcomer learns where to go and nobody already in is pushed out. Only the active view is
-pinged, so liveness costs O(max_peers) per node, whatever the size of the network.
+newcomer learns where to go and nobody already in is pushed out; one that comes back, still
+short, may take the place of a peer with a surplus, but never of one admitted `settled_after_s`
+ago or more (`_surplus_peer`). Only the active view is pinged, so liveness costs O(max_peers)
+per node, whatever the size of the network.
 """
 
 from __future__ import annotations
