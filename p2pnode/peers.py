@@ -32,8 +32,10 @@ Bounded views (HyParView-like, docs/daemon.md): the peers are the *active view*,
 below that it verifies relayed addresses at once, otherwise it keeps their signed HELLOs in a
 bounded *passive view*, from which it later replaces a peer that leaves. A full node answers a
 verified newcomer with a sample of its peers and BYE(`full`) instead of admitting it, so the
-newcomer learns where to go and nobody already in is pushed out. Only the active view is
-pinged, so liveness costs O(max_peers) per node, whatever the size of the network.
+newcomer learns where to go and nobody already in is pushed out; one that comes back, still
+short, may take the place of a peer with a surplus, but never of one admitted `settled_after_s`
+ago or more (`_surplus_peer`). Only the active view is pinged, so liveness costs O(max_peers)
+per node, whatever the size of the network.
 """
 
 from __future__ import annotations
@@ -588,7 +590,7 @@ class Membership:
         full = len(self.peers) >= self.settings.max_peers  # then the subnet rule may displace (#14)
         surplus = None
         if refusal is None and not full and not (entry.permanent or entry.committed or self._welcome(key)):
-            surplus = self._surplus_peer() if key in self._redirected else None
+            surplus = self._surplus_peer(now) if key in self._redirected else None
             refusal = "refused_full" if surplus is None else None
         if refusal == "refused_full":
             if entry.answered:
@@ -642,16 +644,23 @@ class Membership:
             return False
         return kept < self.target or (kept == self.target and key in self._redirected)
 
-    def _surplus_peer(self) -> Peer | None:
-        """A peer that has more than the target without us (its latest PEERS says so), and is
-        not one of the longest-lived or fastest-answering quarter: the one a newcomer that came
-        back, still short of peers, may take the place of. Nobody falls below the target for it,
-        so this cannot start a chain of nodes pushing each other out."""
+    def _surplus_peer(self, now: float) -> Peer | None:
+        """A peer that has more than the target without us (its latest PEERS says so), admitted
+        less than `settled_after_s` ago, and not one of the longest-lived or fastest-answering
+        quarter: the one a newcomer that came back, still short of peers, may take the place of.
+        Nobody falls below the target for it, so this cannot start a chain of nodes pushing each
+        other out. A peer that has been here `settled_after_s` is never displaced: the surplus
+        is what its PEERS say, and Sybils can give it one by being sent on to it (#14)."""
         quarter = max(1, self.settings.max_peers // 4)
         by_age = sorted(self.peers.values(), key=lambda p: p.admitted_at)
         by_rtt = sorted(self.peers.values(), key=lambda p: float("inf") if p.rtt_s is None else p.rtt_s)
         protected = {p.key for p in by_age[:quarter]} | {p.key for p in by_rtt[:quarter]}
-        spare = [p for p in by_age if p.key not in protected and p.reported_peers - 1 >= self.target]
+        young = now - self.settings.settled_after_s
+        spare = [
+            p
+            for p in by_age
+            if p.admitted_at > young and p.key not in protected and p.reported_peers - 1 >= self.target
+        ]
         return max(spare, key=lambda p: p.reported_peers, default=None)
 
     def _redirect(self, entry: _Dialing, hello: Envelope, frame: bytes) -> list[Action]:

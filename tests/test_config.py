@@ -51,6 +51,7 @@ def test_every_problem_is_reported_with_its_field(home):
 max_peer = 3
 max_peers = 0
 ping_interval_s = "fast"
+settled_after_s = -1
 bootstrap = ["tcp://10.0.0.1:7001", "udp://x:1"]
 [transport]
 verify_threads = 2.5
@@ -62,6 +63,7 @@ x = 1
     assert "[discovery].max_peer: unknown key (did you mean 'max_peers'?)" in found
     assert "[discovery].max_peers: must be between 1 and 4096, got 0" in found
     assert "[discovery].ping_interval_s: expected a number, got a string" in found
+    assert "[discovery].settled_after_s: must be between 0 and 604800, got -1" in found
     assert "[discovery].bootstrap: entry 2: 'udp://x:1' is not an address of the form tcp://HOST:PORT" in found
     assert "[transport].verify_threads: expected an integer, got a number" in found
     assert any(p.startswith("[gossip]: unknown section") for p in found)

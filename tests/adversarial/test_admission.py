@@ -5,7 +5,7 @@ exhaustion and reflection (issue #14), on the simulated network of tests/simnet.
 import random
 
 from p2pnode.config import DiscoverySettings
-from p2pnode.peers import Dial, Membership
+from p2pnode.peers import Dial, Evicted, Membership
 from protocol import PROTOCOL_VERSION, Decoder, Encoder, Envelope, Hello, Identity, Peers
 
 from ..simnet import NETWORK, SimNet
@@ -117,25 +117,138 @@ def test_strangers_from_many_hosts_take_half_the_dial_slots_and_relayed_addresse
     assert isinstance(relayed[0], Dial) and len(membership.dialing) == direct + 1
 
 
-def test_sybils_from_many_subnets_cannot_isolate_a_node_with_a_bounded_view():
-    """A node at its active view redirects newcomers instead of admitting them. A newcomer that
-    comes back may take the place of a peer that has a surplus without this node (the slack the
-    100-daemon overlay needs to converge, docs/daemon.md), and Sybils can give an honest peer that
-    surplus by being redirected to it. What holds against thirty returning keys, each in a
-    subnet of its own: the table stays within `max_peers`, the longest-lived peer (protected,
-    as the fastest are) keeps its place, and an honest peer that loses its place still has as
-    many peers as this node's target elsewhere: nobody is cut off. (The trade-off:
-    docs/security.md.)"""
-    net = SimNet()
-    target = net.add(0, active_view=4, max_peers=6)
+SETTLED = 3.0  # the target's `settled_after_s` in these tests (simulated seconds)
+QUIET = {"ping_interval_s": 5.0, "peer_timeout_s": 15.0}  # the Sybils' own liveness: fewer frames to simulate
+
+
+def _bounded_target_with_honest_peers(net: SimNet, **settings) -> tuple:
+    """A node with `active_view` 4 (at most 6) and four honest peers, each in a subnet of its
+    own, that would take many more peers (so Sybils sent on to them give them a surplus)."""
+    target = net.add(0, active_view=4, max_peers=6, **settings)
     honest = [net.add(i, [target.address], address=f"tcp://10.1.{i}.1:7000") for i in range(1, 5)]
     net.run_until(lambda: len(target.membership.peers) == 4, timeout=3)
+    return target, honest
+
+
+def _displaced_by(net: SimNet, node) -> set[bytes]:
+    """The keys `node` displaces from now on (filled in as the network runs)."""
+    displaced: set[bytes] = set()
+    execute = net.execute
+
+    def recording(at, actions):
+        if at is node:
+            displaced.update(a.key for a in actions if isinstance(a, Evicted) and a.why == "displaced")
+        execute(at, actions)
+
+    net.execute = recording
+    return displaced
+
+
+def _sybils(net: SimNet, bootstrap: list[str], first: int, count: int, **settings) -> list:
+    """`count` keys, each answering at an address of its own in a subnet of its own."""
+    return [
+        net.add(first + i, bootstrap, address=f"tcp://10.{first + i - 100}.{first % 250}.1:7000", **settings)
+        for i in range(count)
+    ]
+
+
+def _settle(net: SimNet, target) -> None:
+    """Run until every peer of `target` has been there `SETTLED` seconds."""
+    oldest_young = max(peer.admitted_at for peer in target.membership.peers.values())
+    net.run(max(0.0, oldest_young + SETTLED + 0.1 - net.now))
+
+
+def test_sybils_from_many_subnets_displace_no_settled_peer():
+    """A node at its active view redirects newcomers instead of admitting them. A newcomer that
+    comes back may take the place of a peer that has a surplus without this node (the slack the
+    overlay needs to converge, docs/daemon.md), and Sybils give an honest peer that surplus by
+    being sent on to it; but a peer that has been in the table `settled_after_s` is never
+    displaced. Thirty returning keys, each in a subnet of its own: every honest peer stays, the
+    table stays within `max_peers`, and the Sybils did give them their surplus (the rule was
+    armed: they take each other's places, beyond the target)."""
+    net = SimNet()
+    target, honest = _bounded_target_with_honest_peers(net, settled_after_s=SETTLED)
+    _settle(net, target)
+    displaced = _displaced_by(net, target)
+    sybils = _sybils(net, [target.address], 100, 30, **QUIET)
+    net.run(20)  # the redirected come back: bootstrap addresses are dialled again
+    peers = target.membership.peers
+    assert len(peers) <= 6 and target.membership.counts["redirected"] >= 25
+    assert all(node.key in peers for node in honest) and not displaced & {node.key for node in honest}
+    assert any(peers[node.key].reported_peers - 1 >= target.membership.target for node in honest)
+    assert any(node.key in peers for node in sybils)
+
+
+def test_sybils_that_first_inflate_the_honest_peers_displace_none_of_them():
+    """The attacker uses two sets of keys: the first (twelve) joins the honest peers directly, so
+    that each has a surplus before anything reaches the target; the second (fifteen) then asks
+    the target, is sent on, and comes back, over and over. No settled peer loses its place."""
+    net = SimNet()
+    target, honest = _bounded_target_with_honest_peers(net, settled_after_s=SETTLED)
+    for k, node in enumerate(honest):
+        _sybils(net, [node.address], 100 + 10 * k, 3, active_view=1, max_peers=1, **QUIET)  # that one's only
+    surplus = target.membership.target + 1
+    # Their PEERS tell the target how many peers each has.
+    net.run_until(lambda: all(p.reported_peers >= surplus for p in target.membership.peers.values()), timeout=60)
+    _settle(net, target)
+    displaced = _displaced_by(net, target)
+    _sybils(net, [target.address], 150, 15, **QUIET)
+    net.run(20)
+    assert all(node.key in target.membership.peers for node in honest) and not displaced & {n.key for n in honest}
+    assert target.membership.counts["redirected"] >= 15
+
+
+def test_keys_turned_away_early_cannot_displace_a_peer_once_it_has_settled():
+    """The attacker's keys ask first, are sent on, and wait. An honest peer admitted after that
+    (one that replaces a peer that left), given a surplus by other keys of the attacker's, is
+    never displaced once it has been in the table `settled_after_s`."""
+    net = SimNet()
+    target, honest = _bounded_target_with_honest_peers(net, settled_after_s=SETTLED)
+    early = _sybils(net, [target.address], 100, 10)
+    net.run_until(lambda: target.membership.counts["redirected"] >= 10, timeout=3)
+    for node in early:
+        net.kill(node)  # they wait (the target still counts them as redirected newcomers)
+    net.kill(honest[0])  # a peer leaves; a newcomer takes its place
+    late = net.add(5, [target.address], address="tcp://10.1.5.1:7000")
+    net.run_until(lambda: late.key in target.membership.peers, timeout=20)
+    for i in range(6):  # inflate it
+        net.add(200 + i, [late.address], address=f"tcp://10.{100 + i}.9.1:7000", active_view=1, max_peers=1)
+    surplus = target.membership.target + 1
+    net.run_until(lambda: target.membership.peers[late.key].reported_peers >= surplus, timeout=60)
+    _settle(net, target)
+    displaced = _displaced_by(net, target)
+    for node in early:
+        node.up = True  # back, dialling the target again
+    net.run(15)
+    assert all(node.key in target.membership.peers for node in [late, *honest[1:]])
+    assert not displaced & {node.key for node in [late, *honest[1:]]}
+
+
+def test_sybils_can_displace_only_young_peers_and_cannot_isolate_a_node():
+    """What stays open (docs/security.md): while a peer is younger than `settled_after_s` (a
+    node's bring-up, or a peer that just replaced one that left), a returning newcomer may take
+    its place if it has a surplus, and Sybils can give it one. Against thirty returning keys
+    arriving right after the honest peers: every peer displaced was younger than
+    `settled_after_s`, it keeps its target elsewhere, the longest-lived peer (protected, as the
+    fastest are) stays, and the table stays within `max_peers`."""
+    net = SimNet()
+    target, honest = _bounded_target_with_honest_peers(net)
     oldest = min(target.membership.peers.values(), key=lambda peer: peer.admitted_at).key
+    ages = {}  # of the peers displaced, when they were
+    evict = target.membership._evict
+
+    def recording(peer, now, why):
+        if why == "displaced":
+            ages[peer.key] = now - peer.admitted_at
+        return evict(peer, now, why)
+
+    target.membership._evict = recording
     for i in range(30):
         net.add(100 + i, [target.address], address=f"tcp://10.{100 + i}.0.1:7000")
     net.run(8)  # the redirected come back: bootstrap addresses are dialled again
     peers = target.membership.peers
     assert len(peers) <= 6 and oldest in peers and target.membership.counts["redirected"] >= 25
+    assert all(age < target.membership.settings.settled_after_s for age in ages.values())
     displaced = [node for node in honest if node.key not in peers]
     assert len(displaced) < len(honest)
     assert all(len(node.membership.peers) >= target.membership.target for node in displaced)  # the surplus it had
