@@ -470,9 +470,9 @@ class DiscoverySettings:
     settled_after_s: float = option(
         Number(0, 86400 * 7),
         300.0,
-        "a peer admitted this long ago is never displaced for a newcomer that comes back after a "
-        "redirect (with a bounded view, the slack that lets the last nodes in: docs/daemon.md); "
-        "younger peers with a surplus may be; 0: none ever is",
+        "a peer admitted this long ago is never displaced for a newcomer: neither from a full table "
+        "by a newcomer from a less crowded subnet, nor, with a bounded view, for a newcomer that comes "
+        "back after a redirect (the slack that lets the last nodes in: docs/daemon.md); 0: none ever is",
     )
     max_peers_per_subnet: int = option(
         Integer(1, 4096), 16, "peers admitted from one subnet (/24 for IPv4, /64 for IPv6)"

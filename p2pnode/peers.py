@@ -24,7 +24,8 @@ Bounds against strangers with many keys (docs/security.md):
   up after `dial_attempts` challenges; bootstrap addresses are retried forever.
 - Only verified addresses are relayed; peers per subnet are bounded (`max_peers_per_subnet`).
 - A full table admits a newcomer only by displacing a peer from the most crowded subnet, never
-  one of the longest-lived or fastest-answering peers.
+  one of the longest-lived or fastest-answering peers, and never a settled one (admitted
+  `settled_after_s` ago): those leave only by their own silence or BYE.
 PEERS never asks for an answer, so no exchange can loop.
 
 Bounded views (HyParView-like, docs/daemon.md): the peers are the *active view*, at most
@@ -542,7 +543,7 @@ class Membership:
         address = hello.body.address
         subnet = self._subnet(address)
         refusal = self._over_dial_budget(address, informant) or self._no_room_for(
-            subnet, newcomer=isinstance(informant, Direct)
+            subnet, now, newcomer=isinstance(informant, Direct)
         )
         if refusal is not None:
             self.counts[refusal] += 1
@@ -586,7 +587,7 @@ class Membership:
         with the table full, redirect it."""
         subnet = self._subnet(entry.address)
         key = hello.sender
-        refusal = self._no_room_for(subnet)
+        refusal = self._no_room_for(subnet, now)
         full = len(self.peers) >= self.settings.max_peers  # then the subnet rule may displace (#14)
         surplus = None
         if refusal is None and not full and not (entry.permanent or entry.committed or self._welcome(key)):
@@ -645,23 +646,25 @@ class Membership:
         return kept < self.target or (kept == self.target and key in self._redirected)
 
     def _surplus_peer(self, now: float) -> Peer | None:
-        """A peer that has more than the target without us (its latest PEERS says so), admitted
-        less than `settled_after_s` ago, and not one of the longest-lived or fastest-answering
-        quarter: the one a newcomer that came back, still short of peers, may take the place of.
-        Nobody falls below the target for it, so this cannot start a chain of nodes pushing each
-        other out. A peer that has been here `settled_after_s` is never displaced: the surplus
-        is what its PEERS say, and Sybils can give it one by being sent on to it (#14)."""
+        """A peer that has more than the target without us (its latest PEERS says so) and is not
+        settled (`_unsettled`): the one a newcomer that came back, still short of peers, may take
+        the place of. Nobody falls below the target for it, so this cannot start a chain of nodes
+        pushing each other out. The surplus is what the peer's PEERS say, and Sybils can give it
+        one by being sent on to it: hence never a settled peer (#14)."""
+        spare = [p for p in self._unsettled(now) if p.reported_peers - 1 >= self.target]
+        return max(spare, key=lambda p: p.reported_peers, default=None)
+
+    def _unsettled(self, now: float) -> list[Peer]:
+        """The peers a newcomer may ever take the place of, longest-lived first: admitted less
+        than `settled_after_s` ago, and not in the longest-lived or fastest-answering quarter of
+        the table. A settled peer is never displaced, however many keys and subnets a newcomer
+        has: it leaves only by its own silence or BYE."""
         quarter = max(1, self.settings.max_peers // 4)
         by_age = sorted(self.peers.values(), key=lambda p: p.admitted_at)
         by_rtt = sorted(self.peers.values(), key=lambda p: float("inf") if p.rtt_s is None else p.rtt_s)
         protected = {p.key for p in by_age[:quarter]} | {p.key for p in by_rtt[:quarter]}
         young = now - self.settings.settled_after_s
-        spare = [
-            p
-            for p in by_age
-            if p.admitted_at > young and p.key not in protected and p.reported_peers - 1 >= self.target
-        ]
-        return max(spare, key=lambda p: p.reported_peers, default=None)
+        return [p for p in by_age if p.admitted_at > young and p.key not in protected]
 
     def _redirect(self, entry: _Dialing, hello: Envelope, frame: bytes) -> list[Action]:
         """No room: the verified newcomer at `entry` (which admitted us: we answered its
@@ -695,36 +698,32 @@ class Membership:
         peer.admitted_us = True
         return [Send((peer.address,), self._peers_body())]
 
-    def _no_room_for(self, subnet: str | None, *, newcomer: bool = False) -> str | None:
+    def _no_room_for(self, subnet: str | None, now: float, *, newcomer: bool = False) -> str | None:
         """Why a node from `subnet` could not be admitted now, or None. A `newcomer` (it dialled
         us) is not refused for a full table before it is verified: it is redirected then."""
         if subnet is not None and self._subnet_counts()[subnet] >= self.settings.max_peers_per_subnet:
             return "refused_subnet"
-        if not newcomer and len(self.peers) >= self.settings.max_peers and self._displaceable(subnet) is None:
+        if not newcomer and len(self.peers) >= self.settings.max_peers and self._displaceable(subnet, now) is None:
             return "refused_full"
         return None
 
     def _make_room(self, subnet: str | None, now: float) -> list[Action]:
         if len(self.peers) < self.settings.max_peers:
             return []
-        victim = self._displaceable(subnet)
+        victim = self._displaceable(subnet, now)
         return self._evict(victim, now, "displaced") if victim is not None else []
 
-    def _displaceable(self, subnet: str | None) -> Peer | None:
+    def _displaceable(self, subnet: str | None, now: float) -> Peer | None:
         """The peer a newcomer from `subnet` may displace from a full table: the youngest of the
-        most crowded subnet, if that holds at least two more peers than the newcomer's, and never
-        one of the longest-lived or fastest-answering quarter of the table."""
+        most crowded subnet, if that holds at least two more peers than the newcomer's, and
+        never a settled one (`_unsettled`)."""
         counts = self._subnet_counts()
         if not counts:
             return None
         crowded, most = counts.most_common(1)[0]
         if most < counts[subnet] + 2:
             return None
-        quarter = max(1, self.settings.max_peers // 4)
-        by_age = sorted(self.peers.values(), key=lambda p: p.admitted_at)
-        by_rtt = sorted(self.peers.values(), key=lambda p: float("inf") if p.rtt_s is None else p.rtt_s)
-        protected = {p.key for p in by_age[:quarter]} | {p.key for p in by_rtt[:quarter]}
-        victims = [p for p in by_age if p.subnet == crowded and p.key not in protected]
+        victims = [p for p in self._unsettled(now) if p.subnet == crowded]
         return victims[-1] if victims else None
 
     def _subnet_counts(self) -> Counter[str]:
@@ -828,7 +827,7 @@ class Membership:
                 continue
             if address in self.dialing:
                 continue
-            if self._over_dial_budget(address, entry.informant) or self._no_room_for(self._subnet(address)):
+            if self._over_dial_budget(address, entry.informant) or self._no_room_for(self._subnet(address), now):
                 continue
             del self.passive[key]
             self.counts["passive_dialled"] += 1

@@ -48,6 +48,20 @@ def test_a_full_table_keeps_its_long_lived_peers_and_displaces_only_from_the_cro
     assert oldest.key in target.membership.peers
 
 
+def test_a_full_table_of_settled_peers_displaces_none_for_newcomers_from_many_subnets():
+    """Peers of one subnet (a LAN) that have settled stay whatever subnets newcomers come from."""
+    net = SimNet()
+    target = net.add(0, max_peers=4, max_peers_per_subnet=4, settled_after_s=5)
+    crowd = [net.add(10 + i, [target.address], address=f"tcp://10.9.9.{i}:7000") for i in range(4)]
+    net.run(6)
+    assert {n.key for n in crowd} == set(target.membership.peers)
+    for i in range(8):
+        net.add(50 + i, [target.address], address=f"tcp://10.{70 + i}.7.7:7000")
+    net.run(4)
+    assert {n.key for n in crowd} == set(target.membership.peers)
+    assert target.membership.counts["evicted_displaced"] == 0 and target.membership.counts["refused_full"] > 0
+
+
 def test_an_address_that_never_answers_its_challenge_is_neither_admitted_nor_relayed():
     net = SimNet()
     a = net.add(0)

@@ -2,12 +2,12 @@
 one simulation inline, spread over worker processes, and on Ray, with the ratios measured in the
 same run of this tool.
 
-    python -m tools.bench.simulate speedup [--rounds 60] [--repeats 1] [--skip-before]  # 10-node MAPL
+    python -m tools.bench.simulate speedup [--rounds 60] [--repeats 1] [--skip-before] [--seed 0]  # 10-node MAPL
     python -m tools.bench.simulate scaling [--nodes 10 30 100] [--rounds 5] [--workers 1 2] [--ray]
     python -m tools.bench.simulate large [--nodes 200] [--rounds 3] [--engines ray processes]
 
 `speedup` runs the MAPL row of `tools/bench/learning.py` (mnist5k, Scenario 1, 10 nodes, 25
-samples per class, 60 rounds, seed 0) as `p2pnode simulate` ran it before engines existed
+samples per class, 60 rounds, seed 0 unless --seed) as `p2pnode simulate` ran it before engines existed
 (inline, torch's default threads), then inline on one thread and on 2 worker processes of one
 thread each, in turn, `--repeats` times. `scaling` times MAPL (mnist5k, Scenario 1) against the
 number of nodes and of workers; `large` one run of many nodes. Both keep the data per node the
@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--skip-before", action="store_true", help="speedup: leave out the run as before engines (the slowest)"
     )
+    parser.add_argument("--seed", type=int, default=0, help="speedup: the run's seed")
     parser.add_argument("--samples-per-class", type=int, help="scaling, large: per node (default 5; large: 3)")
     parser.add_argument("--test-per-class", type=int, help="scaling, large: per node (default 5; large: 2)")
     parser.add_argument("--job", help=argparse.SUPPRESS)  # `run`: one simulation, as JSON
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(_run_here(json.loads(args.job))))
         return 0
     if args.what == "speedup":
-        print(_speedup(args.rounds or 60, args.skip_before, args.repeats))
+        print(_speedup(args.rounds or 60, args.skip_before, args.repeats, args.seed))
     elif args.what == "scaling":
         data = {"samples_per_class": args.samples_per_class or 5, "test_per_class": args.test_per_class or 5}
         print(_scaling(args.nodes or [10, 30, 100], args.rounds or 5, data, args.workers, args.ray))
@@ -63,15 +64,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _speedup(rounds: int, skip_before: bool, repeats: int) -> str:
+def _speedup(rounds: int, skip_before: bool, repeats: int, seed: int) -> str:
     """The run as before engines once; then inline on one thread and 2 worker processes, in turn,
     `repeats` times, so that a busy stretch of a shared machine hits both alike."""
-    spec = {**BENCHMARK, "nodes": 10, "rounds": rounds}
-    before = None if skip_before else run(spec, {"kind": "inline"}, label="before engines: inline, torch's threads")
+    spec = {**BENCHMARK, "nodes": 10, "rounds": rounds, "seed": seed}
+    before = (
+        None
+        if skip_before
+        else run(spec, {"kind": "inline"}, label=f"before engines: inline, torch's threads (seed {seed})")
+    )
     pairs = [
         (
-            run(spec, {"kind": "inline", "threads": 1}, label="inline, 1 thread"),
-            run(spec, {"kind": "processes", "workers": 2, "threads": 1}, label="processes, 2 workers × 1 thread"),
+            run(spec, {"kind": "inline", "threads": 1}, label=f"inline, 1 thread (seed {seed})"),
+            run(
+                spec, {"kind": "processes", "workers": 2, "threads": 1}, label=f"processes, 2 × 1 thread (seed {seed})"
+            ),
         )
         for _ in range(repeats)
     ]
