@@ -45,6 +45,9 @@ async def _flood_with_dead_hellos(target, source: str, addresses: list[str]) -> 
             finally:
                 for attacker in attackers:
                     attacker.close()
+            # The node learns of the closes a moment later: until then they count against the cap
+            # on connections from one address, which would refuse part of the next wave.
+            await wait_until(lambda: target.connections.by_address[source] == 0, timeout=20)
     finally:
         context.term()
 
