@@ -19,16 +19,13 @@ import argparse
 import json
 import random
 import time
+from collections import Counter
 
 import networkx as nx
 
-from .simnet import SimNet
+from .simnet import SimNet, address, overlay
 
 LIVENESS = {"ping_interval_s": 5.0, "peer_timeout_s": 15.0, "dial_retry_initial_s": 0.5}
-
-
-def address(i: int) -> str:
-    return f"tcp://10.0.{i // 250}.{i % 250}:7000"
 
 
 def run(join: str, nodes: int, seed: int, gap: float, limit: float, settings: dict, latency: float = 0.002) -> dict:
@@ -62,10 +59,8 @@ def run(join: str, nodes: int, seed: int, gap: float, limit: float, settings: di
         net.run(0.25)
     took = net.now - started
     sizes = sorted(len(n.membership.peers) for n in added)
-    graph = nx.Graph()
-    graph.add_nodes_from(n.key for n in added)
-    graph.add_edges_from((n.key, k) for n in added for k in n.membership.peers)
-    counts = sum((n.membership.counts for n in added), start=type(added[0].membership.counts)())
+    graph = overlay(added)
+    counts = sum((n.membership.counts for n in added), start=Counter())
     return {
         "join": join,
         "seed": seed,

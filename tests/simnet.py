@@ -10,6 +10,8 @@ import random
 from collections import Counter
 from dataclasses import dataclass, replace
 
+import networkx as nx
+
 from p2pnode.config import DiscoverySettings
 from p2pnode.inbound import decode_all
 from p2pnode.peers import Admitted, Dial, Evicted, Hangup, Membership, Send, SendHello
@@ -166,3 +168,16 @@ class SimNet:
     def full_mesh(self) -> bool:
         up = [n for n in self.nodes.values() if n.up]
         return all(set(n.membership.peers) == {m.key for m in up if m is not n} for n in up)
+
+
+def address(i: int) -> str:
+    """Node `i`'s address in the overlay tests: one /24 for every 250 nodes."""
+    return f"tcp://10.0.{i // 250}.{i % 250}:7000"
+
+
+def overlay(nodes: list[SimNode]) -> nx.Graph:
+    """Who is whose peer, among the nodes that are up."""
+    graph = nx.Graph()
+    graph.add_nodes_from(node.key for node in nodes if node.up)
+    graph.add_edges_from((node.key, key) for node in nodes if node.up for key in node.membership.peers)
+    return graph

@@ -9,11 +9,7 @@ import pytest
 from p2pnode.peers import Send
 from protocol import Ping
 
-from .simnet import SimNet, SimNode
-
-
-def address(i: int) -> str:
-    return f"tcp://10.0.{i // 250}.{i % 250}:7000"
+from .simnet import SimNet, SimNode, address, overlay
 
 
 def join(net: SimNet, count: int, *, chain: bool = False, **settings) -> list[SimNode]:
@@ -23,13 +19,6 @@ def join(net: SimNet, count: int, *, chain: bool = False, **settings) -> list[Si
         net.add(i, [] if i == 0 else [address(i - 1 if chain else 0)], address=address(i), **settings)
         for i in range(count)
     ]
-
-
-def overlay(nodes: list[SimNode]) -> nx.Graph:
-    graph = nx.Graph()
-    graph.add_nodes_from(node.key for node in nodes if node.up)
-    graph.add_edges_from((node.key, key) for node in nodes if node.up for key in node.membership.peers)
-    return graph
 
 
 def at_target(nodes: list[SimNode], low: int, high: int) -> bool:
