@@ -2,10 +2,12 @@
 loop of blocking pyzmq doing the same signing and checking, measured in the same run.
 
 trio side: node A signs as the node does (signing.py: on the event loop, in a worker thread
-for large payloads) and sends on its DEALER (waiting, not
-dropping, when the queue is full, so no message is lost); node B's real receive path
-(inbound.py: batches, verify threads, replay guard) takes them. Blocking side: one thread signs
-and sends, another receives, decodes and checks, over the same kind of socket pair.
+for large payloads) and sends on its DEALER to B's peers' socket, where an admitted peer's
+frames go (transport.py; waiting, not dropping, when the queue is full, so no message is lost);
+node B's real receive path for a peer (inbound.py: batches, verify threads, replay guard) takes
+them. Not the public socket: it is read no faster than the strangers' budget, behind a queue of
+`public_recv_hwm` (4) frames, on purpose. Blocking side: one thread signs and sends, another
+receives, decodes and checks, over the same kind of socket pair with the peers' socket's queue.
 Ratio = trio msg/s ÷ blocking msg/s; the goal is ≥ 0.7 at 20 KB.
 
 The trio side runs twice per trial: plaintext, and with CURVE on the connection (keys derived
@@ -34,7 +36,7 @@ from p2pnode.inbound import Inbound
 from p2pnode.metrics import Metrics
 from p2pnode.signing import encode
 from p2pnode.transport import Transport
-from p2pnode.zap import Connections, serve_zap
+from p2pnode.zap import PEERS, Connections, serve_zap
 from p2pnode.zmqtrio import send_waiting
 from protocol import Decoder, Encoder, Identity, Model, ReplayGuard, SequenceCounter
 
@@ -84,12 +86,16 @@ def run_trio(size: int, count: int, verify_threads: int = 2, curve: bool = False
         receiver = Transport(settings, 64 << 20, receiver_identity.curve_keypair() if curve else None)
         sender = Transport(settings, 64 << 20, sender_identity.curve_keypair() if curve else None)
         endpoint = receiver.bind("tcp://127.0.0.1:0")
+        peers_endpoint = receiver.bind_peers("tcp://127.0.0.1:0")
+        # The sender is an admitted peer: it sends on B's peers' socket (with CURVE, B's ZAP
+        # handler lets only admitted peers' transport keys connect there).
         sender.dial(endpoint, receiver_identity.public_key)
-        # The sender is an admitted peer: its connection is a peer's link once a frame verified.
+        sender.dial_peers(endpoint, peers_endpoint)
         guard = ReplayGuard()
         guard.trust(sender_identity.public_key, 0)
         gate = Gate(settings, 1, lambda key: key == sender_identity.public_key, curve=curve)
-        connections = Connections(SecuritySettings(curve=curve), Counter(), lambda key: False)
+        sender_transport_key = sender_identity.curve_keypair()[1]
+        connections = Connections(SecuritySettings(curve=curve), Counter(), lambda key: key == sender_transport_key)
         inbound = Inbound(receiver, Decoder(_NETWORK), guard, gate, Metrics(), settings, _clock_us)
         encoder, counter = Encoder(sender_identity, _NETWORK), _counter()
         done = trio.Event()
@@ -124,6 +130,8 @@ def run_trio(size: int, count: int, verify_threads: int = 2, curve: bool = False
                 await done.wait()
                 elapsed = time.perf_counter() - started
                 nursery.cancel_scope.cancel()
+            if receiver.messages_read[PEERS] != count:  # the path measured is a peer's
+                raise RuntimeError(f"{receiver.messages_read} frames read by socket, {count} sent to the peers' one")
         finally:
             await sender.close()
             await receiver.close()
