@@ -119,7 +119,8 @@ def _bench(args: argparse.Namespace) -> int:
     bench = {"protocol": protocol, "transport": transport, "adapters": adapters}[args.bench]
     sizes = tuple(args.sizes) if args.sizes else bench.DEFAULT_SIZES
     trials, seconds = (2, args.quick_seconds) if args.quick else (args.trials, args.seconds)
-    report = bench.run(sizes, trials=trials, seconds=seconds)
+    options = {"presigned": args.presigned} if args.bench == "transport" else {}
+    report = bench.run(sizes, trials=trials, seconds=seconds, **options)
     print(json.dumps(report, indent=2) if args.json else bench.format_table(report))
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
@@ -658,6 +659,12 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument(
             "--quick", action="store_true", help="a few seconds in all; for smoke tests, not for numbers"
         )
+        if name == "transport":
+            command.add_argument(
+                "--presigned",
+                action="store_true",
+                help="both senders send frames signed beforehand: the receive path alone",
+            )
         command.set_defaults(run=_bench, quick_seconds=quick_seconds)
 
     demo = commands.add_parser(
