@@ -29,6 +29,7 @@ import statistics
 import threading
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import numpy as np
@@ -109,7 +110,7 @@ def run_trio(size: int, count: int, verify_threads: int = 2, curve: bool = False
         sender_transport_key = sender_identity.curve_keypair()[1]
         connections = Connections(SecuritySettings(curve=curve), Counter(), lambda key: key == sender_transport_key)
         inbound = Inbound(receiver, Decoder(_NETWORK), guard, gate, Metrics(), settings, _clock_us)
-        encoder, counter = Encoder(sender_identity, _NETWORK), _counter()
+        encoder = Encoder(sender_identity, _NETWORK)
         frames = _signed(encoder, body, count) if presigned else None
         done = trio.Event()
         received = 0
@@ -130,18 +131,7 @@ def run_trio(size: int, count: int, verify_threads: int = 2, curve: bool = False
                 socket = sender.outbound_socket(endpoint)
                 await _wait_connected(socket)
                 started = time.perf_counter()
-                for i in range(count):
-                    if frames is not None:
-                        frame = frames[i]
-                    else:
-                        frame = await encode(
-                            encoder,
-                            body,
-                            seq=counter.next(),
-                            timestamp_us=_clock_us(),
-                            round=0,
-                            threshold=settings.sign_in_thread_bytes,
-                        )
+                async for frame in _frames(encoder, body, count, settings.sign_in_thread_bytes, frames):
                     await send_waiting(socket, frame)
                 await done.wait()
                 elapsed = time.perf_counter() - started
@@ -154,6 +144,20 @@ def run_trio(size: int, count: int, verify_threads: int = 2, curve: bool = False
         return count / elapsed
 
     return trio.run(main)
+
+
+async def _frames(
+    encoder: Encoder, body: Model, count: int, threshold: int, signed: list[bytes] | None
+) -> AsyncIterator[bytes]:
+    """The frames `signed` ahead, or `count` frames each signed as the node signs it
+    (signing.py), when it is to be sent."""
+    if signed is not None:
+        for frame in signed:
+            yield frame
+        return
+    counter = _counter()
+    for _ in range(count):
+        yield await encode(encoder, body, seq=counter.next(), timestamp_us=_clock_us(), round=0, threshold=threshold)
 
 
 async def _wait_connected(socket: zmq.Socket) -> None:
