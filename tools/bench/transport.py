@@ -1,14 +1,16 @@
 """`p2pnode bench transport`: signed messages between two nodes' transports, against a tight
 loop of blocking pyzmq doing the same signing and checking, measured in the same run.
 
-trio side: node A signs as the node does (signing.py: on the event loop, in a worker thread
-for large payloads) and sends on its DEALER to B's peers' socket, where an admitted peer's
-frames go (transport.py; waiting, not dropping, when the queue is full, so no message is lost);
-node B's real receive path for a peer (inbound.py: batches, verify threads, replay guard) takes
-them. Not the public socket: it is read no faster than the strangers' budget, behind a queue of
-`public_recv_hwm` (4) frames, on purpose. Blocking side: one thread signs and sends, another
-receives, decodes and checks, over the same kind of socket pair with the peers' socket's queue.
-Ratio = trio msg/s ÷ blocking msg/s; the goal is ≥ 0.7 at 20 KB.
+trio side: node A, a process of its own as a peer is (until 2026-11-25 it shared node B's event
+loop, and signing there starved B's reader: BENCHMARKS.md), signs as the node does (signing.py:
+on the event loop, in a worker thread for large payloads) and sends on its DEALER to B's peers'
+socket, where an admitted peer's frames go (transport.py; waiting, not dropping, when the queue
+is full, so no message is lost); node B's real receive path for a peer (inbound.py: batches,
+verify threads, replay guard) takes them. Not the public socket: it is read no faster than the
+strangers' budget, behind a queue of `public_recv_hwm` (4) frames, on purpose. Blocking side:
+one thread signs and sends, another receives, decodes and checks, over the same kind of socket
+pair with the peers' socket's queue. Both sides share this machine's cores. Ratio = trio msg/s
+÷ blocking msg/s; the goal is ≥ 0.7 at 20 KB.
 
 The trio side runs twice per trial: plaintext, and with CURVE on the connection (keys derived
 from the two identities, the ZAP handler answering, the gate binding frames to the connection,
@@ -16,13 +18,14 @@ as `[security].curve` does in the node). `curve ratio` = CURVE msg/s ÷ blocking
 ≥ 0.6 at 20 KB (issue #14); `curve/plain` = what encryption costs the trio side.
 
 With `presigned`, both senders send frames signed before the clock starts: what is measured is
-then the receive path alone. On one machine the trio side's sender signs on the receiver's own
-event loop and cores (a peer signs on its own machine), which is most of what it lacks against
-the blocking pair (BENCHMARKS.md).
+then the receive path alone.
 """
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
+import multiprocessing.process
 import os
 import platform
 import statistics
@@ -31,6 +34,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from multiprocessing.connection import Connection
 
 import numpy as np
 import trio
@@ -45,12 +49,14 @@ from p2pnode.transport import Transport
 from p2pnode.zap import PEERS, Connections, serve_zap
 from p2pnode.zmqtrio import send_waiting
 from protocol import Decoder, Encoder, Identity, Model, ReplayGuard, SequenceCounter
+from protocol.curve import curve_public_from_ed25519
 
 DEFAULT_SIZES = (1024, 20 * 1024, 200 * 1024)
 GOAL_RATIO_20K = 0.7
 GOAL_CURVE_RATIO_20K = 0.6
 PRESIGNED_BYTES = 256 << 20
 _NETWORK = "bench"
+_READY, _GO, _STOP = "ready", "go", "stop"  # from node A's process; to it, twice
 
 
 def _clock_us() -> int:
@@ -89,29 +95,17 @@ def _signed(encoder: Encoder, body: Model, count: int) -> list[bytes]:
 
 
 def run_trio(size: int, count: int, verify_threads: int = 2, curve: bool = False, presigned: bool = False) -> float:
-    """Messages per second through two transports under trio (with CURVE if `curve`; frames
-    signed before the clock starts if `presigned`)."""
-    body = _body(size)
+    """Messages per second from node A (a process of its own) to node B's receive path, both
+    under trio (with CURVE if `curve`; frames signed before the clock starts if `presigned`)."""
     sender_identity, receiver_identity = Identity.generate(), Identity.generate()
     settings = _settings(verify_threads)
+    processes = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited ZeroMQ state
 
     async def main() -> float:
         receiver = Transport(settings, 64 << 20, receiver_identity.curve_keypair() if curve else None)
-        sender = Transport(settings, 64 << 20, sender_identity.curve_keypair() if curve else None)
         endpoint = receiver.bind("tcp://127.0.0.1:0")
         peers_endpoint = receiver.bind_peers("tcp://127.0.0.1:0")
-        # The sender is an admitted peer: it sends on B's peers' socket (with CURVE, B's ZAP
-        # handler lets only admitted peers' transport keys connect there).
-        sender.dial(endpoint, receiver_identity.public_key)
-        sender.dial_peers(endpoint, peers_endpoint)
-        guard = ReplayGuard()
-        guard.trust(sender_identity.public_key, 0)
-        gate = Gate(settings, 1, lambda key: key == sender_identity.public_key, curve=curve)
-        sender_transport_key = sender_identity.curve_keypair()[1]
-        connections = Connections(SecuritySettings(curve=curve), Counter(), lambda key: key == sender_transport_key)
-        inbound = Inbound(receiver, Decoder(_NETWORK), guard, gate, Metrics(), settings, _clock_us)
-        encoder = Encoder(sender_identity, _NETWORK)
-        frames = _signed(encoder, body, count) if presigned else None
+        inbound, connections = _receive_path(receiver, settings, sender_identity.public_key, curve)
         done = trio.Event()
         received = 0
 
@@ -122,28 +116,91 @@ def run_trio(size: int, count: int, verify_threads: int = 2, curve: bool = False
                 done.set()
             return None
 
+        control, sender_end = processes.Pipe()
+        sender = processes.Process(
+            target=_send,
+            args=(sender_end, sender_identity.to_pem(), receiver_identity.public_key, endpoint, peers_endpoint),
+            kwargs={"size": size, "count": count, "settings": settings, "curve": curve, "presigned": presigned},
+            daemon=True,
+        )
+        sender.start()
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(
                     serve_zap, receiver.zap, {name: m for name, (_, m) in receiver.monitors.items()}, connections
                 )
                 nursery.start_soon(inbound.run, handle)
-                socket = sender.outbound_socket(endpoint)
-                await _wait_connected(socket)
+                nursery.start_soon(_watch, sender)
+                await _message(control)  # connected: the clock starts with the first frame signed
                 started = time.perf_counter()
-                async for frame in _frames(encoder, body, count, settings.sign_in_thread_bytes, frames):
-                    await send_waiting(socket, frame)
+                control.send(_GO)
                 await done.wait()
                 elapsed = time.perf_counter() - started
                 nursery.cancel_scope.cancel()
-            if receiver.messages_read[PEERS] != count:  # the path measured is a peer's
-                raise RuntimeError(f"{receiver.messages_read} frames read by socket, {count} sent to the peers' one")
         finally:
-            await sender.close()
+            with contextlib.suppress(OSError):  # gone already
+                control.send(_STOP)
+            sender.join(5)
+            sender.kill()
             await receiver.close()
+        if receiver.messages_read[PEERS] != count:  # the path measured is a peer's
+            raise RuntimeError(f"{receiver.messages_read} frames read by socket, {count} sent to the peers' one")
         return count / elapsed
 
     return trio.run(main)
+
+
+def _receive_path(
+    receiver: Transport, settings: TransportSettings, sender_key: bytes, curve: bool
+) -> tuple[Inbound, Connections]:
+    """Node B's receive path, with node A's key admitted as a peer's: its frames pass the gate
+    as a peer's, and with CURVE B's ZAP handler lets its transport key onto the peers' socket."""
+    guard = ReplayGuard()
+    guard.trust(sender_key, 0)
+    gate = Gate(settings, 1, lambda key: key == sender_key, curve=curve)
+    sender_transport_key = curve_public_from_ed25519(sender_key)
+    connections = Connections(SecuritySettings(curve=curve), Counter(), lambda key: key == sender_transport_key)
+    return Inbound(receiver, Decoder(_NETWORK), guard, gate, Metrics(), settings, _clock_us), connections
+
+
+def _send(control: Connection, pem: bytes, receiver_key: bytes, endpoint: str, peers_endpoint: str, **options) -> None:
+    """Node A, in its own process: connect to B as an admitted peer does, then on _GO sign and
+    send `count` frames as the node does, then wait for _STOP (closing earlier could drop frames
+    still queued)."""
+    identity, settings, size = Identity.from_pem(pem), options["settings"], options["size"]
+    count, body = options["count"], _body(size)
+
+    async def main() -> None:
+        sender = Transport(settings, 64 << 20, identity.curve_keypair() if options["curve"] else None)
+        try:
+            sender.dial(endpoint, receiver_key)
+            sender.dial_peers(endpoint, peers_endpoint)
+            encoder = Encoder(identity, _NETWORK)
+            signed = _signed(encoder, body, count) if options["presigned"] else None
+            socket = sender.outbound_socket(endpoint)
+            await _wait_connected(socket)
+            control.send(_READY)
+            await _message(control)
+            async for frame in _frames(encoder, body, count, settings.sign_in_thread_bytes, signed):
+                await send_waiting(socket, frame)
+            await _message(control)
+        finally:
+            await sender.close()
+
+    trio.run(main)
+
+
+async def _message(control: Connection) -> str:
+    while not control.poll():
+        await trio.sleep(0.001)
+    return control.recv()
+
+
+async def _watch(sender: multiprocessing.process.BaseProcess) -> None:
+    """The sender leaves only when told to, after every frame arrived: earlier, it failed."""
+    while sender.is_alive():
+        await trio.sleep(0.05)
+    raise RuntimeError(f"the sending node's process exited early, with code {sender.exitcode}")
 
 
 async def _frames(
