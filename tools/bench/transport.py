@@ -55,6 +55,7 @@ DEFAULT_SIZES = (1024, 20 * 1024, 200 * 1024)
 GOAL_RATIO_20K = 0.7
 GOAL_CURVE_RATIO_20K = 0.6
 PRESIGNED_BYTES = 256 << 20
+CONNECT_TIMEOUT_S = 60  # node A's start (a fresh interpreter) and its connection, handshake included
 _NETWORK = "bench"
 _READY, _GO, _STOP = "ready", "go", "stop"  # from node A's process; to it, twice
 
@@ -131,7 +132,10 @@ def run_trio(size: int, count: int, verify_threads: int = 2, curve: bool = False
                 )
                 nursery.start_soon(inbound.run, handle)
                 nursery.start_soon(_watch, sender)
-                await _message(control)  # connected: the clock starts with the first frame signed
+                with trio.move_on_after(CONNECT_TIMEOUT_S) as connecting:
+                    await _message(control)  # connected: the clock starts with the first frame signed
+                if connecting.cancelled_caught:
+                    raise RuntimeError(f"the sending node did not connect within {CONNECT_TIMEOUT_S} s")
                 started = time.perf_counter()
                 control.send(_GO)
                 await done.wait()
@@ -163,20 +167,31 @@ def _receive_path(
     return Inbound(receiver, Decoder(_NETWORK), guard, gate, Metrics(), settings, _clock_us), connections
 
 
-def _send(control: Connection, pem: bytes, receiver_key: bytes, endpoint: str, peers_endpoint: str, **options) -> None:
+def _send(
+    control: Connection,
+    pem: bytes,
+    receiver_key: bytes,
+    endpoint: str,
+    peers_endpoint: str,
+    *,
+    size: int,
+    count: int,
+    settings: TransportSettings,
+    curve: bool,
+    presigned: bool,
+) -> None:
     """Node A, in its own process: connect to B as an admitted peer does, then on _GO sign and
     send `count` frames as the node does, then wait for _STOP (closing earlier could drop frames
     still queued)."""
-    identity, settings, size = Identity.from_pem(pem), options["settings"], options["size"]
-    count, body = options["count"], _body(size)
+    identity, body = Identity.from_pem(pem), _body(size)
 
     async def main() -> None:
-        sender = Transport(settings, 64 << 20, identity.curve_keypair() if options["curve"] else None)
+        sender = Transport(settings, 64 << 20, identity.curve_keypair() if curve else None)
         try:
             sender.dial(endpoint, receiver_key)
             sender.dial_peers(endpoint, peers_endpoint)
             encoder = Encoder(identity, _NETWORK)
-            signed = _signed(encoder, body, count) if options["presigned"] else None
+            signed = _signed(encoder, body, count) if presigned else None
             socket = sender.outbound_socket(endpoint)
             await _wait_connected(socket)
             control.send(_READY)
