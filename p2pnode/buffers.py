@@ -32,11 +32,12 @@ import trio
 
 from .memory import PAGE_BYTES, resident_bytes, trim_now
 
-__all__ = ["BufferEstimate", "GrowthAlarm", "bytes_received", "shut_down", "watch_buffers", "SHED"]
+__all__ = ["BufferEstimate", "GrowthAlarm", "bytes_received", "tcp_info", "shut_down", "watch_buffers", "SHED", "ENDED"]
 
 log = logging.getLogger("p2pnode.buffers")
 
 SHED = "shed_buffered"  # Metrics.connections: a connection shut down for what libzmq held for it
+ENDED = "shut_ended"  # Metrics.connections: a stranger's connection that ended, shut with its backlog
 
 # A connection: its descriptor and the peer it was accepted from. Descriptors are reused once
 # libzmq closes them; the pair names one TCP connection.
@@ -51,8 +52,10 @@ SCAN_SHARE = 0.02  # of one core, at most, spent reading the connections' counte
 POLL_S = 0.02  # how often the process's size is looked at
 GROWTH_TRIGGER = 4 << 20  # growth since the last check that calls for one at once
 
-# struct tcp_info (linux/tcp.h): tcpi_bytes_received is the u64 at this offset since Linux 4.1.
+# struct tcp_info (linux/tcp.h): tcpi_state is its first byte; tcpi_bytes_received the u64 at
+# this offset since Linux 4.1.
 _BYTES_RECEIVED_OFFSET = 128
+_TCP_CLOSE_WAIT = 8  # the other end sent its FIN: whatever is still queued is all that will come
 _TCP_INFO = getattr(socket, "TCP_INFO", None)
 
 
@@ -126,8 +129,9 @@ def _open(connection: Connection) -> socket.socket | None:
     return None
 
 
-def bytes_received(connection: Connection) -> int | None:
-    """The kernel's count of bytes the connection received; None if it is gone or not TCP."""
+def tcp_info(connection: Connection) -> tuple[int, bool] | None:
+    """The kernel's count of bytes the connection received, and whether its sender has ended
+    its stream; None if it is gone or not TCP."""
     if _TCP_INFO is None:
         return None
     wrapped = _open(connection)
@@ -141,7 +145,13 @@ def bytes_received(connection: Connection) -> int | None:
         wrapped.detach()
     if len(info) < _BYTES_RECEIVED_OFFSET + 8:
         return None
-    return struct.unpack_from("=Q", info, _BYTES_RECEIVED_OFFSET)[0]
+    return struct.unpack_from("=Q", info, _BYTES_RECEIVED_OFFSET)[0], info[0] == _TCP_CLOSE_WAIT
+
+
+def bytes_received(connection: Connection) -> int | None:
+    """The kernel's count of bytes the connection received; None if it is gone or not TCP."""
+    info = tcp_info(connection)
+    return None if info is None else info[0]
 
 
 def shut_down(connection: Connection) -> bool:
@@ -222,6 +232,18 @@ class GrowthWatch:
         self.baseline = resident_bytes()
 
 
+def _scan(connections: list[Connection], ended_too: bool) -> tuple[dict[Connection, int], list[Connection]]:
+    """Each connection's bytes received, and (if `ended_too`) those whose sender ended its stream."""
+    received, ended = {}, []
+    for connection in connections:
+        info = tcp_info(connection)
+        if info is not None:
+            received[connection] = info[0]
+            if ended_too and info[1]:
+                ended.append(connection)
+    return received, ended
+
+
 async def watch_buffers(
     connections: Callable[[], list[Connection]],
     read_so_far: Callable[[], tuple[int, int]],
@@ -230,11 +252,15 @@ async def watch_buffers(
     counts,
     socket: str = "inbound",
     alarm: GrowthAlarm | None = None,
+    *,
+    drop_ended: bool = False,
 ) -> None:
     """Every `interval_s`, and at once when `alarm` says the process grows fast, estimate what
     libzmq holds for the connections to one inbound socket (`socket` names it in the log) and
     shut down the pumps above `limit`; runs until cancelled. `read_so_far()`: (bytes, frames)
-    read from that socket."""
+    read from that socket. With `drop_ended`, a connection whose sender ended its stream is shut
+    down too: what it left queued would otherwise be read, at the socket's pace, long after the
+    sender left (a flooder that queued megabytes and exited)."""
     if _TCP_INFO is None:
         log.warning("no TCP_INFO on this platform: the bytes ZeroMQ holds are not bounded")
         return
@@ -253,13 +279,12 @@ async def watch_buffers(
         await trio.sleep_until(last + max(POLL_S, scan_s / SCAN_SHARE))
         now = trio.current_time()
         started = time.perf_counter()
-        received = {}
-        for connection in connections():
-            count = bytes_received(connection)
-            if count is not None:
-                received[connection] = count
+        received, ended = _scan(connections(), drop_ended)
         scan_s = time.perf_counter() - started
         shed = [c for c in estimate.update(received, *read_so_far(), now - last) if shut_down(c)]
+        for connection in ended:
+            if connection not in shed and shut_down(connection):
+                counts[ENDED] += 1
         for connection in shed:
             counts[SHED] += 1
             log.warning(
@@ -269,7 +294,7 @@ async def watch_buffers(
                 socket,
                 limit >> 20,
             )
-        if shed:
+        if shed or ended:
             await trio.sleep(POLL_S)  # libzmq drops the connections and frees their parts
             trim_now()  # those bytes were never read: the node's own trimming would not see them
         if growth is not None:

@@ -1,7 +1,7 @@
 """The receive path: read frames, judge each by its header and connection, check signatures off
 the event loop, then the replay guard, and hand each accepted envelope to the node, in order.
 
-    transport.receive ─► header check + gate (gate.py) ─► batches ─► verify threads (Decoder)
+    ingress.receive ─► header check + gate (gate.py) ─► batches ─► verify threads (Decoder)
         ─► in receive order: replay guard ─► handler
 
 Every stage is bounded: the public socket's reading pace (strangers' frames: `stranger_rate`,
@@ -15,7 +15,7 @@ follows it). Every refusal is counted by reason; none stops the loop.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 import trio
@@ -24,8 +24,9 @@ from protocol import Decoder, Envelope, ProtocolError, Reason, ReplayGuard, node
 
 from .config import TransportSettings
 from .gate import CHALLENGE_TYPES, PARK, Gate
+from .ingress import Ingress
 from .metrics import HANDSHAKE_FIRST, MULTIPART, UNKNOWN_PEER, Metrics
-from .transport import Transport
+from .zmqsetup import PEERS, PUBLIC
 
 __all__ = ["Inbound", "decode_all"]
 
@@ -62,7 +63,7 @@ class _Batch:
 class Inbound:
     def __init__(
         self,
-        transport: Transport,
+        ingress: Mapping[str, Ingress],
         decoder: Decoder,
         guard: ReplayGuard,
         gate: Gate,
@@ -70,7 +71,7 @@ class Inbound:
         settings: TransportSettings,
         clock_us: Callable[[], int],
     ) -> None:
-        self.transport, self.decoder, self.guard, self.gate = transport, decoder, guard, gate
+        self.ingress, self.decoder, self.guard, self.gate = ingress, decoder, guard, gate
         self.metrics, self.settings, self.clock_us = metrics, settings, clock_us
         self._replays_logged: dict[bytes, float] = {}  # sender -> when its last replay was logged
         self.verify_limiter = trio.CapacityLimiter(settings.verify_threads)
@@ -79,7 +80,7 @@ class Inbound:
     @property
     def in_flight(self) -> int:
         """Frames read and neither counted as received nor refused yet: being verified, waiting
-        for delivery, or parked by the gate. Every frame the transport read (its `messages_read`)
+        for delivery, or parked by the gate. Every frame the ingress read (its `messages_read`)
         is counted once it leaves here."""
         return self._pending + self.gate.parked_frames
 
@@ -90,8 +91,7 @@ class Inbound:
         to_deliver, deliver = trio.open_memory_channel[_Batch](queue + self.settings.verify_threads)
         async with trio.open_nursery() as nursery, to_verify, verify, to_deliver, deliver:
             nursery.start_soon(self._read, to_verify.clone(), to_deliver.clone(), False)
-            if self.transport.peers_inbound is not None:
-                nursery.start_soon(self._read, to_verify.clone(), to_deliver.clone(), True)
+            nursery.start_soon(self._read, to_verify.clone(), to_deliver.clone(), True)
             for _ in range(self.settings.verify_threads):
                 nursery.start_soon(self._verify, verify.clone())
             nursery.start_soon(self._deliver, deliver.clone(), handle)
@@ -105,8 +105,8 @@ class Inbound:
             while True:
                 if not peers:  # strangers' frames: no faster than their budget (gate.py)
                     await trio.sleep(self.gate.stranger_reads.wait_s(trio.current_time()))
-                messages = await self.transport.receive(
-                    self.settings.verify_batch, self.settings.verify_batch_bytes, peers=peers
+                messages = await self.ingress[PEERS if peers else PUBLIC].receive(
+                    self.settings.verify_batch, self.settings.verify_batch_bytes
                 )
                 batch = self._admit(messages, trio.current_time(), peers)
                 if batch.frames:

@@ -45,13 +45,13 @@ from protocol.curve import curve_public_from_ed25519, ed25519_y, ed25519_y_of_cu
 
 from . import signing
 from .beacon import run_beacon
-from .buffers import GrowthAlarm, watch_buffers
 from .checkpoint import CHECKPOINT_NAME
 from .config import Config
 from .control import serve_control
 from .files import describe_os_error
 from .gate import Gate
 from .inbound import Inbound, decode_all
+from .ingress import BindError, Ingress, Standby
 from .learning import (
     LearningSetupError,
     Network,
@@ -66,7 +66,7 @@ from .metrics import NOT_LEARNING, UNKNOWN_PEER, Metrics
 from .peers import Action, Admitted, Dial, DialPeers, Evicted, Hangup, Membership, Send, SendHello, Unreachable
 from .state import DataDir, DataDirError
 from .transport import MissingKey, Transport, TransportError
-from .zap import PEERS, PUBLIC, Connections, serve_zap
+from .zap import PEERS, PUBLIC, Connections
 
 __all__ = ["Node", "NodeStartError", "wall_clock_us"]
 
@@ -138,8 +138,11 @@ class Node:
         self.connections = Connections(
             config.security, self.metrics.connections, self.peer_transport_keys.__contains__, self._is_verifying
         )
+        # The inbound sockets, each in a process of its own, with one standby for both (ingress.py).
+        self.standby = Standby(1 if config.transport.ingress_standby else 0)
+        self.ingress = self._inbound_sockets(curve)
         self.inbound = Inbound(
-            self.transport, self.decoder, self.guard, self.gate, self.metrics, config.transport, clock_us
+            self.ingress, self.decoder, self.guard, self.gate, self.metrics, config.transport, clock_us
         )
         self.membership: Membership | None = None
         self.address: str | None = None  # what peers dial: [node].advertise, or the bound endpoint
@@ -161,6 +164,25 @@ class Node:
         self._started_at = 0.0
         self._labels = labels_capability(config.data.class_names if config.data.path else ())
         self._other_labels: set[str] = set()  # peers already warned about: same algorithm, other classes
+
+    def _inbound_sockets(self, curve: tuple[bytes, bytes] | None) -> dict[str, Ingress]:
+        config, bounds = (
+            self.config,
+            {PUBLIC: self.config.limits.max_public_frame_bytes, PEERS: self.decoder.limits.max_frame_bytes},
+        )
+        return {
+            name: Ingress(
+                name,
+                config.transport,
+                bound,
+                curve,
+                self.connections,
+                self.metrics.connections,
+                config.log.level,
+                self.standby,
+            )
+            for name, bound in bounds.items()
+        }
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -185,14 +207,15 @@ class Node:
         with self._locked_data_dir() as data_dir:
             self._counter = self._start_sequence(data_dir)
             try:
+                await self.standby.fill(2)  # both start at once: a node is up in the time of one
                 try:
-                    endpoint = self.transport.bind(config.node.listen)
-                except TransportError as exc:
-                    raise NodeStartError(f"[node].listen: {exc}") from None
-                try:
-                    peers_endpoint = self.transport.bind_peers(config.node.peer_listen or _any_port(config.node.listen))
-                except TransportError as exc:
-                    raise NodeStartError(f"[node].peer_listen: {exc}") from None
+                    endpoint = await self.ingress[PUBLIC].start(config.node.listen)
+                    peers_endpoint = await self.ingress[PEERS].start(
+                        config.node.peer_listen or _any_port(config.node.listen)
+                    )
+                except BindError as exc:
+                    setting = "listen" if exc.socket == PUBLIC else "peer_listen"
+                    raise NodeStartError(f"[node].{setting}: {exc}") from None
                 self.address = config.node.advertise or endpoint
                 self.peer_port = config.node.peer_advertise_port or int(peers_endpoint.rsplit(":", 1)[1])
                 self._started_at = trio.current_time()
@@ -202,12 +225,11 @@ class Node:
                 self.membership.set_own_hello(self._hello_frame())
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
-                    monitors = {socket: monitor for socket, (_, monitor) in self.transport.monitors.items()}
-                    nursery.start_soon(serve_zap, self.transport.zap, monitors, self.connections)
+                    for ingress in self.ingress.values():
+                        nursery.start_soon(ingress.supervise)
                     if await self._start_services(nursery):
                         nursery.start_soon(self.inbound.run, self._handle)
                         nursery.start_soon(self._maintain)
-                        nursery.start_soon(self._watch_buffers)
                         if config.beacon.enabled:
                             nursery.start_soon(self._beacon)
                         if config.algorithm.name != "none":
@@ -230,6 +252,8 @@ class Node:
                     if self.membership is not None and self.address is not None:
                         self._execute(self.membership.goodbye())
                     await self.transport.close()
+                    for ingress in self.ingress.values():
+                        await ingress.close()
                 log.info("node %s stopped", self.identity.node_id)
 
     async def _start_services(self, nursery: trio.Nursery) -> bool:
@@ -574,27 +598,6 @@ class Node:
 
     # --- periodic work -------------------------------------------------------------------
 
-    async def _watch_buffers(self) -> None:
-        """A bound on what ZeroMQ holds per inbound socket (buffers.py): tight on the public one,
-        where strangers connect and frames are small; room for models on the peers' one."""
-        transport = self.config.transport
-        bounds = {PUBLIC: transport.max_public_buffered_bytes, PEERS: transport.max_peers_buffered_bytes}
-        with GrowthAlarm(transport.growth_check_ms / 1000) as alarm:
-            async with trio.open_nursery() as nursery:
-                for socket, limit in bounds.items():
-                    nursery.start_soon(
-                        functools.partial(
-                            watch_buffers,
-                            functools.partial(self.connections.live, socket),
-                            functools.partial(self.transport.read_so_far, socket),
-                            limit,
-                            transport.buffer_check_ms / 1000,
-                            self.metrics.connections,
-                            socket,
-                            alarm,
-                        )
-                    )
-
     async def _maintain(self) -> None:
         """Discovery's timed work (Membership.tick), HELLO refresh and heap trimming. It sleeps
         until Membership says work is due, at most MAINTAIN_MAX_SLEEP_S, and is woken sooner
@@ -650,8 +653,8 @@ class Node:
             "public_key": self.identity.public_key.hex(),
             "network": self.config.node.network,
             "address": self.address,
-            "listen": self.transport.endpoint,
-            "peers_listen": self.transport.peers_endpoint,
+            "listen": self.ingress[PUBLIC].endpoint,
+            "peers_listen": self.ingress[PEERS].endpoint,
             "peer_port": self.peer_port,
             "pid": os.getpid(),
             "uptime_s": round(now - self._started_at, 3),
@@ -667,6 +670,7 @@ class Node:
             "learning": None if self.driver is None else self.driver.status(),
             "metrics_port": self.metrics_port,
             "state_write_failures": self.metrics.state_write_failures,
+            "ingress": {name: ingress.status() for name, ingress in self.ingress.items()},
             **process_memory(),  # rss_mb, peak_rss_mb
             "cpu_s": round(time.process_time(), 3),  # user + system, all threads, since it started
         }

@@ -46,6 +46,17 @@ def _learning_lines(learning: dict, own_id: str) -> list[str]:
     return lines
 
 
+def _ingress_line(ingress: dict) -> str:
+    """The inbound sockets' processes (ingress.py): up or not, and how often they were restarted."""
+    parts = []
+    for name, process in ingress.items():
+        state = f"pid {process['pid']}" if process["up"] else "down"
+        last = process["exits"][-1]["how"] if process["exits"] else None
+        restarts = f", {process['restarts']} restarts (last: {last})" if process["restarts"] else ""
+        parts.append(f"{name} {state}{restarts}")
+    return "inbound sockets: " + "; ".join(parts)
+
+
 def format_status(status: dict) -> str:
     lines = [
         f"node {status['node_id']}  {status['address']}  network {status['network']}  "
@@ -53,6 +64,8 @@ def format_status(status: dict) -> str:
         f"peers {status['peer_count']}/{status['max_peers']}"
         + (f"  dialing {len(status['dialing'])}" if status["dialing"] else ""),
     ]
+    if "ingress" in status:  # older nodes have no ingress processes
+        lines.insert(1, _ingress_line(status["ingress"]))
     if status["peers"]:
         lines.append(f"  {'node id':<18}{'address':<28}{'last seen':>10}{'rtt':>10}")
         for peer in status["peers"]:

@@ -1,4 +1,5 @@
-"""ZeroMQ sockets of one node: two inbound ROUTERs, and outbound DEALERs per peer address.
+"""ZeroMQ sockets of one node: outbound DEALERs per peer address here, two inbound ROUTERs in
+the ingress process (ingress.py).
 
 Frames flow one way on each connection: a node sends only on its DEALERs and receives only on
 its ROUTERs, so each pair of peers holds its own connections and neither side ever waits on the
@@ -22,8 +23,10 @@ server key is derived from the Ed25519 key expected at the address, so only that
 completes the handshake; a dial without a key is refused (no plaintext fallback). In both modes
 the ROUTERs ask the ZAP handler (zap.py) about every inbound connection.
 
-All socket options are set before bind/connect (ZMQ_MAXMSGSIZE set later does not apply). Every
-call happens on the trio thread: ZeroMQ sockets are not thread-safe.
+The ROUTERs run in a child process of their own, so that libzmq's abort on a crafted connection
+(ingress.py) ends that process, not the node. All socket options are set before bind/connect
+(ZMQ_MAXMSGSIZE set later does not apply). Every call happens on the trio thread: ZeroMQ sockets
+are not thread-safe.
 """
 
 from __future__ import annotations
@@ -37,8 +40,7 @@ import zmq
 from protocol.curve import curve_public_from_ed25519
 
 from .config import TransportSettings
-from .zap import DOMAINS, PEERS, PUBLIC, close_zap, open_zap, unwatch, watch
-from .zmqtrio import receive_routed
+from .zmqsetup import set_liveness
 
 __all__ = ["Transport", "TransportError", "MissingKey"]
 
@@ -77,81 +79,19 @@ class Transport:
         max_public_frame_bytes: int | None = None,
     ) -> None:
         """`curve`: this node's X25519 (secret, public) key pair (Identity.curve_keypair) to
-        encrypt every connection with; None: plaintext. `max_public_frame_bytes`: the public
-        socket's bound (default `max_frame_bytes`: one socket is enough, `bind_peers` optional)."""
+        encrypt every connection with; None: plaintext. `max_public_frame_bytes`: the bound of
+        the public socket at the other end (default `max_frame_bytes`)."""
         self.settings = settings
         self.max_frame_bytes = max_frame_bytes
         self.max_public_frame_bytes = max_public_frame_bytes or max_frame_bytes
         self.curve = curve
         self.context: zmq.Context | None = None  # created on first use: nothing to clean up before
-        self.inbound: zmq.Socket | None = None  # the public socket
-        self.peers_inbound: zmq.Socket | None = None
-        self.zap: zmq.Socket | None = None  # the ZAP handler's socket (zap.py)
-        # PUBLIC or PEERS -> (its ROUTER, the ROUTER's monitor) (zap.py)
-        self.monitors: dict[str, tuple[zmq.Socket, zmq.Socket]] = {}
         self.outbound: dict[str, _Outbound] = {}  # public address -> its DEALERs
-        self.endpoint: str | None = None
-        self.peers_endpoint: str | None = None
-        # What each inbound socket delivered so far, routing ids aside: [bytes, parts].
-        # buffers.py subtracts it from what arrived to estimate what libzmq holds.
-        self.read: dict[str, list[int]] = {PUBLIC: [0, 0], PEERS: [0, 0]}
-        self.messages_read = {PUBLIC: 0, PEERS: 0}  # each counted by the node as taken or refused
 
     def _context(self) -> zmq.Context:
         if self.context is None:
             self.context = zmq.Context(io_threads=1)
         return self.context
-
-    def _liveness(self, socket: zmq.Socket) -> None:
-        """Dead connections are found by TCP keepalive, not ZMTP heartbeats: libzmq 4.3 aborts
-        the process when a heartbeat falls due on a connection that broke while its receive
-        queue was full (stream_engine_base.cpp `!_io_error`; libzmq issues 3937, 4364, 4767),
-        and the public socket's queues fill by design. A frozen peer is the node's business: its
-        PINGs go unanswered and it is evicted (peers.py)."""
-        s = self.settings
-        socket.setsockopt(zmq.HANDSHAKE_IVL, s.handshake_ivl_ms)
-        if s.keepalive_s:
-            socket.setsockopt(zmq.TCP_KEEPALIVE, 1)
-            socket.setsockopt(zmq.TCP_KEEPALIVE_IDLE, s.keepalive_s)
-            socket.setsockopt(zmq.TCP_KEEPALIVE_INTVL, max(1, s.keepalive_s // 3))
-            socket.setsockopt(zmq.TCP_KEEPALIVE_CNT, 3)
-
-    def bind(self, endpoint: str) -> str:
-        """Open the public socket; returns the endpoint actually bound (port 0 resolved)."""
-        self.inbound = self._bind(endpoint, self.max_public_frame_bytes, self.settings.public_recv_hwm, PUBLIC)
-        self.endpoint = self.inbound.getsockopt_string(zmq.LAST_ENDPOINT)
-        return self.endpoint
-
-    def bind_peers(self, endpoint: str) -> str:
-        """Open the peers' socket (after `bind`); returns the endpoint actually bound."""
-        self.peers_inbound = self._bind(endpoint, self.max_frame_bytes, self.settings.recv_hwm, PEERS)
-        self.peers_endpoint = self.peers_inbound.getsockopt_string(zmq.LAST_ENDPOINT)
-        return self.peers_endpoint
-
-    def _bind(self, endpoint: str, max_frame_bytes: int, recv_hwm: int, name: str) -> zmq.Socket:
-        context = self._context()
-        socket = context.socket(zmq.ROUTER)
-        socket.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes + CURVE_SLACK)
-        socket.setsockopt(zmq.RCVHWM, recv_hwm)
-        socket.setsockopt(zmq.SNDHWM, 1)  # never sends
-        socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # were it to send, unknown peers raise, not vanish
-        socket.setsockopt(zmq.LINGER, 0)
-        self._liveness(socket)
-        if self.curve is not None:
-            socket.setsockopt(zmq.CURVE_SERVER, 1)
-            socket.setsockopt(zmq.CURVE_SECRETKEY, self.curve[0])
-            socket.setsockopt(zmq.CURVE_PUBLICKEY, self.curve[1])
-        if self.zap is None:
-            self.zap = open_zap(context)
-        monitor = watch(context, socket, DOMAINS[name])
-        try:
-            socket.bind(endpoint)
-        except zmq.ZMQError as exc:
-            unwatch(socket, monitor)
-            socket.close(linger=0)
-            raise TransportError(f"cannot bind {endpoint}: {exc.strerror}") from None
-        self.monitors[name] = (socket, monitor)
-        return socket
 
     def dial(self, address: str, key: bytes | None = None) -> None:
         """Open the outbound socket to `address`, where the Ed25519 `key` is expected, if not
@@ -197,7 +137,7 @@ class Transport:
         socket.setsockopt(zmq.RECONNECT_IVL_MAX, s.reconnect_ivl_max_ms)
         socket.setsockopt(zmq.RCVHWM, 1)
         socket.setsockopt(zmq.MAXMSGSIZE, _OUTBOUND_MAX_INBOUND_BYTES)
-        self._liveness(socket)
+        set_liveness(socket, s.handshake_ivl_ms, s.keepalive_s)
         if server_key is not None:
             socket.setsockopt(zmq.CURVE_SECRETKEY, self.curve[0])
             socket.setsockopt(zmq.CURVE_PUBLICKEY, self.curve[1])
@@ -257,26 +197,6 @@ class Transport:
         if entry.peers_address is not None and time.monotonic() - entry.peers_took_at >= PEERS_REDIAL_S:
             self._open_peers(entry, entry.peers_address)
 
-    async def receive(self, max_messages: int, max_bytes: int, *, peers: bool = False) -> list[list]:
-        """Wait for inbound messages on the public socket (or the peers' one); each is [routing
-        id (bytes), frame, ...more parts if malformed], the frames as zmq.Frame objects:
-        `frame.get("Peer-Address")` tells where a connection comes from."""
-        socket = self.peers_inbound if peers else self.inbound
-        assert socket is not None, "bind() first"
-        batch = await receive_routed(socket, max_messages, max_bytes)
-        name = PEERS if peers else PUBLIC
-        read = self.read[name]
-        self.messages_read[name] += len(batch)
-        for message in batch:
-            read[0] += len(message[1]) if len(message) == 2 else sum(map(len, message[1:]))
-            read[1] += len(message) - 1
-        return batch
-
-    def read_so_far(self, socket: str) -> tuple[int, int]:
-        """(bytes, parts) an inbound socket (PUBLIC, PEERS) delivered so far, routing ids aside."""
-        read_bytes, parts = self.read[socket]
-        return read_bytes, parts  # a copy: the counters go on
-
     async def close(self) -> None:
         """Close every socket; outbound frames already queued (a BYE) get up to linger_ms."""
         for address in list(self.outbound):
@@ -284,18 +204,6 @@ class Transport:
             for socket in (entry.socket, entry.peers):
                 if socket is not None:
                     socket.close()  # keeps each socket's LINGER
-        for router, monitor in self.monitors.values():
-            unwatch(router, monitor)
-        self.monitors = {}
-        if self.zap is not None:
-            close_zap(self.zap)
-            self.zap = None
-        for name in ("inbound", "peers_inbound"):
-            socket = getattr(self, name)
-            if socket is not None:
-                trio.lowlevel.notify_closing(socket.getsockopt(zmq.FD))  # wakes a waiting receiver
-                socket.close(linger=0)
-                setattr(self, name, None)
         if self.context is not None:
             with trio.CancelScope(shield=True):
                 # term() returns once queued frames are out or LINGER expired: bounded by linger_ms.

@@ -29,65 +29,24 @@ stay exact. Every event and decision is counted in `Metrics.connections`.
 
 from __future__ import annotations
 
-import os
-import socket as pysocket
-import struct
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
-import trio
 import zmq
 
 from protocol.curve import curve_public_from_ed25519
 
 from .config import SecuritySettings
-from .zmqtrio import receive_batch
+from .zmqsetup import DOMAINS, FAILED_EVENTS, PEERS, PEERS_DOMAIN, PUBLIC, ZAP_DOMAIN
 
 __all__ = [
     "Connections",
-    "open_zap",
-    "close_zap",
-    "watch",
-    "unwatch",
-    "serve_zap",
     "ZAP_DOMAIN",
     "PEERS_DOMAIN",
     "PUBLIC",
     "PEERS",
     "DOMAINS",
 ]
-
-ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # fixed by the ZAP specification (RFC 27)
-ZAP_DOMAIN = b"p2pnode"  # the public socket
-PEERS_DOMAIN = b"p2pnode-peers"  # the peers' socket: with CURVE, admitted peers' keys only
-PUBLIC, PEERS = "public", "peers"  # the inbound sockets (transport.py)
-DOMAINS = {PUBLIC: ZAP_DOMAIN, PEERS: PEERS_DOMAIN}
-MONITOR_QUEUE = 10_000  # monitor events held for the handler before libzmq's I/O thread waits
-_MONITOR_HEADER = struct.Struct("=hi")  # a monitor message's first frame: event id, value (libzmq)
-_FAILED = {
-    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
-    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
-    zmq.EVENT_HANDSHAKE_FAILED_AUTH,
-}
-_EVENTS = (
-    zmq.EVENT_ACCEPTED
-    | zmq.EVENT_DISCONNECTED
-    | zmq.EVENT_HANDSHAKE_SUCCEEDED
-    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-)
-
-
-def remote_peer(fd: int) -> tuple | None:
-    """The (address, port, ...) at the other end of a connection's descriptor; None once it is
-    gone or for a connection that is not over IP."""
-    try:
-        with pysocket.socket(fileno=os.dup(fd)) as connection:
-            peer = connection.getpeername()
-    except (OSError, TypeError):
-        return None
-    return peer if isinstance(peer, tuple) else None
 
 
 class Connections:
@@ -106,37 +65,38 @@ class Connections:
         self.allowed: frozenset[bytes] | None = None
         if settings.curve and settings.allowlist is not None:
             self.allowed = frozenset(_curve_keys(settings.allowlist))
-        self.by_fd: dict[int, str] = {}
+        # (inbound socket, descriptor) -> the source address of a live connection
+        self.by_fd: dict[tuple[str, int], str] = {}
         self.by_address: Counter[str] = Counter()
-        # fd -> (its remote end, naming the TCP connection; the inbound socket it came to)
-        self.tcp: dict[int, tuple[tuple, str]] = {}
 
-    def live(self, socket: str) -> list[tuple[int, tuple]]:
-        """The live TCP connections to one inbound socket as (descriptor, remote end): what
-        buffers.py watches."""
-        return [(fd, peer) for fd, (peer, came_to) in self.tcp.items() if came_to == socket]
-
-    def on_event(self, event: int, fd: int, socket: str = PUBLIC) -> None:
+    def on_event(self, event: int, fd: int, address: str | None, socket: str = PUBLIC) -> None:
+        """One monitor event of an inbound socket; `address`: the source address of an accepted
+        connection ("?" if unknown), looked up where the descriptor lives (ingress_process.py)."""
         if event == zmq.EVENT_ACCEPTED:
-            peer = remote_peer(fd)
-            address = "?" if peer is None else peer[0]
-            if peer is not None:
-                self.tcp[fd] = (peer, socket)
-            self.by_fd[fd] = address
+            address = address or "?"
+            self.by_fd[socket, fd] = address
             self.by_address[address] += 1
             self.counts["accepted"] += 1
         elif event == zmq.EVENT_DISCONNECTED:
             self.counts["disconnected"] += 1
-            self.tcp.pop(fd, None)
-            address = self.by_fd.pop(fd, None)
+            address = self.by_fd.pop((socket, fd), None)
             if address is not None:
                 self.by_address[address] -= 1
                 if not self.by_address[address]:
                     del self.by_address[address]
         elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             self.counts["handshake_succeeded"] += 1
-        elif event in _FAILED:
+        elif event in FAILED_EVENTS:
             self.counts["handshake_failed"] += 1
+
+    def forget_all(self, socket: str) -> None:
+        """Every connection to one inbound socket is gone at once: the ingress process that held
+        them ended."""
+        for key in [key for key in self.by_fd if key[0] == socket]:
+            address = self.by_fd.pop(key)
+            self.by_address[address] -= 1
+            if not self.by_address[address]:
+                del self.by_address[address]
 
     def decide(
         self, address: str, mechanism: bytes, credentials: list[bytes], domain: bytes = ZAP_DOMAIN
@@ -181,75 +141,3 @@ def _curve_keys(keys) -> list[bytes]:
         except ValueError:
             pass  # a listed key with no transport key can never connect
     return derived
-
-
-def open_zap(context: zmq.Context) -> zmq.Socket:
-    """The handler's socket, for every socket of `context` that has a ZAP domain."""
-    zap = context.socket(zmq.REP)
-    zap.setsockopt(zmq.LINGER, 0)
-    zap.bind(ZAP_ENDPOINT)
-    return zap
-
-
-def watch(context: zmq.Context, router: zmq.Socket, domain: bytes) -> zmq.Socket:
-    """Before `router` binds: its ZAP domain, and a monitor of its connections."""
-    router.setsockopt(zmq.ZAP_DOMAIN, domain)
-    endpoint = f"inproc://p2pnode.monitor.{id(router)}"
-    router.monitor(endpoint, _EVENTS)
-    monitor = context.socket(zmq.PAIR)
-    monitor.setsockopt(zmq.LINGER, 0)
-    monitor.setsockopt(zmq.RCVHWM, MONITOR_QUEUE)
-    monitor.connect(endpoint)
-    return monitor
-
-
-def unwatch(router: zmq.Socket, monitor: zmq.Socket) -> None:
-    """Stop monitoring (after reading what is queued, so libzmq's I/O thread is not left waiting)."""
-    _drain(monitor, None, PUBLIC)
-    router.disable_monitor()
-    _close(monitor)
-
-
-def close_zap(zap: zmq.Socket) -> None:
-    _close(zap)
-
-
-def _close(socket: zmq.Socket) -> None:
-    trio.lowlevel.notify_closing(socket.getsockopt(zmq.FD))  # wakes a task still waiting
-    socket.close(linger=0)
-
-
-def _monitor_event(parts: list[bytes]) -> tuple[int, int]:
-    """A monitor message: (event, value: the fd for ACCEPTED and DISCONNECTED). Read here, not
-    with zmq.utils.monitor, which imports asyncio (1.5 MB in every daemon) to offer a coroutine."""
-    if len(parts) != 2 or len(parts[0]) != _MONITOR_HEADER.size:
-        raise RuntimeError(f"invalid monitor message: {parts!r}")
-    return _MONITOR_HEADER.unpack(parts[0])
-
-
-def _drain(monitor: zmq.Socket, connections: Connections | None, socket: str) -> None:
-    while True:
-        try:
-            parts = monitor.recv_multipart(zmq.NOBLOCK)
-        except zmq.Again:
-            return
-        if connections is not None:
-            connections.on_event(*_monitor_event(parts), socket)
-
-
-async def serve_zap(zap: zmq.Socket, monitors: Mapping[str, zmq.Socket], connections: Connections) -> None:
-    """Answer ZAP requests and follow the monitors' events (by inbound socket) until cancelled."""
-    async with trio.open_nursery() as nursery:
-        for socket, monitor in monitors.items():
-            nursery.start_soon(_follow, monitor, connections, socket)
-        while True:
-            for request in await receive_batch(zap, 1):  # REP: one request, then its reply
-                for socket, monitor in monitors.items():
-                    _drain(monitor, connections, socket)  # this connection's ACCEPTED is among them
-                zap.send_multipart(connections.reply(request), zmq.NOBLOCK)
-
-
-async def _follow(monitor: zmq.Socket, connections: Connections, socket: str) -> None:
-    while True:
-        for parts in await receive_batch(monitor, 256):
-            connections.on_event(*_monitor_event(parts), socket)

@@ -14,7 +14,7 @@ from p2pnode.zap import PUBLIC
 from testnet.cluster import Cluster
 
 from ..daemon import full_mesh, start_chain, wait_until
-from .attacker import rss_mb, run_attack, run_attack_measuring_rss
+from .attacker import node_rss_mb, run_attack, run_attack_measuring_rss
 
 
 async def _status_latencies(node, until: trio.Event, into: list[float]) -> None:
@@ -32,7 +32,7 @@ def _counted(node) -> int:
 
 
 def _read(node) -> int:
-    return sum(node.transport.messages_read.values())
+    return sum(ingress.messages_read for ingress in node.ingress.values())
 
 
 def _public_read_bound(node, seconds: float) -> float:
@@ -46,21 +46,21 @@ async def test_a_garbage_flood_at_full_rate_leaves_status_answering_and_every_fr
     async with trio.open_nursery() as nursery:
         a, b = await start_chain(nursery, tmp_path, 2)
         await wait_until(lambda: full_mesh([a, b]), timeout=10)
-        rss_before = rss_mb()
+        rss_before = node_rss_mb(a)
         latencies = []
         # A frame read but still being verified is counted later: its place is in `in_flight`.
-        counted, read, public = _counted(a) + a.inbound.in_flight, _read(a), a.transport.messages_read[PUBLIC]
+        counted, read, public = _counted(a) + a.inbound.in_flight, _read(a), a.ingress[PUBLIC].messages_read
         pings = a.metrics.messages_in["PING"]
         started = trio.current_time()
         async with trio.open_nursery() as watching:
             flood_done = trio.Event()
             watching.start_soon(_status_latencies, a, flood_done, latencies)
             flood = await run_attack("--target", a.address, "--kind", "garbage", "--seconds", "5")
-            peak = rss_mb()
+            peak = node_rss_mb(a)
             flood_done.set()
         # The public socket was read no faster than the strangers' budget: the flood backed up
         # into the attacker's own queue, whose sends then waited (`blocked`: a second each).
-        public_read = a.transport.messages_read[PUBLIC] - public
+        public_read = a.ingress[PUBLIC].messages_read - public
         assert 0 < public_read <= _public_read_bound(a, trio.current_time() - started)
         assert flood["blocked"] > 0 and flood["sent"] > 2 * public_read
         # Every message the node read is counted (or still being verified): none is lost unseen.
@@ -75,7 +75,7 @@ async def test_a_garbage_flood_at_full_rate_leaves_status_answering_and_every_fr
         assert full_mesh([a, b]) and not any(key.startswith("evicted") for key in a.membership.counts)
         assert peak - rss_before < 50, f"RSS grew {peak - rss_before:.0f} MB during the flood"
         # The node gives freed heap pages back after a burst (p2pnode/memory.py).
-        await wait_until(lambda: rss_mb() - rss_before < 20, timeout=10, interval=0.5)
+        await wait_until(lambda: node_rss_mb(a) - rss_before < 20, timeout=10, interval=0.5)
         a.request_stop()
         b.request_stop()
 
@@ -89,12 +89,12 @@ async def test_strangers_flooding_signed_frames_over_many_connections_are_bounde
         a, b = await start_chain(nursery, tmp_path, 2, security={"max_connections_per_address": 64})
         await wait_until(lambda: full_mesh([a, b]) and a.membership.peers[b.identity.public_key].rtt_s, timeout=10)
         # A frame read but still being verified is counted later: its place is in `in_flight`.
-        counted, read, public = _counted(a) + a.inbound.in_flight, _read(a), a.transport.messages_read[PUBLIC]
+        counted, read, public = _counted(a) + a.inbound.in_flight, _read(a), a.ingress[PUBLIC].messages_read
         pings = a.metrics.messages_in["PING"]
         started = trio.current_time()
         args = ("--kind", "strangers", "--connections", "50", "--rate", "10000", "--seconds", "4")
         flood = await run_attack("--target", a.address, *args)
-        public_read = a.transport.messages_read[PUBLIC] - public
+        public_read = a.ingress[PUBLIC].messages_read - public
         assert 0 < public_read <= _public_read_bound(a, trio.current_time() - started) < flood["sent"] / 2
         assert _counted(a) - counted + a.inbound.in_flight == _read(a) - read
         assert a.metrics.rejections["stranger_rate_limited"] > 0
@@ -114,16 +114,16 @@ async def test_a_multipart_message_never_finished_is_cut_off_before_zeromq_holds
     async with trio.open_nursery() as nursery:
         a, b = await start_chain(nursery, tmp_path, 2, security={"curve": False})
         await wait_until(lambda: full_mesh([a, b]), timeout=10)
-        rss_before = rss_mb()
+        rss_before = node_rss_mb(a)
         bomb, growth = await run_attack_measuring_rss(
-            "--target", a.address, "--kind", "unfinished", "--bytes", str(200 << 20), "--seconds", "3"
+            a, "--target", a.address, "--kind", "unfinished", "--bytes", str(200 << 20), "--seconds", "3"
         )
         assert bomb["reset"], f"the connection was never cut off: {bomb}"
         assert bomb["bytes"] < 100 << 20, f"{bomb['bytes'] >> 20} MB went in before the cut"
         assert a.metrics.connections["shed_buffered"] >= 1
         assert growth < 50, f"RSS grew {growth:.0f} MB during the attack"
         assert full_mesh([a, b]) and not any(key.startswith("evicted") for key in a.membership.counts)
-        await wait_until(lambda: rss_mb() - rss_before < 20, timeout=10, interval=0.5)
+        await wait_until(lambda: node_rss_mb(a) - rss_before < 20, timeout=10, interval=0.5)
         a.request_stop()
         b.request_stop()
 

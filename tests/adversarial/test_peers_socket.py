@@ -20,7 +20,7 @@ async def test_frames_over_the_public_bound_travel_on_the_peers_socket(tmp_path)
     async with trio.open_nursery() as nursery:
         a, b = await start_chain(nursery, tmp_path, 2, security=CURVE, limits=SMALL_PUBLIC)
         await wait_until(lambda: full_mesh([a, b]), timeout=10)
-        peers_port = int(b.transport.peers_endpoint.rsplit(":", 1)[1])
+        peers_port = int(b.ingress[PEERS].endpoint.rsplit(":", 1)[1])
         assert a.membership.peers[b.identity.public_key].peer_port == b.peer_port == peers_port
         big = Model(kind="params", tensors={"w": np.ones(20_000, np.float32)})  # ~80 KB
         # The connection to b's peers' socket opens once b is admitted; give it a moment.
@@ -50,13 +50,13 @@ async def test_admitted_peers_send_everything_but_hello_on_the_peers_socket(tmp_
     async with trio.open_nursery() as nursery:
         a, b = await start_chain(nursery, tmp_path, 2, security=CURVE)
         await wait_until(lambda: full_mesh([a, b]), timeout=10)
-        await wait_until(lambda: a.transport.messages_read[PEERS] > 0, timeout=5)
-        public, peers = a.transport.messages_read[PUBLIC], a.transport.messages_read[PEERS]
+        await wait_until(lambda: a.ingress[PEERS].messages_read > 0, timeout=5)
+        public, peers = a.ingress[PUBLIC].messages_read, a.ingress[PEERS].messages_read
         hellos, pings = a.metrics.messages_in["HELLO"], a.metrics.messages_in["PING"]
         await trio.sleep(2.0)  # b pings every 0.2 s here
         assert a.metrics.messages_in["PING"] - pings >= 5
-        assert a.transport.messages_read[PEERS] - peers >= a.metrics.messages_in["PING"] - pings
-        assert a.transport.messages_read[PUBLIC] - public == a.metrics.messages_in["HELLO"] - hellos
+        assert a.ingress[PEERS].messages_read - peers >= a.metrics.messages_in["PING"] - pings
+        assert a.ingress[PUBLIC].messages_read - public == a.metrics.messages_in["HELLO"] - hellos
         for node in (a, b):
             node.request_stop()
 
@@ -64,7 +64,7 @@ async def test_admitted_peers_send_everything_but_hello_on_the_peers_socket(tmp_
 async def test_a_stranger_cannot_connect_to_the_peers_socket_with_curve(tmp_path):
     async with trio.open_nursery() as nursery:
         (a,) = await start_chain(nursery, tmp_path, 1, security=CURVE)
-        attacker = Attacker(a.transport.peers_endpoint, curve=(Identity.generate(), a.identity.public_key))
+        attacker = Attacker(a.ingress[PEERS].endpoint, curve=(Identity.generate(), a.identity.public_key))
         try:
             await wait_until(lambda: a.metrics.connections["zap_denied_not_peer"] >= 1, timeout=5)
         finally:
@@ -77,7 +77,7 @@ async def test_without_curve_a_strangers_frames_on_the_peers_socket_are_refused_
     async with trio.open_nursery() as nursery:
         (a,) = await start_chain(nursery, tmp_path, 1, security={"curve": False})
         mallory = Stranger()
-        attacker = Attacker(a.transport.peers_endpoint)
+        attacker = Attacker(a.ingress[PEERS].endpoint)
         try:
             await attacker.send(mallory.hello("tcp://127.0.0.1:9"))
             await wait_until(lambda: a.metrics.rejections.get("unknown_peer", 0) >= 1, timeout=5)
@@ -94,7 +94,7 @@ async def test_large_frames_from_a_stranger_are_cut_off_by_the_public_bound_befo
         a, b = await start_chain(nursery, tmp_path, 2, security={"curve": False})
         await wait_until(lambda: full_mesh([a, b]), timeout=10)
         flood, growth = await run_attack_measuring_rss(
-            "--target", a.address, "--kind", "garbage", "--sizes", str(10 << 20), "--seconds", "3"
+            a, "--target", a.address, "--kind", "garbage", "--sizes", str(10 << 20), "--seconds", "3"
         )
         assert flood["sent"] >= 10
         assert a.metrics.connections["disconnected"] >= 1  # cut off, and counted
@@ -130,7 +130,7 @@ async def test_a_peer_that_dropped_us_unnoticed_answers_its_challenge_on_the_pee
     async with trio.open_nursery() as nursery:
         a = await start_node(nursery, tmp_path / "a", security=security)
         b = await start_node(nursery, tmp_path / "b", [bootstrap_entry(a)], security=security, discovery=patient)
-        await wait_until(lambda: full_mesh([a, b]) and a.transport.messages_read[PEERS] > 0, timeout=10)
+        await wait_until(lambda: full_mesh([a, b]) and a.ingress[PEERS].messages_read > 0, timeout=10)
         key = b.identity.public_key
         now = trio.current_time()
         a._execute(a.membership._evict(a.membership.peers[key], now, "timeout"))  # silent for a while, no BYE

@@ -5,8 +5,9 @@ trio side: node A, a process of its own as a peer is (until 2026-11-25 it shared
 loop, and signing there starved B's reader: BENCHMARKS.md), signs as the node does (signing.py:
 on the event loop, in a worker thread for large payloads) and sends on its DEALER to B's peers'
 socket, where an admitted peer's frames go (transport.py; waiting, not dropping, when the queue
-is full, so no message is lost); node B's real receive path for a peer (inbound.py: batches,
-verify threads, replay guard) takes them. Not the public socket: it is read no faster than the
+is full, so no message is lost); node B's real receive path for a peer (the peers' socket in its
+ingress process, as a node's since 2026-11-25: ingress.py; then inbound.py: batches, verify
+threads, replay guard) takes them. Not the public socket: it is read no faster than the
 strangers' budget, behind a queue of `public_recv_hwm` (4) frames, on purpose. Blocking side:
 one thread signs and sends, another receives, decodes and checks, over the same kind of socket
 pair with the peers' socket's queue. Both sides share this machine's cores. Ratio = trio msg/s
@@ -43,10 +44,11 @@ import zmq
 from p2pnode.config import SecuritySettings, TransportSettings
 from p2pnode.gate import Gate
 from p2pnode.inbound import Inbound
+from p2pnode.ingress import Ingress, Standby
 from p2pnode.metrics import Metrics
 from p2pnode.signing import encode
 from p2pnode.transport import Transport
-from p2pnode.zap import PEERS, Connections, serve_zap
+from p2pnode.zap import PEERS, PUBLIC, Connections
 from p2pnode.zmqtrio import send_waiting
 from protocol import Decoder, Encoder, Identity, Model, ReplayGuard, SequenceCounter
 from protocol.curve import curve_public_from_ed25519
@@ -98,10 +100,11 @@ def run_trio(size: int, count: int, verify_threads: int = 2, curve: bool = False
     processes = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited ZeroMQ state
 
     async def main() -> float:
-        receiver = Transport(settings, 64 << 20, receiver_identity.curve_keypair() if curve else None)
-        endpoint = receiver.bind("tcp://127.0.0.1:0")
-        peers_endpoint = receiver.bind_peers("tcp://127.0.0.1:0")
-        inbound, connections = _receive_path(receiver, settings, sender_identity.public_key, curve)
+        receiver_curve = receiver_identity.curve_keypair() if curve else None
+        connections = _connections(sender_identity.public_key, curve)
+        receiver = await _start_receiver(settings, receiver_curve, connections)
+        endpoint, peers_endpoint = receiver[PUBLIC].endpoint, receiver[PEERS].endpoint
+        inbound = _receive_path(receiver, settings, sender_identity.public_key, curve)
         done = trio.Event()
         received = 0
 
@@ -122,9 +125,8 @@ def run_trio(size: int, count: int, verify_threads: int = 2, curve: bool = False
         sender.start()
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(
-                    serve_zap, receiver.zap, {name: m for name, (_, m) in receiver.monitors.items()}, connections
-                )
+                for ingress in receiver.values():
+                    nursery.start_soon(ingress.supervise)
                 nursery.start_soon(inbound.run, handle)
                 nursery.start_soon(_watch, sender)
                 with trio.move_on_after(CONNECT_TIMEOUT_S) as connecting:
@@ -141,25 +143,43 @@ def run_trio(size: int, count: int, verify_threads: int = 2, curve: bool = False
                 control.send(_STOP)
             sender.join(5)
             sender.kill()
-            await receiver.close()
-        if receiver.messages_read[PEERS] != count:  # the path measured is a peer's
-            raise RuntimeError(f"{receiver.messages_read} frames read by socket, {count} sent to the peers' one")
+            for ingress in receiver.values():
+                await ingress.close()
+        read = {name: ingress.messages_read for name, ingress in receiver.items()}
+        if read[PEERS] != count:  # the path measured is a peer's
+            raise RuntimeError(f"{read} frames read by socket, {count} sent to the peers' one")
         return count / elapsed
 
     return trio.run(main)
 
 
-def _receive_path(
-    receiver: Transport, settings: TransportSettings, sender_key: bytes, curve: bool
-) -> tuple[Inbound, Connections]:
-    """Node B's receive path, with node A's key admitted as a peer's: its frames pass the gate
-    as a peer's, and with CURVE B's ZAP handler lets its transport key onto the peers' socket."""
+async def _start_receiver(
+    settings: TransportSettings, curve: tuple[bytes, bytes] | None, connections: Connections
+) -> dict[str, Ingress]:
+    """Node B's two inbound sockets, each in its ingress process as a node's, bound on loopback."""
+    standby, counts = Standby(0), Counter()
+    receiver = {
+        name: Ingress(name, settings, 64 << 20, curve, connections, counts, standby=standby) for name in (PUBLIC, PEERS)
+    }
+    await standby.fill(2)
+    for ingress in receiver.values():
+        await ingress.start("tcp://127.0.0.1:0")
+    return receiver
+
+
+def _connections(sender_key: bytes, curve: bool) -> Connections:
+    """With CURVE, node B's ZAP handler lets node A's transport key onto the peers' socket."""
+    sender_transport_key = curve_public_from_ed25519(sender_key)
+    return Connections(SecuritySettings(curve=curve), Counter(), lambda key: key == sender_transport_key)
+
+
+def _receive_path(receiver: dict[str, Ingress], settings: TransportSettings, sender_key: bytes, curve: bool) -> Inbound:
+    """Node B's receive path (its inbound sockets in their ingress process, as a node's), with
+    node A's key admitted as a peer's: its frames pass the gate as a peer's."""
     guard = ReplayGuard()
     guard.trust(sender_key, 0)
     gate = Gate(settings, 1, lambda key: key == sender_key, curve=curve)
-    sender_transport_key = curve_public_from_ed25519(sender_key)
-    connections = Connections(SecuritySettings(curve=curve), Counter(), lambda key: key == sender_transport_key)
-    return Inbound(receiver, Decoder(_NETWORK), guard, gate, Metrics(), settings, _clock_us), connections
+    return Inbound(receiver, Decoder(_NETWORK), guard, gate, Metrics(), settings, _clock_us)
 
 
 def _send(

@@ -1,0 +1,369 @@
+"""Each of the node's inbound sockets lives in a child process of its own, so that libzmq
+aborting there does not stop the node.
+
+Why: libzmq 4.3 (every release, and master as of 2026) aborts its whole process on
+`Assertion failed: !_io_error (stream_engine_base.cpp)` when a connection's engine has stopped
+reading because the connection's queue was full, the connection is then reset, and once the
+queue drains the engine decodes a ZMTP PING it had already read and answers it
+(`zmtp_engine_t::process_heartbeat_message` calls `out_event` whatever `_io_error` says). Any
+client can arrange that in a tenth of a second (`tools/attack.py --kind stall-reset`), with
+CURVE as without (any key completes a handshake on the public socket), and no socket option
+closes it: a bounded queue can always be filled, and an unbounded one (RCVHWM 0, the only
+setting under which the engine never stops reading) hands the bound on the bytes libzmq holds
+back to a flooder. docs/security.md has the measurements.
+
+So each ROUTER (the public socket, where strangers connect; the peers' socket, which with CURVE
+only admitted peers reach), with its monitor, ZAP domain and bound on what libzmq holds
+(buffers.py), runs in a `python -m p2pnode.ingress_process` of its own; everything that decides
+stays here. The node asks it for batches of frames (pipes.py), paced as before (gate.py),
+answers its ZAP requests (zap.py `Connections`) and follows its connection events. When one
+ends for any reason other than the node stopping it, a standby process (`ingress_standby`), or a
+new one, binds the same endpoint: connections come back as their dialers reconnect; the peer
+table, rounds and model are untouched; the other socket's process is not affected, so a stranger
+who aborts the public one costs admitted peers nothing; and the node goes on sending meanwhile
+(its DEALERs are its own: a node never reads from them, and without reading libzmq never drains
+the queue whose draining the abort needs). Restarts are counted, logged and shown in status, and
+back-to-back failures to start are spaced out (`RESTART_BACKOFF_S`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import trio
+
+from .config import TransportSettings
+from .memory import process_memory
+from .pipes import MessagePipe, PipeError, socket_pair
+from .transport import CURVE_SLACK, TransportError
+from .zap import PUBLIC, Connections
+
+__all__ = ["Ingress", "Standby", "BindError", "RelayedFrame"]
+
+log = logging.getLogger("p2pnode.ingress")
+
+RESTART_BACKOFF_S = (0.0, 0.1, 0.5, 1.0, 2.0)  # before the n-th start in a row that fails
+STOP_WAIT_S = 2.0  # for the process to leave once its control pipe closes, then it is killed
+_PIPE_SLACK = 1 << 16  # msgpack and routing data around a batch's frames
+EXITS_KEPT = 16  # recent exits shown in status
+
+
+class BindError(TransportError):
+    """An inbound socket could not bind; `socket` says which (PUBLIC or PEERS)."""
+
+    def __init__(self, message: str, socket: str) -> None:
+        super().__init__(message)
+        self.socket = socket
+
+
+class RelayedFrame:
+    """A frame read by the ingress process, with the metadata of its connection: what the gate
+    and inbound.py use of a zmq.Frame (`bytes`, `buffer`, `get`, `len`)."""
+
+    __slots__ = ("_metadata", "bytes")
+
+    def __init__(self, data: bytes, metadata: dict[str, str]) -> None:
+        self.bytes = data
+        self._metadata = metadata
+
+    @property
+    def buffer(self) -> memoryview:
+        return memoryview(self.bytes)
+
+    def get(self, name: str) -> str | None:
+        return self._metadata.get(name)
+
+    def __len__(self) -> int:
+        return len(self.bytes)
+
+
+class _Part:
+    """A further part of a multipart message: only its length crosses (the node refuses those)."""
+
+    __slots__ = ("size",)
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+
+@dataclass
+class _Child:
+    process: trio.Process
+    control: MessagePipe
+    frames: MessagePipe
+    generation: int = 0  # set when it binds
+    gone: trio.Event = field(default_factory=trio.Event)
+
+
+class Standby:
+    """Ingress processes started ahead and waiting for their setup, shared by a node's inbound
+    sockets: binding one takes milliseconds, starting Python a second or so on a busy machine.
+    With `[transport].ingress_standby`, one is kept waiting all along (about 30 MB), so that a
+    socket whose process libzmq aborted is back at once."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self._ready: list[_Child] = []
+
+    async def take(self) -> _Child:
+        """A waiting process (one that died waiting is passed over), or a new one."""
+        while self._ready:
+            child = self._ready.pop(0)
+            if child.process.returncode is None:
+                return child
+            await _close_pipes(child)
+        return await _spawn()
+
+    async def fill(self, count: int | None = None) -> None:
+        """Start processes until `count` (default `keep`) wait."""
+        try:
+            while len(self._ready) < (self.keep if count is None else count):
+                self._ready.append(await _spawn())
+        except OSError as exc:
+            log.error("no standby ingress process: %s", exc)
+
+    async def close(self) -> None:
+        ready, self._ready = self._ready, []
+        with trio.CancelScope(shield=True):
+            for child in ready:
+                await _close_pipes(child)
+                await _reap(child, STOP_WAIT_S)
+
+
+class Ingress:
+    """One inbound socket (PUBLIC or PEERS), in its process: `start` binds, `supervise` keeps it
+    up, `receive` takes frames, `close` ends it."""
+
+    def __init__(
+        self,
+        name: str,
+        settings: TransportSettings,
+        max_frame_bytes: int,
+        curve: tuple[bytes, bytes] | None,
+        connections: Connections,
+        counts: Counter[str],
+        log_level: str = "INFO",
+        standby: Standby | None = None,
+    ) -> None:
+        """`max_frame_bytes`: the socket's frame bound; `counts`: Metrics.connections, where
+        connection events and refusals are counted; `standby`: where processes come from
+        (default: one of its own, kept filled as `[transport].ingress_standby` says)."""
+        self.name, self.settings, self.max_frame_bytes, self.curve = name, settings, max_frame_bytes, curve
+        self.connections, self.counts, self.log_level = connections, counts, log_level
+        self.endpoint: str | None = None
+        # What the socket delivered so far (routing ids aside): [bytes, parts]; and the
+        # messages, each counted by the node as taken or refused.
+        self.read = [0, 0]
+        self.messages_read = 0
+        self.restarts = 0
+        self.exits: list[dict] = []  # the latest ones: when, how (exit code or signal), how long it was up
+        self._child: _Child | None = None
+        self.standby = standby or Standby(1 if settings.ingress_standby else 0)
+        self._up = trio.Event()
+        self._generation = 0
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    async def start(self, endpoint: str) -> str:
+        """Start the process and bind; returns the endpoint bound (a port 0 chosen). Raises
+        BindError if it cannot bind (the process is gone again then)."""
+        self._child = await self._bind(await self.standby.take(), endpoint)
+        self._up.set()
+        await self.standby.fill()
+        return self.endpoint
+
+    async def supervise(self) -> None:
+        """Relay the process's events and ZAP requests; when it ends, start another on the same
+        endpoints (the standby, if there is one). Runs until cancelled."""
+        failures = 0
+        while True:
+            if self._child is None:
+                await trio.sleep(RESTART_BACKOFF_S[min(failures, len(RESTART_BACKOFF_S) - 1)])
+                try:
+                    self._child = await self._bind(await self.standby.take(), self.endpoint)
+                except (BindError, OSError) as exc:
+                    failures += 1
+                    log.error(
+                        "the %s socket's ingress process could not start again (try %d): %s", self.name, failures, exc
+                    )
+                    continue
+                failures = 0
+                self._up.set()
+                log.warning("the %s socket's ingress process is back on %s", self.name, self.endpoint)
+                await self.standby.fill()
+            child = self._child
+            started = time.monotonic()
+            await self._relay(child)
+            self._up = trio.Event()
+            self._child = None
+            self.connections.forget_all(self.name)
+            how = await _reap(child)
+            child.gone.set()
+            self.restarts += 1
+            self.exits = [*self.exits, {"at": time.time(), "how": how, "up_s": round(time.monotonic() - started, 3)}][
+                -EXITS_KEPT:
+            ]
+            log.error(
+                "the %s socket's ingress process ended (%s): starting another; peers and rounds go on", self.name, how
+            )
+
+    async def close(self) -> None:
+        """End the process (it leaves once its control pipe closes), and the standby."""
+        child, self._child = self._child, None
+        with trio.CancelScope(shield=True):
+            if child is not None:
+                await _close_pipes(child)
+                await _reap(child, STOP_WAIT_S)
+                child.gone.set()
+            await self.standby.close()
+
+    # --- frames ------------------------------------------------------------------------------
+
+    async def receive(self, max_messages: int, max_bytes: int) -> list[list]:
+        """Wait for inbound messages; each is [routing id (bytes), frame (RelayedFrame),
+        ...further parts]. Routing ids carry the process's generation: a connection of an earlier
+        process never shares one with a later one's."""
+        while True:
+            child = self._child
+            if child is None:
+                await self._up.wait()
+                continue
+            try:
+                await child.frames.send([max_messages, max_bytes])
+                relayed = await child.frames.receive()
+            except (PipeError, trio.BrokenResourceError, trio.ClosedResourceError):
+                await child.gone.wait()  # supervise() starts the next one
+                continue
+            return self._unpack(relayed, child.generation)
+
+    def _unpack(self, relayed: list, generation: int) -> list[list]:
+        prefix = generation.to_bytes(4, "big")
+        batch = []
+        for routing_id, data, address, user_id, more in relayed:
+            metadata = {"Peer-Address": address}
+            if user_id is not None:
+                metadata["User-Id"] = user_id
+            batch.append([prefix + routing_id, RelayedFrame(data, metadata), *(_Part(size) for size in more)])
+            self.read[0] += len(data) + sum(more)
+            self.read[1] += 1 + len(more)
+        self.messages_read += len(batch)
+        return batch
+
+    def status(self) -> dict:
+        """For `p2pnode status`: the process now, and how often and how it ended before."""
+        pid = self.pid
+        memory = process_memory(f"/proc/{pid}/status") if pid is not None else {"rss_mb": None, "peak_rss_mb": None}
+        return {"pid": pid, "up": pid is not None, "restarts": self.restarts, "exits": list(self.exits), **memory}
+
+    @property
+    def pid(self) -> int | None:
+        """The process's id while one runs."""
+        return None if self._child is None else self._child.process.pid
+
+    # --- the process ---------------------------------------------------------------------
+
+    def _setup(self, endpoint: str) -> dict:
+        s, public = self.settings, self.name == PUBLIC
+        return {
+            "name": self.name,
+            "endpoint": endpoint,
+            "max_message_bytes": self.max_frame_bytes + CURVE_SLACK,
+            "recv_hwm": s.public_recv_hwm if public else s.recv_hwm,
+            "max_buffered_bytes": s.max_public_buffered_bytes if public else s.max_peers_buffered_bytes,
+            "curve": list(self.curve) if self.curve is not None else None,
+            "handshake_ivl_ms": s.handshake_ivl_ms,
+            "keepalive_s": s.keepalive_s,
+            "buffer_check_ms": s.buffer_check_ms,
+            "growth_check_ms": s.growth_check_ms,
+            "log_level": self.log_level.upper(),
+        }
+
+    async def _bind(self, child: _Child, endpoint: str) -> _Child:
+        """Set `child` up on `endpoint`; raises BindError (the process gone again) if it
+        cannot bind or ends first."""
+        self._generation += 1
+        child.generation = self._generation
+        child.frames.max_bytes = self.settings.verify_batch_bytes + self.max_frame_bytes + _PIPE_SLACK
+        try:
+            await child.control.send(self._setup(endpoint))
+            kind, bound = await child.control.receive()
+        except BaseException as exc:
+            with trio.CancelScope(shield=True):
+                await _close_pipes(child)
+                how = await _reap(child, wait_s=STOP_WAIT_S)
+            if isinstance(exc, PipeError | trio.BrokenResourceError):
+                raise BindError(f"the ingress process ended before binding ({how})", self.name) from None
+            raise
+        if kind != "bound" or "error" in bound:
+            await _close_pipes(child)
+            await _reap(child, wait_s=STOP_WAIT_S)
+            raise BindError(bound.get("error", f"unexpected answer {kind!r}"), self.name)
+        self.endpoint = bound["endpoint"]
+        return child
+
+    async def _relay(self, child: _Child) -> None:
+        """Until the process ends: its connection events, ZAP requests, counts and log records."""
+        control = child.control
+        try:
+            while True:
+                message = await control.receive()
+                kind = message[0]
+                if kind == "event":
+                    _, event, fd, address = message
+                    self.connections.on_event(event, fd, address, self.name)
+                elif kind == "zap":
+                    await control.send(["zap", self.connections.reply(message[1])])
+                elif kind == "counts":
+                    self.counts.update(message[1])
+                elif kind == "log":
+                    _, level, name, text = message
+                    logging.getLogger(name).log(level, "%s", text)
+        except (PipeError, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        await _close_pipes(child)
+
+
+async def _close_pipes(child: _Child) -> None:
+    for pipe in (child.control, child.frames):
+        try:
+            await pipe.aclose()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+
+
+async def _reap(child: _Child, wait_s: float = math.inf) -> str:
+    """Wait for the process to end (killing it after `wait_s`); how it ended, in words."""
+    with trio.move_on_after(wait_s):
+        await child.process.wait()
+    if child.process.returncode is None:
+        child.process.kill()
+        await child.process.wait()
+    code = child.process.returncode
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+async def _spawn() -> _Child:
+    """A new ingress process, waiting for its setup."""
+    pairs = {name: socket_pair() for name in ("control", "frames")}
+    theirs = [pair[1].fileno() for pair in pairs.values()]
+    command = [sys.executable, "-m", "p2pnode.ingress_process", *map(str, theirs)]
+    try:
+        process = await trio.lowlevel.open_process(command, pass_fds=theirs)
+    finally:
+        for _, their_end in pairs.values():
+            their_end.close()
+    return _Child(process, MessagePipe(pairs["control"][0], 1 << 20), MessagePipe(pairs["frames"][0], 1 << 20))

@@ -1,0 +1,250 @@
+"""An ingress process: one of the node's inbound ROUTERs (the public socket or the peers'), its
+ZAP hook, monitor and buffer bound, in a process of its own (ingress.py explains why). Run by
+the node, never by hand:
+
+    python -m p2pnode.ingress_process CONTROL_FD FRAMES_FD
+
+Each descriptor is one end of a socket pair (pipes.py) whose other end the node holds:
+- control: first the node's setup (endpoint, socket settings, CURVE keys), answered with the
+  endpoint bound or why not; then, this way, each connection event, each ZAP request, log
+  record and counter change; the other way, each ZAP verdict. The ZAP handler itself stays in
+  the node (zap.py `Connections`): this process only carries requests and answers.
+- frames: the node asks for a batch ([max messages, max bytes]) and gets what the ROUTER had,
+  up to that; nothing is read from the ROUTER unless the node asked for it, so the node's
+  pacing (gate.py) still decides how fast strangers are read, and ZeroMQ still pushes back.
+
+The process ends when the node closes the control pipe (or dies), and aborts with libzmq.
+It imports neither torch nor the node: it starts in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import sys
+from collections import Counter
+
+import trio
+import zmq
+
+from .buffers import GrowthAlarm, watch_buffers
+from .pipes import MessagePipe, PipeError
+from .zmqsetup import (
+    DOMAINS,
+    PUBLIC,
+    close_zap,
+    monitor_event,
+    open_zap,
+    remote_peer,
+    set_liveness,
+    unwatch,
+    watch,
+)
+from .zmqtrio import receive_batch, receive_routed
+
+log = logging.getLogger("p2pnode.ingress")
+
+CONTROL_MAX_BYTES = 1 << 20  # setup, ZAP verdicts: small
+COUNTS_EVERY_S = 0.25  # how often counter changes go to the node
+
+
+class _ForwardLogs(logging.Handler):
+    """Log records go to the node, which writes them where its own go ([log])."""
+
+    def __init__(self, outbox: trio.MemorySendChannel) -> None:
+        super().__init__()
+        self.outbox = outbox
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.outbox.send_nowait(["log", record.levelno, record.name, record.getMessage()])
+        except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+            pass  # the node is not reading: a log line is not worth waiting for
+
+
+class Ingress:
+    """One inbound ROUTER, as the node set it up (ingress.py `Ingress._setup`)."""
+
+    def __init__(self, setup: dict, control: MessagePipe, frames: MessagePipe) -> None:
+        self.setup, self.control, self.frames = setup, control, frames
+        self.name = setup["name"]  # PUBLIC or PEERS
+        self.context = zmq.Context(io_threads=1)
+        self.router: zmq.Socket | None = None
+        self.monitor: zmq.Socket | None = None
+        self.zap = open_zap(self.context)
+        self.tcp: dict[int, tuple] = {}  # live connections: descriptor -> remote end (buffers.py)
+        self.counts: Counter[str] = Counter()
+        self.read = [0, 0]  # bytes and parts the node took, routing ids aside
+        self.outbox, self._outbox = trio.open_memory_channel(10_000)
+        self.verdicts, self._verdicts = trio.open_memory_channel(1)
+
+    def bind(self) -> dict:
+        """The ROUTER bound: {"endpoint": ...}, or {"error": ...}."""
+        router = self.context.socket(zmq.ROUTER)
+        for option, value in (
+            (zmq.MAXMSGSIZE, self.setup["max_message_bytes"]),
+            (zmq.RCVHWM, self.setup["recv_hwm"]),
+            (zmq.SNDHWM, 1),  # never sends
+            (zmq.ROUTER_MANDATORY, 1),  # were it to send, unknown peers raise, not vanish
+            (zmq.LINGER, 0),
+        ):
+            router.setsockopt(option, value)
+        set_liveness(router, self.setup["handshake_ivl_ms"], self.setup["keepalive_s"])
+        if self.setup["curve"] is not None:
+            secret, public = self.setup["curve"]
+            router.setsockopt(zmq.CURVE_SERVER, 1)
+            router.setsockopt(zmq.CURVE_SECRETKEY, secret)
+            router.setsockopt(zmq.CURVE_PUBLICKEY, public)
+        monitor = watch(self.context, router, DOMAINS[self.name])
+        try:
+            router.bind(self.setup["endpoint"])
+        except zmq.ZMQError as exc:
+            unwatch(router, monitor)
+            router.close(linger=0)
+            return {"error": f"cannot bind {self.setup['endpoint']}: {exc.strerror}"}
+        self.router, self.monitor = router, monitor
+        return {"endpoint": router.getsockopt_string(zmq.LAST_ENDPOINT)}
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._send_outbox)
+            nursery.start_soon(self._read_control, nursery.cancel_scope)
+            nursery.start_soon(self._relay_zap)
+            nursery.start_soon(self._forward_counts)
+            nursery.start_soon(self._follow)
+            nursery.start_soon(self._serve)
+            nursery.start_soon(self._watch_buffers)
+
+    async def _send_outbox(self) -> None:
+        async for message in self._outbox:
+            await self.control.send(message)
+
+    async def _read_control(self, done: trio.CancelScope) -> None:
+        """ZAP verdicts, until the node closes the pipe: then this process ends."""
+        try:
+            while True:
+                message = await self.control.receive()
+                if message[0] == "zap":
+                    await self.verdicts.send(message[1])
+        except PipeError:
+            done.cancel()
+
+    async def _event(self, parts: list[bytes]) -> None:
+        """Waits while the node does not take events: the monitor's queue then fills and
+        libzmq's I/O thread waits too, so no event is ever dropped (zap.py)."""
+        event, fd = monitor_event(parts)
+        address = None
+        if event == zmq.EVENT_ACCEPTED:
+            peer = remote_peer(fd)
+            if peer is not None:
+                self.tcp[fd] = peer
+            address = "?" if peer is None else peer[0]
+        elif event == zmq.EVENT_DISCONNECTED:
+            self.tcp.pop(fd, None)
+        await self.outbox.send(["event", event, fd, address])
+
+    async def _follow(self) -> None:
+        while True:
+            for parts in await receive_batch(self.monitor, 256):
+                await self._event(parts)
+
+    async def _relay_zap(self) -> None:
+        """Each ZAP request to the node, after every connection event before it (the request's
+        own ACCEPTED among them), and the node's verdict back to libzmq."""
+        while True:
+            for request in await receive_batch(self.zap, 1):
+                while True:
+                    try:
+                        parts = self.monitor.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    await self._event(parts)
+                await self.outbox.send(["zap", request])
+                self.zap.send_multipart(await self._verdicts.receive(), zmq.NOBLOCK)
+
+    async def _serve(self) -> None:
+        """Batches for the node, as it asks for them (see the module's docstring)."""
+        while True:
+            try:
+                max_messages, max_bytes = await self.frames.receive()
+            except PipeError:
+                return  # the node is going: the control pipe ends this process
+            relayed = []
+            for routing_id, frame, *more in await receive_routed(self.router, max_messages, max_bytes):
+                sizes = [len(part) for part in more]  # a peer never sends more parts: the node refuses them
+                relayed.append([routing_id, frame.bytes, frame.get("Peer-Address"), self._user_id(frame), sizes])
+                self.read[0] += len(frame) + sum(sizes)
+                self.read[1] += 1 + len(sizes)
+            try:
+                await self.frames.send(relayed)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+
+    def _user_id(self, frame: zmq.Frame) -> str | None:
+        """The CURVE key (hex) the frame's connection was authenticated with (zap.py)."""
+        return frame.get("User-Id") if self.setup["curve"] is not None else None
+
+    async def _forward_counts(self) -> None:
+        while True:
+            await trio.sleep(COUNTS_EVERY_S)
+            if self.counts:
+                counts = dict(self.counts)
+                self.counts.clear()
+                await self.outbox.send(["counts", counts])
+
+    async def _watch_buffers(self) -> None:
+        """buffers.py's bound on what libzmq holds; on the public socket, a connection whose
+        sender has gone (its stream ended) is also shut with what it left unread."""
+        with GrowthAlarm(self.setup["growth_check_ms"] / 1000) as alarm:
+            await watch_buffers(
+                lambda: list(self.tcp.items()),
+                lambda: (self.read[0], self.read[1]),
+                self.setup["max_buffered_bytes"],
+                self.setup["buffer_check_ms"] / 1000,
+                self.counts,
+                self.name,
+                alarm,
+                drop_ended=self.name == PUBLIC,
+            )
+
+    def close(self) -> None:
+        if self.router is not None:
+            unwatch(self.router, self.monitor)
+            self.router.close(linger=0)
+        close_zap(self.zap)
+        self.context.term()
+
+
+async def _main(control_fd: int, frames_fd: int) -> None:
+    control = MessagePipe(socket.socket(fileno=control_fd), CONTROL_MAX_BYTES)
+    try:
+        setup = await control.receive()
+    except PipeError:
+        return  # a standby the node never needed
+    ingress = Ingress(setup, control, MessagePipe(socket.socket(fileno=frames_fd), 1 << 10))
+    root = logging.getLogger("p2pnode")
+    root.handlers[:] = [_ForwardLogs(ingress.outbox)]
+    root.setLevel(setup["log_level"])
+    root.propagate = False
+    try:
+        bound = ingress.bind()
+        await control.send(["bound", bound])
+        if "error" not in bound:
+            await ingress.run()
+    finally:
+        ingress.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    control_fd, frames_fd = (int(fd) for fd in (argv or sys.argv[1:]))
+    # A terminal's Ctrl-C or a service manager's SIGTERM reaches the node's whole group: the
+    # node stops this process itself, by closing the control pipe, once it has said goodbye.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    trio.run(_main, control_fd, frames_fd)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
