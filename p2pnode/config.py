@@ -370,7 +370,12 @@ _TOKEN = r"[a-z0-9][a-z0-9._:-]{0,63}"
 @dataclass(frozen=True, kw_only=True)
 class NodeSettings:
     key: Path = option(FilePath(), doc="Ed25519 key file of this node (`p2pnode keygen --out PATH`), mode 0600")
-    data_dir: Path = option(FilePath(), Path("data"), "state, lock and control socket; created with mode 0700")
+    data_dir: Path = option(
+        FilePath(),
+        Path("data"),
+        "state, lock, checkpoint and control socket; mode 0700 and this user's: a looser "
+        "mode is tightened at start, another owner stops it",
+    )
     network: str = option(
         Text(r"[a-z0-9][a-z0-9._-]{0,63}", what="a network id ([a-z0-9._-], 1-64 characters)"),
         "p2pnode",
