@@ -841,6 +841,21 @@ class MetricsSettings:
         None,
         "serve Prometheus metrics at `http://HOST:PORT/metrics` (port 0: any); unset: off",
     )
+    max_connections: int = option(
+        Integer(1, 100_000),
+        16,
+        "connections served at once; a newcomer beyond it takes the place of the oldest one still "
+        "sending its request, which is closed, or is closed itself if all are being answered "
+        "(counted in `p2pnode_metrics_connections_closed_total`)",
+    )
+    request_timeout_s: float = option(
+        Number(0.1, 3600), 5.0, "a connection's request and answer must be done within this; slower ones are closed"
+    )
+    max_request_bytes: int = option(
+        Integer(256, 1 << 20),
+        8192,
+        "bytes of a request read at most (a scrape's is a few hundred); the rest is ignored",
+    )
 
     @property
     def host_port(self) -> tuple[str, int] | None:
