@@ -370,7 +370,12 @@ _TOKEN = r"[a-z0-9][a-z0-9._:-]{0,63}"
 @dataclass(frozen=True, kw_only=True)
 class NodeSettings:
     key: Path = option(FilePath(), doc="Ed25519 key file of this node (`p2pnode keygen --out PATH`), mode 0600")
-    data_dir: Path = option(FilePath(), Path("data"), "state, lock and control socket; created with mode 0700")
+    data_dir: Path = option(
+        FilePath(),
+        Path("data"),
+        "state, lock, checkpoint and control socket; mode 0700 and this user's: a looser "
+        "mode is tightened at start, another owner stops it",
+    )
     network: str = option(
         Text(r"[a-z0-9][a-z0-9._-]{0,63}", what="a network id ([a-z0-9._-], 1-64 characters)"),
         "p2pnode",
@@ -842,6 +847,21 @@ class MetricsSettings:
         Text(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}", what="HOST:PORT"),
         None,
         "serve Prometheus metrics at `http://HOST:PORT/metrics` (port 0: any); unset: off",
+    )
+    max_connections: int = option(
+        Integer(1, 100_000),
+        16,
+        "connections served at once; a newcomer beyond it takes the place of the oldest one still "
+        "sending its request, which is closed, or is closed itself if all are being answered "
+        "(counted in `p2pnode_metrics_connections_closed_total`)",
+    )
+    request_timeout_s: float = option(
+        Number(0.1, 3600), 5.0, "a connection's request and answer must be done within this; slower ones are closed"
+    )
+    max_request_bytes: int = option(
+        Integer(256, 1 << 20),
+        8192,
+        "bytes of a request read at most (a scrape's is a few hundred); the rest is ignored",
     )
 
     @property

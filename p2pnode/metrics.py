@@ -41,6 +41,8 @@ class Metrics:
         self.beacon_sends_failed = 0
         self.connections: Counter[str] = Counter()  # inbound connections: events, ZAP verdicts (zap.py)
         self.payload_bytes_out: Counter[MessageType] = Counter()  # tensor bytes inside the frames sent
+        # Connections to the Prometheus endpoint closed unanswered, by reason (prometheus.py).
+        self.metrics_connections_closed: Counter[str] = Counter()
 
     def received(self, kind: MessageType, size: int) -> None:
         self.messages_in[kind] += 1
@@ -97,4 +99,5 @@ class Metrics:
             "send_refused": dict(sorted(self.send_refused.items())),
             "beacon_sends_failed": self.beacon_sends_failed,
             "connections": dict(sorted(self.connections.items())),
+            "metrics_connections_closed": dict(sorted(self.metrics_connections_closed.items())),
         }

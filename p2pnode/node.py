@@ -273,7 +273,9 @@ class Node:
 
             render = render_for(self.metrics, self._peer_count, lambda: self.driver)
             try:
-                self.metrics_port = await nursery.start(serve_prometheus, *config.metrics.host_port, render)
+                self.metrics_port = await nursery.start(
+                    serve_prometheus, config.metrics, render, self.metrics.metrics_connections_closed
+                )
             except OSError as exc:
                 listen = config.metrics.listen
                 self._cannot_start(f"[metrics].listen: cannot listen on {listen}: {exc.strerror or exc}")

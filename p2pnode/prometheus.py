@@ -2,13 +2,14 @@
 
 prometheus_client's own server runs in a thread of its own; this one is a task in the node's
 nursery like everything else, and reads the node's counters at scrape time (no copies to keep
-in step) through the handles the node passes in. Requests are bounded: a few KiB of headers, a
-deadline, one request per connection.
+in step) through the handles the node passes in. Requests are bounded ([metrics]): a few KiB of
+headers, a deadline, one request per connection, a cap on connections at once.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -17,15 +18,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
+    from .config import MetricsSettings
     from .learning import RoundDriver
     from .metrics import Metrics
 
 __all__ = ["NodeCollector", "serve_prometheus", "registry_for"]
 
 log = logging.getLogger("p2pnode.prometheus")
-
-MAX_REQUEST_BYTES = 8192
-REQUEST_TIMEOUT_S = 5.0
 
 
 class NodeCollector:
@@ -74,6 +73,14 @@ class NodeCollector:
         )
         state.add_metric([], metrics.state_write_failures)
         yield state
+        closed = CounterMetricFamily(
+            "p2pnode_metrics_connections_closed",
+            "connections to this endpoint closed unanswered ([metrics].max_connections, request_timeout_s), by reason",
+            labels=["reason"],
+        )
+        for reason, value in sorted(metrics.metrics_connections_closed.items()):
+            closed.add_metric([reason], value)
+        yield closed
         driver = self.driver()
         if driver is not None:
             yield from _learning(driver)
@@ -120,38 +127,109 @@ def registry_for(collector: NodeCollector) -> CollectorRegistry:
     return registry
 
 
+# Why a connection was closed unanswered (Metrics.metrics_connections_closed, by reason).
+EVICTED = "evicted"  # still sending its request when a newcomer needed its place
+BUSY = "busy"  # came when every place was taken by a connection being answered
+TIMEOUT = "timeout"  # request and answer not done within request_timeout_s
+
+
+class ConnectionSlots:
+    """At most `capacity` connections at once, so that idle ones cannot pile up (a slowloris).
+    A newcomer beyond it takes the place of the oldest connection still sending its request,
+    which is cancelled; a scrape sends its request at once, so what is closed is the one that
+    waits longest, not the one that just came. Only if every place is taken by a connection
+    being answered (each within the deadline) is the newcomer closed instead."""
+
+    def __init__(self, capacity: int, closed: Counter[str]) -> None:
+        self.capacity = capacity
+        self.closed = closed
+        self.waiting: dict[trio.CancelScope, None] = {}  # reading their request, oldest first
+        self.answering: set[trio.CancelScope] = set()
+
+    def admit(self, connection: trio.CancelScope) -> bool:
+        if len(self.waiting) + len(self.answering) >= self.capacity:
+            if not self.waiting:
+                self.closed[BUSY] += 1
+                return False
+            oldest = next(iter(self.waiting))
+            del self.waiting[oldest]
+            oldest.cancel()
+            self.closed[EVICTED] += 1
+        self.waiting[connection] = None
+        return True
+
+    def answer(self, connection: trio.CancelScope) -> None:
+        """The request is in: from now on the connection keeps its place until it is done."""
+        if connection in self.waiting:  # else evicted as its request came in: it is cancelled
+            del self.waiting[connection]
+            self.answering.add(connection)
+
+    def release(self, connection: trio.CancelScope) -> None:
+        self.waiting.pop(connection, None)
+        self.answering.discard(connection)
+
+
+async def _read_request(stream: trio.SocketStream, max_bytes: int) -> bytes | None:
+    """The request up to its blank line or `max_bytes`, whichever first; None if the client left."""
+    request = b""
+    while b"\r\n\r\n" not in request and len(request) < max_bytes:
+        chunk = await stream.receive_some(max_bytes - len(request))
+        if not chunk:
+            return None
+        request += chunk
+    return request
+
+
+def _answer(request: bytes, render: Callable[[], bytes]) -> bytes:
+    first = request.split(b"\r\n", 1)[0].split()
+    if len(first) >= 2 and first[0] == b"GET" and first[1].split(b"?")[0] == b"/metrics":
+        status, body, kind = b"200 OK", render(), b"text/plain; version=0.0.4; charset=utf-8"
+    else:
+        status, body, kind = b"404 Not Found", b"try GET /metrics\n", b"text/plain"
+    return (
+        b"HTTP/1.1 "
+        + status
+        + b"\r\nContent-Type: "
+        + kind
+        + b"\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\nConnection: close\r\n\r\n"
+        + body
+    )
+
+
 async def serve_prometheus(
-    host: str, port: int, render: Callable[[], bytes], *, task_status=trio.TASK_STATUS_IGNORED
+    settings: MetricsSettings,
+    render: Callable[[], bytes],
+    closed: Counter[str],
+    *,
+    task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
+    """Serve `GET /metrics` on `settings.listen`, one request per connection, at most
+    `max_connections` at once; connections closed unanswered are counted in `closed`."""
+    slots = ConnectionSlots(settings.max_connections, closed)
+
     async def handle(stream: trio.SocketStream) -> None:
+        connection = trio.CancelScope()
         try:
-            with trio.move_on_after(REQUEST_TIMEOUT_S):
-                request = b""
-                while b"\r\n\r\n" not in request and len(request) < MAX_REQUEST_BYTES:
-                    chunk = await stream.receive_some(MAX_REQUEST_BYTES)
-                    if not chunk:
-                        return
-                    request += chunk
-                first = request.split(b"\r\n", 1)[0].split()
-                if len(first) >= 2 and first[0] == b"GET" and first[1].split(b"?")[0] == b"/metrics":
-                    status, body, kind = b"200 OK", render(), b"text/plain; version=0.0.4; charset=utf-8"
-                else:
-                    status, body, kind = b"404 Not Found", b"try GET /metrics\n", b"text/plain"
-                await stream.send_all(
-                    b"HTTP/1.1 "
-                    + status
-                    + b"\r\nContent-Type: "
-                    + kind
-                    + b"\r\nContent-Length: "
-                    + str(len(body)).encode()
-                    + b"\r\nConnection: close\r\n\r\n"
-                    + body
-                )
+            if not slots.admit(connection):
+                return
+            with connection, trio.move_on_after(settings.request_timeout_s) as deadline:
+                request = await _read_request(stream, settings.max_request_bytes)
+                if request is None:
+                    return
+                slots.answer(connection)
+                await stream.send_all(_answer(request, render))
+            if deadline.cancelled_caught:
+                closed[TIMEOUT] += 1
         except trio.BrokenResourceError:
             pass
         finally:
+            slots.release(connection)
             await stream.aclose()
 
+    assert settings.host_port is not None
+    host, port = settings.host_port
     listeners = await trio.open_tcp_listeners(port, host=host)
     log.info("Prometheus metrics on http://%s:%d/metrics", host, listeners[0].socket.getsockname()[1])
     task_status.started(listeners[0].socket.getsockname()[1])

@@ -9,13 +9,21 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
 from .files import describe_os_error, write_atomically
 
-__all__ = ["DataDir", "DataDirError"]
+__all__ = ["DataDir", "DataDirError", "DATA_DIR_MODE"]
+
+log = logging.getLogger("p2pnode.state")
+
+# The directory holds the sequence reservation, the checkpoints and the control socket (which
+# stops the node): only the node's own user may reach any of them.
+DATA_DIR_MODE = 0o700
 
 
 class DataDirError(Exception):
@@ -39,11 +47,12 @@ class DataDir:
 
     def __enter__(self) -> DataDir:
         try:
-            self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self.path.mkdir(mode=DATA_DIR_MODE, parents=True, exist_ok=True)
         except OSError as exc:
             raise DataDirError(
                 f"cannot create data directory {self.path}: {describe_os_error(exc)}", unwritable=True
             ) from None
+        _make_private(self.path)
         if not os.access(self.path, os.W_OK | os.X_OK):
             raise DataDirError(_not_writable(self.path), unwritable=True)
         lock = self.path / self.LOCK
@@ -106,6 +115,40 @@ class DataDir:
             raise DataDirError(
                 f"cannot write the state file {path}: {describe_os_error(exc)}", unwritable=True
             ) from None
+
+
+def _make_private(path: Path) -> None:
+    """Leave `path` mode 0700 and this user's: a directory made before (by hand, by an older
+    version, under a loose umask) is tightened, and said so; one that belongs to another user,
+    or whose mode cannot be changed, stops the start."""
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        raise DataDirError(f"cannot read data directory {path}: {describe_os_error(exc)}", unwritable=True) from None
+    user = os.geteuid()
+    if info.st_uid != user:
+        raise DataDirError(
+            f"data directory {path} belongs to uid {info.st_uid}, not to this user (uid {user}): chown it to this user",
+            unwritable=True,
+        )
+    mode = stat.S_IMODE(info.st_mode)
+    if mode == DATA_DIR_MODE:
+        return
+    try:
+        os.chmod(path, DATA_DIR_MODE)
+    except OSError as exc:
+        raise DataDirError(
+            f"cannot make data directory {path} private (mode 0700, it is {mode:04o}): {describe_os_error(exc)}",
+            unwritable=True,
+        ) from None
+    kept = stat.S_IMODE(os.stat(path).st_mode)
+    if kept != DATA_DIR_MODE:  # a file system without Unix modes (FAT, some network mounts)
+        raise DataDirError(
+            f"data directory {path} stays mode {kept:04o} after chmod 0700: its file system ignores modes; "
+            "use one with Unix permissions",
+            unwritable=True,
+        )
+    log.warning("data directory %s had mode %04o: made it 0700, for this user only", path, mode)
 
 
 def _not_writable(path: Path) -> str:
