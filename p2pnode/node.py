@@ -41,7 +41,7 @@ from protocol import (
     SequenceExhausted,
     node_id,
 )
-from protocol.curve import curve_public_from_ed25519, ed25519_y, ed25519_y_of_curve_public
+from protocol.curve import curve_public_from_ed25519
 
 from . import signing
 from .beacon import run_beacon
@@ -135,9 +135,7 @@ class Node:
         self.gate = Gate(config.transport, config.discovery.max_peers, self._is_peer, curve=curve is not None)
         # Who may connect (zap.py); admitted peers' transport keys pass the connection caps.
         self.peer_transport_keys: set[bytes] = set()
-        self.connections = Connections(
-            config.security, self.metrics.connections, self.peer_transport_keys.__contains__, self._is_verifying
-        )
+        self.connections = Connections(config.security, self.metrics.connections, self.peer_transport_keys.__contains__)
         # The inbound sockets, each in a process of its own, with one standby for both (ingress.py).
         self.standby = Standby(1 if config.transport.ingress_standby else 0)
         self.ingress = self._inbound_sockets(curve)
@@ -281,18 +279,6 @@ class Node:
                 self._cannot_start(f"[metrics].listen: cannot listen on {listen}: {exc.strerror or exc}")
                 started = False
         return started
-
-    def _is_verifying(self, transport_key: bytes) -> bool:
-        """Whether this X25519 key is that of a key whose handshake is under way (zap.py)."""
-        if self.membership is None:
-            return False
-        try:
-            owner = ed25519_y_of_curve_public(transport_key)
-        except ValueError:
-            return False
-        return any(
-            entry.key is not None and ed25519_y(entry.key) == owner for entry in self.membership.dialing.values()
-        )
 
     def _is_peer(self, key: bytes) -> bool:
         return self.membership is not None and key in self.membership.peers

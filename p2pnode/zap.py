@@ -13,9 +13,9 @@ handshake, before any frame of the connection is read:
   than `max_connections`, are refused (`zap_denied_address_cap`, `zap_denied_total_cap`),
   except, with CURVE, a client that is an admitted peer: a stranger holding connections cannot
   shut peers out;
-- on the peers' socket (domain `p2pnode-peers`), with CURVE, only admitted peers and keys this
-  node is verifying (`zap_denied_not_peer`): strangers cannot send it the large frames that
-  socket takes;
+- on the peers' socket (domain `p2pnode-peers`), with CURVE, only admitted peers
+  (`zap_denied_not_peer`): strangers cannot send it the large frames that socket takes, nor
+  reach the process that holds it (ingress.py);
 - an accepted CURVE connection gets the client's X25519 key (hex) as its User-Id, which ZeroMQ
   attaches to every frame it carries: the gate (gate.py) binds frames to it.
 
@@ -57,11 +57,9 @@ class Connections:
         settings: SecuritySettings,
         counts: Counter[str],
         is_peer: Callable[[bytes], bool],
-        is_verifying: Callable[[bytes], bool] = lambda key: False,
     ) -> None:
-        """`is_peer(x25519 key)`: whether the key is the transport key of an admitted peer;
-        `is_verifying(x25519 key)`: of a key this node is verifying (its handshake under way)."""
-        self.settings, self.counts, self.is_peer, self.is_verifying = settings, counts, is_peer, is_verifying
+        """`is_peer(x25519 key)`: whether the key is the transport key of an admitted peer;"""
+        self.settings, self.counts, self.is_peer = settings, counts, is_peer
         self.allowed: frozenset[bytes] | None = None
         if settings.curve and settings.allowlist is not None:
             self.allowed = frozenset(_curve_keys(settings.allowlist))
@@ -107,10 +105,12 @@ class Connections:
             return "zap_denied_allowlist"
         if key is not None and self.is_peer(key):
             return None  # an admitted peer is never shut out by others' connections
-        if key is not None and domain == PEERS_DOMAIN and not self.is_verifying(key):
-            # Strangers handshake on the public socket. A key being verified passes: it may
-            # admit this node before this node admits it, dial here at once, and libzmq gives up
-            # a connection for good once it is refused.
+        if key is not None and domain == PEERS_DOMAIN:
+            # Strangers handshake on the public socket; keys being verified too: the peers'
+            # socket's process is then reachable by admitted keys alone (ingress.py). A key that
+            # admits this node first and dials here is refused until this node admits it, and
+            # dials again (transport.py `_revive_peers`); meanwhile its frames go to the public
+            # socket.
             return "zap_denied_not_peer"
         if self.by_address[address] > self.settings.max_connections_per_address:
             return "zap_denied_address_cap"
