@@ -825,12 +825,24 @@ class AlgorithmSettings:
         Integer(0, 1000),
         2,
         "payloads for up to this many rounds ahead of ours are buffered; "
-        "further ones count as `round_ahead` and make a lagging node catch up",
+        "further ones count as `round_ahead` and may make a lagging node catch up ...",
+    )
+    catch_up_quorum: float = option(
+        Number(0, 1),
+        0.5,
+        "... once this fraction of the peers it learns from, and at least 2 of them, are further ahead; "
+        "it then goes as far as that many have all reached (one peer never moves it)",
     )
     inbox_frames: int = option(
         Integer(1, 1_000_000),
         4096,
-        "payloads held between rounds; beyond it they are dropped and counted (`inbox_full`)",
+        "payloads held between rounds; beyond it they are dropped and counted (`inbox_full`) ...",
+    )
+    peer_inbox_frames: int = option(
+        Integer(1, 1_000_000),
+        64,
+        "... and at most this many for any one peer (`peer_inbox_full`), so no peer crowds out the others' "
+        "(at most `inbox_frames`; with `[discovery].max_peers` × this within it, every peer always has room)",
     )
     checkpoint: bool = option(
         Flag(), True, "save the learning state after every round (atomically) and resume from it on start"
@@ -1088,6 +1100,11 @@ def _learning_checks(config: Config) -> list[str]:
     missing = missing_files(data.dataset, data.root)
     if missing is not None:
         problems.append(f"[data].root: {missing}")
+    if algorithm.peer_inbox_frames > algorithm.inbox_frames:
+        problems.append(
+            f"[algorithm].peer_inbox_frames: must not exceed [algorithm].inbox_frames ({algorithm.inbox_frames}), "
+            f"got {algorithm.peer_inbox_frames}: it is one peer's share of that queue"
+        )
     if algorithm.start_peers > config.discovery.max_peers:
         problems.append(
             f"[algorithm].start_peers: must not exceed [discovery].max_peers ({config.discovery.max_peers}), "

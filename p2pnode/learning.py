@@ -184,6 +184,8 @@ class RoundDriver:
             rounds=settings.rounds,
             max_rounds_ahead=settings.max_rounds_ahead,
             inbox_frames=settings.inbox_frames,
+            peer_inbox_frames=settings.peer_inbox_frames,
+            catch_up_quorum=settings.catch_up_quorum,
             history_rounds=settings.history_rounds,
         )
         self._arrival = trio.Event()
@@ -265,13 +267,20 @@ class RoundDriver:
             await self._wait_for_peers()
             while not self.state.done:
                 await self._one_round(self.state.round)
-                self.state.next_round(self.algorithm.weights())
+                self.state.next_round(self._sources())
         except Exception as exc:
             self.phase = f"failed: {type(exc).__name__}: {exc}"
             log.exception("learning stopped in round %d", self.state.round)
             return
         self.phase = "done"
         log.info("all %d rounds done", self.settings.rounds)
+
+    def _sources(self) -> set[str]:
+        """The peers whose rounds may pull this node along (`RoundState.next_round`): those it
+        gives weight, or, while it weighs none (it just started, or learns from nobody), all its
+        learning peers; never itself."""
+        weighted = {peer for peer, weight in self.algorithm.weights().items() if weight > 0}
+        return (weighted - {self.algorithm.node_id}) or set(self.network.peers())
 
     async def _wait_for_peers(self) -> None:
         self.phase = "waiting for peers"

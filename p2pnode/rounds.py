@@ -1,10 +1,11 @@
 """What a learning round decides and records, without I/O: the round driver's state machine.
 
 `RoundState` holds what the daemon's round driver (learning.py) knows between its I/O calls:
-the bounded queue of payloads that arrived, which peers sent every payload type the algorithm
-waits for in which round, the gather of the round in progress (quorum, grace, deadline), and
-whether the node should skip ahead to where its peers are. Time is handed in as numbers, so it
-is tested on simulated time (tests/test_rounds.py), like `Membership` for discovery.
+the bounded queue of payloads that arrived (bounded per peer too), which peers sent every payload
+type the algorithm waits for in which round, the gather of the round in progress (quorum, grace,
+deadline), and whether the node should skip ahead to where a quorum of its peers is. Time is
+handed in as numbers, so it is tested on simulated time (tests/test_rounds.py), like
+`Membership` for discovery.
 
 `RoundRecord` is what every driver emits per node and round, the daemon and the simulator alike;
 testnet/report.py builds every report from these records.
@@ -13,18 +14,32 @@ testnet/report.py builds every report from these records.
 from __future__ import annotations
 
 import math
-import statistics
 from collections import Counter, deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from protocol import MessageType
 
-__all__ = ["RoundRecord", "RoundState", "Gather", "ROUND_AHEAD", "INBOX_FULL", "arrived"]
+__all__ = [
+    "RoundRecord",
+    "RoundState",
+    "Gather",
+    "ROUND_AHEAD",
+    "INBOX_FULL",
+    "PEER_INBOX_FULL",
+    "DUPLICATE_PAYLOAD",
+    "CATCH_UP_MIN_PEERS",
+    "arrived",
+]
 
 ROUND_AHEAD = "round_ahead"  # a payload too far ahead of this node's round
 INBOX_FULL = "inbox_full"  # the bounded payload queue was full
+PEER_INBOX_FULL = "peer_inbox_full"  # its sender already holds its share of the queue
+DUPLICATE_PAYLOAD = "duplicate_payload"  # a second payload of one type for one round from one peer
+# A catch-up needs the word of at least this many distinct peers, whatever the quorum fraction:
+# one peer, however far ahead it says it is, never moves a node's round.
+CATCH_UP_MIN_PEERS = 2
 
 Item = TypeVar("Item")
 
@@ -138,6 +153,8 @@ class RoundState(Generic[Item]):
     rounds: int
     max_rounds_ahead: int
     inbox_frames: int
+    peer_inbox_frames: int  # of `inbox_frames`, at most this many queued for any one peer
+    catch_up_quorum: float  # the fraction of the peers it learns from that must be ahead to pull it along
     history_rounds: int
     round: int = 0  # the round in progress (or next, between rounds)
     # Rounds completed: the last one finished + 1 (rounds a catch-up skipped count too).
@@ -148,9 +165,11 @@ class RoundState(Generic[Item]):
     missing: Counter[str] = field(default_factory=Counter)  # expected payloads that did not arrive, by peer
     history: deque[RoundRecord] = field(init=False)
     _inbox: list[_Queued[Item]] = field(default_factory=list)
-    _heard: dict[int, dict[str, set[MessageType]]] = field(default_factory=dict)  # round → peer → types
-    _peer_round: dict[str, int] = field(default_factory=dict)  # latest round each peer sent a payload for
-    _heard_this_round: set[str] = field(default_factory=set)  # peers heard from since the last round ended
+    _held: Counter[str] = field(default_factory=Counter)  # queued payloads by peer
+    _heard: dict[int, dict[str, set[MessageType]]] = field(default_factory=dict)  # round → peer → types queued
+    # The furthest round each peer sent a payload for, queued or refused as too far ahead; only
+    # rounds past the one in progress are kept (nothing else reads them).
+    _reached: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.history = deque(maxlen=self.history_rounds)
@@ -158,22 +177,37 @@ class RoundState(Generic[Item]):
     # --- payloads ------------------------------------------------------------------------
 
     def offer(self, peer: str, round: int, kind: MessageType, item: Item) -> str | None:
-        """Queue a payload from `peer` for `round`; returns the reason it was refused, if it was."""
-        self._peer_round[peer] = max(round, self._peer_round.get(peer, -1))
-        self._heard_this_round.add(peer)
+        """Queue a payload from `peer` for `round`; returns the reason it was refused, if it was.
+        A refused payload leaves no trace, but for one thing: a payload too far ahead still says
+        how far its sender has got, which settles that sender alone (`settled`) and counts for a
+        catch-up only among a quorum of peers (`next_round`). A peer sends one payload of each
+        type per round, so a second is refused; and no peer holds more than its share of the
+        queue, so neither copies nor old rounds from one peer crowd out the others' payloads."""
         if round > self.round + self.max_rounds_ahead:
+            self._note_reached(peer, round)
             return ROUND_AHEAD
+        if kind in self._heard.get(round, {}).get(peer, ()):
+            return DUPLICATE_PAYLOAD
+        if self._held[peer] >= self.peer_inbox_frames:
+            return PEER_INBOX_FULL
         if len(self._inbox) >= self.inbox_frames:
             return INBOX_FULL
         self._inbox.append(_Queued(round, peer, item))
+        self._held[peer] += 1
         self._heard.setdefault(round, {}).setdefault(peer, set()).add(kind)
+        self._note_reached(peer, round)
         return None
+
+    def _note_reached(self, peer: str, round: int) -> None:
+        if round > max(self.round, self._reached.get(peer, -1)):
+            self._reached[peer] = round
 
     def due(self) -> list[tuple[str, int, Item]]:
         """The queued payloads of this round or earlier, as (peer, round, item), in arrival
         order; later ones stay queued."""
         due = [entry for entry in self._inbox if entry.round <= self.round]
         self._inbox = [entry for entry in self._inbox if entry.round > self.round]
+        self._held = Counter(entry.peer for entry in self._inbox)
         return [(entry.peer, entry.round, entry.item) for entry in due]
 
     @property
@@ -187,7 +221,7 @@ class RoundState(Generic[Item]):
         """Peers not worth waiting for any more in `round`: those that arrived, and those already
         heard from in a later round (a peer sends its rounds in order on one connection, so what
         it sent for `round` is in, or will never come)."""
-        passed = {peer for peer, latest in self._peer_round.items() if latest > round}
+        passed = {peer for peer, latest in self._reached.items() if latest > round}
         return self.arrived(round) | passed
 
     # --- the round -----------------------------------------------------------------------
@@ -216,20 +250,23 @@ class RoundState(Generic[Item]):
         self._heard = {r: peers for r, peers in self._heard.items() if r > record.round}
         self.completed = record.round + 1
 
-    def next_round(self, weights: Mapping[str, float]) -> int:
-        """round + 1, unless the peers this node learns from are further ahead than the queue
-        reaches (it was down, or it is much slower): then it joins them instead of replaying
-        rounds whose payloads are gone. Peers it does not learn from (another cluster, say)
-        may run at their own pace and do not pull it along."""
-        heard, self._heard_this_round = self._heard_this_round, set()
-        following = self.completed
-        sources = [peer for peer in heard if weights.get(peer, 0.0) > 0] or list(heard)
-        if sources:
-            typical = int(statistics.median_low(self._peer_round[peer] for peer in sources))
-            if typical > following + self.max_rounds_ahead:
-                self.catch_ups += 1
-                following = typical
+    def next_round(self, sources: Collection[str]) -> int:
+        """round + 1, unless a quorum of `sources`, the peers this node learns from, has got
+        further than its queue reaches (it was down, or it is much slower): then it joins them
+        instead of replaying rounds whose payloads are gone. The quorum is `catch_up_quorum` of
+        the sources and never fewer than CATCH_UP_MIN_PEERS, and the node goes only as far as
+        the quorum has reached (the furthest round that many sources have all got to), so a
+        minority, let alone one peer, moves nothing. A node with a single source is never pulled
+        along: it runs its own rounds, each bounded by its deadline. Peers it does not learn
+        from (another cluster, say) may run at their own pace."""
+        following, sources = self.completed, set(sources)
+        needed = max(CATCH_UP_MIN_PEERS, math.ceil(self.catch_up_quorum * len(sources)))
+        reached = sorted((self._reached[peer] for peer in sources if peer in self._reached), reverse=True)
+        if len(reached) >= needed and reached[needed - 1] > following + self.max_rounds_ahead:
+            self.catch_ups += 1
+            following = reached[needed - 1]
         self.round = following
+        self._reached = {peer: latest for peer, latest in self._reached.items() if latest > following}
         return following
 
     @property

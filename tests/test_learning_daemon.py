@@ -12,6 +12,7 @@ from algorithms.catalog import ALGORITHM_NAMES, GRAPH_LEARNING
 from p2pnode.checkpoint import CHECKPOINT_NAME
 from p2pnode.config import ConfigError, load_config
 from p2pnode.learning import learning_capability
+from p2pnode.rounds import DUPLICATE_PAYLOAD
 from protocol import Prototypes, seal_raw
 
 from .daemon import ANY_PORT, full_mesh, start_node, wait_until, write_config
@@ -311,7 +312,10 @@ async def test_a_damaged_checkpoint_stops_the_start_and_says_what_to_do(tmp_path
 
 async def test_scores_for_models_never_sent_or_sent_twice_are_counted(tmp_path):
     """SCooL over sockets: a peer that answers for a model it never received, or floods answers,
-    is refused and counted, while the two honest daemons score each other and finish."""
+    is refused and counted, while the two honest daemons score each other and finish. The round
+    queue takes one SCORE per peer and round: the first (the unsolicited one) reaches the
+    algorithm, the copies after it never do (test_scool.py refuses a second score in the
+    algorithm too, as it would for a round the queue has forgotten)."""
     from protocol import Score
 
     # mallory claims to learn with SCooL, so a sends it its models; it never sends one, and the
@@ -331,11 +335,11 @@ async def test_scores_for_models_never_sent_or_sent_twice_are_counted(tmp_path):
         )
         answer = Score(kind="log_likelihood", subject=a.identity.public_key, subject_seq=seq, value=-1.0, samples=10)
         await mallory.send_payload((a.address,), never_sent, round)
-        for _ in range(5):  # a's model of this round did go to mallory: one answer is fair, five are not
+        for _ in range(5):  # a's model of this round did go to mallory, but it has had its one SCORE
             await mallory.send_payload((a.address,), answer, round)
         await wait_until(lambda: a.driver.phase == "done" and b.driver.phase == "done", timeout=120)
         assert a.metrics.rejections["unsolicited_score"] == 1, a.metrics.rejections
-        assert a.metrics.rejections["duplicate_score"] == 4, a.metrics.rejections
+        assert a.metrics.rejections[DUPLICATE_PAYLOAD] == 5, a.metrics.rejections
         for node in (a, b):
             status = node.status()["learning"]
             assert status["completed"] == 4

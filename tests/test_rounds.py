@@ -1,9 +1,20 @@
 """The round driver's decisions on simulated time: queueing, arrival, the gather's quorum, grace
 and deadline, catching up, and the records every driver writes."""
 
+import copy
+
 import pytest
 
-from p2pnode.rounds import INBOX_FULL, ROUND_AHEAD, Gather, RoundRecord, RoundState, arrived
+from p2pnode.rounds import (
+    DUPLICATE_PAYLOAD,
+    INBOX_FULL,
+    PEER_INBOX_FULL,
+    ROUND_AHEAD,
+    Gather,
+    RoundRecord,
+    RoundState,
+    arrived,
+)
 from protocol import MessageType
 
 PROTOTYPES, MODEL, SCORE = MessageType.PROTOTYPES, MessageType.MODEL, MessageType.SCORE
@@ -11,7 +22,8 @@ PROTOTYPES, MODEL, SCORE = MessageType.PROTOTYPES, MessageType.MODEL, MessageTyp
 
 def state(**overrides) -> RoundState:
     settings = {"waits_for": frozenset({MODEL, SCORE}), "rounds": 10, "max_rounds_ahead": 2, "inbox_frames": 8}
-    return RoundState(**{**settings, "history_rounds": 5, **overrides})
+    shares = {"peer_inbox_frames": 8, "catch_up_quorum": 0.5}
+    return RoundState(**{**settings, **shares, "history_rounds": 5, **overrides})
 
 
 def record(node: str = "a", round: int = 0, **fields) -> RoundRecord:
@@ -52,7 +64,7 @@ def test_payloads_are_queued_until_their_round_and_bounded():
     assert rounds.due() == [("q", 0, "now")]
     assert rounds.queued == 2
     rounds.finish(record(round=0))
-    rounds.next_round({})
+    rounds.next_round(set())
     assert rounds.due() == [("p", 1, "next")]
     assert rounds.queued == 1
 
@@ -98,15 +110,100 @@ def test_a_node_follows_its_neighbours_when_they_are_further_ahead_than_the_queu
     rounds = state(rounds=100)
     rounds.finish(record(round=0))
     for peer, ahead in (("p", 9), ("q", 10), ("r", 1)):
-        rounds.offer(peer, ahead, MODEL, None)  # refused as round_ahead, but heard
-    # r is the only neighbour with weight: it is not ahead, so the others do not pull this node.
-    assert rounds.next_round({"r": 0.5}) == 1 and rounds.catch_ups == 0
+        rounds.offer(peer, ahead, MODEL, None)  # p and q refused as round_ahead, but their rounds noted
+    # r is the only peer it learns from: it is not ahead, so the others do not pull this node.
+    assert rounds.next_round({"r"}) == 1 and rounds.catch_ups == 0
     rounds.finish(record(round=1))
-    for peer, ahead in (("p", 9), ("q", 10), ("r", 1)):
-        rounds.offer(peer, ahead, MODEL, None)
-    assert rounds.next_round({"p": 0.3, "q": 0.3}) == 9 and rounds.catch_ups == 1
+    # Both peers it learns from are ahead: it goes as far as both have reached.
+    assert rounds.next_round({"p", "q"}) == 9 and rounds.catch_ups == 1
     rounds.finish(record(round=9))
-    assert rounds.next_round({}) == 10  # heard from nobody since: one round on
+    assert rounds.next_round({"p", "q"}) == 10  # only q is further: one round on
+
+
+def finished_up_to(last: int, **overrides) -> RoundState:
+    """A node that has run rounds 0 to `last - 1` and is about to run round `last`."""
+    rounds = state(**overrides)
+    for r in range(last):
+        rounds.finish(record(round=r))
+        rounds.next_round(set())
+    assert rounds.round == last
+    return rounds
+
+
+def test_one_peer_never_moves_a_nodes_round_whatever_rounds_it_claims():
+    # As found from outside: copies of a valid payload tagged r+3 and r+1000.
+    rounds = finished_up_to(4, rounds=8)
+    assert rounds.offer("x", 4, MODEL, "real") is None
+    assert rounds.offer("x", 7, MODEL, "copy") == ROUND_AHEAD
+    assert rounds.offer("x", 1004, MODEL, "copy") == ROUND_AHEAD
+    rounds.finish(record(round=4))
+    assert rounds.next_round({"x", "p", "q"}) == 5 and rounds.catch_ups == 0 and not rounds.done
+    # In a 2-node network x is the one peer it learns from: still one peer, still no catch-up.
+    rounds.finish(record(round=5))
+    assert rounds.next_round({"x"}) == 6 and rounds.catch_ups == 0
+    # What the claim does: x is not waited for in the rounds below it (it could stop sending
+    # just as well). It settles x, and nobody else.
+    assert rounds.settled(6) == {"x"}
+
+
+def test_a_minority_ahead_moves_nothing():
+    rounds = finished_up_to(3)
+    sources = {"p", "q", "r", "s", "t"}  # a quorum is 3 of them (half, rounded up)
+    for peer, ahead in (("p", 20), ("q", 30)):
+        assert rounds.offer(peer, ahead, MODEL, None) == ROUND_AHEAD
+    rounds.finish(record(round=3))
+    assert rounds.next_round(sources) == 4 and rounds.catch_ups == 0
+    # A lone peer is no quorum, at any fraction.
+    lenient = finished_up_to(3, catch_up_quorum=0.0)
+    assert lenient.offer("p", 20, MODEL, None) == ROUND_AHEAD
+    lenient.finish(record(round=3))
+    assert lenient.next_round(sources) == 4 and lenient.catch_ups == 0
+
+
+def test_a_quorum_ahead_catches_the_node_up_as_far_as_the_quorum_has_reached():
+    rounds = finished_up_to(3, rounds=2000)
+    sources = {"p", "q", "r", "s", "t", "u"}  # 3 of 6 is the quorum
+    for peer, ahead in (("p", 1000), ("q", 900), ("r", 20)):
+        assert rounds.offer(peer, ahead, MODEL, None) == ROUND_AHEAD
+    rounds.finish(record(round=3))
+    # Three sources have all reached round 20; only two say they are any further.
+    assert rounds.next_round(sources) == 20 and rounds.catch_ups == 1
+    # A stricter quorum (all six) would not have moved it.
+    strict = finished_up_to(3, rounds=2000, catch_up_quorum=1.0)
+    for peer, ahead in (("p", 1000), ("q", 900), ("r", 20), ("s", 25), ("t", 30)):
+        strict.offer(peer, ahead, MODEL, None)
+    strict.finish(record(round=3))
+    assert strict.next_round(sources) == 4 and strict.catch_ups == 0
+
+
+def test_refused_payloads_leave_no_trace():
+    rounds = state(inbox_frames=3, peer_inbox_frames=2)
+    assert rounds.offer("p", 0, MODEL, "m") is None
+    assert rounds.offer("p", 1, MODEL, "m1") is None
+    assert rounds.offer("q", 1, MODEL, "m1") is None
+    before = copy.deepcopy(rounds)
+    for peer, round, kind, reason in (
+        ("r", 2, MODEL, INBOX_FULL),
+        ("p", 0, MODEL, DUPLICATE_PAYLOAD),
+        ("p", 2, SCORE, PEER_INBOX_FULL),
+    ):
+        assert rounds.offer(peer, round, kind, "refused") == reason
+        assert rounds == before, reason  # not queued, not arrived, not settled: nothing changed
+    assert rounds.settled(1) == set() and rounds.settled(0) == {"p", "q"}  # r is not past round 1
+
+
+def test_copies_and_old_rounds_from_one_peer_cannot_crowd_out_the_others():
+    rounds = finished_up_to(5, inbox_frames=8, peer_inbox_frames=3)
+    refusals = [rounds.offer("x", 5, MODEL, f"copy {n}") for n in range(10)]
+    assert refusals == [None] + [DUPLICATE_PAYLOAD] * 9  # one MODEL per round from a peer
+    refusals = [rounds.offer("x", old, MODEL, "old") for old in range(4, -1, -1)]
+    assert refusals == [None, None] + [PEER_INBOX_FULL] * 3  # x holds its share of 3, no more
+    for peer in ("p", "q"):
+        assert rounds.offer(peer, 5, MODEL, "m") is None
+        assert rounds.offer(peer, 5, SCORE, "s") is None
+    assert rounds.arrived(5) == {"p", "q"} and rounds.queued == 7
+    rounds.due()  # delivered: x's share is free again
+    assert rounds.offer("x", 6, MODEL, "next") is None
 
 
 def test_finishing_a_round_counts_the_missing_and_keeps_a_bounded_history():
