@@ -1,10 +1,14 @@
 """tools/zmtp.py against libzmq itself (pyzmq): what the raw client sends arrives intact at a
 ROUTER, NULL and CURVE, libzmq answers its PING, and the raw server feeds a DEALER that dials it."""
 
+import socket
+import struct
+
 import pytest
 import zmq
 
 from tools import zmtp
+from tools.attack import CURVE_ONLY, MALFORMED
 
 from .conftest import fixed_identity
 
@@ -110,3 +114,28 @@ def test_the_raw_server_feeds_a_dealer_that_dials_it(new_socket, curve):
             assert connection.receive() == zmtp.Frame(0, b"back")
         finally:
             connection.reset()
+
+
+@pytest.mark.parametrize("curve", [False, True], ids=["null", "curve"])
+def test_every_malformed_case_of_the_attack_tool_runs_and_a_router_still_serves_after_them(new_socket, curve):
+    """tools/attack.py's catalogue, each case once, reset then once closed: the cases run as
+    written (each gets its connection, and its handshake where it needs one), and libzmq drops or
+    ignores every one of them: a well-formed client is still served."""
+    router, address = bound_router(new_socket, curve)
+    for name, case in MALFORMED.items():
+        if name in CURVE_ONLY and not curve:
+            continue
+        for reset in (True, False):
+            connection = case(address, server_key(curve))
+            if reset:
+                connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            connection.close()
+    connection = zmtp.connect(address, server_key=server_key(curve))
+    try:
+        connection.send(b"still here")
+        while router.recv_multipart()[1:] != [b"still here"]:
+            pass  # what the cases sent that libzmq delivers as messages (a ZMTP 1.0 peer's noise)
+        connection.send_command(zmtp.ping(ttl=10, context=b"ok"))
+        assert connection.receive() == zmtp.Frame(zmtp.COMMAND, zmtp.command(b"PONG", b"ok"))
+    finally:
+        connection.close()
