@@ -11,16 +11,25 @@ Kinds:
   eight as a multipart message, as fast as the connections take them;
 - strangers: validly signed HELLO then PING frames, a fresh key per connection, each connection
   re-opened with a new key once it has sent `--frames-per-key`;
-- unfinished: over plain TCP, speaking ZMTP 3.0 itself (libzmq sends a multipart message only
-  once it is whole), 60 KB parts of one multipart message whose last part never comes, until
-  `--bytes` are sent, `--seconds` pass or the target cuts the connection. Plaintext only: a CURVE
-  target refuses the NULL handshake.
-- stall-reset: over plain TCP as well, against libzmq 4.3's `Assertion failed: !_io_error`: one
+- unfinished: speaking ZMTP itself over a plain TCP socket (tools/zmtp.py; libzmq sends a
+  multipart message only once it is whole), 60 KB parts of one multipart message whose last part
+  never comes, until `--bytes` are sent, `--seconds` pass or the target cuts the connection;
+- stall-reset: raw ZMTP as well, against libzmq 4.3's `Assertion failed: !_io_error`: one
   connection floods small messages so that the target reads no faster than its budget; others,
   one after another, each send a few more messages than the target's queue holds (`--frames`)
   and a ZMTP PING command in the same segment, then reset the connection. The engine stops
   reading at the full queue, the reset marks it broken, and once the target reads the queue the
-  engine decodes the PING and answers it on the broken connection: libzmq aborts the process.
+  engine decodes the PING and answers it on the broken connection: libzmq aborts the process;
+- malformed: raw ZMTP, a catalogue of what libzmq itself never sends (bad greeting bytes, a wrong
+  version or mechanism, ERROR and READY with broken metadata in the handshake, a handshake never
+  finished, CURVE's HELLO with a bad box and INITIATE with a bad vouch; after the handshake
+  oversized, negative and huge LONG lengths, a truncated frame, reserved flag bits, a command name
+  past its body, PING without TTL or with a 255-byte context, unknown commands, SUBSCRIBE and
+  CANCEL, ERROR, a MESSAGE box that does not open), each case on a fresh connection then reset
+  or closed, cycled for `--seconds`; the JSON line counts each case.
+
+With `--target-key`, the raw kinds run over CURVE as well, with a fresh client key per
+connection: a node's public socket completes the handshake with any key.
 
 Only loopback targets are accepted: this is a test tool.
 """
@@ -35,11 +44,13 @@ import socket as pysocket
 import struct
 import sys
 import time
+from collections.abc import Callable
 
 import zmq
 
 from protocol import PROTOCOL_VERSION, Encoder, Hello, Identity, Ping
 from protocol.curve import curve_public_from_ed25519
+from tools import zmtp
 
 _NETWORK_DEFAULT = "test"
 
@@ -70,53 +81,26 @@ def _stranger_frames(identity: Identity, network: str, count: int) -> list[bytes
     return frames
 
 
-def _read_exactly(connection: pysocket.socket, count: int) -> bytes:
-    data = b""
-    while len(data) < count:
-        chunk = connection.recv(count - len(data))
-        if not chunk:
-            raise ConnectionResetError("the target closed the connection")
-        data += chunk
-    return data
+def _zmtp_connection(target: str, target_key: bytes | None, timeout: float = 5.0) -> zmtp.Connection:
+    """A raw ZMTP connection whose handshake is over, as a DEALER: over CURVE with a fresh client
+    key when the target's Ed25519 key is given (any key completes it on a node's public socket)."""
+    server_key = curve_public_from_ed25519(target_key) if target_key is not None else None
+    return zmtp.connect(target, server_key=server_key, timeout=timeout)
 
 
-def _zmtp_connection(target: str) -> pysocket.socket:
-    """A plain TCP connection that has done ZMTP 3.0's NULL handshake as a DEALER."""
-    host, port = target.removeprefix("tcp://").rsplit(":", 1)
-    connection = pysocket.create_connection((host.strip("[]"), int(port)), timeout=5)
-    connection.setsockopt(pysocket.IPPROTO_TCP, pysocket.TCP_NODELAY, 1)
-    greeting = b"\xff" + bytes(8) + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\x00") + b"\x00" + bytes(31)
-    ready = b"\x05READY" + b"\x0bSocket-Type" + struct.pack(">I", 6) + b"DEALER"
-    connection.sendall(greeting + bytes([0x04, len(ready)]) + ready)
-    # Messages before the handshake is over (the target's ZAP handler answers first) would be a
-    # protocol error: wait for the target's greeting and READY.
-    _read_exactly(connection, 64)
-    flags, size = _read_exactly(connection, 2)
-    _read_exactly(
-        connection,
-        size if not flags & 0x02 else struct.unpack(">Q", bytes([size]) + _read_exactly(connection, 7))[0],
-    )
-    return connection
-
-
-def _reset(connection: pysocket.socket) -> None:
-    connection.setsockopt(pysocket.SOL_SOCKET, pysocket.SO_LINGER, struct.pack("ii", 1, 0))
-    connection.close()  # SO_LINGER 0: an RST, not a FIN
-
-
-def unfinished(target: str, max_bytes: int, seconds: float) -> dict:
+def unfinished(target: str, max_bytes: int, seconds: float, target_key: bytes | None = None) -> dict:
     """One multipart message, never finished (see the module's docstring)."""
     part = _NOISE[:60_000]
-    header = b"\x03" + struct.pack(">Q", len(part))  # MORE | LONG
     sent, parts, reset, started = 0, 0, False, time.perf_counter()
-    connection = _zmtp_connection(target)
+    connection = _zmtp_connection(target, target_key)
     try:
         while sent < max_bytes and time.perf_counter() - started < seconds:
-            connection.sendall(header + part)
-            sent += len(header) + len(part)
+            data = connection.frame_bytes(part, zmtp.MORE)
+            connection.send_raw(data)
+            sent += len(data)
             parts += 1
         time.sleep(max(0.0, seconds - (time.perf_counter() - started)))  # hold the parts there
-        connection.sendall(header + part)  # still open? (a reset shows here at the latest)
+        connection.send_raw(connection.frame_bytes(part, zmtp.MORE))  # still open? (a reset shows here at the latest)
     except OSError:
         reset = True
     finally:
@@ -124,30 +108,193 @@ def unfinished(target: str, max_bytes: int, seconds: float) -> dict:
     return {"sent": parts, "bytes": sent, "reset": reset, "seconds": round(time.perf_counter() - started, 3)}
 
 
-def stall_reset(target: str, frames: int, seconds: float) -> dict:
+def stall_reset(target: str, frames: int, seconds: float, target_key: bytes | None = None) -> dict:
     """See the module's docstring; `frames`: messages before the PING on each resetting connection."""
-    message = b"\x00\x28" + _NOISE[:40]  # a 40-byte message
-    ping = b"\x04\x09\x04PING" + struct.pack(">H", 10) + b"ab"  # command: name, TTL, context
-    flooding, resets, started = _zmtp_connection(target), 0, time.perf_counter()
-    flooding.setblocking(False)
+    message = _NOISE[:40]
+    flooding, resets, gone, started = _zmtp_connection(target, target_key), 0, False, time.perf_counter()
+    flooding.socket.setblocking(False)
+    backlog = b""  # what the flooding connection has made and not sent: frames are never cut short
     try:
         while time.perf_counter() - started < seconds:
+            backlog = backlog or b"".join(flooding.message_bytes(message) for _ in range(100))
             try:
-                flooding.send(message * 100)
+                backlog = backlog[flooding.socket.send(backlog) :]
             except BlockingIOError:
                 pass  # the target reads no faster than its budget: its queue and ours are full
-            try:
-                victim = _zmtp_connection(target)
             except OSError:  # the target is gone
+                gone = True
                 break
-            victim.sendall(message * frames + ping)
+            try:
+                victim = _zmtp_connection(target, target_key)
+            except OSError:  # the target is gone
+                gone = True
+                break
+            segment = b"".join(victim.message_bytes(message) for _ in range(frames))
+            try:
+                victim.send_raw(segment + victim.command_bytes(zmtp.ping(ttl=10, context=b"ab")))
+            except OSError:  # the target is gone
+                victim.close()
+                gone = True
+                break
             time.sleep(0.001 * (1 + resets % 4))  # the target's engine reads it, its reader not yet
-            _reset(victim)
+            victim.reset()
             resets += 1
             time.sleep(0.05)
     finally:
-        _reset(flooding)
-    return {"sent": resets, "seconds": round(time.perf_counter() - started, 3)}
+        flooding.reset()
+    return {"sent": resets, "target_gone": gone, "seconds": round(time.perf_counter() - started, 3)}
+
+
+# --kind malformed: each case opens a connection of its own, sends its bytes and gives back the
+# TCP socket, which `malformed` resets or closes. The cases that complete a handshake first speak
+# the target's mechanism (CURVE with a fresh client key when the target's key is given);
+# CURVE_ONLY need it. Over CURVE, "after the handshake" means inside MESSAGE boxes, except where
+# a case writes the outer frame itself (the lengths, the truncated frame, the bad box).
+_CASE_TIMEOUT = 2.0
+_BROKEN_METADATA = b"\x0bSocket-Type" + struct.pack(">I", 1000) + b"DEALER"  # a value past the end
+CURVE_ONLY = {"curve-hello-bad-box", "initiate-bad-vouch", "message-bad-box"}
+
+
+def _mechanism(server_key: bytes | None) -> bytes:
+    return b"NULL" if server_key is None else b"CURVE"
+
+
+def _before_handshake(make: Callable[[bytes | None], bytes]) -> Callable[[str, bytes | None], pysocket.socket]:
+    """A case that writes `make(server_key)` on a fresh TCP connection and reads nothing."""
+
+    def case(target: str, server_key: bytes | None) -> pysocket.socket:
+        connection = zmtp.open_socket(target, _CASE_TIMEOUT)
+        try:
+            connection.sendall(make(server_key))
+        except BaseException:
+            connection.close()
+            raise
+        return connection
+
+    return case
+
+
+def _after_handshake(send: Callable[[zmtp.Connection], None]) -> Callable[[str, bytes | None], pysocket.socket]:
+    """A case that completes the handshake, then has `send` write on the connection."""
+
+    def case(target: str, server_key: bytes | None) -> pysocket.socket:
+        connection = zmtp.connect(target, server_key=server_key, timeout=_CASE_TIMEOUT)
+        try:
+            send(connection)
+        except BaseException:
+            connection.close()
+            raise
+        return connection.socket
+
+    return case
+
+
+def _curve_initiate(target: str, server_key: bytes, properties: bytes, vouch_key: bytes | None) -> pysocket.socket:
+    """CURVE's handshake as far as INITIATE, with these `properties` and `vouch_key` (see
+    zmtp.CurveClient.initiate); the server's answer is not read."""
+    connection, curve = zmtp.open_socket(target, _CASE_TIMEOUT), zmtp.CurveClient(server_key)
+    try:
+        connection.sendall(zmtp.greeting(b"CURVE") + zmtp.frame(curve.hello(), zmtp.COMMAND))
+        zmtp.expect_greeting(connection, b"CURVE")
+        welcome = zmtp.expect_command(connection, b"WELCOME")
+        connection.sendall(zmtp.frame(curve.initiate(welcome, properties, vouch_key), zmtp.COMMAND))
+    except BaseException:
+        connection.close()
+        raise
+    return connection
+
+
+def _ready_with_broken_metadata(target: str, server_key: bytes | None) -> pysocket.socket:
+    """NULL's READY, or CURVE's INITIATE, with a property whose value runs past the end."""
+    if server_key is not None:
+        return _curve_initiate(target, server_key, _BROKEN_METADATA, None)
+    ready = zmtp.frame(zmtp.command(b"READY", _BROKEN_METADATA), zmtp.COMMAND)
+    return _before_handshake(lambda _: zmtp.greeting(b"NULL") + ready)(target, server_key)
+
+
+def _long_header(size: int) -> bytes:
+    return bytes((zmtp.LONG,)) + struct.pack(">Q", size)
+
+
+def _sealed_then_cut(connection: zmtp.Connection) -> None:
+    """A frame of 100 000 bytes (over CURVE, its MESSAGE), sent to its middle."""
+    data = connection.frame_bytes(_NOISE[:50_000] * 2)
+    connection.send_raw(data[: len(data) // 2])
+
+
+def _unfinished_handshake(server_key: bytes | None) -> bytes:
+    """The greeting, and over CURVE the HELLO (the server has made its WELCOME), then nothing."""
+    if server_key is None:
+        return zmtp.greeting(b"NULL")
+    return zmtp.greeting(b"CURVE") + zmtp.frame(zmtp.CurveClient(server_key).hello(), zmtp.COMMAND)
+
+
+MALFORMED: dict[str, Callable[[str, bytes | None], pysocket.socket]] = {
+    "bad-greeting": _before_handshake(lambda _: b"\xfe" + _NOISE[:63]),  # no 0xff: ZMTP 1.0, then noise
+    # revision 1 is ZMTP 2.0 (no mechanism: libzmq refuses it where ZAP is on), then noise
+    "wrong-version": _before_handshake(lambda key: zmtp.greeting(_mechanism(key), version=(1, 0)) + _NOISE[:64]),
+    "wrong-mechanism": _before_handshake(lambda _: zmtp.greeting(b"X-BOGUS") + zmtp.frame(b"\x05READY", zmtp.COMMAND)),
+    "error-in-handshake": _before_handshake(
+        lambda key: zmtp.greeting(_mechanism(key)) + zmtp.frame(zmtp.command(b"ERROR", b"\x03bye"), zmtp.COMMAND)
+    ),
+    "ready-broken-metadata": _ready_with_broken_metadata,
+    "unfinished-handshake": _before_handshake(_unfinished_handshake),
+    "curve-hello-bad-box": _before_handshake(
+        lambda key: zmtp.greeting(b"CURVE") + zmtp.frame(zmtp.CurveClient(key).hello(box=_NOISE[:80]), zmtp.COMMAND)
+    ),
+    "initiate-bad-vouch": lambda target, key: _curve_initiate(
+        target, key, zmtp.metadata({b"Socket-Type": b"DEALER"}), vouch_key=os.urandom(32)
+    ),
+    # LONG lengths: 256 MiB (past any node's ZMQ_MAXMSGSIZE), 2^64 - 1 (-1 as a signed length),
+    # 2^62 (no allocation holds it); each followed by a little of its body
+    "oversized-length": _after_handshake(lambda c: c.send_raw(_long_header(1 << 28) + _NOISE)),
+    "negative-length": _after_handshake(lambda c: c.send_raw(_long_header(2**64 - 1) + _NOISE[:1000])),
+    "huge-long-frame": _after_handshake(lambda c: c.send_raw(_long_header(1 << 62) + _NOISE[:1000])),
+    "truncated-frame": _after_handshake(_sealed_then_cut),
+    # the bits above COMMAND (over CURVE in the box's flags byte, where libzmq masks them)
+    "reserved-flags": _after_handshake(lambda c: c.send_raw(c.frame_bytes(b"r", 0xF9) + c.frame_bytes(b"s", 0xF0))),
+    "command-name-past-body": _after_handshake(lambda c: c.send_command(b"\x20PING")),
+    # libzmq 4.3.5 reads a TTL there anyway and answers with 16 bytes of stale buffer as context
+    "ping-without-ttl": _after_handshake(lambda c: c.send_command(b"\x04PING")),
+    "ping-255-byte-context": _after_handshake(lambda c: c.send_command(zmtp.ping(ttl=10, context=_NOISE[:255]))),
+    "unknown-command": _after_handshake(lambda c: c.send_command(zmtp.command(b"X-UNKNOWN", _NOISE[:64]))),
+    "subscribe-cancel": _after_handshake(
+        lambda c: c.send_raw(
+            c.command_bytes(zmtp.command(b"SUBSCRIBE", b"t")) + c.command_bytes(zmtp.command(b"CANCEL", b"t"))
+        )
+    ),
+    "error-command": _after_handshake(lambda c: c.send_command(zmtp.command(b"ERROR", b"\x03bye"))),
+    "message-bad-box": _after_handshake(
+        lambda c: c.send_raw(zmtp.frame(b"\x07MESSAGE" + struct.pack(">Q", 1 << 40) + _NOISE[:48]))
+    ),
+}
+
+
+def malformed(target: str, seconds: float, target_key: bytes | None = None) -> dict:
+    """Every case of MALFORMED in turn, each on a fresh connection then reset (even rounds) or
+    closed (odd ones), until `seconds` pass or the target refuses connections. `cut`: the cases
+    whose handshake the target refused or whose connection it cut before they were sent."""
+    server_key = curve_public_from_ed25519(target_key) if target_key is not None else None
+    names = [name for name in MALFORMED if server_key is not None or name not in CURVE_ONLY]
+    sent, cut = dict.fromkeys(names, 0), dict.fromkeys(names, 0)
+    rounds, gone, started = 0, False, time.perf_counter()
+    while not gone and time.perf_counter() - started < seconds:
+        for name in names:
+            try:
+                connection = MALFORMED[name](target, server_key)
+            except ConnectionRefusedError:
+                gone = True
+                break
+            except OSError:
+                cut[name] += 1
+                continue
+            if rounds % 2 == 0:
+                connection.setsockopt(pysocket.SOL_SOCKET, pysocket.SO_LINGER, struct.pack("ii", 1, 0))
+            connection.close()
+            sent[name] += 1
+        rounds += 1
+    seconds_taken = round(time.perf_counter() - started, 3)
+    return {"sent": sum(sent.values()), "cases": sent, "cut": cut, "target_gone": gone, "seconds": seconds_taken}
 
 
 def run(
@@ -214,7 +361,8 @@ def run(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.attack", description=__doc__.split("\n")[0])
     parser.add_argument("--target", required=True, type=_loopback)
-    parser.add_argument("--kind", choices=("garbage", "strangers", "unfinished", "stall-reset"), required=True)
+    kinds = ("garbage", "strangers", "unfinished", "stall-reset", "malformed")
+    parser.add_argument("--kind", choices=kinds, required=True)
     parser.add_argument("--connections", type=int, default=1)
     parser.add_argument("--rate", type=float, default=0.0, help="messages per second in all (0: as fast as possible)")
     parser.add_argument("--seconds", type=float, default=5.0)
@@ -228,10 +376,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.kind == "unfinished":
-        print(json.dumps(unfinished(args.target, args.bytes, args.seconds)), flush=True)
+        print(json.dumps(unfinished(args.target, args.bytes, args.seconds, args.target_key)), flush=True)
         return 0
     if args.kind == "stall-reset":
-        print(json.dumps(stall_reset(args.target, args.frames, args.seconds)), flush=True)
+        print(json.dumps(stall_reset(args.target, args.frames, args.seconds, args.target_key)), flush=True)
+        return 0
+    if args.kind == "malformed":
+        print(json.dumps(malformed(args.target, args.seconds, args.target_key)), flush=True)
         return 0
     if args.frames_per_key is None:
         planned = args.rate * args.seconds if args.rate else 20_000
