@@ -142,6 +142,19 @@ def _churn(args: argparse.Namespace):
         raise CommandError(str(exc), EXIT_USAGE) from None
 
 
+def _restart(args: argparse.Namespace):
+    """`--restart`'s policy (testnet/churn.py), or None without it."""
+    from testnet.churn import RestartPolicy
+
+    chosen = {"max_restarts": args.max_restarts, "backoff_s": args.restart_backoff}
+    if not args.restart:
+        for option, value in zip(("--max-restarts", "--restart-backoff"), chosen.values(), strict=True):
+            if value is not None:
+                raise CommandError(f"{option} goes with --restart", EXIT_USAGE)
+        return None
+    return RestartPolicy(**{name: value for name, value in chosen.items() if value is not None})
+
+
 def _daemon_settings(args: argparse.Namespace) -> dict[str, dict]:
     """The config sections every daemon gets from --daemon, --active-view and --max-peers
     (checked by each daemon as its config: a bad one stops the start, naming the field)."""
@@ -165,6 +178,7 @@ def _daemon_settings(args: argparse.Namespace) -> dict[str, dict]:
 
 def _testnet(args: argparse.Namespace) -> int:
     churn = _churn(args)
+    restart = _restart(args)
     if args.algorithm == "none" and args.duration is None:
         raise CommandError("--algorithm none needs --duration S", EXIT_USAGE)
     spec = None if args.algorithm == "none" else _learning_spec(args)
@@ -176,8 +190,8 @@ def _testnet(args: argparse.Namespace) -> int:
     try:
         with _placement(args) as placement:
             if spec is None:
-                return _discovery_testnet(args, churn, placement)
-            code, report = _learning_testnet(args, spec, churn, placement)
+                return _discovery_testnet(args, churn, restart, placement)
+            code, report = _learning_testnet(args, spec, churn, restart, placement)
     except (ClusterStartError, PlacementError) as exc:
         raise CommandError(str(exc)) from None
     if code != 130:
@@ -198,7 +212,7 @@ def _placement(args: argparse.Namespace):
         raise CommandError(str(exc), EXIT_USAGE) from None
 
 
-def _discovery_testnet(args: argparse.Namespace, churn, placement) -> int:
+def _discovery_testnet(args: argparse.Namespace, churn, restart, placement) -> int:
     from testnet.discovery import run_discovery_testnet
 
     code, _ = run_discovery_testnet(
@@ -208,6 +222,7 @@ def _discovery_testnet(args: argparse.Namespace, churn, placement) -> int:
         exit_on_mesh=args.exit_on_mesh,
         churn=churn,
         keep_going=args.keep_going,
+        restart=restart,
         seed=args.seed,
         placement=placement,
         settings=_daemon_settings(args),
@@ -215,7 +230,7 @@ def _discovery_testnet(args: argparse.Namespace, churn, placement) -> int:
     return code
 
 
-def _learning_testnet(args: argparse.Namespace, spec, churn, placement):
+def _learning_testnet(args: argparse.Namespace, spec, churn, restart, placement):
     from algorithms.datasets import DatasetError
     from algorithms.partitions import PartitionError
     from testnet.learning import run_learning_testnet
@@ -229,6 +244,7 @@ def _learning_testnet(args: argparse.Namespace, spec, churn, placement):
             check=_thresholds(args),
             churn=churn,
             keep_going=args.keep_going,
+            restart=restart,
             placement=placement,
             settings=_daemon_settings(args),
         )
@@ -541,7 +557,27 @@ def build_parser() -> argparse.ArgumentParser:
     testnet.add_argument(
         "--keep-going",
         action="store_true",
-        help="a daemon that exits on its own is reported and the others go on (default: the run stops)",
+        help="a daemon that exits on its own (and, with --restart, is not restarted) is reported and the others go on "
+        "(default: the run stops)",
+    )
+    testnet.add_argument(
+        "--restart",
+        action="store_true",
+        help="a daemon that dies (a crash, a signal, any exit but 0 and 2) is started again from its data directory "
+        "and checkpoint, after a backoff, at most --max-restarts times; each restart is reported. Past that it is an "
+        "exit, which --keep-going decides on (docs/daemon.md, Restarts)",
+    )
+    testnet.add_argument(
+        "--max-restarts",
+        type=_positive_int,
+        metavar="N",
+        help="--restart: most restarts of one daemon in the run (default 3)",
+    )
+    testnet.add_argument(
+        "--restart-backoff",
+        type=_positive_float,
+        metavar="S",
+        help="--restart: seconds before a daemon's first restart, doubled for each of its next ones (default 1)",
     )
     testnet.add_argument(
         "--churn",

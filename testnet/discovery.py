@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .churn import ChurnSpec, Supervisor
+from .churn import ChurnSpec, RestartPolicy, Supervisor
 from .cluster import Cluster
 from .overlay import at_target, resources, shape, steady_rates
 from .placement import Placement
@@ -102,6 +102,7 @@ def run_discovery_testnet(
     hold_s: float = 0.0,
     churn: ChurnSpec | None = None,
     keep_going: bool = False,
+    restart: RestartPolicy | None = None,
     seed: int = 0,
     poll_s: float | None = None,
     settings: dict[str, dict] | None = None,
@@ -110,7 +111,8 @@ def run_discovery_testnet(
 ) -> tuple[int, dict]:
     """Returns (exit code, report). Exit code 0 iff every node's view reached its target (for
     N ≤ active_view + 1: every node knew all others) within the duration, the overlay was
-    connected at the end, no daemon exited on its own, and every daemon stopped by `churn` was
+    connected at the end, no daemon exited on its own (and stayed down: `restart` starts a daemon
+    that died again, testnet/churn.py), and every daemon stopped by `churn` or restarted was
     back with every view at target before the end. Churn stops no daemon in the last `every`
     seconds, so that the last one stopped has time to come back. With `exit_on_mesh` the run
     stops `hold_s` after every view reached its target (the steady-state rates need more than
@@ -133,6 +135,7 @@ def run_discovery_testnet(
         keep_going=keep_going,
         started=started,
         last_stop_s=duration_s - churn.every_s if churn else float("inf"),
+        restart=restart,
         progress=progress,
     )
     with cluster:
@@ -151,7 +154,7 @@ def run_discovery_testnet(
 def _verdict(watch: _Watch, supervisor: Supervisor, overlay: dict, duration_s: float) -> tuple[bool, str]:
     """Whether the run passed (see run_discovery_testnet), and the line that says so."""
     target_s, connected = watch.target_s, overlay["connected"]
-    unhealed = [event["node"] for event in supervisor.events if event.get("mesh_s") is None]
+    unhealed = supervisor.unhealed("mesh_s")
     ok = target_s is not None and target_s <= duration_s and connected and not supervisor.exits and not unhealed
     if watch.full_mesh_s is not None:
         verdict = f"full mesh in {watch.full_mesh_s:.1f} s"
@@ -160,8 +163,13 @@ def _verdict(watch: _Watch, supervisor: Supervisor, overlay: dict, duration_s: f
     else:
         verdict = f"views not at target within {duration_s:g} s"
     verdict += "; overlay " + (f"connected, diameter {overlay['diameter']}" if connected else "NOT connected")
-    if supervisor.events:
-        verdict += f"; {len(supervisor.events) - len(unhealed)} of {len(supervisor.events)} churned nodes back in it"
+    churned = {event["node"] for event in supervisor.events}
+    if churned:
+        verdict += f"; {len(churned - set(unhealed))} of {len(churned)} churned nodes back in it"
+    if supervisor.restarts:
+        restarted = sorted({event["node"] for event in supervisor.restarts})
+        back = "back in it" if not set(restarted) & set(unhealed) else "not all back in it"
+        verdict += f"; {len(supervisor.restarts)} restart(s) of node(s) {restarted}, {back}"
     if supervisor.exits:
         verdict += f"; node(s) {[entry['node'] for entry in supervisor.exits]} exited on their own"
     return ok, verdict
@@ -187,7 +195,7 @@ def _watch_run(
                 supervisor.stamp("mesh_s")  # the restarted nodes are back, every view at target
             if watch.all_up_s is not None:
                 supervisor.arm()
-            healed = all(event.get("mesh_s") is not None for event in supervisor.events)
+            healed = not supervisor.unhealed("mesh_s")
             held = watch.target_s is not None and elapsed >= watch.target_s + hold_s
             if exit_on_mesh and held and supervisor.done() and healed:
                 break

@@ -25,7 +25,7 @@ from p2pnode.config import DiscoverySettings
 from p2pnode.rounds import RoundRecord
 from protocol import LEARNING_TYPES
 
-from .churn import ChurnSpec, Supervisor
+from .churn import ChurnSpec, RestartPolicy, Supervisor
 from .cluster import Cluster
 from .placement import Placement
 from .provenance import provenance
@@ -101,6 +101,7 @@ def run_learning_testnet(
     check: CheckThresholds | None = None,
     churn: ChurnSpec | None = None,
     keep_going: bool = False,
+    restart: RestartPolicy | None = None,
     poll_s: float = 0.5,
     settings: dict[str, dict] | None = None,
     progress=None,
@@ -108,9 +109,9 @@ def run_learning_testnet(
 ) -> tuple[int, dict[str, Any]]:
     """Returns (exit code, report): 0 if every node finished (and `check` passed, if given),
     1 if not, 130 if interrupted. `churn` stops and restarts daemons while they learn (not
-    those that have finished); they resume from their checkpoints. `settings` adds config
-    settings to every node's, by section (e.g. `{"discovery": {"active_view": 8}}`).
-    `placement` runs the daemons (default: here)."""
+    those that have finished), `restart` restarts those that die (testnet/churn.py): they
+    resume from their checkpoints. `settings` adds config settings to every node's, by section
+    (e.g. `{"discovery": {"active_view": 8}}`). `placement` runs the daemons (default: here)."""
     if spec.poisoners:
         raise ValueError("poisoning peers exist in the simulator only")
     # The daemons resolve the device as this launcher does; provenance names the engine, as a simulation's.
@@ -132,7 +133,9 @@ def run_learning_testnet(
     timeout_s = timeout_s if timeout_s is not None else default_timeout_s(spec.nodes, spec.rounds, round_deadline_s)
     cluster.place()  # before t = 0: a Ray cluster starts its launchers here
     started = time.monotonic()
-    supervisor = Supervisor(cluster, churn, seed=spec.seed, keep_going=keep_going, started=started, progress=progress)
+    supervisor = Supervisor(
+        cluster, churn, seed=spec.seed, keep_going=keep_going, started=started, restart=restart, progress=progress
+    )
     with cluster:
         cluster.start_all()
         finals, interrupted, timed_out = _watch(cluster, supervisor, spec.rounds, started + timeout_s, poll_s, progress)

@@ -107,6 +107,11 @@ class Placement(Protocol):
         """Bring each node's log to its `log_path` on this machine (where it is not already)."""
         ...
 
+    def lost(self, spec: NodeSpec) -> bool:
+        """The daemon died with the place it ran (a Ray node or worker), which cannot start it
+        again: `--restart` leaves it down."""
+        ...
+
     def close(self) -> None:
         """Release what the placement holds, once the cluster has stopped its daemons."""
         ...
@@ -164,6 +169,9 @@ class LocalPlacement:
 
     def collect(self, specs: Iterable[NodeSpec]) -> None:
         pass  # the daemons write their logs in place
+
+    def lost(self, spec: NodeSpec) -> bool:
+        return False  # this machine is where the launcher runs: it is here as long as the run is
 
     def close(self) -> None:
         pass

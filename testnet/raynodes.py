@@ -294,6 +294,9 @@ class RayPlacement:
                     spec.process.returncode = code
         return [found.get(spec.index) for spec in specs]
 
+    def lost(self, spec: NodeSpec) -> bool:
+        return isinstance(spec.process, RayProcess) and spec.process.returncode == LOST
+
     def collect(self, specs: Iterable[NodeSpec]) -> None:
         for spec in specs:
             if not isinstance(spec.process, RayProcess):

@@ -62,8 +62,8 @@ REQUIRED_KEYS = (
 
 
 # Only real daemons have them: per node (exit codes, logs, resumes, catch-ups), and per run what
-# `--churn` did, which daemons exited on their own (testnet/churn.py), and the run's timeout
-# and whether it ran out.
+# `--churn` did, which daemons died and `--restart` started again, which exited on their own
+# and stayed down (testnet/churn.py), and the run's timeout and whether it ran out.
 PROCESS_KEYS = (
     "engine",
     "addresses",
@@ -74,6 +74,7 @@ PROCESS_KEYS = (
     "rss_mb",
     "peak_rss_mb",
     "churn",
+    "restarts",
     "exits",
     "timeout_s",
     "timed_out",
@@ -152,7 +153,7 @@ def assemble(
 ) -> dict[str, Any]:
     """The report of a run. `discovery` is the traffic outside learning (the testnet's daemons;
     none in a simulation), `processes` what only real daemons have (PROCESS_KEYS: where they ran,
-    exit codes, logs, resumes, catch-ups, memory, churn, exits; null in a simulation)."""
+    exit codes, logs, resumes, catch-ups, memory, churn, restarts, exits; null in a simulation)."""
     ids = list(header["node_ids"])
     by_node: list[dict[int, RoundRecord]] = [{} for _ in ids]
     index = {node_id: i for i, node_id in enumerate(ids)}

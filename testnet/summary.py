@@ -1,6 +1,7 @@
 """`report.md`: one page a researcher can read at a glance and paste, drawn from report.json
 alone (docs/learning.md, "Report"): the run, the final accuracy of each method with its interval,
-every node, the learned graph, the traffic, the plots and where the run came from.
+every node, the learned graph, the traffic, the daemons that went down (a testnet's: churn,
+restarts, exits), the plots and where the run came from.
 
 Intervals (testnet/intervals.py): an accuracy carries its 95 % Wilson interval on the node's (or
 all nodes') test images; a difference between methods its paired bootstrap interval over nodes.
@@ -48,6 +49,7 @@ def summary_page(report: dict[str, Any], plots: Sequence[str] = ()) -> str:
         "## Per node\n\n" + per_node_table(report),
         _graph(report),
         _traffic(report),
+        *filter(None, [_daemons(report)]),
         "## Plots\n\n" + "\n".join(f"![{Path(name).stem}]({name})" for name in plots),
         _provenance(report),
     ]
@@ -210,6 +212,33 @@ def _traffic(report: dict[str, Any]) -> str:
     overhead = comm["envelope_overhead"]
     after = "" if overhead is None else f"\n\nLearning frames are {overhead:.3f} × the tensor bytes they carry."
     return "## Traffic (sent, all nodes)\n\n" + "\n".join(rows) + after
+
+
+def _daemons(report: dict[str, Any]) -> str:
+    """A testnet's daemons that went down during the run, in the order they did: stopped by
+    `--churn`, died and started again by `--restart`, or died and stayed down (docs/daemon.md,
+    "Churn" and "Restarts"). Empty if none did, and for a simulation."""
+    processes = report.get("processes") or {}
+    rows = []
+    for event in (processes.get("churn") or {}).get("events") or []:
+        rows.append((event["killed_s"], event, f"stopped by --churn ({event['signal']})"))
+    for event in (processes.get("restarts") or {}).get("events") or []:
+        rows.append((event["exited_s"], event, f"died ({_ended(event)}); restart {event['restart']}"))
+    for entry in processes.get("exits") or []:
+        after = f" after {entry['restarts']} restarts" if entry.get("restarts") else ""
+        rows.append((entry["exited_s"], entry, f"died ({_ended(entry)}){after}; stayed down"))
+    if not rows:
+        return ""
+    lines = ["| at, s | node | what | back after, s | resumed after round |", "|---|---|---|---|---|"]
+    for at, event, what in sorted(rows, key=lambda row: row[0]):
+        back = "—" if event.get("back_after_s") is None else f"{event['back_after_s']:.1f}"
+        resumed = event.get("resumed_from")
+        lines.append(f"| {at:.1f} | {event['node']} | {what} | {back} | {'—' if resumed is None else resumed} |")
+    return "## Daemons down during the run\n\n" + "\n".join(lines)
+
+
+def _ended(event: dict[str, Any]) -> str:
+    return event.get("signal") or f"exit code {event['exit_code']}"
 
 
 def _provenance(report: dict[str, Any]) -> str:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import time
 from pathlib import Path
 
 import tomli_w
@@ -93,3 +96,28 @@ def log_lines(root: Path, *words: str) -> str:
             f"{log.parent.name}: {line}" for line in log.read_text().splitlines() if any(w in line for w in words)
         ]
     return "\n".join(lines)
+
+
+def signal_each_start(
+    directory: Path, signum: int = signal.SIGKILL, times: int = 1, timeout: float = 30.0
+) -> list[int]:
+    """Send `signum` to the daemon of testnet node `directory` once it is up (it holds its lock,
+    which names its pid, and has its control socket), then to each daemon started there after it,
+    `times` in all: crashes the launcher did not cause. Returns the pids signalled, fewer if
+    `timeout` ran out first. Runs in a thread beside the launcher."""
+    lock, control = directory / "data" / "node.lock", directory / "data" / "control.sock"
+    signalled: list[int] = []
+    deadline = time.monotonic() + timeout
+    while len(signalled) < times and time.monotonic() < deadline:
+        try:
+            pid = lock.read_text().strip()  # a dead daemon's pid stays there until the next one takes the lock
+        except FileNotFoundError:
+            pid = ""
+        if control.exists() and pid.isdigit() and int(pid) not in signalled:
+            try:
+                os.kill(int(pid), signum)
+                signalled.append(int(pid))
+            except ProcessLookupError:
+                pass  # gone already: wait for the next one
+        time.sleep(0.02)
+    return signalled

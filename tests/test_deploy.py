@@ -166,6 +166,9 @@ def test_the_systemd_unit_runs_the_documented_command_as_a_dedicated_user():
     build_parser().parse_args(argv)
     assert settings["User"] == ["p2pnode"] and settings["KillSignal"] == ["SIGTERM"]
     assert settings["Restart"] == ["on-failure"] and settings["RestartPreventExitStatus"] == [str(EXIT_USAGE)]
+    # A daemon that keeps dying is given up on, as `p2pnode testnet --restart --max-restarts` does.
+    assert settings["RestartSec"] == ["5"] and settings["StartLimitBurst"] == ["5"]
+    assert settings["StartLimitIntervalSec"] == ["600"]
     # Instance `node`: its state directory is the doc's data directory, and the only writable one.
     assert settings["StateDirectory"] == ["p2pnode/%i"] and settings["ReadWritePaths"] == ["/var/lib/p2pnode/%i"]
     assert DATA_DIR == "/var/lib/p2pnode/node" and settings["ProtectSystem"] == ["strict"]

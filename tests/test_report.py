@@ -65,7 +65,7 @@ def test_every_node_every_round():
     assert report["baselines"] == {}
     assert report["rejections"] == {"bad_shape": 2} and report["check"] is None
     processes = ("engine", "addresses", "exit_codes", "logs", "resumed_from", "catch_ups", "rss_mb", "peak_rss_mb")
-    assert report["processes"] == dict.fromkeys((*processes, "churn", "exits", "timeout_s", "timed_out"))
+    assert report["processes"] == dict.fromkeys((*processes, "churn", "restarts", "exits", "timeout_s", "timed_out"))
     assert report["timing"]["gather_s_mean"] is None  # nobody measured a gather
 
 
