@@ -532,6 +532,23 @@ class SecuritySettings:
         "inbound connections held at once from one source IP address (`zap_denied_address_cap`); "
         "a testnet on one host needs more than its node count",
     )
+    abort_strikes: int = option(
+        Integer(1, 1000),
+        2,
+        "a source address with a connection accepted within `abort_suspect_s` before an inbound "
+        "socket's process aborted, this many aborts in a row (each within `abort_ban_s` of the "
+        "last), is refused on both inbound sockets for `abort_ban_s` (`zap_denied_aborts`), except, "
+        "with `curve`, admitted peers' keys",
+    )
+    abort_suspect_s: float = option(
+        Number(0.1, 60),
+        2.0,
+        "how recent a connection must be, when an inbound socket's process aborts, to be suspected "
+        "of the abort (the attack takes a fresh connection each time; honest peers hold theirs)",
+    )
+    abort_ban_s: float = option(
+        Number(0, 86_400), 300.0, "how long a source address suspected of `abort_strikes` aborts is refused (0: never)"
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -52,6 +52,9 @@ RESTART_BACKOFF_S = (0.0, 0.1, 0.5, 1.0, 2.0)  # before the n-th start in a row 
 STOP_WAIT_S = 2.0  # for the process to leave once its control pipe closes, then it is killed
 _PIPE_SLACK = 1 << 16  # msgpack and routing data around a batch's frames
 EXITS_KEPT = 16  # recent exits shown in status
+# How an attack ends an ingress process: libzmq's failed assertion (its allocations past
+# `limit_data` too), or Python's MemoryError past it (ingress_process.py OUT_OF_MEMORY).
+_ABORTED = ("signal SIGABRT", "exit code 3")
 
 
 class BindError(TransportError):
@@ -177,6 +180,7 @@ class Ingress:
         """Start the process and bind; returns the endpoint bound (a port 0 chosen). Raises
         BindError if it cannot bind (the process is gone again then)."""
         self._child = await self._bind(await self.standby.take(), endpoint)
+        self.connections.socket_up(self.name, trio.current_time())
         self._up.set()
         await self.standby.fill()
         return self.endpoint
@@ -197,6 +201,7 @@ class Ingress:
                     )
                     continue
                 failures = 0
+                self.connections.socket_up(self.name, trio.current_time())
                 self._up.set()
                 log.warning("the %s socket's ingress process is back on %s", self.name, self.endpoint)
                 await self.standby.fill()
@@ -205,8 +210,14 @@ class Ingress:
             await self._relay(child)
             self._up = trio.Event()
             self._child = None
-            self.connections.forget_all(self.name)
             how = await _reap(child)
+            banned = self.connections.forget_all(self.name, trio.current_time(), aborted=how in _ABORTED)
+            if banned:
+                log.warning(
+                    "refusing %s for %.0f s: connected just before each of the aborts",
+                    ", ".join(banned),
+                    self.connections.settings.abort_ban_s,
+                )
             child.gone.set()
             self.restarts += 1
             self.exits = [*self.exits, {"at": time.time(), "how": how, "up_s": round(time.monotonic() - started, 3)}][
@@ -273,12 +284,16 @@ class Ingress:
 
     def _setup(self, endpoint: str) -> dict:
         s, public = self.settings, self.name == PUBLIC
+        bound = s.max_public_buffered_bytes if public else s.max_peers_buffered_bytes
         return {
             "name": self.name,
             "endpoint": endpoint,
             "max_message_bytes": self.max_frame_bytes + CURVE_SLACK,
             "recv_hwm": s.public_recv_hwm if public else s.recv_hwm,
-            "max_buffered_bytes": s.max_public_buffered_bytes if public else s.max_peers_buffered_bytes,
+            "max_buffered_bytes": bound,
+            # The hard bound beyond buffers.py's soft one: room for what it lets through, and
+            # for the largest frame and a batch of them in flight to the node.
+            "data_limit_bytes": bound + bound // 2 + 2 * (self.max_frame_bytes + s.verify_batch_bytes),
             "curve": list(self.curve) if self.curve is not None else None,
             "handshake_ivl_ms": s.handshake_ivl_ms,
             "keepalive_s": s.keepalive_s,
@@ -319,9 +334,9 @@ class Ingress:
                 kind = message[0]
                 if kind == "event":
                     _, event, fd, address = message
-                    self.connections.on_event(event, fd, address, self.name)
+                    self.connections.on_event(event, fd, address, self.name, trio.current_time())
                 elif kind == "zap":
-                    await control.send(["zap", self.connections.reply(message[1])])
+                    await control.send(["zap", self.connections.reply(message[1], trio.current_time())])
                 elif kind == "counts":
                     self.counts.update(message[1])
                 elif kind == "log":

@@ -20,6 +20,8 @@ It imports neither torch nor the node: it starts in a fraction of a second.
 from __future__ import annotations
 
 import logging
+import os
+import resource
 import signal
 import socket
 import sys
@@ -45,6 +47,7 @@ from .zmqtrio import receive_batch, receive_routed
 
 log = logging.getLogger("p2pnode.ingress")
 
+OUT_OF_MEMORY = 3  # the exit code past `limit_data`
 CONTROL_MAX_BYTES = 1 << 20  # setup, ZAP verdicts: small
 COUNTS_EVERY_S = 0.25  # how often counter changes go to the node
 
@@ -108,13 +111,17 @@ class Ingress:
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
+            # Every thread is up once the alarm's is: from here on the process grows only by
+            # what libzmq holds and the batches in flight, and the limit is the last word on it.
+            nursery.start_soon(self._watch_buffers)
+            await trio.sleep(0)
+            limit_data(self.setup["data_limit_bytes"])
             nursery.start_soon(self._send_outbox)
             nursery.start_soon(self._read_control, nursery.cancel_scope)
             nursery.start_soon(self._relay_zap)
             nursery.start_soon(self._forward_counts)
             nursery.start_soon(self._follow)
             nursery.start_soon(self._serve)
-            nursery.start_soon(self._watch_buffers)
 
     async def _send_outbox(self) -> None:
         async for message in self._outbox:
@@ -216,6 +223,25 @@ class Ingress:
         self.context.term()
 
 
+def limit_data(extra_bytes: int | None) -> None:
+    """A hard bound on this process's memory: at most `extra_bytes` more of private data than it
+    has now (RLIMIT_DATA). buffers.py sheds the connections that make libzmq hold too much, but
+    it reacts after the fact, and on a loaded machine late (8 connections each sending a
+    multipart message never finished grew the process by 40 MB against a 16 MiB bound); past
+    this limit libzmq's next allocation fails and it aborts, so the process ends, is started
+    again with nothing held (ingress.py), and the connections that were coming in just then are
+    suspects of an abort (zap.py). None: no limit."""
+    if extra_bytes is None or not hasattr(resource, "RLIMIT_DATA"):
+        return
+    try:
+        with open("/proc/self/status") as status:
+            data_kib = next(int(line.split()[1]) for line in status if line.startswith("VmData:"))
+    except (OSError, StopIteration, ValueError):
+        return  # no /proc: buffers.py's bound alone
+    limit = data_kib * 1024 + extra_bytes
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, resource.getrlimit(resource.RLIMIT_DATA)[1]))
+
+
 async def _main(control_fd: int, frames_fd: int) -> None:
     control = MessagePipe(socket.socket(fileno=control_fd), CONTROL_MAX_BYTES)
     try:
@@ -242,7 +268,14 @@ def main(argv: list[str] | None = None) -> int:
     # node stops this process itself, by closing the control pipe, once it has said goodbye.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    trio.run(_main, control_fd, frames_fd)
+    try:
+        trio.run(_main, control_fd, frames_fd)
+    except BaseException as exc:
+        # Past `limit_data` in Python rather than in libzmq (which aborts): said by the exit
+        # code, so that the node counts it as what it is, an attack (ingress.py).
+        if isinstance(exc, MemoryError) or (isinstance(exc, BaseExceptionGroup) and exc.subgroup(MemoryError)):
+            os._exit(OUT_OF_MEMORY)
+        raise
     return 0
 
 

@@ -29,7 +29,8 @@ stay exact. Every event and decision is counted in `Metrics.connections`.
 
 from __future__ import annotations
 
-from collections import Counter
+import math
+from collections import Counter, deque
 from collections.abc import Callable
 
 import zmq
@@ -66,18 +67,28 @@ class Connections:
         # (inbound socket, descriptor) -> the source address of a live connection
         self.by_fd: dict[tuple[str, int], str] = {}
         self.by_address: Counter[str] = Counter()
+        self.accepted_at: dict[tuple[str, int], float] = {}  # when each live connection came
+        # Suspects of aborts: source addresses, and (with CURVE) client keys, which is how an
+        # admitted peer is told from others on one host. -> (aborts in a row, the last one's time)
+        self.strikes: dict[str | bytes, tuple[int, float]] = {}
+        self.banned: dict[str | bytes, float] = {}  # address or key -> refused until then
+        self.keys_allowed: deque[tuple[float, str, bytes]] = deque(maxlen=4096)  # (when, socket, key)
+        self.started: dict[str, float] = {}  # socket -> when its ingress process came up
 
-    def on_event(self, event: int, fd: int, address: str | None, socket: str = PUBLIC) -> None:
-        """One monitor event of an inbound socket; `address`: the source address of an accepted
-        connection ("?" if unknown), looked up where the descriptor lives (ingress_process.py)."""
+    def on_event(self, event: int, fd: int, address: str | None, socket: str = PUBLIC, now: float = 0.0) -> None:
+        """One monitor event of an inbound socket at `now`; `address`: the source address of an
+        accepted connection ("?" if unknown), looked up where the descriptor lives
+        (ingress_process.py)."""
         if event == zmq.EVENT_ACCEPTED:
             address = address or "?"
             self.by_fd[socket, fd] = address
+            self.accepted_at[socket, fd] = now
             self.by_address[address] += 1
             self.counts["accepted"] += 1
         elif event == zmq.EVENT_DISCONNECTED:
             self.counts["disconnected"] += 1
             address = self.by_fd.pop((socket, fd), None)
+            self.accepted_at.pop((socket, fd), None)
             if address is not None:
                 self.by_address[address] -= 1
                 if not self.by_address[address]:
@@ -87,24 +98,72 @@ class Connections:
         elif event in FAILED_EVENTS:
             self.counts["handshake_failed"] += 1
 
-    def forget_all(self, socket: str) -> None:
+    def socket_up(self, socket: str, now: float) -> None:
+        """An ingress process took `socket` at `now`: its connections, honest peers' included,
+        come back within the next moments, and are not suspects of an abort then (`forget_all`)."""
+        self.started[socket] = now
+
+    def forget_all(self, socket: str, now: float, aborted: bool) -> list[str]:
         """Every connection to one inbound socket is gone at once: the ingress process that held
-        them ended."""
+        them ended at `now`. If libzmq `aborted` it, the addresses and CURVE keys of the
+        connections that came within `abort_suspect_s` get a strike (the stall-reset attack needs
+        a fresh connection each time; honest peers hold theirs, except in the first
+        `abort_suspect_s` after the process came up, when they all come back: keys that came
+        then are not suspects), and those at `abort_strikes` are banned for `abort_ban_s`.
+        Returns what was banned now (addresses; keys as `key:HEX`)."""
+        recent = now - self.settings.abort_suspect_s
+        # Keys: not in the first moments of the process, when every peer reconnects (an admitted
+        # peer is immune to address bans, so addresses need no such exception).
+        since_up = max(recent, self.started.get(socket, -math.inf) + self.settings.abort_suspect_s)
+        suspects: set[str | bytes] = {
+            key for when, came_to, key in self.keys_allowed if came_to == socket and when > since_up
+        }
         for key in [key for key in self.by_fd if key[0] == socket]:
             address = self.by_fd.pop(key)
+            if self.accepted_at.pop(key, -math.inf) > recent and address != "?":
+                suspects.add(address)
             self.by_address[address] -= 1
             if not self.by_address[address]:
                 del self.by_address[address]
+        if not aborted or not self.settings.abort_ban_s:
+            return []
+        banned = []
+        for address in suspects:
+            count, last = self.strikes.get(address, (0, -math.inf))
+            count = count + 1 if now - last <= self.settings.abort_ban_s else 1
+            self.strikes[address] = (count, now)
+            if count >= self.settings.abort_strikes:
+                self.banned[address] = now + self.settings.abort_ban_s
+                self.counts["abort_banned"] += 1
+                banned.append(address if isinstance(address, str) else f"key:{address.hex()}")
+        self._expire(now)
+        return sorted(banned)
+
+    def _banned(self, suspect: str | bytes, now: float) -> bool:
+        until = self.banned.get(suspect)
+        if until is not None and until <= now:
+            del self.banned[suspect]  # over
+        return until is not None and until > now
+
+    def _expire(self, now: float) -> None:
+        """Bans and strikes past their time are dropped: both stay as small as the attackers."""
+        self.banned = {address: until for address, until in self.banned.items() if until > now}
+        window = self.settings.abort_ban_s
+        self.strikes = {address: (c, last) for address, (c, last) in self.strikes.items() if now - last <= window}
 
     def decide(
-        self, address: str, mechanism: bytes, credentials: list[bytes], domain: bytes = ZAP_DOMAIN
+        self, address: str, mechanism: bytes, credentials: list[bytes], domain: bytes = ZAP_DOMAIN, now: float = 0.0
     ) -> str | None:
         """The refusal of a connection from `address` (already counted), or None to accept it."""
         key = credentials[0] if mechanism == b"CURVE" and credentials else None
         if key is not None and self.allowed is not None and key not in self.allowed:
             return "zap_denied_allowlist"
+        if key is not None and self._banned(key, now):
+            return "zap_denied_aborts"  # an admitted peer's key too: it aborted this node's sockets
         if key is not None and self.is_peer(key):
             return None  # an admitted peer is never shut out by others' connections
+        if self._banned(address, now):
+            return "zap_denied_aborts"
         if key is not None and domain == PEERS_DOMAIN:
             # Strangers handshake on the public socket; keys being verified too: the peers'
             # socket's process is then reachable by admitted keys alone (ingress.py). A key that
@@ -118,19 +177,24 @@ class Connections:
             return "zap_denied_total_cap"
         return None
 
-    def reply(self, request: list[bytes]) -> list[bytes]:
-        """The ZAP reply (RFC 27) to one request: version, id, status, text, user id, metadata."""
+    def reply(self, request: list[bytes], now: float = 0.0) -> list[bytes]:
+        """The ZAP reply (RFC 27) to one request at `now`: version, id, status, text, user id, metadata."""
         if len(request) < 6 or request[0] != b"1.0":
             self.counts["zap_malformed"] += 1
             return [b"1.0", request[1] if len(request) > 1 else b"", b"500", b"malformed request", b"", b""]
         address, mechanism, credentials = request[3].decode(errors="replace"), request[5], request[6:]
-        refusal = self.decide(address, mechanism, credentials, request[2])
+        refusal = self.decide(address, mechanism, credentials, request[2], now)
         if refusal is not None:
             self.counts[refusal] += 1
             return [b"1.0", request[1], b"400", refusal.encode(), b"", b""]
         self.counts["zap_allowed"] += 1
+        if mechanism == b"CURVE" and credentials:
+            self.keys_allowed.append((now, _SOCKETS.get(request[2], PUBLIC), credentials[0]))
         user_id = credentials[0].hex().encode() if mechanism == b"CURVE" and credentials else b""
         return [b"1.0", request[1], b"200", b"OK", user_id, b""]
+
+
+_SOCKETS = {domain: socket for socket, domain in DOMAINS.items()}
 
 
 def _curve_keys(keys) -> list[bytes]:

@@ -101,7 +101,16 @@ def unfinished(target: str, max_bytes: int, seconds: float, target_key: bytes | 
     """One multipart message, never finished (see the module's docstring)."""
     part = _NOISE[:60_000]
     sent, parts, reset, started = 0, 0, False, time.perf_counter()
-    connection = _zmtp_connection(target, target_key)
+    try:
+        connection = _zmtp_connection(target, target_key)
+    except OSError:  # refused (nothing listening, or this client is refused in the handshake)
+        return {
+            "sent": 0,
+            "bytes": 0,
+            "reset": True,
+            "refused": True,
+            "seconds": round(time.perf_counter() - started, 3),
+        }
     try:
         while sent < max_bytes and time.perf_counter() - started < seconds:
             data = connection.frame_bytes(part, zmtp.MORE)
@@ -117,20 +126,22 @@ def unfinished(target: str, max_bytes: int, seconds: float, target_key: bytes | 
     return {"sent": parts, "bytes": sent, "reset": reset, "seconds": round(time.perf_counter() - started, 3)}
 
 
-def stall_reset(target: str, frames: int, seconds: float, target_key: bytes | None = None) -> dict:
+def stall_reset(target: str, frames: int, seconds: float, target_key: bytes | None = None, pause: float = 0.0) -> dict:
     """See the module's docstring; `frames`: messages before the PING on each resetting
     connection. Goes on for `seconds` whatever the target does: a connection lost or refused
-    (the target's process aborted, or is starting again) is counted, and the attack starts over
-    on a new one, as an attacker would against a target that restarts."""
+    (the target's process aborted, or is starting again, or refused this client) is counted,
+    and the attack starts over on a new one `pause` seconds later, as an attacker would against
+    a target that restarts."""
     started, resets, lost, refused = time.perf_counter(), 0, 0, 0
     while time.perf_counter() - started < seconds:
         try:
             resets += _stall_reset_until_lost(target, frames, started + seconds, target_key)
         except OSError:
-            refused += 1  # nothing listening: the target is down, or starting again
+            refused += 1  # nothing listening (the target is down, or starting again), or refused
             time.sleep(0.01)
             continue
         lost += time.perf_counter() - started < seconds
+        time.sleep(pause)
     gone = False
     try:
         _zmtp_connection(target, target_key).close()
@@ -401,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--frames-per-key", type=int, help="default: enough that each connection keeps one key")
     parser.add_argument("--frames", type=int, default=6, help="stall-reset: messages before the PING")
+    parser.add_argument("--pause", type=float, default=0.0, help="stall-reset: seconds to wait after a lost connection")
     parser.add_argument(
         "--as-key",
         help="raw ZMTP over CURVE: connect with the transport key of this node key file (an admitted "
@@ -420,7 +432,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(unfinished(args.target, args.bytes, args.seconds, args.target_key)), flush=True)
         return 0
     if args.kind == "stall-reset":
-        print(json.dumps(stall_reset(args.target, args.frames, args.seconds, args.target_key)), flush=True)
+        result = stall_reset(args.target, args.frames, args.seconds, args.target_key, args.pause)
+        print(json.dumps(result), flush=True)
         return 0
     if args.kind == "malformed":
         print(json.dumps(malformed(args.target, args.seconds, args.target_key)), flush=True)

@@ -95,21 +95,28 @@ def node_rss_mb(node) -> float:
     return rss_mb() + sum(rss_mb(ingress.pid) for ingress in node.ingress.values() if ingress.pid)
 
 
-async def run_attack_measuring_rss(node, *args: str) -> tuple[dict, float]:
-    """`run_attack`, and how far `node_rss_mb(node)` rose above its level at the start, at its
-    highest while the attack ran (sampled every 20 ms), in MB."""
+async def run_attack_measuring_rss(node, *args: str, copies: int = 1) -> tuple[dict | list[dict], float]:
+    """`run_attack` (`copies` of it at once: then a list of their results), and how far
+    `node_rss_mb(node)` rose above its level at the start, at its highest while the attack ran
+    (sampled every 20 ms), in MB."""
     before, peaks = node_rss_mb(node), []
     done = trio.Event()
+    results: list[dict] = []
 
     async def watch() -> None:
         while not done.is_set():
             peaks.append(node_rss_mb(node))
             await trio.sleep(0.02)
 
+    async def attack() -> None:
+        results.append(await run_attack(*args))
+
     async with trio.open_nursery() as nursery:
         nursery.start_soon(watch)
         try:
-            result = await run_attack(*args)
+            async with trio.open_nursery() as attacks:
+                for _ in range(copies):
+                    attacks.start_soon(attack)
         finally:
             done.set()
-    return result, max(peaks, default=before) - before
+    return (results[0] if copies == 1 else results), max(peaks, default=before) - before

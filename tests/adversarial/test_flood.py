@@ -105,22 +105,25 @@ async def test_strangers_flooding_signed_frames_over_many_connections_are_bounde
         b.request_stop()
 
 
-async def test_a_multipart_message_never_finished_is_cut_off_before_zeromq_holds_more_than_the_bound(tmp_path):
+async def test_multipart_messages_never_finished_from_8_connections_are_cut_off_within_twice_the_bound(tmp_path):
     # libzmq keeps every part of an unfinished multipart message, with no bound of its own: one
-    # connection sending 200 MB of parts would make the node hold 200 MB (p2pnode/buffers.py).
-    # The attacker speaks plain ZMTP, so this node runs without CURVE (which it refuses).
-    # The default bound of the public socket, where strangers connect: 16 MiB.
+    # connection sending 200 MB of parts would make the node hold 200 MB. buffers.py sheds the
+    # pumps past the public socket's bound (16 MiB), after the fact; the ingress process's
+    # memory limit (ingress_process.py `limit_data`) holds when that is late: 8 connections on
+    # a loaded machine grew the node by 40 MB with the first alone, 21-26 MB with both.
+    # The attacker speaks plain ZMTP; this node runs without CURVE (over CURVE it is the same).
     async with trio.open_nursery() as nursery:
-        a, b = await start_chain(nursery, tmp_path, 2, security={"curve": False})
+        a, b = await start_chain(nursery, tmp_path, 2, security={"curve": False, "abort_ban_s": 0})
         await wait_until(lambda: full_mesh([a, b]), timeout=10)
         rss_before = node_rss_mb(a)
-        bomb, growth = await run_attack_measuring_rss(
-            a, "--target", a.address, "--kind", "unfinished", "--bytes", str(200 << 20), "--seconds", "3"
+        bombs, growth = await run_attack_measuring_rss(
+            a, "--target", a.address, "--kind", "unfinished", "--bytes", str(200 << 20), "--seconds", "3", copies=8
         )
-        assert bomb["reset"], f"the connection was never cut off: {bomb}"
-        assert bomb["bytes"] < 100 << 20, f"{bomb['bytes'] >> 20} MB went in before the cut"
-        assert a.metrics.connections["shed_buffered"] >= 1
-        assert growth < 50, f"RSS grew {growth:.0f} MB during the attack"
+        assert all(bomb["reset"] for bomb in bombs), f"a connection was never cut off: {bombs}"
+        assert sum(bomb["bytes"] for bomb in bombs) < 400 << 20, "went in before the cut"
+        cut = a.metrics.connections["shed_buffered"] + a.ingress[PUBLIC].restarts
+        assert cut >= 1
+        assert growth <= 32, f"RSS grew {growth:.0f} MB during the attack (twice the 16 MiB bound: 32)"
         assert full_mesh([a, b]) and not any(key.startswith("evicted") for key in a.membership.counts)
         await wait_until(lambda: node_rss_mb(a) - rss_before < 20, timeout=10, interval=0.5)
         a.request_stop()

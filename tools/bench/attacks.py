@@ -4,8 +4,9 @@ after, all measured in one run.
 
     python -m tools.bench.attacks [--seconds 5] [--out FILE]
 
-Each attack runs against a fresh pair of daemons. CPU is the target process's user + system time
-over the attack's duration, as a fraction of one core, next to the same measured while idle.
+Each attack runs against a fresh pair of daemons. CPU is the target's user + system time (the
+daemon's and its ingress processes', which take the attack's bytes) over the attack's duration,
+as a fraction of one core, next to the same measured while idle; RSS is theirs too.
 With two cores or more the attacker runs on a core of its own and the daemons on the others, as
 if it flooded from another machine: otherwise the honest RTT would also measure the attacker's
 own CPU (a full-rate flood keeps a core busy) taken from the daemons.
@@ -48,13 +49,31 @@ PLAINTEXT = "(plaintext)"
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
+def _family(pid: int) -> list[int]:
+    """A daemon and its children: its ingress processes, where libzmq reads and holds what
+    arrives (p2pnode/ingress.py); a daemon's cost is theirs too."""
+    children = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):  # any thread may have started one (trio: a worker)
+        try:
+            children += (task / "children").read_text().split()
+        except OSError:
+            pass
+    return [pid, *map(int, children)]
+
+
 def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime + stime
+    total = 0.0
+    for member in _family(pid):
+        try:
+            fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # an ingress process that just ended
+        total += (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime + stime
+    return total
 
 
 def _rss_mb(pid: int) -> float:
-    return resident_bytes(pid) / 1e6
+    return sum(resident_bytes(member) for member in _family(pid)) / 1e6
 
 
 class _Watch:
