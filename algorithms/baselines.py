@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from protocol.messages import Body, MessageType, Model, Prototypes
 
+from .outliers import OutlierConfig, ScaleGuard, fold_into_self, row_scale, state_scale
 from .payloads import SharedModules, check_prototypes, to_numpy
 from .seam import Algorithm, Frame, LocalReport, NeighbourView, NodeSetup, Outbound, uniform_row
 from .training import LocalTrainer, TrainedLocally, TrainingConfig, node_model
@@ -27,16 +28,19 @@ __all__ = ["FedProtoConfig", "FedProto", "DFedAvgMConfig", "DFedAvgM"]
 
 class _AllPeersUniform(TrainedLocally, Algorithm):
     """Sends its one payload type to every peer and weighs everyone alike: W is all-to-all
-    uniform, self included."""
+    uniform, self included, except that a peer whose payloads are refused (`guard`,
+    outliers.py) leaves its weight to the node."""
 
     view: NeighbourView
+    guard: ScaleGuard
 
     def set_peers(self, peers) -> None:
         super().set_peers(peers)
         self.view.set_peers(self.peers)
+        self.guard.set_peers(self.peers)
 
     def weights(self) -> dict[str, float]:
-        return uniform_row(self.node_id, self.peers)
+        return fold_into_self(uniform_row(self.node_id, self.peers), self.node_id, self.guard.distrusted())
 
     def expected(self, round: int) -> tuple[str, ...]:
         """Everyone at round 0; afterwards whoever sent last round (a peer that stopped costs
@@ -51,6 +55,7 @@ class FedProtoConfig:
     latent_dim: int = 128
     prototype_weight: float = 1.0  # λ of FedProto's regulariser
     max_staleness: int = 1
+    outliers: OutlierConfig = field(default_factory=OutlierConfig)  # prototypes off the neighbourhood's scale
 
 
 class FedProto(_AllPeersUniform):
@@ -65,7 +70,9 @@ class FedProto(_AllPeersUniform):
         self.spec, self.model = node_model(setup, setup.seed, latent_dim=config.latent_dim)
         self.trainer = LocalTrainer.for_node(self.model, setup, config.training)
         self.view = NeighbourView(config.max_staleness)
+        self.guard = ScaleGuard(config.outliers, config.max_staleness)
         self.global_prototypes: dict[int, torch.Tensor] = {}
+        self._own: Prototypes | None = None  # what this node published last
 
     def _loss(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         latent = self.model.latent(images)
@@ -99,12 +106,16 @@ class FedProto(_AllPeersUniform):
 
     def accept(self, peer: str, round: int, body: Body, frame: Frame | None) -> None:
         assert isinstance(body, Prototypes)
-        check_prototypes(body, self.spec.num_classes, self.spec.latent_dim, all_classes=False)
+        own = 0.0 if self._own is None else row_scale(self._own.prototypes)
+        with self.guard.judging(peer, "prototypes"):
+            check_prototypes(body, self.spec.num_classes, self.spec.latent_dim, all_classes=False)
+            self.guard.check(peer, round, {"prototypes": (row_scale(body.prototypes), own)})
         self.view.put(peer, round, body)
 
     def end_round(self, round: int) -> None:
         sums: dict[int, np.ndarray] = {}
         totals: dict[int, int] = {}
+        assert self._own is not None  # published this round
         for body in [self._own, *self.view.fresh(MessageType.PROTOTYPES, round).values()]:
             for k, n, row in zip(body.classes, body.counts, body.prototypes, strict=True):
                 sums[k] = sums.get(k, 0.0) + n * row.astype(np.float64)
@@ -129,6 +140,7 @@ class DFedAvgMConfig:
     )
     latent_dim: int = 128
     max_staleness: int = 1
+    outliers: OutlierConfig = field(default_factory=OutlierConfig)  # models off the neighbourhood's scale
 
 
 class DFedAvgM(_AllPeersUniform):
@@ -146,6 +158,7 @@ class DFedAvgM(_AllPeersUniform):
         self.trainer = LocalTrainer.for_node(self.model, setup, config.training)
         self.shared = SharedModules({"backbone": self.model.backbone, "head": self.model.head})
         self.view = NeighbourView(config.max_staleness)
+        self.guard = ScaleGuard(config.outliers, config.max_staleness)
 
     def local_step(self, round: int) -> LocalReport:
         return self.trainer.run(self.cross_entropy)
@@ -155,10 +168,13 @@ class DFedAvgM(_AllPeersUniform):
 
     def accept(self, peer: str, round: int, body: Body, frame: Frame | None) -> None:
         assert isinstance(body, Model)
-        self.shared.check(body)
+        with self.guard.judging(peer, "model"):
+            self.shared.check(body)
+            self.guard.check(peer, round, {"model": (state_scale(body.tensors), self.shared.scale())})
         self.view.put(peer, round, body)
 
     def end_round(self, round: int) -> None:
-        models = self.view.fresh(MessageType.MODEL, round)
-        weight = 1.0 / (len(models) + 1)
-        self.shared.mix(weight, [(weight, body) for body in models.values()])
+        distrusted = self.guard.distrusted()
+        models = {p: body for p, body in self.view.fresh(MessageType.MODEL, round).items() if p not in distrusted}
+        weight = 1.0 / (len(models) + len(distrusted) + 1)  # a refused peer's share stays with the node
+        self.shared.mix(1.0 - weight * len(models), [(weight, body) for body in models.values()])

@@ -6,11 +6,16 @@ Two neighbourhoods, one interface, so an algorithm is composed with either:
 - `LearnedGraph`: MAPL's CGL. Uniform until warm-up ends; then the row is learned from how
   similar the peers' classifier heads are (algorithms/graph.py), zero weights drop peers, and
   every few rounds a few non-neighbours are tried again (exploration), so a zero is not final.
+
+Either way, a peer the node distrusts (its payloads refused: algorithms/outliers.py) is absent
+from the row, and the weight it would hold is the node's own. The learned row gets it as a
+stand-in for the node: a candidate as similar as the node itself, whose weight the node keeps.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, ClassVar
 
 import numpy as np
@@ -18,6 +23,7 @@ import numpy as np
 from protocol.messages import MessageType
 
 from .graph import GraphConfig, GraphOptimizer
+from .outliers import ScaleGuard, fold_into_self
 from .seam import NeighbourView, uniform_row
 
 __all__ = ["UniformGraph", "LearnedGraph", "InNeighbourhood"]
@@ -30,30 +36,40 @@ class UniformGraph:
         self.node_id = node_id
         self.peers: tuple[str, ...] = ()
         self.w: dict[str, float] = {node_id: 1.0}
+        self.distrusted: frozenset[str] = frozenset()
 
     def set_peers(self, peers: Iterable[str]) -> None:
         self.peers = tuple(peers)
         self.w = uniform_row(self.node_id, self.peers)
+        self.distrusted &= set(self.peers)
+
+    def distrust(self, peers: Iterable[str]) -> None:
+        """The peers whose payloads the node refuses now: the weight each would hold is the
+        node's own, not shared out among the others."""
+        self.distrusted = frozenset(peers) & set(self.peers)
 
     def learning(self, round: int) -> bool:
         """Whether `round` learns the row (and so needs the peers' heads)."""
         return False
 
     def weights(self) -> dict[str, float]:
-        total = sum(self.w.values())
-        return {node: weight / total for node, weight in self.w.items()}
+        row = fold_into_self(self.w, self.node_id, self.distrusted)
+        total = sum(row.values())
+        return {node: weight / total for node, weight in row.items()}
 
     def neighbours(self) -> tuple[str, ...]:
-        return tuple(node for node, weight in self.w.items() if weight > 0 and node != self.node_id)
+        return tuple(node for node, weight in self.weights().items() if weight > 0 and node != self.node_id)
 
     def targets(self, round: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(neighbours, explored non-neighbours) that this round's payloads go to."""
         return self.neighbours(), ()
 
     def mixing(self, arrived: Iterable[str]) -> dict[str, float]:
-        """Weights over the node and the neighbours whose payload arrived, renormalised to sum 1."""
-        mix = {self.node_id: self.w.get(self.node_id, 0.0)}
-        mix.update({peer: self.w[peer] for peer in arrived if self.w.get(peer, 0.0) > 0})
+        """Weights over the node and the neighbours whose payload arrived, renormalised to sum 1
+        (a distrusted peer's weight stays with the node: it did not arrive, it was refused)."""
+        row = self.weights()
+        mix = {self.node_id: row.get(self.node_id, 0.0)}
+        mix.update({peer: row[peer] for peer in arrived if row.get(peer, 0.0) > 0})
         total = sum(mix.values())
         if total <= 0:
             return {self.node_id: 1.0}
@@ -97,6 +113,7 @@ class LearnedGraph(UniformGraph):
         self.peers = tuple(peers)
         known = set(self.peers)
         self.w = {node: weight for node, weight in self.w.items() if node == self.node_id or node in known}
+        self.distrusted &= known
 
     def learning(self, round: int) -> bool:
         return round >= self.warmup_rounds
@@ -115,14 +132,22 @@ class LearnedGraph(UniformGraph):
 
     def step(self, similarity: Mapping[str, float], sizes: Mapping[str, float]) -> None:
         """One graph step from the heads' similarity to ours, s_ij per peer j, and the dataset
-        sizes n_j (the node's own included) that weigh them."""
-        if not similarity and self.learned:
+        sizes n_j (the node's own included) that weigh them.
+
+        Each distrusted peer is a candidate too, as a stand-in for the node: similarity 1 and the
+        node's own size. Its weight is kept under its id and counted as the node's own
+        (`weights`). Left out, it would leave the node's most similar strangers the most similar
+        peers it has, and the similarity normalisation and the degree term would hand them the
+        weight of the cluster-mate it cannot trust (digits, 2 nodes per cluster: 0.69 of a row)."""
+        trusted = sorted(similarity.keys() - self.distrusted)
+        if not trusted and self.learned:
             # No evidence this round (e.g. the node was down or jumped ahead): keep the graph
             # rather than fall back to talking to no one, which nobody could undo.
             return
-        candidates = [self.node_id, *sorted(similarity)]
-        scores = np.array([1.0] + [similarity[peer] for peer in candidates[1:]])
-        counts = np.array([sizes[node] for node in candidates])
+        stand_ins = sorted(self.distrusted)
+        candidates = [self.node_id, *trusted, *stand_ins]
+        scores = np.array([1.0] + [similarity[peer] for peer in trusted] + [1.0] * len(stand_ins))
+        counts = np.array([sizes[node] for node in (self.node_id, *trusted)] + [sizes[self.node_id]] * len(stand_ins))
         start = np.array([self.w.get(node, 0.0) for node in candidates])
         if start.sum() <= 0:
             start = np.full(len(candidates), 1.0 / len(candidates))
@@ -152,20 +177,34 @@ class LearnedGraph(UniformGraph):
 
 
 class InNeighbourhood:
-    """Mixed into an Algorithm that keeps a neighbourhood (`graph`) and a view of what its peers
-    sent (`view`): peers, its row of W, whom a round waits for, and the graph in checkpoints.
+    """Mixed into an Algorithm that keeps a neighbourhood (`graph`), a view of what its peers
+    sent (`view`) and a check of its scale (`guard`): peers, its row of W, whom a round waits
+    for, and the graph in checkpoints.
     `heard_by` is the payload type every neighbour sends every round."""
 
     node_id: str
     peers: tuple[str, ...]
     graph: UniformGraph
     view: NeighbourView
+    guard: ScaleGuard
     heard_by: ClassVar[MessageType]
 
     def set_peers(self, peers: Iterable[str]) -> None:
         super().set_peers(peers)
         self.view.set_peers(self.peers)
+        self.guard.set_peers(self.peers)
         self.graph.set_peers(self.peers)
+        self.graph.distrust(self.guard.distrusted())
+
+    @contextmanager
+    def judging(self, peer: str, part: str) -> Iterator[None]:
+        """Checks of a peer's payload (its form, then its scale: `guard.check`): a refusal
+        inside distrusts the peer, and the graph is told whom the node distrusts now."""
+        try:
+            with self.guard.judging(peer, part):
+                yield
+        finally:
+            self.graph.distrust(self.guard.distrusted())
 
     def weights(self) -> dict[str, float]:
         return self.graph.weights()

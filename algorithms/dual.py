@@ -32,6 +32,7 @@ from protocol.messages import Body, MessageType, Model
 from .graph import GraphConfig
 from .losses import distillation, ensemble_logits
 from .mapl import Mapl, MaplConfig
+from .outliers import state_scale
 from .seam import Evaluation, Frame, LocalReport, NodeSetup, Outbound
 from .small import ENCODINGS, SmallShare, shared_small_model
 from .training import LocalTrainer, evaluate_predictors
@@ -141,7 +142,9 @@ class MaplDual(Mapl):
 
     def accept(self, peer: str, round: int, body: Body, frame: Frame | None) -> None:
         if isinstance(body, Model):
-            self.share.check(body)
+            with self.judging(peer, "model"):
+                self.share.check(body)
+                self.guard.check(peer, round, {"model": (state_scale(body.tensors), self.share.scale())})
             self.view.put(peer, round, body)
         else:
             super().accept(peer, round, body, frame)

@@ -35,6 +35,7 @@ from .augment import augment, default_augment
 from .collaboration import InNeighbourhood, LearnedGraph
 from .graph import GraphConfig
 from .models import SmallModel, make_backbone
+from .outliers import OutlierConfig, ScaleGuard, state_scale
 from .seam import Algorithm, Evaluation, Frame, LocalReport, NeighbourView, NodeSetup, Outbound
 from .small import ENCODINGS, SmallShare, shared_small_model
 from .training import LocalTrainer, TrainedLocally, TrainingConfig, evaluate_predictors
@@ -56,6 +57,8 @@ class FedMrlConfig:
     explore_every: int = 5
     explore_peers: int = 1
     encoding: str = "float32"  # how G travels: "float32" | "float16"
+    # A neighbour's G far off the scale of ours and our neighbours' is refused (algorithms/outliers.py).
+    outliers: OutlierConfig = field(default_factory=OutlierConfig)
 
     def __post_init__(self) -> None:
         if not 1 <= self.small_latent_dim <= self.latent_dim:
@@ -108,6 +111,7 @@ class FedMrl(InNeighbourhood, TrainedLocally, Algorithm):
         self.trainer = LocalTrainer.for_node(self.model, setup, cfg.training)
         self.augment = default_augment(image_shape) if cfg.augment else None
         self.view = NeighbourView(cfg.max_staleness)
+        self.guard = ScaleGuard(cfg.outliers, cfg.max_staleness)
         self.graph = LearnedGraph(
             self.node_id,
             cfg.graph,
@@ -142,7 +146,9 @@ class FedMrl(InNeighbourhood, TrainedLocally, Algorithm):
 
     def accept(self, peer: str, round: int, body: Body, frame: Frame | None) -> None:
         assert isinstance(body, Model)
-        self.share.check(body)
+        with self.judging(peer, "model"):
+            self.share.check(body)
+            self.guard.check(peer, round, {"model": (state_scale(body.tensors), self.share.scale())})
         self.view.put(peer, round, body)
 
     def end_round(self, round: int) -> None:

@@ -27,7 +27,8 @@ from .collaboration import InNeighbourhood, LearnedGraph, UniformGraph
 from .graph import GraphConfig, head_similarity
 from .losses import prototype_alignment, prototype_uniformity, supervised_contrastive
 from .models import ModelOutput
-from .payloads import SharedModules, check_head, check_prototypes, check_scale, to_numpy
+from .outliers import OutlierConfig, ScaleGuard, norm, row_scale, state_scale
+from .payloads import SharedModules, check_head, check_prototypes, to_numpy
 from .seam import Algorithm, Frame, LocalReport, NeighbourView, NodeSetup, Outbound
 from .training import LocalTrainer, TrainedLocally, TrainingConfig, node_model
 
@@ -56,10 +57,9 @@ class MaplConfig:
     # keeps the head's bytes from doubling every message.
     head_every: int = 5
     shared_head_init: bool = True  # every node starts from the same head (seeded by the network)
-    # A peer's prototypes or head whose norm is off ours by more than this factor either way is
-    # refused (`out_of_scale`): a poisoning peer's scaled payload, which head similarity cannot
-    # see. Honest ratios stayed within 0.64–1.58 (heads) and 0.996–1.004 (prototypes) on mnist5k.
-    max_norm_ratio: float = 4.0
+    # A peer's prototypes, head (or model) far off the scale of ours and our neighbours' is
+    # refused (`out_of_scale`): a poisoning peer's scaled payload, which head similarity cannot see.
+    outliers: OutlierConfig = field(default_factory=OutlierConfig)
 
     def __post_init__(self) -> None:
         if self.latent_dim < 1 or self.projection_dim < 1:
@@ -76,8 +76,6 @@ class MaplConfig:
             raise ValueError("warmup_rounds, max_staleness and explore_peers must be ≥ 0")
         if self.explore_every < 1 or self.head_every < 1:
             raise ValueError("explore_every and head_every must be ≥ 1")
-        if not self.max_norm_ratio > 1:
-            raise ValueError(f"max_norm_ratio must be > 1 (inf: no bound), got {self.max_norm_ratio}")
 
 
 class PmlNode(TrainedLocally, Algorithm):
@@ -158,6 +156,8 @@ class Mapl(InNeighbourhood, PmlNode):
         super().__init__(setup, config)
         self.view = NeighbourView(self.config.max_staleness)
         self.graph = self._neighbourhood()
+        # A neighbour's head is a reference as long as it is usable; its prototypes come every round.
+        self.guard = ScaleGuard(self.config.outliers, self.config.head_every - 1 + self.config.max_staleness)
 
     def _neighbourhood(self) -> UniformGraph:
         cfg = self.config
@@ -195,15 +195,17 @@ class Mapl(InNeighbourhood, PmlNode):
 
     def accept(self, peer: str, round: int, body: Body, frame: Frame | None) -> None:
         assert isinstance(body, Prototypes)
-        check_prototypes(body, self.spec.num_classes, self.spec.projection_dim, all_classes=True)
         head = None if body.head is None else Head(weight=body.head, bias=None)
+        with self.judging(peer, "prototypes"):
+            check_prototypes(body, self.spec.num_classes, self.spec.projection_dim, all_classes=True)
+            if head is not None:
+                check_head(head, self.model.head, with_bias=False)
+            # Shapes first, then scale: a payload of the wrong form is refused as such.
+            scales = {"prototypes": (row_scale(body.prototypes), row_scale(to_numpy(self.model.prototypes)))}
+            if head is not None:
+                scales["head"] = (norm(body.head), norm(to_numpy(self.model.head.weight)))
+            self.guard.check(peer, round, scales)
         if head is not None:
-            check_head(head, self.model.head, with_bias=False)
-        # Shapes first, then scale: a payload of the wrong form is refused as such.
-        bound = self.config.max_norm_ratio
-        check_scale("prototypes", body.prototypes, to_numpy(self.model.prototypes), bound)
-        if head is not None:
-            check_scale("head", body.head, to_numpy(self.model.head.weight), bound)
             # Kept apart from the prototypes: a later head-less message must not hide it.
             self.view.put(peer, round, head)
         self.view.put(peer, round, body)
@@ -268,7 +270,9 @@ class MaplPlus(Mapl):
 
     def accept(self, peer: str, round: int, body: Body, frame: Frame | None) -> None:
         if isinstance(body, Model):
-            self.shared.check(body)
+            with self.judging(peer, "model"):
+                self.shared.check(body)
+                self.guard.check(peer, round, {"model": (state_scale(body.tensors), self.shared.scale())})
             self.view.put(peer, round, body)
         else:
             super().accept(peer, round, body, frame)

@@ -2,10 +2,12 @@
 
 A body that passed `protocol` is well-formed and finite; these checks add what only the algorithm
 knows: the shapes its model expects. A mismatch is a `PayloadRejected`, counted by the driver.
+Whether a well-formed payload is of a believable scale is algorithms/outliers.py's check.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -20,8 +22,8 @@ __all__ = [
     "to_numpy",
     "check_prototypes",
     "check_head",
-    "check_scale",
     "shared_state",
+    "state_norm",
     "check_model",
     "average_states",
     "SharedModules",
@@ -52,15 +54,6 @@ def check_head(body: Head, head: nn.Linear, *, with_bias: bool = True) -> None:
         raise PayloadRejected("bad_shape", "head bias present on one side only")
 
 
-def check_scale(what: str, theirs: np.ndarray, ours: np.ndarray, max_ratio: float) -> None:
-    """A peer's tensor must have the L2 norm of ours within a factor `max_ratio` either way. Nodes
-    trained the same way publish tensors of one order of magnitude; a scaled one is no evidence
-    of similarity (cosines cannot see scale) and would dominate a weighted mean."""
-    own, their = float(np.linalg.norm(ours)), float(np.linalg.norm(theirs))
-    if own > 0 and not own / max_ratio <= their <= own * max_ratio:
-        raise PayloadRejected("out_of_scale", f"{what} of norm {their:.3g}, this node's {own:.3g}")
-
-
 def shared_state(modules: Mapping[str, nn.Module]) -> dict[str, torch.Tensor]:
     """The floating-point state (parameters and BatchNorm statistics) of the named modules."""
     state: dict[str, torch.Tensor] = {}
@@ -69,6 +62,13 @@ def shared_state(modules: Mapping[str, nn.Module]) -> dict[str, torch.Tensor]:
             if tensor.is_floating_point():
                 state[f"{prefix}.{name}"] = tensor
     return state
+
+
+@torch.no_grad()
+def state_norm(state: Mapping[str, torch.Tensor]) -> float:
+    """L2 norm of a state's floating-point tensors together, computed where they are: this
+    node's side of outliers.state_scale."""
+    return math.sqrt(sum(float(t.double().norm()) ** 2 for t in state.values() if t.is_floating_point()))
 
 
 def check_model(body: Model, reference: Mapping[str, torch.Tensor | np.ndarray]) -> None:
@@ -115,6 +115,9 @@ class SharedModules:
 
     def check(self, body: Model) -> None:
         check_model(body, self.state())
+
+    def scale(self) -> float:
+        return state_norm(self.state())
 
     def mix(self, own_weight: float, others: list[tuple[float, Model]]) -> None:
         """state ← own_weight · state + Σ weight · other's, in place."""

@@ -9,6 +9,9 @@ that lies about its own data is another attack than one that poisons what it sha
 Attacks, per tensor:
 - `scale`: × factor. Past the wire's norm bound (protocol.Limits.max_tensor_norm) honest
   decoders refuse the frame, so only factors that stay under it test the learning side.
+- `rescale`: × factor, but a tensor that would pass the wire's norm bound is brought back
+  just under it: every frame is legal, whatever the factor, so the learning side alone must
+  refuse it.
 - `sign-flip`: negated.
 - `random`: Gaussian noise with the honest tensor's L2 norm, so no norm bound can tell it apart.
 - `none`: sent as is; the control twin of a poisoned run (same nodes, same measurements).
@@ -24,18 +27,22 @@ from typing import Any
 
 import numpy as np
 
+from protocol.limits import DEFAULT_LIMITS
 from protocol.messages import Body, Head, Model, Prototypes
 
 from .catalog import ATTACKS
 from .seam import Algorithm, Evaluation, Frame, LocalReport, Outbound
 
-__all__ = ["ATTACKS", "Attack", "corrupt_tensor", "corrupt", "PoisoningNode"]
+__all__ = ["ATTACKS", "LEGAL_NORM", "Attack", "corrupt_tensor", "corrupt", "PoisoningNode"]
+
+# The largest norm `rescale` sends: just under the honest decoders' default bound.
+LEGAL_NORM = 0.99 * DEFAULT_LIMITS.max_tensor_norm
 
 
 @dataclass(frozen=True)
 class Attack:
     kind: str = "sign-flip"
-    factor: float = 10.0  # for `scale`
+    factor: float = 10.0  # for `scale` and `rescale`
 
     def __post_init__(self) -> None:
         if self.kind not in ATTACKS:
@@ -52,6 +59,11 @@ def corrupt_tensor(array: np.ndarray, attack: Attack, rng: np.random.Generator) 
     wide = array.astype(np.float64)
     if attack.kind == "scale":
         poisoned = wide * attack.factor
+    elif attack.kind == "rescale":
+        honest = float(np.linalg.norm(wide))
+        # The factor, or less where the norm would pass the bound (computed without overflowing).
+        factor = min(abs(attack.factor), LEGAL_NORM / honest if honest > 0 else math.inf)
+        poisoned = wide * math.copysign(factor, attack.factor)
     elif attack.kind == "sign-flip":
         poisoned = -wide
     else:

@@ -36,7 +36,8 @@ from protocol.messages import Body, MessageType, Model, Score
 
 from .cooperation import keep_top
 from .models import make_model
-from .payloads import SharedModules, average_states, check_model, shared_state, to_numpy
+from .outliers import OutlierConfig, ScaleGuard, fold_into_self, state_scale
+from .payloads import SharedModules, average_states, check_model, shared_state, state_norm, to_numpy
 from .priors import AttentionPrior, SbmPrior
 from .scores import ScoreExchange
 from .seam import Algorithm, Frame, LocalReport, NodeSetup, Outbound, PayloadRejected, uniform_row
@@ -52,6 +53,12 @@ __all__ = [
     "ScoolSbm",
     "ScoolAttention",
 ]
+
+
+# At pruning a stand-in (see ScoolEm._e_step) ranks at this share of its weight. On digits a
+# cluster-mate's weight was within 1 % of a stand-in's, a stranger's at most 0.55 of it (SBM, the
+# least contrasted prior): the mate keeps its place, the stranger does not take the stand-in's.
+STAND_IN_RANK = 0.75
 
 
 @dataclass(frozen=True)
@@ -75,6 +82,9 @@ class ScoolConfig:
     # within this many nats of how well the neighbour says ours explains its data. Honest pairs
     # stay within a few nats either way (both models fit, or neither); a poisoned model does not.
     max_score_gap: float = 10.0
+    # A neighbour's model (or update) far off the scale of ours and our neighbours' is refused
+    # (`out_of_scale`, algorithms/outliers.py) before it is scored, weighed or applied.
+    outliers: OutlierConfig = field(default_factory=OutlierConfig)
     prune_round: int = 10  # R_fix: keep only the top neighbours from this round on (0: never)
     keep_fraction: float = 0.2  # ... this fraction of the peers, at least one (paper 0.1, code 0.1–0.2)
     # SBM prior
@@ -160,6 +170,11 @@ class ModelGossip(ScoolNode):
         super().__init__(setup, config)
         self.neighbours: tuple[str, ...] | None = None  # None until pruned: everyone
         self.models: dict[str, tuple[int, Model, bool]] = {}  # peer → (round, model, used yet)
+        self.guard = ScaleGuard(self.config.outliers, self.config.max_staleness)
+
+    def set_peers(self, peers) -> None:
+        super().set_peers(peers)
+        self.guard.set_peers(self.peers)
 
     def _model(self, round: int) -> Model:
         return self.shared.body()
@@ -180,13 +195,25 @@ class ModelGossip(ScoolNode):
     def _check_model(self, body: Model) -> None:
         self.shared.check(body)
 
+    def _scales(self, body: Model) -> dict[str, tuple[float, float]]:
+        """The parts of a model payload whose scale is checked: (theirs, ours) of each."""
+        return {"model": (state_scale(body.tensors), self.shared.scale())}
+
+    def _distrusted(self) -> frozenset[str]:
+        """Peers listened to whose models were refused for their form or scale (outliers.py):
+        absent, and their weight is the node's own."""
+        allowed = set(self.peers) if self.neighbours is None else set(self.neighbours)
+        return self.guard.distrusted() & allowed
+
     def accept(self, peer: str, round: int, body: Body, frame: Frame | None) -> None:
         assert isinstance(body, Model)
         self._check_fresh(peer, round, body)
         held = self.models.get(peer)
         if held is not None and held[0] >= round:
             raise PayloadRejected("duplicate_model", f"a model for round {round} from {peer} is already held")
-        self._check_model(body)
+        with self.guard.judging(peer, "model"):
+            self._check_model(body)
+            self.guard.check(peer, round, self._scales(body))
         self.models[peer] = (round, body, False)
 
     def expected(self, round: int) -> tuple[str, ...]:
@@ -219,13 +246,14 @@ class ScoolDirac(ModelGossip):
     name = "scool-dirac"
 
     def end_round(self, round: int) -> None:  # the graph is given: no E-step, never pruned
-        fresh = self._fresh(round)
-        weight = 1.0 / (len(fresh) + 1)
-        self.shared.mix(weight, [(weight, body) for body in fresh.values()])
+        distrusted = self._distrusted()
+        fresh = {peer: body for peer, body in self._fresh(round).items() if peer not in distrusted}
+        weight = 1.0 / (len(fresh) + len(distrusted) + 1)
+        self.shared.mix(1.0 - weight * len(fresh), [(weight, body) for body in fresh.values()])
         self._mark_used(fresh)
 
     def weights(self) -> dict[str, float]:
-        return uniform_row(self.node_id, self.peers)
+        return fold_into_self(uniform_row(self.node_id, self.peers), self.node_id, self._distrusted())
 
 
 class ScoolEm(ModelGossip):
@@ -276,10 +304,13 @@ class ScoolEm(ModelGossip):
         return tuple(sorted((set(self.neighbours) | self.audience) & set(self.peers)))
 
     def _model(self, round: int) -> Model:
-        tensors = {name: to_numpy(t) for name, t in self.shared.state().items()} | self.prior.extras()
-        body = Model(kind="params", tensors=tensors, update={name: to_numpy(t) for name, t in self.update.items()})
+        body = self._own_body()
         self.exchange.remember_own(round, body)
         return body
+
+    def _own_body(self) -> Model:
+        tensors = {name: to_numpy(t) for name, t in self.shared.state().items()} | self.prior.extras()
+        return Model(kind="params", tensors=tensors, update={name: to_numpy(t) for name, t in self.update.items()})
 
     def published(self, round: int, out: Outbound, seq: int) -> None:
         if isinstance(out.body, Model):
@@ -292,6 +323,14 @@ class ScoolEm(ModelGossip):
         if body.update is None or body.update.keys() != self.parameter_names:
             raise PayloadRejected("bad_shape", "the model's update must cover every parameter, and only those")
         self.prior.check(body)
+
+    def _scales(self, body: Model) -> dict[str, tuple[float, float]]:
+        own = math.hypot(self.shared.scale(), state_scale(self.prior.extras()))
+        assert body.update is not None  # _check_model requires it
+        return {
+            "model": (state_scale(body.tensors), own),
+            "update": (state_scale(body.update), state_norm(self.update)),
+        }
 
     def accept(self, peer: str, round: int, body: Body, frame: Frame | None) -> None:
         if isinstance(body, Model) and self._kept_by(peer, round):
@@ -356,29 +395,49 @@ class ScoolEm(ModelGossip):
     # --- E-step, M-step, pruning -----------------------------------------------------------
 
     def end_round(self, round: int) -> None:
-        fresh = self._fresh(round)
-        scores = self.exchange.scores_of(round)
-        cooperating = [peer for peer in fresh if peer in scores and self._consistent(peer, scores[peer])]
-        models = [fresh[p] for p in cooperating]
-        weights = self.prior.weights(
-            np.array([self.own_score] + [scores[p] for p in cooperating]), models, self.shared.state()
-        )
-        self.row = {self.node_id: float(weights[0])}
-        self.row.update({p: float(w) for p, w in zip(cooperating, weights[1:], strict=True)})
-        self._m_step(weights, models)
+        cooperating, stand_ins, weights = self._e_step(round)
+        count = len(cooperating) + 1
+        kept = weights[:count].copy()
+        kept[0] += weights[count:].sum()  # the stand-ins' weight is the node's own
+        self.row = {self.node_id: float(kept[0])}
+        self.row.update({p: float(w) for p, w in zip(cooperating, kept[1:], strict=True)})
+        self._m_step(kept, [self.models[p][1] for p in cooperating])
         self._mark_used(cooperating)
         if self.neighbours is None and self.config.prune_round and round + 1 >= self.config.prune_round:
+            # A stand-in competes for a place as the peer it stands for: kept, the node goes on
+            # keeping that weight while it distrusts the peer, rather than give it to a stranger ...
             others = {p: w for p, w in self.row.items() if p != self.node_id}
+            # ... ranked a little below its weight: it is the node's own model a second time, and
+            # a real peer about as good (a cluster-mate) brings its data.
+            others.update(zip(stand_ins, (weights[count:] * STAND_IN_RANK).tolist(), strict=True))
             self.neighbours = keep_top(others, len(self.peers), self.config.keep_fraction)
         self.exchange.forget_before(round)
 
-    def _consistent(self, peer: str, claimed: float) -> bool:
+    def _e_step(self, round: int) -> tuple[list[str], list[str], np.ndarray]:
+        """The prior's weights over the node, then the cooperating neighbours, then stand-ins.
+
+        A stand-in is a neighbour whose models were refused for their form or scale, or whose
+        model failed the check of `_consistent`: the prior weighs it as the node itself (the node's
+        score and model), and the node keeps that weight. Left out, its weight would go to the
+        others, strangers included, when it was the node's only cluster-mate."""
+        fresh = self._fresh(round)
+        scores = self.exchange.scores_of(round)
+        distrusted = self._distrusted()
+        verdicts = {p: self._consistent(p, scores[p]) for p in fresh if p in scores and p not in distrusted}
+        cooperating = [p for p, consistent in verdicts.items() if consistent]
+        stand_ins = sorted(distrusted | {p for p, consistent in verdicts.items() if consistent is False})
+        own = [self._own_body()] * len(stand_ins) if stand_ins else []
+        y = np.array([self.own_score] + [scores[p] for p in cooperating] + [self.own_score] * len(stand_ins))
+        return cooperating, stand_ins, self.prior.weights(y, [fresh[p] for p in cooperating] + own, self.shared.state())
+
+    def _consistent(self, peer: str, claimed: float) -> bool | None:
         """Whether `peer`'s model explains this node's data within `max_score_gap` nats per sample
-        of what `peer` claims ours does on its data (`claimed`). The E-step trusts the peer's word
-        about its data, and the M-step applies its update: a model that fails here is poisoned,
-        and neither its update nor its statistics nor its encoder is taken."""
+        of what `peer` claims ours does on its data (`claimed`); None until this node has scored
+        it. The E-step trusts the peer's word about its data, and the M-step applies its update:
+        a model that fails here is poisoned, and neither its update nor its statistics nor its
+        encoder is taken."""
         mine = self.exchange.check_of(peer, self.models[peer][0])
-        return mine is not None and mine >= claimed - self.config.max_score_gap
+        return None if mine is None else mine >= claimed - self.config.max_score_gap
 
     @torch.no_grad()
     def _m_step(self, weights: np.ndarray, models: list[Model]) -> None:

@@ -61,6 +61,7 @@ from protocol.messages import Body, Head, MessageType, Prototypes
 
 from .augment import augment, default_augment
 from .graph import communities
+from .outliers import OutlierConfig, ScaleGuard, row_scale, state_scale
 from .payloads import check_head, check_prototypes, to_numpy
 from .seam import Algorithm, Frame, LocalReport, NeighbourView, NodeSetup, Outbound, PayloadRejected
 from .training import LocalTrainer, TrainedLocally, TrainingConfig, node_model
@@ -92,6 +93,7 @@ class SfmtlConfig:
     # Train on one randomly shifted, rotated and zoomed view of each batch (MAPL's augmentation);
     # false: the raw images, as the paper.
     augment: bool = True
+    outliers: OutlierConfig = field(default_factory=OutlierConfig)  # anchors, heads off the neighbourhood's scale
 
     def __post_init__(self) -> None:
         if self.latent_dim < 1:
@@ -253,6 +255,7 @@ class Sfmtl(TrainedLocally, Algorithm):
         self.spec, self.model = node_model(setup, setup.shared_seed, latent_dim=config.latent_dim)
         self.trainer = LocalTrainer.for_node(self.model, setup, config.training)
         self.view = NeighbourView(config.max_staleness)
+        self.guard = ScaleGuard(config.outliers, config.max_staleness)
         self.augment = default_augment(self.spec.image_shape) if config.augment else None
         self.own_classes = self.data.own_classes
         self.anchors: dict[int, torch.Tensor] = {}  # targets of the anchor loss: the community's
@@ -314,6 +317,7 @@ class Sfmtl(TrainedLocally, Algorithm):
     def set_peers(self, peers) -> None:
         super().set_peers(peers)
         self.view.set_peers(self.peers)
+        self.guard.set_peers(self.peers)
 
     def expected(self, round: int) -> tuple[str, ...]:
         """Every peer at round 0; afterwards every peer that sent last round. All of them, not
@@ -328,13 +332,22 @@ class Sfmtl(TrainedLocally, Algorithm):
         """Anchors must be one row of the latent width per known class, each from ≥ 1 sample;
         a head must have our head's shape, bias included. A head riding on PROTOTYPES is not
         used: the HEAD frame carries it with its bias."""
+        # Against what this node published last (computing this round's here would take it
+        # before the local step): scales move little from one round to the next.
+        own = None if self._published is None else self._published[1]
         if isinstance(body, Prototypes):
-            check_prototypes(body, self.spec.num_classes, self.spec.latent_dim, all_classes=False)
-            if any(count < 1 for count in body.counts):
-                raise PayloadRejected("bad_count", f"an anchor from {min(body.counts)} samples")
+            with self.guard.judging(peer, "anchors"):
+                check_prototypes(body, self.spec.num_classes, self.spec.latent_dim, all_classes=False)
+                if any(count < 1 for count in body.counts):
+                    raise PayloadRejected("bad_count", f"an anchor from {min(body.counts)} samples")
+                own_scale = 0.0 if own is None else row_scale(np.stack(list(own.anchors.values())))
+                self.guard.check(peer, round, {"anchors": (row_scale(body.prototypes), own_scale)})
         else:
             assert isinstance(body, Head)
-            check_head(body, self.model.head, with_bias=True)
+            with self.guard.judging(peer, "head"):
+                check_head(body, self.model.head, with_bias=True)
+                own_scale = 0.0 if own is None else state_scale([own.weight, own.bias])
+                self.guard.check(peer, round, {"head": (state_scale([body.weight, body.bias]), own_scale)})
         self.view.put(peer, round, body)
 
     # -- graph step and aggregation ---------------------------------------------------------

@@ -24,7 +24,7 @@ from protocol.messages import Model
 
 from .graph import head_similarity
 from .models import SmallModel
-from .payloads import SharedModules, check_model, to_numpy
+from .payloads import SharedModules, check_model, state_norm, to_numpy
 from .seam import NodeSetup
 
 __all__ = ["ENCODINGS", "HEAD_KEY", "SmallShare", "encode_state", "shared_small_model"]
@@ -77,6 +77,10 @@ class SmallShare:
     def check(self, body: Model) -> None:
         """Raises PayloadRejected unless `body` is a small model of exactly our shapes."""
         check_model(body, self._state())
+
+    def scale(self) -> float:
+        """The norm of what `body` sends (outliers.state_scale of it)."""
+        return state_norm(self._state())
 
     def mix(self, own_weight: float, others: list[tuple[float, Model]]) -> None:
         """backbone ← own_weight · backbone + Σ weight · peer's backbone; the head stays."""

@@ -657,7 +657,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--poisoners", type=int, nargs="+", default=[], metavar="I", help="nodes that poison what they send"
     )
     simulate.add_argument("--attack", choices=ATTACKS, default="sign-flip", help="how they poison it")
-    simulate.add_argument("--attack-factor", type=float, default=10.0, metavar="X", help="the factor of --attack scale")
+    simulate.add_argument(
+        "--attack-factor", type=float, default=10.0, metavar="X", help="the factor of --attack scale and rescale"
+    )
     simulate.set_defaults(run=_simulate)
 
     keygen = commands.add_parser("keygen", help="create a node key (Ed25519, PEM, mode 0600) and print its node id")

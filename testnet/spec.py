@@ -37,7 +37,7 @@ class SimulationSpec:
     overrides: Mapping[str, str] = field(default_factory=dict)
     poisoners: tuple[int, ...] = ()  # indices of the nodes that poison what they send
     attack: str = "sign-flip"  # algorithms/poison.py: scale, sign-flip, random, none (the control)
-    attack_factor: float = 10.0  # the factor of `scale`
+    attack_factor: float = 10.0  # the factor of `scale` and `rescale`
     device: str = "auto"  # where every node trains (algorithms/device.py resolves it)
     mixed_precision: bool = False  # CUDA only
 

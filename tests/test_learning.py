@@ -176,7 +176,7 @@ def test_mapl_aggregates_prototypes_with_its_weights(digits_nodes):
     node = make_node("mapl", digits_nodes)
     k, dim = node.spec.num_classes, node.spec.projection_dim
     own = node.model.prototypes.detach().clone()
-    # Rows of one value, at twice this node's prototype norm (within max_norm_ratio).
+    # Rows of one value, at twice this node's prototype norm (within outliers.max_norm_ratio).
     peer_rows = np.full((k, dim), 2 * float(own.norm()) / np.sqrt(k * dim), np.float32)
     node.receive("n1", 0, Prototypes(classes=tuple(range(k)), counts=(1,) * k, prototypes=peer_rows))
     node.end_round(0)
@@ -285,7 +285,7 @@ def _head_message(node, weight):
     return Prototypes(
         classes=tuple(range(k)),
         counts=(10,) * k,
-        prototypes=_own_scale(node),  # a peer's prototypes of this node's scale (max_norm_ratio)
+        prototypes=_own_scale(node),  # a peer's prototypes of this node's scale (outliers.max_norm_ratio)
         head=weight.astype(np.float32),
     )
 

@@ -1,11 +1,17 @@
-"""A Byzantine learning peer (issue #14, item 7): what the poisoning node sends, and that MAPL's
-and SCooL-attention's graphs shut it out, small simulations on digits against a control twin."""
+"""A Byzantine learning peer (issue #14, item 7; issue #27, item 4): what the poisoning node
+sends, the check of a payload's scale against the node's and its neighbourhood's, and that
+MAPL's, MAPL-Dual's and SCooL's graphs shut it out and fall back on the node itself, small
+simulations on digits against a control twin."""
+
+import math
 
 import numpy as np
 import pytest
 
-from algorithms.payloads import check_scale
-from algorithms.poison import Attack, corrupt, corrupt_tensor
+from algorithms.collaboration import LearnedGraph, UniformGraph
+from algorithms.graph import GraphConfig
+from algorithms.outliers import OutlierConfig, ScaleGuard, fold_into_self, row_scale, scale_outlier, state_scale
+from algorithms.poison import LEGAL_NORM, Attack, corrupt, corrupt_tensor
 from algorithms.seam import PayloadRejected
 from protocol.messages import Head, Model, Prototypes, Score
 from testnet.simulator import SimulationSpec, run_simulation
@@ -71,15 +77,105 @@ def test_a_scaled_float16_tensor_that_overflows_goes_as_float32_and_attacks_are_
         Attack("scale", 0.0)
 
 
-def test_a_tensor_off_our_scale_is_refused_either_way():
-    ours = np.ones(4)
-    check_scale("head", 3.9 * ours, ours, 4.0)
-    check_scale("head", ours / 3.9, ours, 4.0)
-    for theirs in (4.1 * ours, ours / 4.1):
-        with pytest.raises(PayloadRejected) as caught:
-            check_scale("head", theirs, ours, 4.0)
-        assert caught.value.reason == "out_of_scale"
-    check_scale("head", 1e9 * ours, ours, float("inf"))
+BOUNDS = OutlierConfig()  # ratio 4, 3 robust deviations
+
+
+def test_an_honest_spread_of_scales_passes_and_ten_thousand_times_is_refused():
+    # Ten neighbours' head norms as on mnist5k (ratios to the node's own within 0.64–1.58).
+    reference = [1.0, 0.64, 0.8, 0.9, 1.0, 1.1, 1.2, 1.35, 1.5, 1.58, 0.95]
+    for honest in (0.64, 1.0, 1.58, 3.0, 1 / 3):
+        assert scale_outlier(honest, reference, BOUNDS) is None
+    for poisoned in (1e4, 1e-4, 0.0):
+        assert "median 1 over this node and 10 neighbour(s)" in scale_outlier(poisoned, reference, BOUNDS)
+    assert scale_outlier(1e9, reference, OutlierConfig(max_norm_ratio=math.inf)) is None
+
+
+def test_with_few_neighbours_the_nodes_own_scale_decides():
+    assert scale_outlier(3.9, [1.0], BOUNDS) is None and scale_outlier(1 / 3.9, [1.0], BOUNDS) is None
+    assert scale_outlier(4.1, [1.0], BOUNDS) is not None and scale_outlier(1 / 4.1, [1.0], BOUNDS) is not None
+    # One neighbour: the median lies between the two, and 10^4 is off both.
+    assert scale_outlier(2.0, [1.0, 1.4], BOUNDS) is None
+    assert "1 neighbour" in scale_outlier(1e4, [1.0, 1.4], BOUNDS)
+    # Nothing trained yet (scale 0) and no neighbour: nothing to compare with.
+    assert scale_outlier(1e4, [0.0], BOUNDS) is None
+
+
+def test_the_median_outvotes_an_odd_node_and_a_wide_honest_spread_widens_the_bound():
+    # This node's own scale is 10x its neighbours': their scale is not refused for it.
+    assert scale_outlier(1.0, [10.0, 0.9, 1.0, 1.1, 1.2], BOUNDS) is None
+    assert scale_outlier(1e4, [10.0, 0.9, 1.0, 1.1, 1.2], BOUNDS) is not None
+    # Honest scales spread over a factor 40: a payload 6x the median passes ...
+    spread = [1.0, 0.1, 0.3, 1.0, 3.0, 4.0, 0.2]
+    assert scale_outlier(6.0, spread, BOUNDS) is None
+    assert scale_outlier(6.0, spread, OutlierConfig(max_deviations=0)) is not None  # ... by the spread alone
+    assert scale_outlier(1e4, spread, BOUNDS) is not None
+    with pytest.raises(ValueError, match="max_norm_ratio"):
+        OutlierConfig(max_norm_ratio=1.0)
+
+
+def test_the_guard_distrusts_a_refused_peer_until_it_passes_and_never_learns_from_it():
+    guard = ScaleGuard(BOUNDS, window=1)
+    guard.set_peers(["a", "b", "poisoner"])
+    with pytest.raises(PayloadRejected) as caught:
+        guard.check("poisoner", 0, {"head": (1e4, 1.0)})  # first to arrive: the node's own scale decides
+    assert caught.value.reason == "out_of_scale" and guard.distrusted() == {"poisoner"}
+    guard.check("a", 0, {"head": (1.2, 1.0)})
+    guard.check("b", 0, {"head": (0.9, 1.0)})
+    with pytest.raises(PayloadRejected):  # the refused scale is no reference for the next
+        guard.check("poisoner", 0, {"head": (1e4, 1.0)})
+    guard.check("poisoner", 1, {"head": (1.1, 1.0)})  # honest again: trusted again
+    assert guard.distrusted() == frozenset()
+    with pytest.raises(PayloadRejected), guard.judging("b", "head"):  # a refusal of its form counts too
+        raise PayloadRejected("bad_shape", "wrong head")
+    assert guard.distrusted() == {"b"}
+    guard.set_peers(["a"])
+    assert guard.distrusted() == frozenset()
+    assert fold_into_self({"me": 0.5, "a": 0.2, "b": 0.3}, "me", {"b"}) == {"me": 0.8, "a": 0.2}
+
+
+def test_scales_of_prototypes_and_models():
+    assert row_scale(np.ones((4, 9))) == pytest.approx(3.0)  # RMS row norm: any number of classes
+    assert row_scale(np.ones((1, 9))) == pytest.approx(3.0)
+    tensors = {"w": np.full(4, 1.5, np.float16), "steps": np.array([10**6], np.int64), "b": np.array([4.0])}
+    assert state_scale(tensors) == pytest.approx(5.0)  # the counter is no scale
+
+
+def _graph():
+    return LearnedGraph("me", GraphConfig(), warmup_rounds=0, explore_every=5, explore_peers=1, seed=0)
+
+
+def _step(graph, similarity, distrusted=()):
+    """One CGL step of node "me", whose cluster-mate is "mate", beside two strangers."""
+    graph.set_peers(["mate", "s1", "s2"])
+    graph.distrust(distrusted)
+    graph.step(similarity, dict.fromkeys(["me", "mate", "s1", "s2"], 30.0))
+    return graph.weights()
+
+
+def test_a_node_that_distrusts_its_only_cluster_mate_falls_back_on_itself():
+    strangers = {"s1": 0.79, "s2": 0.78}  # head similarities across clusters on digits
+    row = _step(_graph(), strangers, distrusted={"mate"})
+    # The row it would have beside a cluster-mate as similar as itself, the mate's weight its own.
+    beside = _step(_graph(), {"mate": 1.0, **strangers})
+    assert row == pytest.approx({"me": beside["me"] + beside["mate"], "s1": beside["s1"], "s2": beside["s2"]})
+    assert row["me"] > 0.9 and row["s1"] + row["s2"] < 0.07
+    # Left out instead, the mate leaves the best stranger normalised to look like the node itself.
+    absent = _step(_graph(), strangers)
+    assert absent["s1"] + absent["s2"] > 0.6
+    # The uniform graph (warm-up, MAPL without CGL): the refused peer's share stays with the node.
+    uniform = UniformGraph("me")
+    uniform.set_peers(["mate", "s1", "s2"])
+    uniform.distrust({"mate"})
+    assert uniform.weights() == {"me": 0.5, "s1": 0.25, "s2": 0.25}
+    assert uniform.mixing(["s1", "s2"]) == {"me": 0.5, "s1": 0.25, "s2": 0.25}
+
+
+def test_rescale_stays_under_the_wire_bound():
+    honest = np.full(100, 10.0, np.float32)  # norm 100: ×1e4 is 1e6, past the bound
+    poisoned = corrupt_tensor(honest, Attack("rescale", 1e4), _rng())
+    assert np.isfinite(poisoned).all() and np.linalg.norm(poisoned.astype(np.float64)) == pytest.approx(LEGAL_NORM)
+    np.testing.assert_allclose(poisoned / poisoned[0], 1.0)  # the direction is the honest one
+    assert (corrupt_tensor(honest, Attack("rescale", 10.0), _rng()) == 100.0).all()
 
 
 def _spec(algorithm, **changes):
@@ -114,7 +210,7 @@ def test_the_control_twin_is_the_plain_run_and_a_frame_past_the_wire_bound_is_re
     "algorithm, attack, defence_off",
     [
         # Head similarity cannot see scale: only the norm bound shuts a scaled head out.
-        ("mapl", "scale", {"max_norm_ratio": "inf"}),
+        ("mapl", "scale", {"outliers.max_norm_ratio": "inf"}),
         # The poisoner scores honestly, so SCooL's E-step alone trusts it: only the check of its
         # model on our own data shuts it out.
         ("scool-attention", "sign-flip", {"max_score_gap": "inf"}),
@@ -132,3 +228,52 @@ def test_the_poisoner_loses_its_weight_and_the_honest_nodes_keep_their_accuracy(
     assert poisoned["honest_accuracy"]["mean"] >= twin["honest_accuracy"]["mean"] - 0.02
     undefended = run_simulation(_spec(algorithm, attack=attack, overrides=defence_off))["poisoning"]
     assert max(undefended["poisoner_weight"]["max_per_round"][learned]) > 0.1
+
+
+def _off_the_honest_cluster(report: dict) -> list[float]:
+    """For each honest row, its L1 distance to the nearest row that puts all its weight on the
+    node and its honest cluster-mates (the poisoner is no one's cluster-mate): twice the weight
+    it puts anywhere else."""
+    w, clusters = np.array(report["graph"]["W"]), report["graph"]["clusters"]
+    poisoners = set(report["poisoners"])
+    honest = [i for i in range(len(w)) if i not in poisoners]
+    return [
+        2 * sum(w[i, j] for j in range(len(w)) if j != i and (clusters[j] != clusters[i] or j in poisoners))
+        for i in honest
+    ]
+
+
+@pytest.mark.parametrize(
+    "algorithm, overrides",
+    [
+        ("mapl", {"warmup_rounds": "3"}),
+        ("mapl-dual", {"warmup_rounds": "3"}),
+        ("scool-attention", {"prune_round": "4"}),  # from round 4 each node keeps one neighbour
+    ],
+)
+def test_a_rescaled_cluster_mate_is_refused_and_its_cluster_mate_falls_back_on_itself(algorithm, overrides):
+    """4 nodes on digits (clusters {0, 1} and {2, 3}), node 1 sends every tensor ×10⁴, legal
+    on the wire. Its payloads are refused for their scale, and node 0, which has no other
+    cluster-mate, keeps the weight for itself instead of giving it to nodes 2 and 3: every
+    honest row within 0.05 L1 of the truth among honest nodes, and the honest accuracy over the
+    last three rounds within a point of the control twin's (one round's moves by several)."""
+    spec = {
+        "algorithm": algorithm,
+        "dataset": "digits",
+        "nodes": 4,
+        "rounds": 8,
+        "samples_per_class": 10,
+        "test_per_class": 10,
+        "backbones": ("mlp",),
+        "overrides": overrides,
+        "poisoners": (1,),
+    }
+    twin = run_simulation(SimulationSpec(**spec, attack="none"))
+    poisoned = run_simulation(SimulationSpec(**spec, attack="rescale", attack_factor=1e4))
+    assert set(poisoned["rejections"]) == {"out_of_scale"}  # legal frames, refused by the algorithm
+    assert max(_off_the_honest_cluster(poisoned)) <= 0.05, poisoned["graph"]["W"]
+
+    def late(report):
+        return np.mean(report["poisoning"]["honest_accuracy"]["per_round"][-3:])
+
+    assert late(poisoned) >= late(twin) - 0.01
