@@ -27,6 +27,7 @@ from protocol import LEARNING_TYPES
 
 from .churn import ChurnSpec, RestartPolicy, Supervisor
 from .cluster import Cluster
+from .overlay import ingress_restarts, ingress_rss_mb
 from .placement import Placement
 from .provenance import provenance
 from .report import CheckThresholds, Truth, assemble, check, run_header
@@ -268,6 +269,9 @@ def testnet_report(header: dict[str, Any], partition, statuses: list[dict | None
         # Resident memory (MiB) at each daemon's last status: after its last round.
         "rss_mb": [(s or {}).get("rss_mb") for s in statuses],
         "peak_rss_mb": [(s or {}).get("peak_rss_mb") for s in statuses],
+        # Its inbound sockets' processes (p2pnode/ingress.py), now, and how often they restarted.
+        "ingress_rss_mb": [ingress_rss_mb(s) for s in statuses],
+        "ingress_restarts": [ingress_restarts(s) for s in statuses],
     }
     return assemble(
         header,

@@ -103,4 +103,20 @@ def resources(statuses: list[dict | None]) -> dict:
         out[key] = values
         out[f"{key}_mean"] = round(statistics.fmean(known), 2) if known else None
         out[f"{key}_max"] = max(known, default=None)
+    out["ingress_rss_mb"] = [ingress_rss_mb(s) for s in statuses]
+    out["ingress_restarts"] = [ingress_restarts(s) for s in statuses]
     return out
+
+
+def ingress_rss_mb(status: dict | None) -> float | None:
+    """The resident memory (MiB) of a daemon's inbound sockets' processes (p2pnode/ingress.py):
+    beside the daemon's own, what it holds in all; None from a status without them."""
+    processes = (status or {}).get("ingress") or {}
+    sizes = [process.get("rss_mb") for process in processes.values()]
+    return round(sum(size for size in sizes if size is not None), 1) if processes else None
+
+
+def ingress_restarts(status: dict | None) -> int | None:
+    """How often a daemon's inbound sockets' processes were started again (libzmq aborted them)."""
+    processes = (status or {}).get("ingress") or {}
+    return sum(process["restarts"] for process in processes.values()) if processes else None

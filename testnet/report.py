@@ -73,6 +73,8 @@ PROCESS_KEYS = (
     "catch_ups",
     "rss_mb",
     "peak_rss_mb",
+    "ingress_rss_mb",
+    "ingress_restarts",
     "churn",
     "restarts",
     "exits",

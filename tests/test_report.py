@@ -64,7 +64,18 @@ def test_every_node_every_round():
     assert comm["discovery"] == {"messages": 0, "bytes": 0, "by_type": {}, "bytes_cumulative_per_round": [0, 0, 0]}
     assert report["baselines"] == {}
     assert report["rejections"] == {"bad_shape": 2} and report["check"] is None
-    processes = ("engine", "addresses", "exit_codes", "logs", "resumed_from", "catch_ups", "rss_mb", "peak_rss_mb")
+    processes = (
+        "engine",
+        "addresses",
+        "exit_codes",
+        "logs",
+        "resumed_from",
+        "catch_ups",
+        "rss_mb",
+        "peak_rss_mb",
+        "ingress_rss_mb",
+        "ingress_restarts",
+    )
     assert report["processes"] == dict.fromkeys((*processes, "churn", "restarts", "exits", "timeout_s", "timed_out"))
     assert report["timing"]["gather_s_mean"] is None  # nobody measured a gather
 
