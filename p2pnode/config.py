@@ -566,13 +566,6 @@ class TransportSettings:
         "sending faster fills this queue, then TCP's buffers, and then waits. Small, for ZeroMQ "
         "may hold a whole receive buffer (8 KiB) for each queued frame, however small",
     )
-    ingress_standby: bool = option(
-        Flag(),
-        True,
-        "keep a second ingress process started and waiting (about 30 MB), so that when libzmq "
-        "aborts the one that holds the inbound sockets the node is reachable again within "
-        "milliseconds, not the second or so Python takes to start (docs/security.md)",
-    )
     max_public_buffered_bytes: int = option(
         Integer(1 << 16, 1 << 40),
         16 << 20,

@@ -16,9 +16,10 @@ So each ROUTER (the public socket, where strangers connect; the peers' socket, w
 only admitted peers reach), with its monitor, ZAP domain and bound on what libzmq holds
 (buffers.py), runs in a `python -m p2pnode.ingress_process` of its own; everything that decides
 stays here. The node asks it for batches of frames (pipes.py), paced as before (gate.py),
-answers its ZAP requests (zap.py `Connections`) and follows its connection events. When one
-ends for any reason other than the node stopping it, a standby process (`ingress_standby`), or a
-new one, binds the same endpoint: connections come back as their dialers reconnect; the peer
+answers its ZAP requests (zap.py `Connections`) and follows its connection events. Processes
+are forked by the node's zygote (zygote.py), in milliseconds. When one ends for any reason other
+than the node stopping it, a new one binds the same endpoint: connections come back as their
+dialers reconnect; the peer
 table, rounds and model are untouched; the other socket's process is not affected, so a stranger
 who aborts the public one costs admitted peers nothing; and the node goes on sending meanwhile
 (its DEALERs are its own: a node never reads from them, and without reading libzmq never drains
@@ -30,8 +31,6 @@ from __future__ import annotations
 
 import logging
 import math
-import signal
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -43,8 +42,9 @@ from .memory import process_memory
 from .pipes import MessagePipe, PipeError, socket_pair
 from .transport import CURVE_SLACK, TransportError
 from .zap import PUBLIC, Connections
+from .zygote import Zygote, ZygoteError, describe_exit
 
-__all__ = ["Ingress", "Standby", "BindError", "RelayedFrame"]
+__all__ = ["Ingress", "BindError", "RelayedFrame"]
 
 log = logging.getLogger("p2pnode.ingress")
 
@@ -100,46 +100,11 @@ class _Part:
 
 @dataclass
 class _Child:
-    process: trio.Process
+    pid: int
     control: MessagePipe
     frames: MessagePipe
     generation: int = 0  # set when it binds
     gone: trio.Event = field(default_factory=trio.Event)
-
-
-class Standby:
-    """Ingress processes started ahead and waiting for their setup, shared by a node's inbound
-    sockets: binding one takes milliseconds, starting Python a second or so on a busy machine.
-    With `[transport].ingress_standby`, one is kept waiting all along (about 30 MB), so that a
-    socket whose process libzmq aborted is back at once."""
-
-    def __init__(self, keep: int) -> None:
-        self.keep = keep
-        self._ready: list[_Child] = []
-
-    async def take(self) -> _Child:
-        """A waiting process (one that died waiting is passed over), or a new one."""
-        while self._ready:
-            child = self._ready.pop(0)
-            if child.process.returncode is None:
-                return child
-            await _close_pipes(child)
-        return await _spawn()
-
-    async def fill(self, count: int | None = None) -> None:
-        """Start processes until `count` (default `keep`) wait."""
-        try:
-            while len(self._ready) < (self.keep if count is None else count):
-                self._ready.append(await _spawn())
-        except OSError as exc:
-            log.error("no standby ingress process: %s", exc)
-
-    async def close(self) -> None:
-        ready, self._ready = self._ready, []
-        with trio.CancelScope(shield=True):
-            for child in ready:
-                await _close_pipes(child)
-                await _reap(child, STOP_WAIT_S)
 
 
 class Ingress:
@@ -155,11 +120,11 @@ class Ingress:
         connections: Connections,
         counts: Counter[str],
         log_level: str = "INFO",
-        standby: Standby | None = None,
+        zygote: Zygote | None = None,
     ) -> None:
         """`max_frame_bytes`: the socket's frame bound; `counts`: Metrics.connections, where
-        connection events and refusals are counted; `standby`: where processes come from
-        (default: one of its own, kept filled as `[transport].ingress_standby` says)."""
+        connection events and refusals are counted; `zygote`: what forks its processes (the
+        node's, shared by both sockets; default: one of its own, ended with it)."""
         self.name, self.settings, self.max_frame_bytes, self.curve = name, settings, max_frame_bytes, curve
         self.connections, self.counts, self.log_level = connections, counts, log_level
         self.endpoint: str | None = None
@@ -170,7 +135,7 @@ class Ingress:
         self.restarts = 0
         self.exits: list[dict] = []  # the latest ones: when, how (exit code or signal), how long it was up
         self._child: _Child | None = None
-        self.standby = standby or Standby(1 if settings.ingress_standby else 0)
+        self.zygote, self._own_zygote = zygote or Zygote(), zygote is None
         self._up = trio.Event()
         self._generation = 0
 
@@ -179,21 +144,24 @@ class Ingress:
     async def start(self, endpoint: str) -> str:
         """Start the process and bind; returns the endpoint bound (a port 0 chosen). Raises
         BindError if it cannot bind (the process is gone again then)."""
-        self._child = await self._bind(await self.standby.take(), endpoint)
+        try:
+            child = await self._spawn()
+        except ZygoteError as exc:
+            raise BindError(str(exc), self.name) from None
+        self._child = await self._bind(child, endpoint)
         self.connections.socket_up(self.name, trio.current_time())
         self._up.set()
-        await self.standby.fill()
         return self.endpoint
 
     async def supervise(self) -> None:
         """Relay the process's events and ZAP requests; when it ends, start another on the same
-        endpoints (the standby, if there is one). Runs until cancelled."""
+        endpoint, forked at once. Runs until cancelled."""
         failures = 0
         while True:
             if self._child is None:
                 await trio.sleep(RESTART_BACKOFF_S[min(failures, len(RESTART_BACKOFF_S) - 1)])
                 try:
-                    self._child = await self._bind(await self.standby.take(), self.endpoint)
+                    self._child = await self._bind(await self._spawn(), self.endpoint)
                 except (BindError, OSError) as exc:
                     failures += 1
                     log.error(
@@ -204,13 +172,12 @@ class Ingress:
                 self.connections.socket_up(self.name, trio.current_time())
                 self._up.set()
                 log.warning("the %s socket's ingress process is back on %s", self.name, self.endpoint)
-                await self.standby.fill()
             child = self._child
             started = time.monotonic()
             await self._relay(child)
             self._up = trio.Event()
             self._child = None
-            how = await _reap(child)
+            how = await self._reap(child)
             banned = self.connections.forget_all(self.name, trio.current_time(), aborted=how in _ABORTED)
             if banned:
                 log.warning(
@@ -228,14 +195,15 @@ class Ingress:
             )
 
     async def close(self) -> None:
-        """End the process (it leaves once its control pipe closes), and the standby."""
+        """End the process (it leaves once its control pipe closes), and the zygote if it is its own."""
         child, self._child = self._child, None
         with trio.CancelScope(shield=True):
             if child is not None:
                 await _close_pipes(child)
-                await _reap(child, STOP_WAIT_S)
+                await self._reap(child, STOP_WAIT_S)
                 child.gone.set()
-            await self.standby.close()
+            if self._own_zygote:
+                await self.zygote.close()
 
     # --- frames ------------------------------------------------------------------------------
 
@@ -278,9 +246,24 @@ class Ingress:
     @property
     def pid(self) -> int | None:
         """The process's id while one runs."""
-        return None if self._child is None else self._child.process.pid
+        return None if self._child is None else self._child.pid
 
     # --- the process ---------------------------------------------------------------------
+
+    async def _spawn(self) -> _Child:
+        """A new ingress process (forked by the zygote), waiting for its setup."""
+        pairs = [socket_pair() for _ in ("control", "frames")]
+        try:
+            pid = await self.zygote.fork([pair[1].detach() for pair in pairs])
+        except ZygoteError:
+            for ours, _ in pairs:
+                ours.close()
+            raise
+        return _Child(pid, MessagePipe(pairs[0][0], 1 << 20), MessagePipe(pairs[1][0], 1 << 20))
+
+    async def _reap(self, child: _Child, wait_s: float = math.inf) -> str:
+        """Wait for the process to end (killing it after `wait_s`); how it ended, in words."""
+        return describe_exit(await self.zygote.wait(child.pid, wait_s))
 
     def _setup(self, endpoint: str) -> dict:
         s, public = self.settings, self.name == PUBLIC
@@ -314,13 +297,13 @@ class Ingress:
         except BaseException as exc:
             with trio.CancelScope(shield=True):
                 await _close_pipes(child)
-                how = await _reap(child, wait_s=STOP_WAIT_S)
+                how = await self._reap(child, STOP_WAIT_S)
             if isinstance(exc, PipeError | trio.BrokenResourceError):
                 raise BindError(f"the ingress process ended before binding ({how})", self.name) from None
             raise
         if kind != "bound" or "error" in bound:
             await _close_pipes(child)
-            await _reap(child, wait_s=STOP_WAIT_S)
+            await self._reap(child, STOP_WAIT_S)
             raise BindError(bound.get("error", f"unexpected answer {kind!r}"), self.name)
         self.endpoint = bound["endpoint"]
         return child
@@ -353,32 +336,3 @@ async def _close_pipes(child: _Child) -> None:
             await pipe.aclose()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
-
-
-async def _reap(child: _Child, wait_s: float = math.inf) -> str:
-    """Wait for the process to end (killing it after `wait_s`); how it ended, in words."""
-    with trio.move_on_after(wait_s):
-        await child.process.wait()
-    if child.process.returncode is None:
-        child.process.kill()
-        await child.process.wait()
-    code = child.process.returncode
-    if code < 0:
-        try:
-            return f"signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"signal {-code}"
-    return f"exit code {code}"
-
-
-async def _spawn() -> _Child:
-    """A new ingress process, waiting for its setup."""
-    pairs = {name: socket_pair() for name in ("control", "frames")}
-    theirs = [pair[1].fileno() for pair in pairs.values()]
-    command = [sys.executable, "-m", "p2pnode.ingress_process", *map(str, theirs)]
-    try:
-        process = await trio.lowlevel.open_process(command, pass_fds=theirs)
-    finally:
-        for _, their_end in pairs.values():
-            their_end.close()
-    return _Child(process, MessagePipe(pairs["control"][0], 1 << 20), MessagePipe(pairs["frames"][0], 1 << 20))

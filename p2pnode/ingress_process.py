@@ -2,9 +2,11 @@
 ZAP hook, monitor and buffer bound, in a process of its own (ingress.py explains why). Run by
 the node, never by hand:
 
-    python -m p2pnode.ingress_process CONTROL_FD FRAMES_FD
+    python -m p2pnode.ingress_process NODE_FD
 
-Each descriptor is one end of a socket pair (pipes.py) whose other end the node holds:
+starts the node's zygote (`zygote`), which forks one ingress process per socket, and again when
+one ends. Each ingress process gets two descriptors, each one end of a socket pair (pipes.py)
+whose other end the node holds:
 - control: first the node's setup (endpoint, socket settings, CURVE keys), answered with the
   endpoint bound or why not; then, this way, each connection event, each ZAP request, log
   record and counter change; the other way, each ZAP verdict. The ZAP handler itself stays in
@@ -22,9 +24,11 @@ from __future__ import annotations
 import logging
 import os
 import resource
+import select
 import signal
 import socket
 import sys
+import traceback
 from collections import Counter
 
 import trio
@@ -247,7 +251,7 @@ async def _main(control_fd: int, frames_fd: int) -> None:
     try:
         setup = await control.receive()
     except PipeError:
-        return  # a standby the node never needed
+        return  # the node went before it said what to bind
     ingress = Ingress(setup, control, MessagePipe(socket.socket(fileno=frames_fd), 1 << 10))
     root = logging.getLogger("p2pnode")
     root.handlers[:] = [_ForwardLogs(ingress.outbox)]
@@ -262,20 +266,68 @@ async def _main(control_fd: int, frames_fd: int) -> None:
         ingress.close()
 
 
-def main(argv: list[str] | None = None) -> int:
-    control_fd, frames_fd = (int(fd) for fd in (argv or sys.argv[1:]))
-    # A terminal's Ctrl-C or a service manager's SIGTERM reaches the node's whole group: the
-    # node stops this process itself, by closing the control pipe, once it has said goodbye.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+def run_ingress(control_fd: int, frames_fd: int) -> int:
+    """One ingress process's life, in a child the zygote forked; its exit code."""
     try:
         trio.run(_main, control_fd, frames_fd)
     except BaseException as exc:
         # Past `limit_data` in Python rather than in libzmq (which aborts): said by the exit
         # code, so that the node counts it as what it is, an attack (ingress.py).
         if isinstance(exc, MemoryError) or (isinstance(exc, BaseExceptionGroup) and exc.subgroup(MemoryError)):
-            os._exit(OUT_OF_MEMORY)
-        raise
+            return OUT_OF_MEMORY
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+def zygote(node_fd: int) -> None:
+    """The node's zygote: with everything an ingress process needs imported and nothing started
+    (no thread, no ZeroMQ context, no trio run: a fork is then safe), it forks one child per
+    request and reports each child's end. A new ingress process so takes a fork (milliseconds)
+    instead of a Python start (a second or so on a busy machine), however often libzmq aborts
+    them. On its socket pair with the node: the node sends b"F" with the child's two pipe ends
+    (SCM_RIGHTS); the zygote answers "P <pid>" and, when that child has ended, "X <pid> <exit
+    code, negative for a signal>", a line each. It ends when the node closes the pair."""
+    node = socket.socket(fileno=node_fd)
+    woken_r, woken_w = os.pipe()
+    os.set_blocking(woken_w, False)
+    signal.set_wakeup_fd(woken_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select through the pipe above
+    children: set[int] = set()
+    while True:
+        readable, _, _ = select.select([node, woken_r], [], [])
+        if woken_r in readable:
+            os.read(woken_r, 4096)
+        if node in readable:
+            message, fds, _, _ = socket.recv_fds(node, 1, 2)
+            if not message:
+                return  # the node is gone: its children end as their pipes close
+            pid = os.fork()
+            if pid == 0:
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                node.close()
+                os.close(woken_r)
+                os.close(woken_w)
+                os._exit(run_ingress(*fds))
+            for fd in fds:
+                os.close(fd)
+            children.add(pid)
+            node.sendall(f"P {pid}\n".encode())
+        for pid in list(children):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                children.discard(pid)
+                node.sendall(f"X {pid} {os.waitstatus_to_exitcode(status)}\n".encode())
+
+
+def main(argv: list[str] | None = None) -> int:
+    (node_fd,) = (int(fd) for fd in (argv or sys.argv[1:]))
+    # A terminal's Ctrl-C or a service manager's SIGTERM reaches the node's whole group: the
+    # node stops the zygote and its children itself, by closing their pipes, after its goodbyes.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    zygote(node_fd)
     return 0
 
 

@@ -51,7 +51,7 @@ from .control import serve_control
 from .files import describe_os_error
 from .gate import Gate
 from .inbound import Inbound, decode_all
-from .ingress import BindError, Ingress, Standby
+from .ingress import BindError, Ingress
 from .learning import (
     LearningSetupError,
     Network,
@@ -67,6 +67,7 @@ from .peers import Action, Admitted, Dial, DialPeers, Evicted, Hangup, Membershi
 from .state import DataDir, DataDirError
 from .transport import MissingKey, Transport, TransportError
 from .zap import PEERS, PUBLIC, Connections
+from .zygote import Zygote
 
 __all__ = ["Node", "NodeStartError", "wall_clock_us"]
 
@@ -136,8 +137,8 @@ class Node:
         # Who may connect (zap.py); admitted peers' transport keys pass the connection caps.
         self.peer_transport_keys: set[bytes] = set()
         self.connections = Connections(config.security, self.metrics.connections, self.peer_transport_keys.__contains__)
-        # The inbound sockets, each in a process of its own, with one standby for both (ingress.py).
-        self.standby = Standby(1 if config.transport.ingress_standby else 0)
+        # The inbound sockets, each in a process of its own, forked by one zygote (ingress.py).
+        self.zygote = Zygote()
         self.ingress = self._inbound_sockets(curve)
         self.inbound = Inbound(
             self.ingress, self.decoder, self.guard, self.gate, self.metrics, config.transport, clock_us
@@ -177,7 +178,7 @@ class Node:
                 self.connections,
                 self.metrics.connections,
                 config.log.level,
-                self.standby,
+                self.zygote,
             )
             for name, bound in bounds.items()
         }
@@ -205,7 +206,6 @@ class Node:
         with self._locked_data_dir() as data_dir:
             self._counter = self._start_sequence(data_dir)
             try:
-                await self.standby.fill(2)  # both start at once: a node is up in the time of one
                 try:
                     endpoint = await self.ingress[PUBLIC].start(config.node.listen)
                     peers_endpoint = await self.ingress[PEERS].start(
@@ -252,6 +252,7 @@ class Node:
                     await self.transport.close()
                     for ingress in self.ingress.values():
                         await ingress.close()
+                    await self.zygote.close()
                 log.info("node %s stopped", self.identity.node_id)
 
     async def _start_services(self, nursery: trio.Nursery) -> bool:

@@ -44,12 +44,13 @@ import zmq
 from p2pnode.config import SecuritySettings, TransportSettings
 from p2pnode.gate import Gate
 from p2pnode.inbound import Inbound
-from p2pnode.ingress import Ingress, Standby
+from p2pnode.ingress import Ingress
 from p2pnode.metrics import Metrics
 from p2pnode.signing import encode
 from p2pnode.transport import Transport
 from p2pnode.zap import PEERS, PUBLIC, Connections
 from p2pnode.zmqtrio import send_waiting
+from p2pnode.zygote import Zygote
 from protocol import Decoder, Encoder, Identity, Model, ReplayGuard, SequenceCounter
 from protocol.curve import curve_public_from_ed25519
 
@@ -145,6 +146,7 @@ def run_trio(size: int, count: int, verify_threads: int = 2, curve: bool = False
             sender.kill()
             for ingress in receiver.values():
                 await ingress.close()
+            await receiver[PUBLIC].zygote.close()  # the one both share
         read = {name: ingress.messages_read for name, ingress in receiver.items()}
         if read[PEERS] != count:  # the path measured is a peer's
             raise RuntimeError(f"{read} frames read by socket, {count} sent to the peers' one")
@@ -157,11 +159,10 @@ async def _start_receiver(
     settings: TransportSettings, curve: tuple[bytes, bytes] | None, connections: Connections
 ) -> dict[str, Ingress]:
     """Node B's two inbound sockets, each in its ingress process as a node's, bound on loopback."""
-    standby, counts = Standby(0), Counter()
+    zygote, counts = Zygote(), Counter()
     receiver = {
-        name: Ingress(name, settings, 64 << 20, curve, connections, counts, standby=standby) for name in (PUBLIC, PEERS)
+        name: Ingress(name, settings, 64 << 20, curve, connections, counts, zygote=zygote) for name in (PUBLIC, PEERS)
     }
-    await standby.fill(2)
     for ingress in receiver.values():
         await ingress.start("tcp://127.0.0.1:0")
     return receiver
