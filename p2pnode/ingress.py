@@ -53,7 +53,7 @@ STOP_WAIT_S = 2.0  # for the process to leave once its control pipe closes, then
 _PIPE_SLACK = 1 << 16  # msgpack and routing data around a batch's frames
 EXITS_KEPT = 16  # recent exits shown in status
 # How an attack ends an ingress process: libzmq's failed assertion (its allocations past
-# `limit_data` too), or Python's MemoryError past it (ingress_process.py OUT_OF_MEMORY).
+# `DataLimit` too), or Python's MemoryError past it (ingress_process.py OUT_OF_MEMORY).
 _ABORTED = ("signal SIGABRT", "exit code 3")
 
 
@@ -274,8 +274,9 @@ class Ingress:
             "max_message_bytes": self.max_frame_bytes + CURVE_SLACK,
             "recv_hwm": s.public_recv_hwm if public else s.recv_hwm,
             "max_buffered_bytes": bound,
-            # The hard bound beyond buffers.py's soft one: room for what it lets through, and
-            # for the largest frame and a batch of them in flight to the node.
+            # The hard bound beyond buffers.py's soft one (ingress_process.py `DataLimit`, which
+            # adds room per live connection): room for what it lets through, and for the largest
+            # frame and a batch of them in flight to the node.
             "data_limit_bytes": bound + bound // 2 + 2 * (self.max_frame_bytes + s.verify_batch_bytes),
             "curve": list(self.curve) if self.curve is not None else None,
             "handshake_ivl_ms": s.handshake_ivl_ms,

@@ -51,7 +51,8 @@ from .zmqtrio import receive_batch, receive_routed
 
 log = logging.getLogger("p2pnode.ingress")
 
-OUT_OF_MEMORY = 3  # the exit code past `limit_data`
+OUT_OF_MEMORY = 3  # the exit code past `DataLimit`
+PER_CONNECTION_BYTES = 128 << 10  # room `DataLimit` gives each live connection
 CONTROL_MAX_BYTES = 1 << 20  # setup, ZAP verdicts: small
 COUNTS_EVERY_S = 0.25  # how often counter changes go to the node
 
@@ -83,6 +84,7 @@ class Ingress:
         self.tcp: dict[int, tuple] = {}  # live connections: descriptor -> remote end (buffers.py)
         self.counts: Counter[str] = Counter()
         self.read = [0, 0]  # bytes and parts the node took, routing ids aside
+        self.data_limit: DataLimit | None = None  # set once every thread is up
         self.outbox, self._outbox = trio.open_memory_channel(10_000)
         self.verdicts, self._verdicts = trio.open_memory_channel(1)
 
@@ -119,7 +121,8 @@ class Ingress:
             # what libzmq holds and the batches in flight, and the limit is the last word on it.
             nursery.start_soon(self._watch_buffers)
             await trio.sleep(0)
-            limit_data(self.setup["data_limit_bytes"])
+            self.data_limit = DataLimit(self.setup["data_limit_bytes"])
+            self.data_limit.set(len(self.tcp))
             nursery.start_soon(self._send_outbox)
             nursery.start_soon(self._read_control, nursery.cancel_scope)
             nursery.start_soon(self._relay_zap)
@@ -128,8 +131,11 @@ class Ingress:
             nursery.start_soon(self._serve)
 
     async def _send_outbox(self) -> None:
-        async for message in self._outbox:
-            await self.control.send(message)
+        try:
+            async for message in self._outbox:
+                await self.control.send(message)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the node is going: the control pipe's end ends this process
 
     async def _read_control(self, done: trio.CancelScope) -> None:
         """ZAP verdicts, until the node closes the pipe: then this process ends."""
@@ -153,6 +159,8 @@ class Ingress:
             address = "?" if peer is None else peer[0]
         elif event == zmq.EVENT_DISCONNECTED:
             self.tcp.pop(fd, None)
+        if self.data_limit is not None:
+            self.data_limit.set(len(self.tcp))
         await self.outbox.send(["event", event, fd, address])
 
     async def _follow(self) -> None:
@@ -227,23 +235,31 @@ class Ingress:
         self.context.term()
 
 
-def limit_data(extra_bytes: int | None) -> None:
-    """A hard bound on this process's memory: at most `extra_bytes` more of private data than it
-    has now (RLIMIT_DATA). buffers.py sheds the connections that make libzmq hold too much, but
-    it reacts after the fact, and on a loaded machine late (8 connections each sending a
-    multipart message never finished grew the process by 40 MB against a 16 MiB bound); past
-    this limit libzmq's next allocation fails and it aborts, so the process ends, is started
-    again with nothing held (ingress.py), and the connections that were coming in just then are
-    suspects of an abort (zap.py). None: no limit."""
-    if extra_bytes is None or not hasattr(resource, "RLIMIT_DATA"):
-        return
-    try:
-        with open("/proc/self/status") as status:
-            data_kib = next(int(line.split()[1]) for line in status if line.startswith("VmData:"))
-    except (OSError, StopIteration, ValueError):
-        return  # no /proc: buffers.py's bound alone
-    limit = data_kib * 1024 + extra_bytes
-    resource.setrlimit(resource.RLIMIT_DATA, (limit, resource.getrlimit(resource.RLIMIT_DATA)[1]))
+class DataLimit:
+    """A hard bound on this process's memory (RLIMIT_DATA): what it held once set up, plus
+    `extra_bytes`, plus PER_CONNECTION_BYTES for each live connection (libzmq's own for one:
+    about 100 KiB measured, its buffers and queues). buffers.py sheds the connections that make
+    libzmq hold too much, but it reacts after the fact, and on a loaded machine late (8
+    connections each sending a multipart message never finished grew the process by 40 MB
+    against a 16 MiB bound); past this limit libzmq's next allocation fails and it aborts, so
+    the process ends, is started again with nothing held (ingress.py), and the connections that
+    were coming in just then are suspects of an abort (zap.py)."""
+
+    def __init__(self, extra_bytes: int | None) -> None:
+        """`extra_bytes` None: no limit."""
+        self.base: int | None = None
+        if extra_bytes is not None and hasattr(resource, "RLIMIT_DATA"):
+            try:
+                with open("/proc/self/status") as status:
+                    data_kib = next(int(line.split()[1]) for line in status if line.startswith("VmData:"))
+                self.base = data_kib * 1024 + extra_bytes
+            except (OSError, StopIteration, ValueError):
+                pass  # no /proc: buffers.py's bound alone
+
+    def set(self, connections: int) -> None:
+        if self.base is not None:
+            limit = self.base + connections * PER_CONNECTION_BYTES
+            resource.setrlimit(resource.RLIMIT_DATA, (limit, resource.getrlimit(resource.RLIMIT_DATA)[1]))
 
 
 async def _main(control_fd: int, frames_fd: int) -> None:
@@ -271,7 +287,7 @@ def run_ingress(control_fd: int, frames_fd: int) -> int:
     try:
         trio.run(_main, control_fd, frames_fd)
     except BaseException as exc:
-        # Past `limit_data` in Python rather than in libzmq (which aborts): said by the exit
+        # Past `DataLimit` in Python rather than in libzmq (which aborts): said by the exit
         # code, so that the node counts it as what it is, an attack (ingress.py).
         if isinstance(exc, MemoryError) or (isinstance(exc, BaseExceptionGroup) and exc.subgroup(MemoryError)):
             return OUT_OF_MEMORY

@@ -109,7 +109,7 @@ async def test_multipart_messages_never_finished_from_8_connections_are_cut_off_
     # libzmq keeps every part of an unfinished multipart message, with no bound of its own: one
     # connection sending 200 MB of parts would make the node hold 200 MB. buffers.py sheds the
     # pumps past the public socket's bound (16 MiB), after the fact; the ingress process's
-    # memory limit (ingress_process.py `limit_data`) holds when that is late: 8 connections on
+    # memory limit (ingress_process.py `DataLimit`) holds when that is late: 8 connections on
     # a loaded machine grew the node by 40 MB with the first alone, 21-26 MB with both.
     # The attacker speaks plain ZMTP; this node runs without CURVE (over CURVE it is the same).
     async with trio.open_nursery() as nursery:

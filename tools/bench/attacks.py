@@ -50,15 +50,15 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def _family(pid: int) -> list[int]:
-    """A daemon and its children: its ingress processes, where libzmq reads and holds what
-    arrives (p2pnode/ingress.py); a daemon's cost is theirs too."""
+    """A daemon and its descendants: its zygote and the ingress processes that forks, where
+    libzmq reads and holds what arrives (p2pnode/ingress.py); a daemon's cost is theirs too."""
     children = []
     for task in Path(f"/proc/{pid}/task").glob("*"):  # any thread may have started one (trio: a worker)
         try:
             children += (task / "children").read_text().split()
         except OSError:
             pass
-    return [pid, *map(int, children)]
+    return [pid, *(member for child in children for member in _family(int(child)))]
 
 
 def _cpu_s(pid: int) -> float:
