@@ -164,5 +164,9 @@ def test_the_deploy_walkthrough_on_three_hosts(tmp_path, three_hosts):
                 if other is not spec:
                     assert f"{other.node_id}  {other.settings['node']['advertise']}" in result.stdout
             connections = cluster.status(spec)["traffic"]["connections"]
-            assert connections["handshake_succeeded"] >= 2 and connections.get("handshake_failed", 0) == 0, connections
+            # Every handshake that failed is a peers'-socket connection from a key that admitted
+            # this node before this node admitted it: refused until then, by design (zap.py).
+            failed = connections.get("handshake_failed", 0)
+            assert connections["handshake_succeeded"] >= 2, connections
+            assert failed == connections.get("zap_denied_not_peer", 0) and failed <= 2, connections
         assert cluster.stop() == {0: 0, 1: 0, 2: 0}  # SIGTERM: a clean stop
