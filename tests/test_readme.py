@@ -116,6 +116,8 @@ NOT_RUN = {
     "test_processes.py runs a 12-daemon testnet with a bounded view and test_overlay.py 100 simulated nodes",
     "python -m tools.bench.attacks": "a benchmark: floods of several seconds against fresh daemon pairs, measured "
     "for BENCHMARKS.md; each attack is a test in tests/adversarial/",
+    "python -m tools.bench.hostile --seconds 60": "a benchmark: ten minute-long raw-ZMTP attacks on fresh 4-daemon "
+    "testnets for BENCHMARKS.md; tests/adversarial/test_ingress.py runs each for 5 s",
 }
 
 
