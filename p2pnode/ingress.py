@@ -177,7 +177,7 @@ class Ingress:
             await self._relay(child)
             self._up = trio.Event()
             self._child = None
-            how = await self._reap(child)
+            how = await self._reap(child, STOP_WAIT_S)  # its pipes broke: it has ended, or is ended now
             banned = self.connections.forget_all(self.name, trio.current_time(), aborted=how in _ABORTED)
             if banned:
                 log.warning(
