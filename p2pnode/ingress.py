@@ -30,7 +30,6 @@ back-to-back failures to start are spaced out (`RESTART_BACKOFF_S`).
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -128,10 +127,7 @@ class Ingress:
         self.name, self.settings, self.max_frame_bytes, self.curve = name, settings, max_frame_bytes, curve
         self.connections, self.counts, self.log_level = connections, counts, log_level
         self.endpoint: str | None = None
-        # What the socket delivered so far (routing ids aside): [bytes, parts]; and the
-        # messages, each counted by the node as taken or refused.
-        self.read = [0, 0]
-        self.messages_read = 0
+        self.messages_read = 0  # each counted by the node as taken or refused
         self.restarts = 0
         self.exits: list[dict] = []  # the latest ones: when, how (exit code or signal), how long it was up
         self._child: _Child | None = None
@@ -177,7 +173,7 @@ class Ingress:
             await self._relay(child)
             self._up = trio.Event()
             self._child = None
-            how = await self._reap(child, STOP_WAIT_S)  # its pipes broke: it has ended, or is ended now
+            how = await self._end(child)  # its pipes broke: it has ended, or is ended now
             banned = self.connections.forget_all(self.name, trio.current_time(), aborted=how in _ABORTED)
             if banned:
                 log.warning(
@@ -199,8 +195,7 @@ class Ingress:
         child, self._child = self._child, None
         with trio.CancelScope(shield=True):
             if child is not None:
-                await _close_pipes(child)
-                await self._reap(child, STOP_WAIT_S)
+                await self._end(child)
                 child.gone.set()
             if self._own_zygote:
                 await self.zygote.close()
@@ -232,8 +227,6 @@ class Ingress:
             if user_id is not None:
                 metadata["User-Id"] = user_id
             batch.append([prefix + routing_id, RelayedFrame(data, metadata), *(_Part(size) for size in more)])
-            self.read[0] += len(data) + sum(more)
-            self.read[1] += 1 + len(more)
         self.messages_read += len(batch)
         return batch
 
@@ -261,9 +254,12 @@ class Ingress:
             raise
         return _Child(pid, MessagePipe(pairs[0][0], 1 << 20), MessagePipe(pairs[1][0], 1 << 20))
 
-    async def _reap(self, child: _Child, wait_s: float = math.inf) -> str:
-        """Wait for the process to end (killing it after `wait_s`); how it ended, in words."""
-        return describe_exit(await self.zygote.wait(child.pid, wait_s))
+    async def _end(self, child: _Child) -> str:
+        """Close its pipes (it leaves once they close) and wait for it, at most STOP_WAIT_S
+        before it is killed; how it ended, in words."""
+        with trio.CancelScope(shield=True):
+            await _close_pipes(child)
+            return describe_exit(await self.zygote.wait(child.pid, STOP_WAIT_S))
 
     def _setup(self, endpoint: str) -> dict:
         s, public = self.settings, self.name == PUBLIC
@@ -296,15 +292,12 @@ class Ingress:
             await child.control.send(self._setup(endpoint))
             kind, bound = await child.control.receive()
         except BaseException as exc:
-            with trio.CancelScope(shield=True):
-                await _close_pipes(child)
-                how = await self._reap(child, STOP_WAIT_S)
+            how = await self._end(child)
             if isinstance(exc, PipeError | trio.BrokenResourceError):
                 raise BindError(f"the ingress process ended before binding ({how})", self.name) from None
             raise
         if kind != "bound" or "error" in bound:
-            await _close_pipes(child)
-            await self._reap(child, STOP_WAIT_S)
+            await self._end(child)
             raise BindError(bound.get("error", f"unexpected answer {kind!r}"), self.name)
         self.endpoint = bound["endpoint"]
         return child
@@ -328,7 +321,6 @@ class Ingress:
                     logging.getLogger(name).log(level, "%s", text)
         except (PipeError, trio.BrokenResourceError, trio.ClosedResourceError):
             pass
-        await _close_pipes(child)
 
 
 async def _close_pipes(child: _Child) -> None:
