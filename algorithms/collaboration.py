@@ -134,24 +134,25 @@ class LearnedGraph(UniformGraph):
         """One graph step from the heads' similarity to ours, s_ij per peer j, and the dataset
         sizes n_j (the node's own included) that weigh them.
 
-        Each distrusted peer is a candidate too, as a stand-in for the node: similarity 1 and the
-        node's own size. Its weight is kept under its id and counted as the node's own
-        (`weights`). Left out, it would leave the node's most similar strangers the most similar
-        peers it has, and the similarity normalisation and the degree term would hand them the
-        weight of the cluster-mate it cannot trust (digits, 2 nodes per cluster: 0.69 of a row)."""
+        A distrusted peer is no candidate, but it still bounds the similarity normalisation as
+        if it were as similar as the node itself (ceiling 1): left out entirely, the node's most
+        similar strangers would become the most similar peers it has, and the normalisation and
+        the degree term would hand them the weight of the cluster-mate it cannot trust (digits,
+        2 nodes per cluster: 0.69 of a row). As a candidate standing in for the node, it took
+        weight from the trusted cluster-mates of every node that refused it, its strangers
+        included (0.65 on the node itself instead of 0.5)."""
         trusted = sorted(similarity.keys() - self.distrusted)
         if not trusted and self.learned:
             # No evidence this round (e.g. the node was down or jumped ahead): keep the graph
             # rather than fall back to talking to no one, which nobody could undo.
             return
-        stand_ins = sorted(self.distrusted)
-        candidates = [self.node_id, *trusted, *stand_ins]
-        scores = np.array([1.0] + [similarity[peer] for peer in trusted] + [1.0] * len(stand_ins))
-        counts = np.array([sizes[node] for node in (self.node_id, *trusted)] + [sizes[self.node_id]] * len(stand_ins))
+        candidates = [self.node_id, *trusted]
+        scores = np.array([1.0] + [similarity[peer] for peer in trusted])
+        counts = np.array([sizes[node] for node in candidates])
         start = np.array([self.w.get(node, 0.0) for node in candidates])
         if start.sum() <= 0:
             start = np.full(len(candidates), 1.0 / len(candidates))
-        new = self.optimizer.step(candidates, start, scores, counts / counts.sum(), 0)
+        new = self.optimizer.step(candidates, start, scores, counts / counts.sum(), 0, fallback=bool(self.distrusted))
         self.w = dict(zip(candidates, new.tolist(), strict=True))
         self.learned = True
 

@@ -126,21 +126,24 @@ def _correlation(x: np.ndarray, y: np.ndarray) -> float:
     return float(np.clip(x @ y / scale, -1.0, 1.0)) if scale > 0 else 0.0
 
 
-def normalise_similarities(similarity: np.ndarray, self_index: int, how: str = "max") -> np.ndarray:
+def normalise_similarities(
+    similarity: np.ndarray, self_index: int, how: str = "max", ceiling: float = 0.0
+) -> np.ndarray:
     """Rescale the peers' similarities; a node's similarity to itself is 1.
 
     "max" divides by the largest magnitude (the public MAPL code divides by the maximum);
     "minmax" maps the least similar peer to 0 and the most similar to 1, so the contrast between
-    peers does not depend on how similar heads are overall.
+    peers does not depend on how similar heads are overall. `ceiling` is a peer similarity
+    that counts as heard without being a candidate: the scale is at least it.
     """
     s = similarity.astype(np.float64).copy()
     peers = np.arange(s.size) != self_index
     if how == "max":
-        scale = np.abs(s[peers]).max(initial=0.0)
+        scale = max(np.abs(s[peers]).max(initial=0.0), ceiling)
         if scale > 0:
             s[peers] /= scale
     elif how == "minmax" and peers.sum() > 1:
-        low, high = s[peers].min(), s[peers].max()
+        low, high = s[peers].min(), max(s[peers].max(), ceiling)
         s[peers] = (s[peers] - low) / (high - low) if high > low else 1.0
     elif how not in ("none", "minmax"):
         raise ValueError(f"unknown normalisation {how!r}; choose from {', '.join(NORMALISATIONS)}")
@@ -158,25 +161,43 @@ def _check(w: np.ndarray, similarity: np.ndarray, confidence: np.ndarray, self_i
         raise ValueError(f"self_index {self_index} out of range for {w.size} candidates")
 
 
+def _degree(w: np.ndarray, self_index: int, self_in_degree: bool) -> float:
+    """The row's weight on peers (and on the node itself, where it stands in for one)."""
+    return float(w.sum() - (0.0 if self_in_degree else w[self_index]))
+
+
 def cgl_loss(
-    w: np.ndarray, similarity: np.ndarray, confidence: np.ndarray, self_index: int, config: GraphConfig
+    w: np.ndarray,
+    similarity: np.ndarray,
+    confidence: np.ndarray,
+    self_index: int,
+    config: GraphConfig,
+    self_in_degree: bool = False,
 ) -> float:
+    """The CGL loss of row `w`; `self_in_degree` counts the node's own weight in the degree
+    (a node that stands in for a peer it refused: GraphOptimizer.step's `fallback`)."""
     _check(w, similarity, confidence, self_index)
-    degree = w.sum() - w[self_index]
+    degree = _degree(w, self_index, self_in_degree)
     alignment = np.dot(confidence * -similarity, w)
     regulariser = config.l2_weight * np.linalg.norm(w) - math.log(degree + config.epsilon)
     return float(config.mu_similarity * alignment + config.mu_regulariser * regulariser)
 
 
 def cgl_gradient(
-    w: np.ndarray, similarity: np.ndarray, confidence: np.ndarray, self_index: int, config: GraphConfig
+    w: np.ndarray,
+    similarity: np.ndarray,
+    confidence: np.ndarray,
+    self_index: int,
+    config: GraphConfig,
+    self_in_degree: bool = False,
 ) -> np.ndarray:
     _check(w, similarity, confidence, self_index)
-    degree = w.sum() - w[self_index]
+    degree = _degree(w, self_index, self_in_degree)
     norm = np.linalg.norm(w)
     grad_norm = w / norm if norm > 0 else np.zeros_like(w)
     grad_degree = np.full_like(w, -1.0 / (degree + config.epsilon))
-    grad_degree[self_index] = 0.0
+    if not self_in_degree:
+        grad_degree[self_index] = 0.0
     return config.mu_similarity * confidence * -similarity + config.mu_regulariser * (
         config.l2_weight * grad_norm + grad_degree
     )
@@ -200,18 +221,27 @@ class GraphOptimizer:
     step_count: int = 0
 
     def step(
-        self, candidates: list[str], w: np.ndarray, similarity: np.ndarray, confidence: np.ndarray, self_index: int
+        self,
+        candidates: list[str],
+        w: np.ndarray,
+        similarity: np.ndarray,
+        confidence: np.ndarray,
+        self_index: int,
+        fallback: bool = False,
     ) -> np.ndarray:
-        """E_g projected Adam steps from `w`; returns the new weights (on the simplex)."""
+        """E_g projected Adam steps from `w`; returns the new weights (on the simplex).
+
+        `fallback`: the node refused a peer and stands in for it, as similar as the node can be
+        (1): that bounds the normalisation, and the node's own weight counts in the degree."""
         cfg = self.config
-        similarity = normalise_similarities(similarity, self_index, cfg.normalise_similarity)
+        similarity = normalise_similarities(similarity, self_index, cfg.normalise_similarity, 1.0 if fallback else 0.0)
         beta1, beta2 = cfg.betas
         m = np.array([self.first_moment.get(c, 0.0) for c in candidates])
         v = np.array([self.second_moment.get(c, 0.0) for c in candidates])
         w = project_to_simplex(w)
         for _ in range(cfg.steps):
             self.step_count += 1
-            grad = cgl_gradient(w, similarity, confidence, self_index, cfg)
+            grad = cgl_gradient(w, similarity, confidence, self_index, cfg, fallback)
             if cfg.optimizer == "gradient":
                 w = project_to_simplex(w - cfg.learning_rate * grad)
                 continue

@@ -35,20 +35,12 @@ def _config(path: str, *, load_identity: bool = True, check_learning: bool = Tru
 
 
 def _start(args: argparse.Namespace) -> int:
-    from .files import describe_os_error
-    from .logs import configure_logging
-    from .node import NodeStartError
-    from .runner import run_until_signalled
+    from .runner import StartFailed, start
 
-    config = _config(args.config)
     try:
-        configure_logging(config.log, config.identity.node_id)
-    except OSError as exc:
-        raise CommandError(f"[log].file: cannot open {config.log.file}: {describe_os_error(exc)}") from None
-    try:
-        run_until_signalled(config)
-    except NodeStartError as exc:
-        raise CommandError(str(exc)) from None
+        start(args.config)
+    except StartFailed as exc:
+        raise CommandError(str(exc), exc.exit_code) from None
     return EXIT_OK
 
 
@@ -184,6 +176,10 @@ def _testnet(args: argparse.Namespace) -> int:
     spec = None if args.algorithm == "none" else _learning_spec(args)
     if spec is not None:
         _device_present(spec)
+    if args.barrage and not args.poisoners:
+        raise CommandError("--barrage goes with --poisoners I", EXIT_USAGE)
+    if args.poisoners and spec is None:
+        raise CommandError("--poisoners needs a learning --algorithm", EXIT_USAGE)
     from testnet.cluster import ClusterStartError
     from testnet.placement import PlacementError
 
@@ -230,6 +226,18 @@ def _discovery_testnet(args: argparse.Namespace, churn, restart, placement) -> i
     return code
 
 
+def _poisoning_arguments(parser: argparse.ArgumentParser) -> None:
+    from algorithms.catalog import ATTACKS
+
+    parser.add_argument(
+        "--poisoners", type=int, nargs="+", default=[], metavar="I", help="nodes that poison what they send"
+    )
+    parser.add_argument("--attack", choices=ATTACKS, default="sign-flip", help="how they poison it")
+    parser.add_argument(
+        "--attack-factor", type=float, default=10.0, metavar="X", help="the factor of --attack scale and rescale"
+    )
+
+
 def _learning_testnet(args: argparse.Namespace, spec, churn, restart, placement):
     from algorithms.datasets import DatasetError
     from algorithms.partitions import PartitionError
@@ -247,6 +255,7 @@ def _learning_testnet(args: argparse.Namespace, spec, churn, restart, placement)
             restart=restart,
             placement=placement,
             settings=_daemon_settings(args),
+            barrage=args.barrage,
         )
     except (DatasetError, PartitionError) as exc:
         raise CommandError(str(exc), EXIT_USAGE) from None
@@ -512,7 +521,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     stop.set_defaults(run=_stop)
 
-    from algorithms.catalog import ALGORITHM_NAMES, ATTACKS
+    from algorithms.catalog import ALGORITHM_NAMES
 
     testnet = commands.add_parser("testnet", help="launch N daemons on this machine and check they converge")
     testnet.add_argument("--nodes", type=_positive_int, required=True, help="number of daemons")
@@ -612,6 +621,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ADDR",
         help="--engine ray: the Ray cluster to join (host:port of its head, or auto); default: start a local Ray",
     )
+    _poisoning_arguments(testnet)
+    testnet.add_argument(
+        "--barrage",
+        action="store_true",
+        help="the poisoners also send, each round, their payload tagged with other rounds, NaN, wrong shapes, "
+        "frames past the bounds, a 60 MB MODEL and a burst of SCOREs (testnet/byzantine.py)",
+    )
     testnet.set_defaults(run=_testnet)
 
     simulate = commands.add_parser(
@@ -653,13 +669,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="most seconds a worker may take over one command, e.g. a round's local steps of its nodes "
         "(default 1800); a worker that takes longer, dies or raises stops the run with exit 1",
     )
-    simulate.add_argument(
-        "--poisoners", type=int, nargs="+", default=[], metavar="I", help="nodes that poison what they send"
-    )
-    simulate.add_argument("--attack", choices=ATTACKS, default="sign-flip", help="how they poison it")
-    simulate.add_argument(
-        "--attack-factor", type=float, default=10.0, metavar="X", help="the factor of --attack scale and rescale"
-    )
+    _poisoning_arguments(simulate)
     simulate.set_defaults(run=_simulate)
 
     keygen = commands.add_parser("keygen", help="create a node key (Ed25519, PEM, mode 0600) and print its node id")

@@ -15,13 +15,13 @@ the whole picture.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import math
 import os
 import random
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -68,6 +68,9 @@ from .state import DataDir, DataDirError
 from .transport import MissingKey, Transport, TransportError
 from .zap import PEERS, PUBLIC, Connections
 from .zygote import Zygote
+
+if TYPE_CHECKING:
+    from algorithms.seam import Algorithm
 
 __all__ = ["Node", "NodeStartError", "wall_clock_us"]
 
@@ -581,9 +584,14 @@ class Node:
         self.driver = RoundDriver(self.config.algorithm, network, data_dir.path / CHECKPOINT_NAME)
         self.on_payload = self.driver.on_payload
         try:
-            await self.driver.run(functools.partial(build_algorithm, self.config, self.identity.node_id))
+            await self.driver.run(self.build_algorithm)
         except LearningSetupError as exc:
             self._cannot_start(str(exc))
+
+    def build_algorithm(self) -> Algorithm:
+        """The node's algorithm over its data and model (slow: the round driver runs it in a
+        worker thread). A rehearsal's Byzantine node (testnet/byzantine.py) wraps it."""
+        return build_algorithm(self.config, self.identity.node_id)
 
     # --- periodic work -------------------------------------------------------------------
 

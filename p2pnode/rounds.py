@@ -29,6 +29,7 @@ __all__ = [
     "INBOX_FULL",
     "PEER_INBOX_FULL",
     "DUPLICATE_PAYLOAD",
+    "UNEXPECTED_TYPE",
     "CATCH_UP_MIN_PEERS",
     "arrived",
 ]
@@ -37,6 +38,7 @@ ROUND_AHEAD = "round_ahead"  # a payload too far ahead of this node's round
 INBOX_FULL = "inbox_full"  # the bounded payload queue was full
 PEER_INBOX_FULL = "peer_inbox_full"  # its sender already holds its share of the queue
 DUPLICATE_PAYLOAD = "duplicate_payload"  # a second payload of one type for one round from one peer
+UNEXPECTED_TYPE = "unexpected_type"  # a type the algorithm never takes (as algorithms/seam.py counts it)
 # A catch-up needs the word of at least this many distinct peers, whatever the quorum fraction:
 # one peer, however far ahead it says it is, never moves a node's round.
 CATCH_UP_MIN_PEERS = 2
@@ -157,6 +159,8 @@ class RoundState(Generic[Item]):
     catch_up_quorum: float  # the fraction of the peers it learns from that must be ahead to pull it along
     history_rounds: int
     round: int = 0  # the round in progress (or next, between rounds)
+    # The payload types the algorithm takes, once it is built (None: not yet known, all queued).
+    takes: frozenset[MessageType] | None = None
     # Rounds completed: the last one finished + 1 (rounds a catch-up skipped count too).
     # `status` and Prometheus both show this one number.
     completed: int = 0
@@ -183,6 +187,8 @@ class RoundState(Generic[Item]):
         catch-up only among a quorum of peers (`next_round`). A peer sends one payload of each
         type per round, so a second is refused; and no peer holds more than its share of the
         queue, so neither copies nor old rounds from one peer crowd out the others' payloads."""
+        if self.takes is not None and kind not in self.takes:
+            return UNEXPECTED_TYPE  # never queued: a 60 MB MODEL to a MAPL node is dropped at once
         if round > self.round + self.max_rounds_ahead:
             self._note_reached(peer, round)
             return ROUND_AHEAD

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import signal
+from collections.abc import Callable
 
 import trio
 
@@ -11,7 +12,39 @@ from .config import Config
 from .memory import limit_arenas
 from .node import Node, NodeStartError
 
-__all__ = ["run_until_signalled"]
+__all__ = ["run_until_signalled", "start", "StartFailed"]
+
+EXIT_FAILED, EXIT_USAGE = 1, 2  # as the CLI's (docs/config.md, exit codes)
+
+
+class StartFailed(Exception):
+    """The node could not start: a bad config (exit 2), or what `NodeStartError` names (exit 1)."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def start(config_path: str, make_node: Callable[[Config], Node] = Node) -> None:
+    """`p2pnode start`: load the config, log as it says, and run `make_node(config)` until
+    signalled. Raises StartFailed."""
+    from .config import ConfigError, load_config
+    from .files import describe_os_error
+    from .logs import configure_logging
+
+    try:
+        config = load_config(config_path)
+    except ConfigError as exc:
+        raise StartFailed(str(exc), EXIT_USAGE) from None
+    try:
+        configure_logging(config.log, config.identity.node_id)
+    except OSError as exc:
+        raise StartFailed(f"[log].file: cannot open {config.log.file}: {describe_os_error(exc)}", EXIT_FAILED) from None
+    try:
+        run_until_signalled(config, make_node)
+    except NodeStartError as exc:
+        raise StartFailed(str(exc), EXIT_FAILED) from None
+
 
 log = logging.getLogger("p2pnode.runner")
 
@@ -38,7 +71,8 @@ async def _serve(node: Node) -> None:
         raise failed
 
 
-def run_until_signalled(config: Config) -> None:
-    """Raises NodeStartError, naming every problem, if the node cannot start."""
+def run_until_signalled(config: Config, make_node: Callable[[Config], Node] = Node) -> None:
+    """Raises NodeStartError, naming every problem, if the node cannot start. `make_node`: the
+    node (a rehearsal's Byzantine node, testnet/byzantine.py, is one)."""
     limit_arenas(config.node.malloc_arenas)  # before the node's threads start (docs/daemon.md, "Memory")
-    trio.run(_serve, Node(config))
+    trio.run(_serve, make_node(config))

@@ -107,14 +107,15 @@ def run_learning_testnet(
     settings: dict[str, dict] | None = None,
     progress=None,
     placement: Placement | None = None,
+    barrage: bool = False,
 ) -> tuple[int, dict[str, Any]]:
     """Returns (exit code, report): 0 if every node finished (and `check` passed, if given),
     1 if not, 130 if interrupted. `churn` stops and restarts daemons while they learn (not
     those that have finished), `restart` restarts those that die (testnet/churn.py): they
     resume from their checkpoints. `settings` adds config settings to every node's, by section
-    (e.g. `{"discovery": {"active_view": 8}}`). `placement` runs the daemons (default: here)."""
-    if spec.poisoners:
-        raise ValueError("poisoning peers exist in the simulator only")
+    (e.g. `{"discovery": {"active_view": 8}}`). `placement` runs the daemons (default: here).
+    `spec.poisoners` run as Byzantine daemons (testnet/byzantine.py) with `spec.attack`, and
+    with `barrage` also each round's malformed and out-of-round frames."""
     # The daemons resolve the device as this launcher does; provenance names the engine, as a simulation's.
     device, mixed_precision = device_placement(spec.device, spec.mixed_precision)
     progress = progress or sys.stderr  # the stream of the moment, not the one at import (tests swap it)
@@ -122,15 +123,7 @@ def run_learning_testnet(
     out.mkdir(parents=True, exist_ok=True)
     backbones = spec.node_backbones()
     _, partition = load_scenario(spec.scenario_spec)
-    defaults, chosen = DiscoverySettings(), (settings or {}).get("discovery", {})
-    target = min(chosen.get("active_view", defaults.active_view), chosen.get("max_peers", defaults.max_peers))
-    cluster = Cluster.prepare(
-        out,
-        spec.nodes,
-        discovery=DISCOVERY,
-        extra=lambda i: _merged(node_settings(spec, i, backbones[i], round_deadline_s, target), settings or {}),
-        placement=placement,
-    )
+    cluster = _prepared(spec, out, backbones, round_deadline_s, settings or {}, placement, barrage)
     timeout_s = timeout_s if timeout_s is not None else default_timeout_s(spec.nodes, spec.rounds, round_deadline_s)
     cluster.place()  # before t = 0: a Ray cluster starts its launchers here
     started = time.monotonic()
@@ -143,6 +136,8 @@ def run_learning_testnet(
         exit_codes = cluster.stop()
     ids = [node.node_id for node in cluster.specs]
     header = run_header("testnet", spec, partition, ids, backbones, spec.config_dict(), (device, mixed_precision), made)
+    if header["attack"] is not None:
+        header["attack"]["barrage"] = barrage
     report = testnet_report(header, partition, finals, time.monotonic() - started)
     report["processes"].update(_processes(cluster, exit_codes, supervisor), timeout_s=round(timeout_s, 1))
     report["processes"]["timed_out"] = timed_out
@@ -153,6 +148,36 @@ def run_learning_testnet(
         code = 0 if report["check"]["passed"] else 1
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     return code, report
+
+
+def _prepared(
+    spec: SimulationSpec,
+    out: Path,
+    backbones: list[str],
+    round_deadline_s: float,
+    settings: dict[str, dict],
+    placement: Placement | None,
+    barrage: bool,
+) -> Cluster:
+    """The daemons' keys and configs, the poisoners' as Byzantine daemons."""
+    defaults, chosen = DiscoverySettings(), settings.get("discovery", {})
+    target = min(chosen.get("active_view", defaults.active_view), chosen.get("max_peers", defaults.max_peers))
+    cluster = Cluster.prepare(
+        out,
+        spec.nodes,
+        discovery=DISCOVERY,
+        extra=lambda i: _merged(node_settings(spec, i, backbones[i], round_deadline_s, target), settings),
+        placement=placement,
+    )
+    for i in spec.poisoners:
+        cluster.specs[i].program = byzantine_program(spec, i, barrage)
+    return cluster
+
+
+def byzantine_program(spec: SimulationSpec, index: int, barrage: bool) -> tuple[str, ...]:
+    """What node `index` runs as one of `spec.poisoners`: its seed is the simulator's for it."""
+    attack = ("--attack", spec.attack, "--factor", repr(spec.attack_factor), "--seed", str(spec.seed * 1000 + index))
+    return ("testnet.byzantine", *attack, *(("--barrage",) if barrage else ()))
 
 
 def _processes(cluster: Cluster, exit_codes: dict[int, int | None], supervisor: Supervisor) -> dict[str, Any]:
@@ -273,7 +298,7 @@ def testnet_report(header: dict[str, Any], partition, statuses: list[dict | None
         "ingress_rss_mb": [ingress_rss_mb(s) for s in statuses],
         "ingress_restarts": [ingress_restarts(s) for s in statuses],
     }
-    return assemble(
+    report = assemble(
         header,
         records,
         Truth.of(partition),
@@ -282,3 +307,21 @@ def testnet_report(header: dict[str, Any], partition, statuses: list[dict | None
         discovery=discovery,
         processes=processes,
     )
+    if report["poisoning"] is not None:
+        report["poisoning"].update(_attacks(statuses, report["poisoning"]["honest"]))
+    return report
+
+
+def _attacks(statuses: list[dict | None], honest: list[int]) -> dict[str, Any]:
+    """What the Byzantine daemons sent (testnet/byzantine.py, by kind) and what the honest
+    nodes refused, by reason."""
+    sent: Counter[str] = Counter()
+    refused: Counter[str] = Counter()
+    for i, status in enumerate(statuses):
+        if status is None:
+            continue
+        if i in honest:
+            refused.update(status["traffic"]["rejections"])
+        else:
+            sent.update({k: v for k, v in (status.get("byzantine") or {}).items() if isinstance(v, int)})
+    return {"sent": dict(sorted(sent.items())), "refused_by_honest": dict(sorted(refused.items()))}

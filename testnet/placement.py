@@ -25,6 +25,7 @@ from p2pnode.control import ControlError, request
 
 __all__ = [
     "NodeSpec",
+    "DAEMON",
     "DaemonProcess",
     "Placement",
     "LocalPlacement",
@@ -34,6 +35,7 @@ __all__ = [
 ]
 
 _PR_SET_PDEATHSIG = 1
+DAEMON = ("p2pnode", "start")  # what `python -m` runs for a node: the daemon
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -51,6 +53,9 @@ class NodeSpec:
     node_id: str = ""
     public_key: bytes = b""  # its Ed25519 key, named in the bootstrap entries that point at it
     prefix: tuple[str, ...] = ()  # run the daemon under this, e.g. ("ip", "netns", "exec", "host1")
+    # The module and arguments `python -m` runs with `--config`: a rehearsal's Byzantine node
+    # is ("testnet.byzantine", "--attack", …) (testnet/byzantine.py).
+    program: tuple[str, ...] = DAEMON
     address: str | None = None  # the address the node reported in its status; None until it has
     process: DaemonProcess | None = field(default=None, repr=False)
 
@@ -130,12 +135,12 @@ class _Daemon(subprocess.Popen):
 
 
 def spawn_daemon(spec: NodeSpec) -> DaemonProcess:
-    """`p2pnode start` for `spec`, a child of this process: in its own session, so that a
+    """`p2pnode start` (or `spec.program`) for `spec`, a child of this process: in its own session, so that a
     terminal's Ctrl-C reaches the launcher alone, and with PR_SET_PDEATHSIG, so that it dies
     with the launcher even if the launcher is killed with SIGKILL."""
     with open(spec.log_path, "ab") as log:  # the child keeps its own descriptor
         return _Daemon(
-            [*spec.prefix, sys.executable, "-m", "p2pnode", "start", "--config", str(spec.config_path)],
+            [*spec.prefix, sys.executable, "-m", *spec.program, "--config", str(spec.config_path)],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

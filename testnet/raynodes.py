@@ -37,7 +37,7 @@ import protocol
 import testnet
 
 from .cluster import ClusterStartError
-from .placement import NodeSpec, PlacementError, read_status, spawn_daemon
+from .placement import DAEMON, NodeSpec, PlacementError, read_status, spawn_daemon
 
 __all__ = ["RayPlacement", "NodeLauncher", "LOST", "code", "next_node"]
 
@@ -243,8 +243,8 @@ class RayPlacement:
         for where in self.placed.values():
             load[where] += 1
         for spec in specs:
-            if spec.prefix:
-                raise ClusterStartError(f"node {spec.index}: a command prefix runs on this machine only")
+            if spec.prefix or spec.program != DAEMON:
+                raise ClusterStartError(f"node {spec.index}: a command prefix or program runs on this machine only")
             if spec.index not in self.placed:
                 where = next_node(load, [cpus for _, _, cpus in self.launchers])
                 self.placed[spec.index] = where

@@ -185,7 +185,7 @@ def assemble(
             "communities": found,
             "community_agreement": adjusted_rand_index(found, truth.clusters),
         },
-        "poisoning": _poisoning(by_node, int(header["rounds"]), ids, header.get("poisoners") or []),
+        "poisoning": _poisoning(by_node, int(header["rounds"]), ids, header.get("poisoners") or [], truth),
         "comm": _communication(finals, series, discovery),
         "baselines": {},
         "rejections": dict(sorted(rejections.items())),
@@ -303,14 +303,16 @@ def _tested(finals: list[RoundRecord | None]) -> dict[str, Any]:
 
 
 def _poisoning(
-    by_node: list[dict[int, RoundRecord]], rounds: int, ids: list[str], poisoners: Sequence[int]
+    by_node: list[dict[int, RoundRecord]], rounds: int, ids: list[str], poisoners: Sequence[int], truth: Truth
 ) -> dict[str, Any] | None:
     """Per round, the weight the honest rows of W put on the poisoners (together), its max and
-    mean over those rows, and the honest nodes' mean accuracy; finals as the last round's."""
+    mean over those rows, the honest nodes' mean accuracy, and how far the honest rows are from
+    the truth among honest nodes (`honest_truth`); finals as the last round's."""
     if not poisoners:
         return None
     honest = [i for i in range(len(ids)) if i not in set(poisoners)]
-    weight_max, weight_mean, accuracy = [], [], []
+    target = honest_truth(truth.w, poisoners)[honest]
+    weight_max, weight_mean, accuracy, off_mean, off_max, mass = [], [], [], [], [], []
     for latest in _latest_per_round(by_node, rounds):
         w = _matrix([None if e is None else e.weights for e in latest], ids)
         on_poisoners = w[np.ix_(honest, list(poisoners))].sum(axis=1)
@@ -318,6 +320,10 @@ def _poisoning(
         weight_mean.append(float(on_poisoners.mean()))
         present = [latest[i].accuracy for i in honest if latest[i] is not None]
         accuracy.append(float(np.mean(present)) if present else None)
+        off = np.abs(w[honest] - target).sum(axis=1)
+        off_mean.append(float(off.mean()))
+        off_max.append(float(off.max()))
+        mass.append(float((w[honest] * (target > 0)).sum(axis=1).mean()))
     finals = [history[max(history)].accuracy if history else np.nan for history in by_node]
     return {
         "nodes": list(poisoners),
@@ -329,7 +335,26 @@ def _poisoning(
             "max_per_round": weight_max,
             "mean_per_round": weight_mean,
         },
+        "honest_l1_to_truth": {
+            "mean": off_mean[-1] if off_mean else None,
+            "max": off_max[-1] if off_max else None,
+            "mean_per_round": off_mean,
+            "max_per_round": off_max,
+        },
+        # The weight honest rows keep on the node and its honest cluster-mates (`--check`'s mass).
+        "honest_within_cluster_mass": {"final": mass[-1] if mass else None, "per_round": mass},
     }
+
+
+def honest_truth(w_true: np.ndarray, poisoners: Sequence[int]) -> np.ndarray:
+    """W* with the poisoners counted as no one's cluster-mate: their columns emptied and each
+    row renormalised over the honest nodes (a node whose only mate poisons: itself alone)."""
+    w = np.array(w_true, dtype=np.float64)
+    w[:, list(poisoners)] = 0.0
+    for i in poisoners:
+        w[i] = 0.0
+        w[i, i] = 1.0  # a poisoner's own row: itself alone (it is no one's mate; no honest row is it)
+    return w / w.sum(axis=1, keepdims=True)
 
 
 def _matrix(rows: Sequence[Mapping[str, float] | None], ids: list[str]) -> np.ndarray:
@@ -413,9 +438,15 @@ def check(report: dict[str, Any], thresholds: CheckThresholds) -> dict[str, Any]
     mean = report["accuracy"]["mean"]
     if mean is None or mean < thresholds.accuracy:
         failures.append(f"mean accuracy {mean} below {thresholds.accuracy}")
-    mass = report["graph"]["within_cluster_mass"]
-    if report["algorithm"] in GRAPH_LEARNING and mass < thresholds.within_cluster_mass:
-        failures.append(f"within-cluster mass {mass:.3f} below {thresholds.within_cluster_mass}")
+    # With poisoners, on the honest rows, a poisoner counted as no one's cluster-mate (not in
+    # the control twin, where the poisoners are honest).
+    poisoning = report.get("poisoning") if (report.get("attack") or {}).get("kind") != "none" else None
+    mass = poisoning["honest_within_cluster_mass"]["final"] if poisoning else report["graph"]["within_cluster_mass"]
+    which = "honest within-cluster mass" if poisoning else "within-cluster mass"
+    if report["algorithm"] in GRAPH_LEARNING and mass is None:
+        failures.append(f"no {which}: no round was recorded")
+    elif report["algorithm"] in GRAPH_LEARNING and mass < thresholds.within_cluster_mass:
+        failures.append(f"{which} {mass:.3f} below {thresholds.within_cluster_mass}")
     return {"passed": not failures, "failures": failures, "thresholds": asdict(thresholds)}
 
 
@@ -447,6 +478,7 @@ def summary_line(report: dict[str, Any]) -> str:
         line += (
             f"; poisoners {poisoning['nodes']} ({report['attack']['kind']}): honest accuracy "
             f"{poisoning['honest_accuracy']['mean'] * 100:.1f} %, their weight in honest rows "
-            f"≤ {poisoning['poisoner_weight']['max']:.3f}"
+            f"≤ {poisoning['poisoner_weight']['max']:.3f}, honest rows' L1 to the honest truth "
+            f"{poisoning['honest_l1_to_truth']['mean']:.3f}"
         )
     return line

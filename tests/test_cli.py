@@ -117,3 +117,24 @@ def test_simulate_and_testnet_refuse_a_warm_up_the_run_never_ends(tmp_path, caps
     assert main([*argv[:-2], "--set", "warmup_rounds=4", "--dataset", "mnist", "--out", str(out)]) == 2
     assert "--data-root: dataset 'mnist' is read from local files" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_testnet_hands_its_poisoners_and_barrage_to_the_launcher(tmp_path, capsys, monkeypatch):
+    """`testnet --poisoners I --attack A --attack-factor X --barrage` reaches run_learning_testnet
+    (the run itself: tests/adversarial/test_hostile_learning.py); --barrage needs poisoners."""
+    import testnet.learning
+
+    seen = {}
+
+    def launcher(spec, out, **options):
+        seen.update(spec=spec, barrage=options["barrage"])
+        raise KeyboardInterrupt  # enough: the run is not the point here
+
+    monkeypatch.setattr(testnet.learning, "run_learning_testnet", launcher)
+    argv = ["testnet", "--algorithm", "mapl", "--dataset", "digits", "--nodes", "4", "--rounds", "8"]
+    argv += ["--set", "warmup_rounds=3", "--out", str(tmp_path / "out")]
+    assert main([*argv, "--barrage"]) == 2
+    assert "--barrage goes with --poisoners I" in capsys.readouterr().err
+    assert main([*argv, "--poisoners", "3", "--attack", "rescale", "--attack-factor", "1e4", "--barrage"]) == 130
+    spec = seen["spec"]
+    assert (spec.poisoners, spec.attack, spec.attack_factor, seen["barrage"]) == ((3,), "rescale", 1e4, True)

@@ -79,8 +79,9 @@ def test_cgl_loss_on_a_hand_computed_case():
     assert cgl_loss(w, s, g, 0, cfg) == pytest.approx(expected, rel=1e-12)
 
 
+@pytest.mark.parametrize("self_in_degree", [False, True])
 @pytest.mark.parametrize("seed", range(5))
-def test_cgl_gradient_matches_finite_differences(seed):
+def test_cgl_gradient_matches_finite_differences(seed, self_in_degree):
     rng = np.random.default_rng(seed)
     n = 6
     cfg = GraphConfig(l2_weight=rng.uniform(0.1, 3), mu_similarity=rng.uniform(0.1, 2))
@@ -88,19 +89,21 @@ def test_cgl_gradient_matches_finite_differences(seed):
     s = rng.uniform(-1, 1, n)
     g = rng.dirichlet(np.ones(n))
     self_index = int(rng.integers(n))
-    analytic = cgl_gradient(w, s, g, self_index, cfg)
+    analytic = cgl_gradient(w, s, g, self_index, cfg, self_in_degree)
+
+    def loss(at):
+        return cgl_loss(at, s, g, self_index, cfg, self_in_degree)
+
     h = 1e-6
-    numeric = np.array(
-        [
-            (cgl_loss(w + h * e, s, g, self_index, cfg) - cgl_loss(w - h * e, s, g, self_index, cfg)) / (2 * h)
-            for e in np.eye(n)
-        ]
-    )
+    numeric = np.array([(loss(w + h * e) - loss(w - h * e)) / (2 * h) for e in np.eye(n)])
     np.testing.assert_allclose(analytic, numeric, rtol=1e-5, atol=1e-7)
-    # The −log(deg) term has a gradient on every peer and none on the node itself.
+    # The −log(deg) term has a gradient on every peer, and on the node itself only when it
+    # counts in the degree (it stands in for a peer it refused).
+    degree_term = -cfg.mu_regulariser / (w.sum() + cfg.epsilon) if self_in_degree else 0.0
     assert analytic[self_index] == pytest.approx(
         cfg.mu_similarity * g[self_index] * -s[self_index]
         + cfg.mu_regulariser * cfg.l2_weight * w[self_index] / np.linalg.norm(w)
+        + degree_term
     )
 
 

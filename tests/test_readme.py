@@ -116,6 +116,10 @@ NOT_RUN = {
     "test_processes.py runs a 12-daemon testnet with a bounded view and test_overlay.py 100 simulated nodes",
     "python -m tools.bench.attacks": "a benchmark: floods of several seconds against fresh daemon pairs, measured "
     "for BENCHMARKS.md; each attack is a test in tests/adversarial/",
+    "p2pnode testnet --algorithm mapl --dataset digits --nodes 4 --rounds 8 --samples-per-class 10 --backbones mlp "
+    "--set warmup_rounds=3 --poisoners 3 --attack rescale --attack-factor 1e4 --barrage --check --out DIR": "the "
+    "run tests/adversarial/test_hostile_learning.py makes through run_learning_testnet (the same spec, --check and "
+    "barrage), with more asserted of its report; test_cli.py checks the CLI's flags reach it",
     "python -m tools.bench.hostile --seconds 60": "a benchmark: ten minute-long raw-ZMTP attacks on fresh 4-daemon "
     "testnets for BENCHMARKS.md; tests/adversarial/test_ingress.py runs each for 5 s",
 }

@@ -10,6 +10,7 @@ from p2pnode.rounds import (
     INBOX_FULL,
     PEER_INBOX_FULL,
     ROUND_AHEAD,
+    UNEXPECTED_TYPE,
     Gather,
     RoundRecord,
     RoundState,
@@ -189,6 +190,11 @@ def test_refused_payloads_leave_no_trace():
     ):
         assert rounds.offer(peer, round, kind, "refused") == reason
         assert rounds == before, reason  # not queued, not arrived, not settled: nothing changed
+    # Once the algorithm says what it takes, any other type is refused at once, whatever its round.
+    rounds.takes = before.takes = frozenset({MODEL, SCORE})
+    for round in (0, 1, 1000):
+        assert rounds.offer("s", round, PROTOTYPES, "a 60 MB frame it never uses") == UNEXPECTED_TYPE
+        assert rounds == before
     assert rounds.settled(1) == set() and rounds.settled(0) == {"p", "q"}  # r is not past round 1
 
 

@@ -1,0 +1,76 @@
+"""One admitted learning peer attacks the others' learning (issue #27, "Done when" 2): 4 MAPL
+daemons on digits, node 3 a Byzantine daemon (testnet/byzantine.py) that poisons its payloads
+with a legal-norm rescale ×10⁴ and, with the barrage, also sends every round its payload tagged
+r−2 / r / r+3 / r+1000, NaN, wrong shapes, frames past the bounds, a 60 MB MODEL and SCORE
+bursts. The honest nodes finish every round, `--check` passes, their accuracy is within a point
+of the control twin (the same nodes, the poisoner honest: simulated, as daemons and simulator
+agree run for run) and their rows within 0.05 L1 of the truth among honest nodes."""
+
+import numpy as np
+import pytest
+
+from testnet.learning import byzantine_program, run_learning_testnet
+from testnet.report import CheckThresholds, honest_truth
+from testnet.simulator import SimulationSpec, run_simulation
+
+POISONER = 3  # cluster 1 is nodes 2 and 3: node 2's only cluster-mate poisons
+
+
+def _spec(attack: str) -> SimulationSpec:
+    return SimulationSpec(
+        algorithm="mapl",
+        dataset="digits",
+        nodes=4,
+        rounds=8,
+        samples_per_class=10,
+        backbones=("mlp",),
+        overrides={"warmup_rounds": "3"},
+        poisoners=(POISONER,),
+        attack=attack,
+        attack_factor=1e4,
+    )
+
+
+@pytest.fixture(scope="module")
+def twin():
+    """The control: the poisoner sends its honest payloads."""
+    return run_simulation(_spec("none"))
+
+
+@pytest.mark.parametrize("barrage", [False, True], ids=["rescale-alone", "barrage"])
+def test_one_admitted_peer_does_not_stop_or_steer_the_others_learning(tmp_path, twin, barrage):
+    check = CheckThresholds(accuracy=0.6, within_cluster_mass=0.9)
+    code, report = run_learning_testnet(_spec("rescale"), tmp_path / "net", check=check, barrage=barrage)
+    assert code == 0, report["check"]
+    poisoning, honest = report["poisoning"], [0, 1, 2]
+    assert report["processes"]["exit_codes"] == [0, 0, 0, 0]
+    assert [report["last_round_per_node"][i] for i in honest] == [7, 7, 7]
+    assert [report["processes"]["catch_ups"][i] for i in honest] == [0, 0, 0]  # r+1000 moved no one
+    ours, theirs = poisoning["honest_accuracy"]["mean"], twin["poisoning"]["honest_accuracy"]["mean"]
+    assert ours >= theirs - 0.01, (ours, theirs)
+    assert poisoning["poisoner_weight"]["max"] == 0.0
+    assert poisoning["honest_l1_to_truth"]["mean"] <= 0.05, poisoning["honest_l1_to_truth"]
+    refused = poisoning["refused_by_honest"]
+    assert refused.get("out_of_scale", 0) >= 3  # the rescaled payloads, by the honest nodes' scale check
+    if not barrage:
+        assert set(refused) == {"out_of_scale"}
+        return
+    sent = poisoning["sent"]
+    assert all(sent.get(kind, 0) >= 1 for kind in ("nan", "wide", "oversize", "model", "score", "round")), sent
+    for reason in ("bad_tensor", "too_large", "round_ahead", "duplicate_payload", "unexpected_type"):
+        assert refused.get(reason, 0) >= 1, (reason, refused)
+    assert all(restarts == 0 for restarts in report["processes"]["ingress_restarts"])
+
+
+def test_the_honest_truth_counts_a_poisoner_as_no_ones_cluster_mate():
+    w_true = np.array([[0.5, 0.5, 0, 0], [0.5, 0.5, 0, 0], [0, 0, 0.5, 0.5], [0, 0, 0.5, 0.5]])
+    np.testing.assert_allclose(honest_truth(w_true, [3])[2], [0, 0, 1, 0])  # its only mate poisons: itself
+    np.testing.assert_allclose(honest_truth(w_true, [3])[:2], w_true[:2])
+    np.testing.assert_allclose(honest_truth(w_true, [3])[3], [0, 0, 0, 1])
+
+
+def test_the_byzantine_daemon_gets_the_simulators_seed_and_the_attack():
+    program = byzantine_program(_spec("rescale"), POISONER, barrage=True)
+    assert program[0] == "testnet.byzantine" and program[-1] == "--barrage"
+    assert program[program.index("--seed") + 1] == str(0 * 1000 + POISONER)  # as testnet/host.py seeds it
+    assert program[program.index("--attack") + 1 : program.index("--attack") + 4] == ("rescale", "--factor", "10000.0")
