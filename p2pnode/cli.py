@@ -105,6 +105,59 @@ def _keyinfo(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _init(args: argparse.Namespace) -> int:
+    """Keys and ready-to-run configs for a fleet (fleet.py), each checked as `start` would."""
+    from .fleet import FleetError, FleetSpec, check_fleet, write_fleet
+
+    spec = FleetSpec(
+        nodes=args.nodes,
+        out=Path(args.out),
+        hosts=tuple(host.strip() for host in args.hosts.split(",")),
+        port=args.port,
+        network=args.network,
+        algorithm=args.algorithm,
+        rounds=args.rounds,
+        backbone=args.backbone,
+        settings=_toml_settings(args.set or ()),
+        data_per_node=None if args.data_per_node is None else Path(args.data_per_node),
+        class_names=tuple(args.class_names or ()),
+        image_size=args.image_size,
+        force=args.force,
+    )
+    try:
+        paths = write_fleet(spec)
+    except FleetError as exc:
+        raise CommandError(str(exc), EXIT_USAGE) from None
+    problems = check_fleet(paths)
+    if problems:  # e.g. a data folder the config check refuses: the files stay, to be fixed or redone
+        raise CommandError("the configs written do not load:\n  " + "\n  ".join(problems), EXIT_USAGE)
+    for path in paths:
+        print(path)  # stdout: the configs, one a line, for scripts
+    print(
+        f"wrote {len(paths)} keys (mode 0600) and configs under {spec.out}; start each on its host: "
+        f"p2pnode start --config {paths[0]}"
+        + ("" if args.data_per_node else " (edit [data] first to learn from your own images)"),
+        file=sys.stderr,
+    )
+    return EXIT_OK
+
+
+def _toml_settings(items) -> dict:
+    """`--set KEY=VALUE` items as a table, each VALUE read as a TOML value (a bare word: a string)."""
+    import tomllib
+
+    settings = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise CommandError(f"--set wants KEY=VALUE, got {item!r}", EXIT_USAGE)
+        try:
+            settings[key.strip()] = tomllib.loads(f"value = {value.strip()}")["value"]
+        except tomllib.TOMLDecodeError:
+            settings[key.strip()] = value.strip()
+    return settings
+
+
 def _bench(args: argparse.Namespace) -> int:
     from tools.bench import adapters, protocol, transport
 
@@ -498,6 +551,56 @@ def _add_check_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_init_parser(commands) -> None:
+    from algorithms.catalog import ALGORITHM_NAMES, BACKBONES
+
+    init = commands.add_parser(
+        "init", help="write a key and a ready-to-run config per node of a small fleet (CURVE keys in the bootstrap)"
+    )
+    init.add_argument("--nodes", type=_positive_int, required=True, help="nodes in the fleet")
+    init.add_argument("--out", required=True, metavar="DIR", help="DIR/node<i>/ gets key.pem and node.toml")
+    init.add_argument(
+        "--hosts",
+        default="127.0.0.1",
+        metavar="H1,H2,...",
+        help="hosts the nodes run on, dealt round-robin (IPv4 addresses or host names; default 127.0.0.1)",
+    )
+    init.add_argument(
+        "--port",
+        type=_positive_int,
+        default=7000,
+        help="public port of the first node on each host, its peers' port one above; the next node on the "
+        "same host takes the next two (default 7000)",
+    )
+    init.add_argument("--network", default="p2pnode", help="[node].network of every node (default p2pnode)")
+    init.add_argument(
+        "--algorithm",
+        choices=[a for a in ALGORITHM_NAMES if a != "oracle"],
+        default="mapl-dual",
+        help="[algorithm].name (default mapl-dual)",
+    )
+    init.add_argument("--rounds", type=_positive_int, default=60, help="[algorithm].rounds (default 60)")
+    init.add_argument("--backbone", choices=BACKBONES, default="convnet", help="[model].backbone (default convnet)")
+    init.add_argument(
+        "--set", action="append", metavar="KEY=VALUE", help="[algorithm.settings], e.g. --set warmup_rounds=10"
+    )
+    init.add_argument(
+        "--data-per-node",
+        metavar="DIR",
+        help="one folder of class sub-folders (or one .npz) per node in DIR, dealt in name order, as "
+        "[data].path; without it [data] is a placeholder: each node's shard of mnist5k",
+    )
+    init.add_argument(
+        "--class-names",
+        nargs="+",
+        metavar="NAME",
+        help="[data].class_names (default: the class folders found under --data-per-node, sorted)",
+    )
+    init.add_argument("--image-size", type=_positive_int, metavar="N", help="[data].image_size of image folders")
+    init.add_argument("--force", action="store_true", help="replace the node directories of a non-empty DIR")
+    init.set_defaults(run=_init)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="p2pnode", description="Peer-to-peer daemon for decentralized personalized learning."
@@ -676,6 +779,8 @@ def build_parser() -> argparse.ArgumentParser:
     keygen.add_argument("--out", required=True, metavar="PATH", help="key file to create")
     keygen.add_argument("--force", action="store_true", help="replace an existing key file")
     keygen.set_defaults(run=_keygen)
+
+    _add_init_parser(commands)
 
     keyinfo = commands.add_parser("keyinfo", help="print the node id and public key of a key file, as JSON")
     keyinfo.add_argument("key", metavar="PATH")

@@ -46,6 +46,10 @@ __all__ = [
     "RoundDriver",
     "LearningSetupError",
     "announced_labels",
+    "announced_algorithm",
+    "learning_verdict",
+    "class_list_text",
+    "data_summary",
     "build_algorithm",
     "labels_capability",
     "learning_capability",
@@ -75,13 +79,14 @@ class Network:
 
 
 LABELS_PREFIX = "labels:"
+ALGORITHM_PREFIX = "algorithm:"
 
 
 def learning_capability(algorithm: str) -> str:
     """The HELLO capability of a node that learns with `algorithm`: its learning peers are the
     peers that announce the same one (a node that only relays, or runs something else, is
     neither sent payloads nor waited for). Capability tokens have no '+': mapl+ is mapl.plus."""
-    return "algorithm:" + algorithm.replace("+", ".plus")
+    return ALGORITHM_PREFIX + algorithm.replace("+", ".plus")
 
 
 def build_algorithm(config: Config, node_id: str) -> Algorithm:
@@ -118,9 +123,15 @@ def _node_setup(config: Config, node_id: str) -> NodeSetup:
         from algorithms.setup import own_data_setup
 
         try:
-            return own_data_setup(node_id, own, backbone=model.backbone, device=device, mixed_precision=mixed_precision)
+            setup = own_data_setup(
+                node_id, own, backbone=model.backbone, device=device, mixed_precision=mixed_precision
+            )
         except OwnDataError as exc:  # found only when decoding: a damaged image, a NaN pixel
             raise LearningSetupError(f"[data].{exc.field}: {exc}") from None
+        summary = data_summary(own.class_names, setup.data.train_labels.cpu(), setup.data.test_labels.cpu())
+        # The class list's fingerprint is what peers name when theirs differs (`learning_verdict`).
+        log.info("[data].path %s: %s; class list %s", own.path, summary, labels_capability(own.class_names)[0])
+        return setup
     partition = PartitionSpec(
         scenario=data.scenario,
         nodes=data.nodes,
@@ -167,6 +178,59 @@ def labels_capability(class_names: tuple[str, ...]) -> tuple[str, ...]:
 
 def announced_labels(capabilities: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(token for token in capabilities if token.startswith(LABELS_PREFIX))
+
+
+def announced_algorithm(capabilities: tuple[str, ...]) -> str | None:
+    """The algorithm a peer's HELLO says it learns with (`learning_capability` reversed)."""
+    for token in capabilities:
+        if token.startswith(ALGORITHM_PREFIX):
+            return token.removeprefix(ALGORITHM_PREFIX).replace(".plus", "+")
+    return None
+
+
+def learning_verdict(algorithm: str, labels: tuple[str, ...], capabilities: tuple[str, ...]) -> str | None:
+    """Why a peer announcing `capabilities` is not a learning peer of a node that learns with
+    `algorithm` over `labels` (its `labels_capability`); None if it is one."""
+    theirs = announced_algorithm(capabilities)
+    if theirs is None:
+        return "runs no learning algorithm"
+    if learning_capability(algorithm) not in capabilities:
+        return f"learns with {theirs}, this node with {algorithm}"
+    other = announced_labels(capabilities)
+    if other == labels:
+        return None
+    if not other:
+        return "learns on a benchmark dataset, this node on its own data ([data].path)"
+    if not labels:
+        return "learns on its own data ([data].path), this node on a benchmark dataset"
+    return f"learns over other classes: it announces {', '.join(other)}, this node {', '.join(labels)}"
+
+
+CLASSES_SHOWN = 12  # class names a log line lists before it counts the rest
+
+
+def class_list_text(class_names: tuple[str, ...]) -> str:
+    """`[data].class_names` for a log line, long lists cut short."""
+    shown = ", ".join(repr(name) for name in class_names[:CLASSES_SHOWN])
+    more = f", ... ({len(class_names)} in all)" if len(class_names) > CLASSES_SHOWN else ""
+    return f"[{shown}{more}]"
+
+
+def data_summary(class_names: tuple[str, ...], train_labels, test_labels) -> str:
+    """One line on a node's own data: images per class found, and of them held out for testing
+    (class ids are positions in `class_names`; a class the node lacks is left out)."""
+    import numpy as np
+
+    size = len(class_names)
+    train = np.bincount(np.asarray(train_labels), minlength=size)
+    test = np.bincount(np.asarray(test_labels), minlength=size)
+    held = [k for k in range(size) if train[k] + test[k]]
+    per_class = ", ".join(f"{class_names[k]!r} {train[k] + test[k]} ({test[k]})" for k in held[:CLASSES_SHOWN])
+    more = f", ... ({len(held)} classes in all)" if len(held) > CLASSES_SHOWN else ""
+    return (
+        f"{int(train.sum() + test.sum())} images of {len(held)}/{size} classes, {int(test.sum())} held out "
+        f"for testing; per class, found (held out): {per_class}{more}"
+    )
 
 
 class RoundDriver:

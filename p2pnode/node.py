@@ -56,10 +56,11 @@ from .learning import (
     LearningSetupError,
     Network,
     RoundDriver,
-    announced_labels,
     build_algorithm,
+    class_list_text,
     labels_capability,
     learning_capability,
+    learning_verdict,
 )
 from .memory import process_memory, trim_now
 from .metrics import NOT_LEARNING, UNKNOWN_PEER, Metrics
@@ -87,6 +88,10 @@ TRIM_INTERVAL_S = 2.0
 
 # The longest the maintenance task sleeps when discovery has nothing due (Membership.next_due).
 MAINTAIN_MAX_SLEEP_S = 1.0
+
+
+def _times(count: int) -> str:
+    return "once" if count == 1 else f"{count} times"
 
 
 def wall_clock_us() -> int:
@@ -165,7 +170,12 @@ class Node:
         self._start_problems: list[str] = []
         self._started_at = 0.0
         self._labels = labels_capability(config.data.class_names if config.data.path else ())
-        self._other_labels: set[str] = set()  # peers already warned about: same algorithm, other classes
+        self._warned_excluded: set[str] = set()  # peers already named as learning otherwise
+        # Bootstrap addresses by their entry's number in [discovery].bootstrap: their dials are
+        # watched, so that a wrong key in an entry is named as such (`_unreachable`).
+        self._bootstrap_entries = {
+            address: number for number, (address, _) in enumerate(config.discovery.bootstrap_peers(), start=1)
+        }
 
     def _inbound_sockets(self, curve: tuple[bytes, bytes] | None) -> dict[str, Ingress]:
         config, bounds = (
@@ -424,25 +434,38 @@ class Node:
 
     def _learning_peers(self) -> dict[str, str]:
         """The peers to send learning payloads to and wait for: ready ones (they admitted this
-        node) that learn with the same algorithm over the same classes."""
-        wanted = learning_capability(self.config.algorithm.name)
-        peers = {}
+        node) that learn with the same algorithm over the same classes. The others are named in
+        the log, once each (`_excluded_peers`)."""
+        self._excluded_peers()
+        return {
+            peer.node_id: peer.address
+            for peer in self.membership.ready()
+            if learning_verdict(self.config.algorithm.name, self._labels, peer.capabilities) is None
+        }
+
+    def _excluded_peers(self) -> dict[str, str]:
+        """Ready peers that are not learning peers, each with why (`status` shows them); a peer
+        that learns otherwise is named in a warning, once."""
+        excluded = {}
         for peer in self.membership.ready():
-            if wanted not in peer.capabilities:
+            why = learning_verdict(self.config.algorithm.name, self._labels, peer.capabilities)
+            if why is None:
                 continue
-            if announced_labels(peer.capabilities) == self._labels:
-                peers[peer.node_id] = peer.address
-            elif peer.node_id not in self._other_labels:
-                if len(self._other_labels) >= self.config.discovery.max_peers:
-                    self._other_labels.clear()  # bounded: at worst a warning is repeated
-                self._other_labels.add(peer.node_id)
-                log.warning(
-                    "peer %s learns with %s over other classes ([data].class_names differ, or one of us "
-                    "uses a benchmark dataset): not a learning peer",
-                    peer.node_id,
-                    self.config.algorithm.name,
-                )
-        return peers
+            excluded[peer.node_id] = why
+            if why.startswith("runs no") or peer.node_id in self._warned_excluded:
+                continue  # a peer that only relays is no surprise
+            if len(self._warned_excluded) >= self.config.discovery.max_peers:
+                self._warned_excluded.clear()  # bounded: at worst a warning is repeated
+            self._warned_excluded.add(peer.node_id)
+            names = self.config.data.class_names
+            hint = (
+                f"; this node's [data].class_names: {class_list_text(names)} (every node of a network lists the "
+                "same names in the same order; each node logs its class list's labels: at start)"
+                if why.startswith("learns over other classes")
+                else " ([algorithm].name and [data] must agree on every node that learns together)"
+            )
+            log.warning("peer %s is not a learning peer: it %s%s", peer.node_id, why, hint)
+        return excluded
 
     def _hello_body(self) -> Hello:
         return Hello(
@@ -482,7 +505,7 @@ class Node:
     def _connect(self, action: Dial | DialPeers | Hangup) -> None:
         try:
             if isinstance(action, Dial):
-                self.transport.dial(action.address, action.key)
+                self.transport.dial(action.address, action.key, watch=action.address in self._bootstrap_entries)
             elif isinstance(action, DialPeers):
                 self.transport.dial_peers(action.address, action.peers_address)
             else:
@@ -505,15 +528,45 @@ class Node:
             self._track_transport_key(action.key, admitted=False)
             log.info("peer %s evicted (%s; %d/%d peers left)", node_id(action.key), action.why, peers, max_peers)
         elif isinstance(action, Unreachable):
+            self._unreachable(action)
+
+    def _unreachable(self, action: Unreachable) -> None:
+        """Why a bootstrap entry has not answered, as far as its connection's handshakes tell:
+        a node is there with another key (or without CURVE), it refuses this node, or no node
+        answers at all."""
+        handshakes = self.transport.handshakes_with(action.address)
+        entry = f"bootstrap entry {self._bootstrap_entries.get(action.address, '?')}"
+        retrying = f"still retrying (next in {action.next_in_s:g} s)"
+        extra = {"address": action.address, "attempts": action.attempts, "handshakes": dict(handshakes)}
+        if handshakes["failed"] and not handshakes["succeeded"]:
+            log.warning(
+                "%s: the node at %s has another key (or CURVE off); handshake failed %s in %.1f s; %s "
+                "(compare the entry's key with `p2pnode keyinfo` of that node's key, and [security].curve on both)",
+                *(entry, action.address, _times(handshakes["failed"]), action.waited_s, retrying),
+                extra=extra,
+            )
+        elif handshakes["refused"] and not handshakes["succeeded"]:
+            log.warning(
+                "%s: the node at %s refused this node's connection %s in %.1f s (its [security].allowlist "
+                "or connection caps); %s",
+                *(entry, action.address, _times(handshakes["refused"]), action.waited_s, retrying),
+                extra=extra,
+            )
+        else:
             log.warning(
                 "bootstrap %s unreachable: %d challenges unanswered in %.1f s; still retrying (next in %g s; "
                 "is a node running there? [discovery].bootstrap)",
-                action.address,
-                action.attempts,
-                action.waited_s,
-                action.next_in_s,
-                extra={"address": action.address, "attempts": action.attempts},
+                *(action.address, action.attempts, action.waited_s, action.next_in_s),
+                extra=extra,
             )
+
+    def _count_handshakes(self) -> None:
+        """Read the watched dials' handshakes (often enough that libzmq never waits on them) and
+        count the failed and refused ones, which `status` shows."""
+        for outcomes in self.transport.handshakes().values():
+            for outcome in ("failed", "refused"):
+                if outcomes[outcome]:
+                    self.metrics.connections[f"dial_handshake_{outcome}"] += outcomes[outcome]
 
     def _track_transport_key(self, key: bytes, *, admitted: bool) -> None:
         """With CURVE, admitted peers' transport keys pass the connection caps (zap.py)."""
@@ -617,6 +670,7 @@ class Node:
                     next_refresh = now + discovery.hello_refresh_s
                 else:  # no sequence number reserved: the old HELLO serves a while longer
                     next_refresh = now + RESERVATION_RETRY_S
+            self._count_handshakes()
             self._execute(self.membership.tick(now))
             due = self.membership.next_due(trio.current_time())
             self._maintain_at = min(due, now + MAINTAIN_MAX_SLEEP_S, next_refresh)
@@ -664,7 +718,7 @@ class Node:
             "dialing": sorted(membership.dialing),
             "membership": dict(sorted(membership.counts.items())),
             "traffic": self.metrics.snapshot(),
-            "learning": None if self.driver is None else self.driver.status(),
+            "learning": None if self.driver is None else {**self.driver.status(), "excluded": self._excluded_peers()},
             "metrics_port": self.metrics_port,
             "state_write_failures": self.metrics.state_write_failures,
             "ingress": {name: ingress.status() for name, ingress in self.ingress.items()},

@@ -57,6 +57,29 @@ def _ingress_line(ingress: dict) -> str:
     return "inbound sockets: " + "; ".join(parts)
 
 
+def _peer_lines(status: dict) -> list[str]:
+    """The peers, one a line; a peer that is not a learning peer says why (older nodes do not)."""
+    excluded = (status.get("learning") or {}).get("excluded", {})
+    lines = []
+    if status["peers"]:
+        lines.append(f"  {'node id':<18}{'address':<28}{'last seen':>10}{'rtt':>10}")
+        for peer in status["peers"]:
+            rtt = "-" if peer["rtt_ms"] is None else f"{peer['rtt_ms']:.2f} ms"
+            why = excluded.get(peer["node_id"])
+            lines.append(
+                f"  {peer['node_id']:<18}{peer['address']:<28}{_seconds(peer['last_seen_s']):>10}{rtt:>10}"
+                + (f"  not learning with it: it {why}" if why else "")
+            )
+    return lines
+
+
+def _is_failure(reason: str) -> bool:
+    """A connection counter (zap.py, node.py) that says something went wrong: inbound handshakes
+    that failed, the ZAP handler's refusals, and the failed or refused handshakes of this node's
+    own dials to its bootstrap entries."""
+    return any(word in reason for word in ("failed", "denied", "refused"))
+
+
 def format_status(status: dict) -> str:
     lines = [
         f"node {status['node_id']}  {status['address']}  network {status['network']}  "
@@ -64,13 +87,12 @@ def format_status(status: dict) -> str:
         f"peers {status['peer_count']}/{status['max_peers']}"
         + (f"  dialing {len(status['dialing'])}" if status["dialing"] else ""),
     ]
+    excluded = (status.get("learning") or {}).get("excluded", {})
+    if excluded:
+        lines[-1] += f"  ({len(excluded)} not learning with this node: see below)"
     if "ingress" in status:  # older nodes have no ingress processes
         lines.insert(1, _ingress_line(status["ingress"]))
-    if status["peers"]:
-        lines.append(f"  {'node id':<18}{'address':<28}{'last seen':>10}{'rtt':>10}")
-        for peer in status["peers"]:
-            rtt = "-" if peer["rtt_ms"] is None else f"{peer['rtt_ms']:.2f} ms"
-            lines.append(f"  {peer['node_id']:<18}{peer['address']:<28}{_seconds(peer['last_seen_s']):>10}{rtt:>10}")
+    lines += _peer_lines(status)
     traffic = status["traffic"]
     lines.append(f"traffic  {'in msgs':>9}{'in bytes':>12}{'out msgs':>10}{'out bytes':>12}")
     for kind, row in traffic["by_type"].items():
@@ -86,6 +108,11 @@ def format_status(status: dict) -> str:
         "rejections: "
         + (", ".join(f"{reason} {count}" for reason, count in rejections.items()) if rejections else "none")
     )
+    failed = {reason: count for reason, count in traffic.get("connections", {}).items() if _is_failure(reason)}
+    if failed:
+        lines.append(
+            "connections refused or failed: " + ", ".join(f"{reason} {count}" for reason, count in failed.items())
+        )
     if traffic["send_dropped"]:
         lines.append(
             "sends dropped: " + ", ".join(f"{kind} {count}" for kind, count in traffic["send_dropped"].items())

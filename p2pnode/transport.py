@@ -32,7 +32,8 @@ are not thread-safe.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 import trio
 import zmq
@@ -40,7 +41,7 @@ import zmq
 from protocol.curve import curve_public_from_ed25519
 
 from .config import TransportSettings
-from .zmqsetup import set_liveness
+from .zmqsetup import read_events, set_liveness, unwatch, watch_handshakes
 
 __all__ = ["Transport", "TransportError", "MissingKey"]
 
@@ -68,6 +69,19 @@ class _Outbound:
     peers: zmq.Socket | None = None  # to its peers' socket, once it is an admitted peer
     peers_address: str | None = None
     peers_took_at: float = 0.0  # when `peers` was opened or last took a frame
+    monitor: zmq.Socket | None = None  # a watched dial's handshakes (`dial(watch=True)`)
+    handshakes: Counter[str] = field(default_factory=Counter)  # HANDSHAKE_OUTCOMES, since the dial
+
+
+# A watched dial's handshake outcomes: the other side's ZAP handler refused this node (an
+# allowlist, a connection cap), or the handshake failed otherwise (with CURVE: another key at
+# that address, or a node without CURVE).
+HANDSHAKE_OUTCOMES = {
+    zmq.EVENT_HANDSHAKE_SUCCEEDED: "succeeded",
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "refused",
+    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "failed",
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "failed",
+}
 
 
 class Transport:
@@ -93,16 +107,37 @@ class Transport:
             self.context = zmq.Context(io_threads=1)
         return self.context
 
-    def dial(self, address: str, key: bytes | None = None) -> None:
+    def dial(self, address: str, key: bytes | None = None, *, watch: bool = False) -> None:
         """Open the outbound socket to `address`, where the Ed25519 `key` is expected, if not
         open yet (with another key: reopened); ZeroMQ connects and reconnects in the background
-        (RECONNECT_IVL doubling up to RECONNECT_IVL_MAX). With CURVE, `key` is required."""
+        (RECONNECT_IVL doubling up to RECONNECT_IVL_MAX). With CURVE, `key` is required.
+        `watch`: count its handshakes' outcomes (`handshakes`), for a bootstrap entry."""
         entry = self.outbound.get(address)
         if entry is not None:
             if self.curve is None or entry.key == key:
                 return
             self.hangup(address)  # another node is expected there now: another server key
-        self.outbound[address] = _Outbound(self._connect(address, key), key)
+        entry = self.outbound[address] = _Outbound(self._connect(address, key), key)
+        if watch:
+            entry.monitor = watch_handshakes(self._context(), entry.socket)
+
+    def handshakes(self) -> dict[str, Counter[str]]:
+        """The watched dials' handshake outcomes since the last call, by address; read at least
+        every few seconds (libzmq's I/O thread waits on a full monitor queue). Each entry keeps
+        its totals since the dial in `handshakes_with`."""
+        new: dict[str, Counter[str]] = {}
+        for address, entry in self.outbound.items():
+            if entry.monitor is not None:
+                outcomes = Counter(HANDSHAKE_OUTCOMES.get(event, "other") for event in read_events(entry.monitor))
+                if outcomes:
+                    entry.handshakes.update(outcomes)
+                    new[address] = outcomes
+        return new
+
+    def handshakes_with(self, address: str) -> Counter[str]:
+        """The watched dial to `address`: its handshakes' outcomes since it was dialled."""
+        entry = self.outbound.get(address)
+        return Counter() if entry is None else Counter(entry.handshakes)
 
     def dial_peers(self, address: str, peers_address: str) -> None:
         """Also open the outbound socket to the peers' socket of the admitted peer at `address`
@@ -162,6 +197,8 @@ class Transport:
         still goes out within `linger_ms`, from ZeroMQ's I/O thread."""
         entry = self.outbound.pop(address, None)
         if entry is not None:
+            if entry.monitor is not None:
+                unwatch(entry.socket, entry.monitor)
             linger = self.settings.linger_ms if flush else 0
             entry.socket.close(linger=linger)
             if entry.peers is not None:
@@ -201,6 +238,8 @@ class Transport:
         """Close every socket; outbound frames already queued (a BYE) get up to linger_ms."""
         for address in list(self.outbound):
             entry = self.outbound.pop(address)
+            if entry.monitor is not None:
+                unwatch(entry.socket, entry.monitor)
             for socket in (entry.socket, entry.peers):
                 if socket is not None:
                     socket.close()  # keeps each socket's LINGER

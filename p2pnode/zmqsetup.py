@@ -18,6 +18,8 @@ __all__ = [
     "open_zap",
     "close_zap",
     "watch",
+    "watch_handshakes",
+    "read_events",
     "unwatch",
     "monitor_event",
     "remote_peer",
@@ -42,6 +44,9 @@ FAILED_EVENTS = {
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
     zmq.EVENT_HANDSHAKE_FAILED_AUTH,
 }
+_FAILED_MASK = (
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
 _EVENTS = (
     zmq.EVENT_ACCEPTED
     | zmq.EVENT_DISCONNECTED
@@ -95,6 +100,28 @@ def watch(context: zmq.Context, router: zmq.Socket, domain: bytes) -> zmq.Socket
     monitor.setsockopt(zmq.RCVHWM, MONITOR_QUEUE)
     monitor.connect(endpoint)
     return monitor
+
+
+def watch_handshakes(context: zmq.Context, socket: zmq.Socket) -> zmq.Socket:
+    """A monitor of the handshakes of an outbound socket's connections (transport.py): how a
+    dialling node tells a node with another key from no node at all."""
+    endpoint = f"inproc://p2pnode.dial-monitor.{id(socket)}"
+    socket.monitor(endpoint, zmq.EVENT_HANDSHAKE_SUCCEEDED | _FAILED_MASK)
+    monitor = context.socket(zmq.PAIR)
+    monitor.setsockopt(zmq.LINGER, 0)
+    monitor.setsockopt(zmq.RCVHWM, MONITOR_QUEUE)
+    monitor.connect(endpoint)
+    return monitor
+
+
+def read_events(monitor: zmq.Socket) -> list[int]:
+    """The events queued on `monitor`, without waiting."""
+    events = []
+    while True:
+        try:
+            events.append(monitor_event(monitor.recv_multipart(zmq.NOBLOCK))[0])
+        except zmq.Again:
+            return events
 
 
 def unwatch(router: zmq.Socket, monitor: zmq.Socket) -> None:

@@ -269,7 +269,9 @@ async def test_nodes_whose_class_lists_differ_are_not_learning_peers(tmp_path, c
             assert [entry["expected"] for entry in history] == [learning_peers] * 2, history
             assert len(node.status()["peers"]) == 2  # every node is a peer all the same
         assert c.identity.node_id not in a.status()["learning"]["neighbours"]
-        assert f"peer {c.identity.node_id} learns with mapl over other classes" in caplog.text
+        assert f"peer {c.identity.node_id} is not a learning peer: it learns over other classes" in caplog.text
+        assert "this node's [data].class_names: ['0', '1', '2'," in caplog.text  # names the list that differs
+        assert a.status()["learning"]["excluded"] == {c.identity.node_id: a._excluded_peers()[c.identity.node_id]}
         for node in (a, b, c):
             node.request_stop()
 

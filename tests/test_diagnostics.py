@@ -1,0 +1,160 @@
+"""Diagnostics that name the cause (issue #28): a bootstrap entry whose key is not the key of the
+node at its address, peers left out of learning and why, refusals and failed handshakes by
+reason in the status table, and the images per class a node found and held out."""
+
+import logging
+import re
+
+import numpy as np
+import trio
+
+from p2pnode.learning import (
+    announced_algorithm,
+    data_summary,
+    labels_capability,
+    learning_capability,
+    learning_verdict,
+)
+from p2pnode.status import format_status
+from protocol import Identity
+
+from .daemon import start_node, wait_until
+
+QUICK = {"dial_attempts": 3, "dial_retry_initial_s": 0.05, "dial_retry_max_s": 0.2}
+
+
+def _said(caplog) -> list[str]:
+    return [record.getMessage() for record in caplog.records if record.name == "p2pnode.node"]
+
+
+async def test_a_bootstrap_entry_with_another_key_is_named_as_such(tmp_path, caplog):
+    """Two daemons with CURVE: a's second bootstrap entry points at b's address with a key that
+    is not b's. a says which entry, that the node there has another key and how often the
+    handshake failed, instead of "unreachable"; both status tables count the failures. A node
+    that refuses a's key (an allowlist) is named as refusing, and a dead address stays
+    "unreachable"."""
+    caplog.set_level(logging.INFO, logger="p2pnode")
+    curve = {"security": {"curve": True}}
+    async with trio.open_nursery() as nursery:
+        b = await start_node(nursery, tmp_path / "b", **curve)
+        wrong = Identity.generate().public_key.hex()
+        closed = Identity.generate()  # c admits only this key, which no node holds
+        c = await start_node(nursery, tmp_path / "c", security={"curve": True, "allowlist": [closed.public_key.hex()]})
+        bootstrap = [f"{wrong}@{b.address}", f"{c.identity.public_key.hex()}@{c.address}"]
+        a = await start_node(nursery, tmp_path / "a", bootstrap, discovery=QUICK, **curve)
+        await wait_until(lambda: a.membership.counts["bootstrap_unreachable"] >= 2, timeout=20)
+        status = a.status()
+        for node in (a, b, c):
+            node.request_stop()
+    said = _said(caplog)
+    (another_key,) = [line for line in said if line.startswith("bootstrap entry 1: ")]
+    assert another_key.startswith(f"bootstrap entry 1: the node at {b.address} has another key (or CURVE off); ")
+    times = re.search(r"handshake failed (once|(\d+) times) in ", another_key)
+    failed = int(times[2] or 1)
+    assert failed >= 1 and "still retrying" in another_key and "p2pnode keyinfo" in another_key
+    (refused,) = [line for line in said if line.startswith("bootstrap entry 2: ")]
+    assert refused.startswith(f"bootstrap entry 2: the node at {c.address} refused this node's connection ")
+    assert not [line for line in said if "unreachable" in line]
+    connections = status["traffic"]["connections"]
+    assert connections["dial_handshake_failed"] >= failed and connections["dial_handshake_refused"] >= 1
+    table = format_status(status)
+    assert "connections refused or failed: dial_handshake_failed" in table, table
+    assert b.status()["traffic"]["connections"]["handshake_failed"] >= 1
+    assert c.status()["traffic"]["connections"]["zap_denied_allowlist"] >= 1
+
+
+def test_why_a_peer_is_not_a_learning_peer():
+    ours = labels_capability(("cat", "dog"))
+    theirs = labels_capability(("dog", "cat"))
+    mapl = learning_capability("mapl")
+    assert learning_verdict("mapl", ours, (mapl, *ours, "gpu")) is None
+    assert learning_verdict("mapl", (), (mapl,)) is None  # both on a benchmark dataset
+    assert learning_verdict("mapl", ours, ("gpu",)) == "runs no learning algorithm"
+    assert (
+        learning_verdict("mapl", ours, (learning_capability("mapl+"), *ours))
+        == "learns with mapl+, this node with mapl"
+    )
+    assert learning_verdict("mapl", ours, (mapl, *theirs)) == (
+        f"learns over other classes: it announces {theirs[0]}, this node {ours[0]}"
+    )
+    assert learning_verdict("mapl", ours, (mapl,)).startswith("learns on a benchmark dataset, this node on its own")
+    assert learning_verdict("mapl", (), (mapl, *ours)).startswith("learns on its own data ([data].path), this node on")
+    assert announced_algorithm((learning_capability("mapl+"),)) == "mapl+" and announced_algorithm(("gpu",)) is None
+
+
+def _status(**learning) -> dict:
+    """A node's status as `Node.status` gives it, cut to what the table reads."""
+    peers = [
+        {"node_id": "a" * 16, "address": "tcp://10.0.0.2:7000", "last_seen_s": 0.2, "rtt_ms": 1.5},
+        {"node_id": "b" * 16, "address": "tcp://10.0.0.3:7000", "last_seen_s": 0.4, "rtt_ms": None},
+    ]
+    traffic = {
+        "by_type": {},
+        **dict.fromkeys(("messages_in", "bytes_in", "messages_out", "bytes_out"), 0),
+        "rejections": {"not_allowed": 3, "wrong_network": 1},
+        "send_dropped": {},
+        "connections": {
+            "accepted": 9,
+            "dial_handshake_failed": 8,
+            "handshake_failed": 266,
+            "handshake_succeeded": 7,
+            "zap_denied_allowlist": 2,
+        },
+    }
+    node = {"node_id": "c" * 16, "address": "tcp://10.0.0.1:7000", "network": "lab", "uptime_s": 27.0}
+    return {**node, "round": 0, "pid": 1, "peer_count": 2, "max_peers": 64, "dialing": [], "peers": peers} | {
+        "traffic": traffic,
+        "learning": learning or None,
+    }
+
+
+def test_the_status_table_names_excluded_peers_and_failed_connections_by_reason():
+    learning = {
+        "algorithm": "mapl",
+        "phase": "training",
+        "completed": 3,
+        "rounds": 60,
+        "accuracy": 0.9,
+        "resumed_from": None,
+        "catch_ups": 0,
+        "neighbours": {},
+        "last_payloads": {},
+        "missing_payloads": {},
+        "excluded": {"b" * 16: "learns with mapl+, this node with mapl"},
+    }
+    table = format_status(_status(**learning)).splitlines()
+    assert "peers 2/64  (1 not learning with this node: see below)" in table
+    (row_a,) = [line for line in table if line.startswith("  " + "a" * 16)]
+    (row_b,) = [line for line in table if line.startswith("  " + "b" * 16)]
+    assert "not learning" not in row_a
+    assert row_b.endswith("  not learning with it: it learns with mapl+, this node with mapl")
+    assert "rejections: not_allowed 3, wrong_network 1" in table
+    # Accepted and succeeded connections are no news; the failed and refused ones, each by reason, are.
+    assert (
+        "connections refused or failed: dial_handshake_failed 8, handshake_failed 266, zap_denied_allowlist 2" in table
+    )
+    plain = format_status(_status()).splitlines()  # no learning: no exclusions
+    assert "peers 2/64" in plain and not [line for line in plain if "not learning" in line]
+
+
+def test_the_images_per_class_found_and_held_out_are_logged_at_start(tmp_path, caplog):
+    from p2pnode.config import load_config
+    from p2pnode.learning import _node_setup
+
+    from .daemon import ANY_PORT, write_config
+    from .test_own_data import DIGITS, own_data_sections, write_digit_pngs
+
+    write_digit_pngs(tmp_path / "images", (1, 7), per_class=10)
+    write_digit_pngs(tmp_path / "images", (4,), per_class=3)
+    config = load_config(write_config(tmp_path / "node", ANY_PORT, **own_data_sections(tmp_path / "images")))
+    caplog.set_level(logging.INFO, logger="p2pnode")
+    setup = _node_setup(config, "0123456789abcdef")
+    (line,) = [record.getMessage() for record in caplog.records if record.getMessage().startswith("[data].path ")]
+    assert line == (
+        f"[data].path {tmp_path / 'images'}: 23 images of 3/10 classes, 5 held out for testing; per class, found "
+        f"(held out): '1' 10 (2), '4' 3 (1), '7' 10 (2); class list {labels_capability(DIGITS)[0]}"
+    )
+    assert len(setup.data.test_labels) == 5
+    many = tuple(f"c{k}" for k in range(20))
+    summary = data_summary(many, np.arange(20).repeat(4), np.arange(20))
+    assert summary.startswith("100 images of 20/20 classes, 20 held out") and summary.endswith("(20 classes in all)")

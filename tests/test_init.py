@@ -1,0 +1,162 @@
+"""`p2pnode init`: a fleet's keys and configs, each loading as `start` would load it, and three
+daemons started from them on loopback that find each other and learn from their own images."""
+
+import signal
+import socket
+import stat
+import time
+import tomllib
+
+from p2pnode.cli import main
+from p2pnode.config import load_config
+from p2pnode.keystore import load_key
+from testnet.placement import NodeSpec, read_status, spawn_daemon
+
+from .test_own_data import write_digit_pngs
+
+
+def init(capsys, *argv: str) -> tuple[int, list[str], str]:
+    code = main(["init", *argv])
+    printed = capsys.readouterr()
+    return code, printed.out.split(), printed.err
+
+
+def test_init_writes_a_fleet_whose_configs_load_and_name_each_other(tmp_path, capsys):
+    out = tmp_path / "fleet"
+    code, paths, err = init(capsys, "--nodes", "3", "--out", str(out))
+    assert code == 0, err
+    assert paths == [str(out / f"node{i}" / "node.toml") for i in range(3)]
+    configs = [load_config(path) for path in paths]  # keys and learning sections included
+    keys = [load_key(out / f"node{i}" / "key.pem") for i in range(3)]
+    for i, config in enumerate(configs):
+        assert stat.S_IMODE((out / f"node{i}" / "key.pem").stat().st_mode) == 0o600
+        assert config.identity.public_key == keys[i].public_key
+        assert config.security.curve
+        assert config.node.listen == f"tcp://127.0.0.1:{7000 + 2 * i}"
+        assert config.node.peer_listen == f"tcp://127.0.0.1:{7001 + 2 * i}"
+        assert config.node.data_dir == out / f"node{i}" / "data"
+        others = {(f"tcp://127.0.0.1:{7000 + 2 * j}", keys[j].public_key) for j in range(3) if j != i}
+        assert set(config.discovery.bootstrap_peers()) == others
+        # The placeholder data runs as written: node i's shard of mnist5k, with the comment to replace it.
+        assert (config.data.dataset, config.data.nodes, config.data.node_index) == ("mnist5k", 3, i)
+        assert "YOUR DATA GOES HERE" in (out / f"node{i}" / "node.toml").read_text()
+        assert (config.algorithm.name, config.algorithm.start_peers) == ("mapl-dual", 2)
+    assert "edit [data] first" in err
+    # An existing fleet is not overwritten, unless --force: then every key is new.
+    code, _, err = init(capsys, "--nodes", "3", "--out", str(out))
+    assert code == 2 and "--force" in err
+    assert load_key(out / "node0" / "key.pem").public_key == keys[0].public_key
+    code, _, err = init(capsys, "--nodes", "3", "--out", str(out), "--force")
+    assert code == 0, err
+    assert load_key(out / "node0" / "key.pem").public_key != keys[0].public_key
+
+
+def test_init_deals_hosts_round_robin_with_ports_per_host(tmp_path, capsys):
+    out = tmp_path / "fleet"
+    argv = ("--nodes", "5", "--out", str(out), "--hosts", "10.0.0.1,node-b.lan", "--rounds", "30")
+    code, paths, err = init(capsys, *argv, "--set", "warmup_rounds=10", "--set", "graph.l2_weight=2.5")
+    assert code == 0, err
+    documents = [tomllib.loads((out / f"node{i}" / "node.toml").read_text()) for i in range(5)]
+    # 10.0.0.1 runs nodes 0, 2, 4 on 7000, 7002, 7004; node-b.lan runs 1 and 3, bound on every interface.
+    assert [d["node"]["listen"] for d in documents] == [
+        "tcp://10.0.0.1:7000",
+        "tcp://*:7000",
+        "tcp://10.0.0.1:7002",
+        "tcp://*:7002",
+        "tcp://10.0.0.1:7004",
+    ]
+    assert documents[1]["node"]["advertise"] == "tcp://node-b.lan:7000"
+    assert documents[3]["node"]["peer_listen"] == "tcp://*:7003"
+    assert all(len(d["discovery"]["bootstrap"]) == 4 for d in documents)
+    assert "@tcp://node-b.lan:7002" in documents[0]["discovery"]["bootstrap"][2]
+    assert documents[0]["algorithm"]["settings"] == {"warmup_rounds": 10, "graph.l2_weight": 2.5}
+    for path in paths:  # the keys and the structure are checked; 10.0.0.1 is not this host's to bind
+        load_config(path, check_learning=False)
+
+
+def test_init_refuses_what_it_cannot_write(tmp_path, capsys):
+    (tmp_path / "two").mkdir()
+    for name in ("a", "b"):
+        write_digit_pngs(tmp_path / "two" / name, (0, 1), per_class=3)
+    cases = [
+        (("--nodes", "3", "--data-per-node", str(tmp_path / "two")), "2 folders or .npz files for --nodes 3"),
+        (("--nodes", "2", "--data-per-node", str(tmp_path / "none")), "not a directory"),
+        (("--nodes", "2", "--hosts", "a,,b"), "--hosts"),
+        (
+            (
+                "--nodes",
+                "300",
+            ),
+            "--nodes: 1 to 257",
+        ),
+        (("--nodes", "2", "--port", "65535"), "max 65535"),
+    ]
+    for argv, message in cases:
+        code, _, err = init(capsys, *argv, "--out", str(tmp_path / "out"))
+        assert code == 2 and message in err, (argv, err)
+        assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
+def _free_ports(count: int) -> int:
+    """A base port with `count` free ports above it (the fleet's are fixed in its configs)."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        if base + count > 65535:
+            continue
+        try:
+            for port in range(base, base + count):
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise AssertionError("no free port range")
+
+
+def test_three_daemons_from_init_find_each_other_and_learn(tmp_path, capsys):
+    """`p2pnode init --nodes 3` on folders of real digit PNGs (one per node, class subsets that
+    overlap), then `p2pnode start` of each config as written: all three become peers over CURVE
+    and complete every round with both others' payloads."""
+    subsets = ((0, 1, 2), (2, 3, 4), (4, 5, 0))
+    for index, classes in enumerate(subsets):
+        write_digit_pngs(tmp_path / "images" / f"device{index}", classes, part=index, parts=3, per_class=20)
+    rounds = 3
+    code, paths, err = init(
+        capsys,
+        *("--nodes", "3", "--out", str(tmp_path / "fleet"), "--port", str(_free_ports(6))),
+        *("--data-per-node", str(tmp_path / "images"), "--image-size", "8", "--backbone", "mlp"),
+        *("--rounds", str(rounds), "--set", f"warmup_rounds={rounds - 1}"),
+    )
+    assert code == 0, err
+    assert load_config(paths[0]).data.class_names == ("0", "1", "2", "3", "4", "5")
+    specs = [NodeSpec(index, tmp_path / "fleet" / f"node{index}", {}) for index in range(3)]
+    try:
+        for spec in specs:
+            spec.process = spawn_daemon(spec)
+        deadline = time.monotonic() + 90
+        while not all(
+            (s := read_status(spec.control_socket, 1.0)) and s["learning"]["phase"] == "done" for spec in specs
+        ):
+            assert all(spec.process.poll() is None for spec in specs), [spec.log_path.read_text() for spec in specs]
+            assert time.monotonic() < deadline, [spec.log_path.read_text()[-3000:] for spec in specs]
+            time.sleep(0.3)
+        statuses = [read_status(spec.control_socket, 2.0) for spec in specs]
+    finally:
+        for spec in specs:
+            if spec.process is not None and spec.process.poll() is None:
+                spec.process.send_signal(signal.SIGTERM)
+        for spec in specs:
+            if spec.process is not None:
+                try:
+                    assert spec.process.wait(timeout=30) == 0
+                except Exception:
+                    spec.process.kill_group()
+                    raise
+    for status in statuses:
+        assert status["peer_count"] == 2 and not status["dialing"], status["peers"]
+        history = status["learning"]["history"]
+        assert len(history) == rounds
+        assert all(entry["expected"] == entry["arrived"] == 2 for entry in history[:-1]), history
+        assert status["learning"]["accuracy"] > 0.5  # three classes each: chance is 1/3
