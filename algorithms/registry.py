@@ -162,7 +162,8 @@ def checked_config(name: str, overrides: Mapping[str, str], rounds: int, rounds_
         for key, otherwise in _FROM_ROUND:
             value = getattr(config, key, None)
             if value is not None and value >= rounds and not (key == "prune_round" and value == 0):
-                problems.append(f"{key}={value} must be below {rounds_name} ({rounds}), or {otherwise}")
+                given = "given" if key in overrides else f"{name}'s default; set it lower with {key}=N"
+                problems.append(f"{key}={value} ({given}) must be below {rounds_name} ({rounds}), or {otherwise}")
     if problems:
         raise ConfigOverrideError("; ".join(problems))
     return config

@@ -58,6 +58,10 @@ __all__ = [
 
 log = logging.getLogger("p2pnode.learning")
 
+# A saved checkpoint is logged at INFO every this many rounds and at the last, at DEBUG otherwise:
+# one line per round was most of a long run's log.
+CHECKPOINT_LOG_EVERY = 10
+
 # A node that communicates but has had no learning peer for this many rounds in a row says so
 # in its log, once per such streak: it is training alone, which is rarely what was meant.
 ALONE_ROUNDS = 3
@@ -329,7 +333,8 @@ class RoundDriver:
         self.state.takes = frozenset(self.algorithm.sends)  # what was queued before: refused when due
         self._resume()
         try:
-            await self._wait_for_peers()
+            if not self.state.done:  # a finished run restarted is done, not waiting for anyone
+                await self._wait_for_peers()
             while not self.state.done:
                 await self._one_round(self.state.round)
                 self.state.next_round(self._sources())
@@ -483,7 +488,9 @@ class RoundDriver:
             return
         self.checkpoint_round = record.round
         self.checkpoint_error = None
-        log.info(
+        last = record.round == self.settings.rounds - 1
+        log.log(
+            logging.INFO if last or record.round % CHECKPOINT_LOG_EVERY == 0 else logging.DEBUG,
             "checkpoint of round %d written to %s (%d bytes)",
             record.round,
             self.checkpoint_path,

@@ -184,18 +184,18 @@ def learning(rounds: int = 12, algorithm: str = "mapl", data: str = "", more: st
         ),
         (
             learning(),  # warm-up defaults to 20 rounds
-            "[algorithm].settings: warmup_rounds=20 must be below [algorithm].rounds (12), "
-            "or the graph is never learned",
+            "[algorithm].settings: warmup_rounds=20 (mapl's default; set it lower with warmup_rounds=N) "
+            "must be below [algorithm].rounds (12), or the graph is never learned",
         ),
         (
             learning(12, "mapl-dual", more="settings = { warmup_rounds = 4, distill_after = 12 }\n"),
-            "[algorithm].settings: distill_after=12 must be below [algorithm].rounds (12), "
+            "[algorithm].settings: distill_after=12 (given) must be below [algorithm].rounds (12), "
             "or nothing is ever distilled",
         ),
         (
             learning(8, "scool-sbm"),  # prune_round defaults to 10
-            "[algorithm].settings: prune_round=10 must be below [algorithm].rounds (8), or the neighbours are never "
-            "pruned (prune_round=0: never prune)",
+            "[algorithm].settings: prune_round=10 (scool-sbm's default; set it lower with prune_round=N) "
+            "must be below [algorithm].rounds (8), or the neighbours are never pruned (prune_round=0: never prune)",
         ),
         (
             learning(more="start_peers = 9\nsettings = { warmup_rounds = 4 }\n").replace(

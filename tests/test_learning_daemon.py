@@ -251,11 +251,11 @@ async def test_a_node_alone_says_so_logs_its_checkpoints_and_shows_its_neighbour
     import logging
     import re
 
-    from p2pnode.learning import ALONE_ROUNDS
+    from p2pnode.learning import ALONE_ROUNDS, CHECKPOINT_LOG_EVERY
     from p2pnode.prometheus import render_for
     from p2pnode.status import format_status
 
-    caplog.set_level(logging.INFO, logger="p2pnode")
+    caplog.set_level(logging.DEBUG, logger="p2pnode")
     steady = {"name": "mapl-nocgl", "history_rounds": 20, "round_deadline_s": 0.5}  # uniform weights
     async with trio.open_nursery() as nursery:
         a = await start_node(nursery, tmp_path / "a", **learning_sections(0, 2, 100_000, start_peers=0, **steady))
@@ -280,6 +280,11 @@ async def test_a_node_alone_says_so_logs_its_checkpoints_and_shows_its_neighbour
     assert " 0.500 " in row and re.search(r"\d+\.\d s ago, round \d+$", row), table
     assert "(this node)" in table
     said = [record.getMessage() for record in caplog.records if record.name == "p2pnode.learning"]
+    # A checkpoint line every round, at INFO only every CHECKPOINT_LOG_EVERY-th (and the last).
+    loud = [
+        r.getMessage() for r in caplog.records if r.levelno >= logging.INFO and "checkpoint of round" in r.getMessage()
+    ]
+    assert all(int(line.split()[3]) % CHECKPOINT_LOG_EVERY == 0 for line in loud) and loud, loud
     alone = [line for line in said if line.startswith("no learning peers")]
     assert alone == [
         f"no learning peers for {ALONE_ROUNDS} rounds (since round 0): training alone; a learning peer is an admitted "
@@ -379,3 +384,20 @@ def test_scool_testnet_separates_two_groups_and_matches_the_simulator(tmp_path):
         assert report["comm"]["by_type"][kind]["messages"] == simulated["comm"]["by_type"][kind]["messages"], kind
     assert report["rejections"] == {} and report["processes"]["exit_codes"] == [0, 0, 0, 0]
     assert same_keys(report, simulated) == []
+
+
+async def test_a_finished_run_restarted_is_done_at_once_not_waiting_for_peers(tmp_path):
+    """Restarted after its last round, a node resumes and says `done`: it neither waits for the
+    peers it started with (start_peers, start_timeout_s) nor runs a round."""
+    sections = learning_sections(0, 2, rounds=3, start_peers=0, name="mapl-nocgl")
+    async with trio.open_nursery() as nursery:
+        node = await start_node(nursery, tmp_path / "n", **sections)
+        await wait_until(lambda: node.driver and node.driver.phase == "done", timeout=120)
+        node.request_stop()
+    sections["algorithm"].update(start_peers=1, start_timeout_s=600)  # a peer it would wait 10 min for
+    async with trio.open_nursery() as nursery:
+        again = await start_node(nursery, tmp_path / "n", **sections)
+        await wait_until(lambda: again.driver and again.driver.phase == "done", timeout=60)
+        learning = again.driver.status()
+        assert (learning["resumed_from"], learning["completed"], learning["phase"]) == (2, 3, "done")
+        again.request_stop()
