@@ -43,4 +43,7 @@ FLOAT32_ONLY_DEVICES = ("cpu", "mps")  # names that never get mixed precision (C
 # Datasets (algorithms/datasets.py) and non-IID scenarios (algorithms/partitions.py): named here,
 # where the daemon's config check reads them without importing numpy.
 DATASETS = ("mnist5k", "digits", "mnist", "fashionmnist", "cifar10", "svhn")
+# `[data].dataset` naming no benchmark: the images at `[data].path`, dealt out by the partition
+# (what `p2pnode testnet --data` gives each daemon).
+DATASET_FROM_PATH = "path"
 SCENARIOS = ("1", "2", "3", "4", "noniid-sbm", "noniid", "dirichlet")

@@ -15,6 +15,14 @@ a class's id is its position in that list. A class folder is named after its cla
 label is the class id itself. Without a test part, `test_fraction` of each class is held out
 (`held_out_count`), chosen with the seed.
 
+A folder's images are read in the order of their paths within their class folders, classes
+breaking ties: a folder written from an indexed dataset, one file per image named by its index,
+reads back in the dataset's own order (so `own_dataset` partitions it as the dataset itself).
+
+`own_dataset` is the whole of the data as a `Dataset`, which a partition deals out to nodes
+(`p2pnode simulate --data`, `[data].dataset = "path"`); `load_own_data` is one device's data,
+split into training and test images.
+
 Two passes: `inspect_own_data` is what a config check runs (listing, image headers, array
 headers, labels; about 60 µs a small PNG), `load_own_data` decodes every image and checks
 every pixel value (about three times as long).
@@ -28,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .datasets import ArrayDataset, DatasetError, _pool, _scaled
+from .datasets import ArrayDataset, Dataset, DatasetError, _pool, _scaled
 
 __all__ = [
     "DEFAULT_CHANNELS",
@@ -39,10 +47,12 @@ __all__ = [
     "Inventory",
     "OwnDataError",
     "OwnDataSpec",
+    "folder_class_names",
     "held_out_count",
     "held_out_split",
     "inspect_own_data",
     "load_own_data",
+    "own_dataset",
 ]
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".ppm", ".pgm", ".pbm", ".tif", ".tiff", ".webp")
@@ -72,10 +82,16 @@ class OwnDataSpec:
     test_fraction: float | None = None  # None: DEFAULT_TEST_FRACTION, unless the .npz has a test part
     max_memory_mb: int = 1024  # bound on the images as float32
     seed: int = 0  # of the held-out split
+    node: int | None = None  # the device's number in its network, which seeds its model; None: its node id
 
     @property
     def is_npz(self) -> bool:
         return self.path.suffix.lower() == ".npz"
+
+    @property
+    def name(self) -> str:
+        """The data's name: its folder's or file's, without `.npz` (a partition's draws depend on it)."""
+        return self.path.stem if self.is_npz else self.path.name
 
 
 @dataclass(frozen=True)
@@ -134,6 +150,32 @@ def load_own_data(spec: OwnDataSpec) -> tuple[ArrayDataset, ArrayDataset]:
     return _pool(images[train_idx], labels[train_idx]), _pool(images[test_idx], labels[test_idx])
 
 
+def own_dataset(spec: OwnDataSpec) -> Dataset:
+    """All of the data as one dataset named `spec.name`, for a partition to deal out: a folder
+    and a .npz's x are its pool; a .npz's x_test, if any, its test pool. Nothing is held out
+    (`test_fraction` and `seed` do not apply); raises OwnDataError."""
+    inventory = inspect_own_data(spec)
+    if spec.is_npz:
+        images, labels, test = _load_npz(spec)
+    else:
+        (images, labels), test = _load_folder(spec, inventory.files), None
+    return Dataset(spec.name, len(spec.class_names), inventory.image_shape, _pool(images, labels), test)
+
+
+def folder_class_names(path: Path) -> tuple[str, ...]:
+    """The classes an image folder names: its class folders' names, sorted. A .npz names none
+    (its labels are class ids), so its class names must be given; raises OwnDataError."""
+    if path.suffix.lower() == ".npz":
+        raise OwnDataError(
+            f"{path} is a .npz, whose labels are class ids: name its classes (one name per id)", field="class_names"
+        )
+    if not path.exists():
+        raise OwnDataError(f"{path} does not exist")
+    if not path.is_dir():
+        raise OwnDataError(f"{path} is neither a folder of class folders nor a .npz file")
+    return tuple(sorted(entry.name for entry in path.iterdir() if entry.is_dir() and not entry.name.startswith(".")))
+
+
 def _memory_check(spec: OwnDataSpec, images: int, shape: tuple[int, ...]) -> None:
     needed = images * int(np.prod(shape)) * _FLOAT32_BYTES
     if needed > spec.max_memory_mb * 2**20:
@@ -181,7 +223,14 @@ def _inspect_folder(spec: OwnDataSpec) -> Inventory:
             _check_header(path)
         counts[ids[folder.name]] = len(images)
         files += [(path, ids[folder.name]) for path in images]
+    files.sort(key=lambda entry: _reading_order(entry[0], root))
     return Inventory(shape, tuple(counts), None, tuple(files))
+
+
+def _reading_order(path: Path, root: Path) -> tuple[tuple[str, ...], str]:
+    """By path within the class folder, then class (the module's docstring says why)."""
+    parts = path.relative_to(root).parts
+    return parts[1:], parts[0]
 
 
 def _check_header(path: Path) -> None:

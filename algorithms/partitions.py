@@ -21,6 +21,9 @@ heatmaps show blocks. Scenarios:
   its nodes gets round(n · K · q_c[k]) training samples of class k, and owns the classes with
   at least one.
 
+`parts_partition` is no scenario: it wraps nodes that each bring their own data (their parts,
+pooled in node order) as a partition, so the simulator, its baselines and reports take them.
+
 Every node gets `test_per_class` test samples of each own class. No image is in two shards,
 and a node's test images are nobody's training images: per class, one seeded permutation of
 the pool is cut into consecutive chunks, first all training chunks, then all test chunks
@@ -40,7 +43,7 @@ import numpy as np
 from .catalog import SCENARIOS  # named there, for the daemon's config check
 from .datasets import Dataset
 
-__all__ = ["SCENARIOS", "Partition", "PartitionError", "PartitionSpec", "Shard", "make_partition"]
+__all__ = ["SCENARIOS", "Partition", "PartitionError", "PartitionSpec", "Shard", "make_partition", "parts_partition"]
 
 
 class PartitionError(ValueError):
@@ -170,6 +173,43 @@ def make_partition(dataset: Dataset, spec: PartitionSpec) -> Partition:
     same = (layout.cluster_of[:, None] == layout.cluster_of[None, :]).astype(np.float64)
     w_true = _frozen(same / same.sum(axis=1, keepdims=True))
     return Partition(dataset.name, spec, samples, tests, shards, w_true, tuple(notes))
+
+
+def parts_partition(
+    name: str, train_labels: list[np.ndarray], test_labels: list[np.ndarray], spec: PartitionSpec
+) -> Partition:
+    """Node i's shard is the i-th part: the i-th block of the training pool and of the test pool,
+    the pools being the parts' labels concatenated in node order. `spec` gives the nodes and the
+    seed (nothing is drawn). Nodes that own the same classes form a cluster, numbered in order
+    of first appearance, as in "noniid"; `samples_per_class` and `test_per_class` are the
+    parts' means per own class, and a note gives their ranges."""
+    if len(train_labels) != spec.nodes or len(test_labels) != spec.nodes:
+        raise PartitionError(f"{len(train_labels)} parts for {spec.nodes} nodes: give one part per node")
+    train_ends, test_ends = np.cumsum([len(y) for y in train_labels]), np.cumsum([len(y) for y in test_labels])
+    first_seen: dict[tuple[int, ...], int] = {}
+    shards, per_class = [], []
+    for node, (train, test) in enumerate(zip(train_labels, test_labels, strict=True)):
+        classes = tuple(int(k) for k in np.unique(train))
+        shards.append(
+            Shard(
+                node=node,
+                cluster=first_seen.setdefault(classes, len(first_seen)),
+                classes=classes,
+                train_indices=_frozen(np.arange(train_ends[node] - len(train), train_ends[node], dtype=np.int64)),
+                test_indices=_frozen(np.arange(test_ends[node] - len(test), test_ends[node], dtype=np.int64)),
+                test_from_train_pool=False,
+            )
+        )
+        per_class.append((len(train) / len(classes), len(test) / len(classes)))
+    cluster_of = np.array([shard.cluster for shard in shards])
+    same = (cluster_of[:, None] == cluster_of[None, :]).astype(np.float64)
+    trains, tests = np.array(per_class).T
+    note = (
+        f"each node trains on its own data: {trains.min():.0f} to {trains.max():.0f} training and "
+        f"{tests.min():.0f} to {tests.max():.0f} test images per own class"
+    )
+    samples, held = round(float(trains.mean())), round(float(tests.mean()))
+    return Partition(name, spec, samples, held, tuple(shards), _frozen(same / same.sum(axis=1, keepdims=True)), (note,))
 
 
 def _resolve_clusters(spec: PartitionSpec, num_classes: int, notes: list[str]) -> int:

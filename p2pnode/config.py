@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from algorithms.catalog import (
     ALGORITHM_NAMES,
     BACKBONES,
+    DATASET_FROM_PATH,
     DATASETS,
     DEVICE_FORMS,
     DEVICE_PATTERN,
@@ -710,9 +711,11 @@ class LogSettings:
 @dataclass(frozen=True, kw_only=True)
 class DataSettings:
     dataset: str = option(
-        Text(choices=DATASETS),
+        Text(choices=(*DATASETS, DATASET_FROM_PATH)),
         "mnist5k",
-        "dataset; `mnist5k` and `digits` ship with Python packages, the others are read from `root`",
+        "dataset; `mnist5k` and `digits` ship with Python packages, the others are read from `root`; "
+        '`"path"`: the images at `path`, dealt out by the partition like a benchmark\'s (every node '
+        "holds them all under the same folder or file name, which keys the partition's draws)",
     )
     root: Path | None = option(
         FilePath(),
@@ -723,7 +726,12 @@ class DataSettings:
     nodes: int = option(
         Integer(1, 100_000), 1, "nodes the partition is cut for; every node of one network uses the same value"
     )
-    node_index: int = option(Integer(0, 99_999), 0, "this node's shard of the partition, 0 ≤ node_index < nodes")
+    node_index: int | None = option(
+        Integer(0, 99_999),
+        None,
+        "this node's shard of the partition, 0 ≤ node_index < nodes (unset: 0); with `path` alone: the "
+        "device's number, which seeds its model as that node of a simulation (unset: its node id does)",
+    )
     classes: tuple[int, ...] = option(
         ListOf(Integer(0, 4095), 4096),
         (),
@@ -741,7 +749,7 @@ class DataSettings:
         FilePath(),
         None,
         "this device's own data: a folder with one sub-folder of images per class, or a `.npz` "
-        "(x, y, optionally x_test, y_test); replaces `dataset` and its partition",
+        '(x, y, optionally x_test, y_test); replaces `dataset` and its partition, unless `dataset = "path"`',
     )
     class_names: tuple[str, ...] = option(
         ListOf(Text(r"[^./\x00][^/\x00]{0,254}", what="a class name (no '/', not starting with '.')"), 4096),
@@ -778,6 +786,7 @@ class DataSettings:
             test_fraction=self.test_fraction,
             max_memory_mb=self.max_memory_mb,
             seed=self.seed,
+            node=None if self.dataset == DATASET_FROM_PATH else self.node_index,
             **{key: value for key, value in given.items() if value is not None},
         )
 
@@ -1091,7 +1100,8 @@ def _learning_checks(config: Config) -> list[str]:
     if algorithm.name == "none":
         return []
     problems = []
-    if data.node_index >= data.nodes:
+    own_alone = data.path is not None and data.dataset != DATASET_FROM_PATH  # no partition: any number
+    if (data.node_index or 0) >= data.nodes and not own_alone:
         problems.append(f"[data].node_index: must be below [data].nodes ({data.nodes}), got {data.node_index}")
     if config.model.mixed_precision and config.model.device in FLOAT32_ONLY_DEVICES:
         problems.append(
@@ -1129,7 +1139,9 @@ def _learning_checks(config: Config) -> list[str]:
     return problems
 
 
-# What cuts a benchmark's partition, and what describes a device's own data: never both.
+# What cuts a benchmark's partition, and what describes a device's own data: never both, except
+# that `dataset = "path"` deals out the images at `path` by a partition, and `node_index` numbers
+# a device with its own data (it seeds its model).
 _BENCHMARK_KEYS = (
     "dataset",
     "root",
@@ -1142,6 +1154,7 @@ _BENCHMARK_KEYS = (
     "test_per_class",
 )
 _OWN_DATA_KEYS = ("class_names", "image_size", "channels", "test_fraction", "max_memory_mb")
+_NOT_WITH_PATH_DATASET = ("root", "classes", "test_fraction")
 
 
 def _own_data_checks(config: Config, given: Mapping[str, Any], inspect: bool) -> list[str]:
@@ -1149,16 +1162,34 @@ def _own_data_checks(config: Config, given: Mapping[str, Any], inspect: bool) ->
     itself as far as it can be checked without decoding it (algorithms/own_data.py)."""
     data = config.data
     if data.path is None:
-        return [
+        problems = [
             f"[data].{key}: applies only with [data].path (a device's own data)"
             for key in _OWN_DATA_KEYS
             if key in given
         ]
-    problems = [
-        f"[data].{key}: a benchmark option, but [data].path gives this node its own data: remove one of them"
-        for key in _BENCHMARK_KEYS
-        if key in given
-    ]
+        if data.dataset == DATASET_FROM_PATH:
+            problems.append('[data].dataset: "path" deals out the images at [data].path: set [data].path')
+        return problems
+    if data.dataset == DATASET_FROM_PATH:
+        problems = [
+            f'[data].{key}: does not apply with [data].dataset = "path" (the partition holds out '
+            "test_per_class images of each own class)"
+            for key in _NOT_WITH_PATH_DATASET
+            if key in given
+        ]
+    else:
+        problems = [
+            f"[data].{key}: a benchmark option, but [data].path gives this node its own data: remove one of them"
+            for key in _BENCHMARK_KEYS
+            if key in given and key != "node_index"
+        ]
+    return problems + _own_data_problems(config, given, inspect)
+
+
+def _own_data_problems(config: Config, given: Mapping[str, Any], inspect: bool) -> list[str]:
+    """What `[data].path` needs whether a partition deals it out or not: class names, settings
+    that fit the kind of data, and the data itself."""
+    data, problems = config.data, []
     if len(data.class_names) < 2:
         problems.append(
             "[data].class_names: required with [data].path: the network's classes, at least 2, "

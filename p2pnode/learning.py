@@ -115,27 +115,16 @@ def build_algorithm(config: Config, node_id: str) -> Algorithm:
 
 
 def _node_setup(config: Config, node_id: str) -> NodeSetup:
-    """The node's data (its own files, or its shard of the configured dataset) on its device."""
+    """The node's data (its own files, its shard of them, or its shard of the configured
+    dataset) on its device."""
+    from algorithms.catalog import DATASET_FROM_PATH
+    from algorithms.own_data import OwnDataError
     from algorithms.partitions import PartitionSpec
-    from algorithms.setup import ScenarioSpec, build_setup
+    from algorithms.setup import ScenarioSpec, build_setup, own_data_setup
 
     data, model = config.data, config.model
     device, mixed_precision = _placement(model)
     own = data.own_data()
-    if own is not None:
-        from algorithms.own_data import OwnDataError
-        from algorithms.setup import own_data_setup
-
-        try:
-            setup = own_data_setup(
-                node_id, own, backbone=model.backbone, device=device, mixed_precision=mixed_precision
-            )
-        except OwnDataError as exc:  # found only when decoding: a damaged image, a NaN pixel
-            raise LearningSetupError(f"[data].{exc.field}: {exc}") from None
-        summary = data_summary(own.class_names, setup.data.train_labels.cpu(), setup.data.test_labels.cpu())
-        # The class list's fingerprint is what peers name when theirs differs (`learning_verdict`).
-        log.info("[data].path %s: %s; class list %s", own.path, summary, labels_capability(own.class_names)[0])
-        return setup
     partition = PartitionSpec(
         scenario=data.scenario,
         nodes=data.nodes,
@@ -144,16 +133,26 @@ def _node_setup(config: Config, node_id: str) -> NodeSetup:
         test_per_class=data.test_per_class,
         seed=data.seed,
     )
-    scenario = ScenarioSpec(data.dataset, partition, None if data.root is None else str(data.root))
-    return build_setup(
-        scenario,
-        data.node_index,
-        node_id,
-        backbone=model.backbone,
-        classes=data.classes,
-        device=device,
-        mixed_precision=mixed_precision,
-    )
+    dealt = own if data.dataset == DATASET_FROM_PATH else None
+    scenario = ScenarioSpec(data.dataset, partition, None if data.root is None else str(data.root), dealt)
+    try:
+        if own is None or dealt is not None:
+            return build_setup(
+                scenario,
+                data.node_index or 0,
+                node_id,
+                backbone=model.backbone,
+                classes=data.classes,
+                device=device,
+                mixed_precision=mixed_precision,
+            )
+        setup = own_data_setup(node_id, own, backbone=model.backbone, device=device, mixed_precision=mixed_precision)
+    except OwnDataError as exc:  # found only when decoding: a damaged image, a NaN pixel
+        raise LearningSetupError(f"[data].{exc.field}: {exc}") from None
+    summary = data_summary(own.class_names, setup.data.train_labels.cpu(), setup.data.test_labels.cpu())
+    # The class list's fingerprint is what peers name when theirs differs (`learning_verdict`).
+    log.info("[data].path %s: %s; class list %s", own.path, summary, labels_capability(own.class_names)[0])
+    return setup
 
 
 def _placement(model: ModelSettings) -> tuple[torch.device, bool]:

@@ -3,8 +3,10 @@ same builder as `p2pnode simulate`'s (testnet/report.py), fed with the round rec
 keeps in its `status`.
 
 Each daemon gets node index i of the same partition and seed as the simulator's node i, so the
-two can be compared run for run. `comm.*` counts learning frames as the daemons' transports
-sent them; discovery and keep-alives are reported apart, under `comm.discovery`.
+two can be compared run for run: with `--data`, its shard of the same files (`[data].dataset =
+"path"`); with `--data-per-node`, the i-th entry as its own data, numbered i (its model's seed).
+`comm.*` counts learning frames as the daemons' transports sent them; discovery and keep-alives
+are reported apart, under `comm.discovery`.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from algorithms.catalog import DATASET_FROM_PATH
 from algorithms.device import placement as device_placement
+from algorithms.own_data import OwnDataSpec
 from algorithms.setup import load_scenario
 from p2pnode.config import DiscoverySettings
 from p2pnode.rounds import RoundRecord
@@ -33,7 +37,14 @@ from .provenance import provenance
 from .report import CheckThresholds, Truth, assemble, check, run_header
 from .simulator import SimulationSpec
 
-__all__ = ["run_learning_testnet", "testnet_report", "node_settings", "default_timeout_s", "DISCOVERY"]
+__all__ = [
+    "run_learning_testnet",
+    "testnet_report",
+    "node_settings",
+    "own_data_settings",
+    "default_timeout_s",
+    "DISCOVERY",
+]
 
 # Daemons of one machine: quick failure detection, so a killed node stops being waited for.
 DISCOVERY = {"ping_interval_s": 0.5, "peer_timeout_s": 3.0, "exchange_interval_s": 0.5, "dial_retry_max_s": 1.0}
@@ -61,17 +72,22 @@ def node_settings(
     most `max_peers`; default: the daemon's)."""
     if target is None:
         target = DiscoverySettings().active_view
-    data = {
-        "dataset": spec.dataset,
-        "scenario": spec.scenario,
-        "nodes": spec.nodes,
-        "node_index": index,
-        "clusters": spec.clusters or 0,
-        "samples_per_class": spec.samples_per_class,
-        "test_per_class": spec.test_per_class,
-        "seed": spec.seed,
-    }
-    if spec.dataset_root:
+    if spec.data_per_node:
+        data = {**own_data_settings(spec.data_per_node[index]), "node_index": index}
+    else:
+        data = {
+            "dataset": spec.dataset,
+            "scenario": spec.scenario,
+            "nodes": spec.nodes,
+            "node_index": index,
+            "clusters": spec.clusters or 0,
+            "samples_per_class": spec.samples_per_class,
+            "test_per_class": spec.test_per_class,
+            "seed": spec.seed,
+        }
+    if spec.data is not None:
+        data.update(own_data_settings(spec.data), dataset=DATASET_FROM_PATH)
+    if spec.dataset_root and spec.data is None and not spec.data_per_node:
         data["root"] = str(Path(spec.dataset_root).resolve())
     return {
         "data": data,
@@ -91,6 +107,21 @@ def node_settings(
         },
         "log": {"format": "json"},
     }
+
+
+def own_data_settings(own: OwnDataSpec) -> dict[str, Any]:
+    """The `[data]` settings that describe `own` to a daemon (docs/config.md), absolute paths."""
+    data = {
+        "path": str(own.path.resolve()),
+        "class_names": list(own.class_names),
+        "max_memory_mb": own.max_memory_mb,
+        "seed": own.seed,
+    }
+    if not own.is_npz:  # a .npz's images keep their shape
+        data.update(image_size=own.image_size, channels=own.channels)
+    if own.test_fraction is not None:
+        data["test_fraction"] = own.test_fraction
+    return data
 
 
 def run_learning_testnet(

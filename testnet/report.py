@@ -122,8 +122,8 @@ def run_header(
     return {
         "kind": kind,
         "algorithm": spec.algorithm,
-        "dataset": spec.dataset,
-        "scenario": spec.scenario,
+        "dataset": spec.dataset_label,
+        "scenario": spec.scenario_label,
         "clusters": len(clusters),
         "nodes": spec.nodes,
         "rounds": spec.rounds,

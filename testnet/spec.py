@@ -11,6 +11,7 @@ from typing import Any
 
 from algorithms.catalog import DEVICE_FORMS, DEVICE_PATTERN, FLOAT32_ONLY_DEVICES
 from algorithms.models import CPU_BACKBONES
+from algorithms.own_data import OwnDataSpec
 from algorithms.partitions import PartitionSpec
 from algorithms.poison import ATTACKS, Attack
 from algorithms.registry import ALGORITHMS, apply_overrides, config_as_dict, default_config
@@ -40,8 +41,14 @@ class SimulationSpec:
     attack_factor: float = 10.0  # the factor of `scale` and `rescale`
     device: str = "auto"  # where every node trains (algorithms/device.py resolves it)
     mixed_precision: bool = False  # CUDA only
+    data: OwnDataSpec | None = None  # the user's own data instead of `dataset`, dealt out by the scenario
+    data_per_node: tuple[OwnDataSpec, ...] = ()  # instead of a scenario: node i's own data is the i-th
 
     def __post_init__(self) -> None:
+        if self.data is not None and self.data_per_node:
+            raise ValueError("give the run one data source: data (one, partitioned) or data_per_node")
+        if self.data_per_node and len(self.data_per_node) != self.nodes:
+            raise ValueError(f"{len(self.data_per_node)} nodes' data for {self.nodes} nodes")
         if not re.fullmatch(DEVICE_PATTERN, self.device):
             raise ValueError(f"device {self.device!r} is not {DEVICE_FORMS}")
         if self.mixed_precision and self.device in FLOAT32_ONLY_DEVICES:
@@ -69,7 +76,19 @@ class SimulationSpec:
             test_per_class=self.test_per_class,
             seed=self.seed,
         )
-        return ScenarioSpec(self.dataset, partition, self.dataset_root)
+        return ScenarioSpec(self.dataset, partition, self.dataset_root, self.data, self.data_per_node)
+
+    @property
+    def dataset_label(self) -> str:
+        """What the report names as the run's data: a benchmark's name, or where the own data is."""
+        if self.data_per_node:
+            return str(self.data_per_node[0].path.parent)
+        return self.dataset if self.data is None else str(self.data.path)
+
+    @property
+    def scenario_label(self) -> str:
+        """The report's scenario: the partition's, or "per-node" where each node brings its own data."""
+        return "per-node" if self.data_per_node else self.scenario
 
     def algorithm_config(self) -> Any:
         """The algorithm's configuration: its defaults with the run's overrides."""
