@@ -72,6 +72,7 @@ class GraphConfig:
 
 
 SIMILARITIES = ("cosine", "update-cosine", "update-gram")
+BACKTRACKS = 30  # halvings of a projected gradient step before it is given up (2⁻³⁰ of the rate)
 NORMALISATIONS = ("none", "max", "minmax")
 
 
@@ -243,7 +244,7 @@ class GraphOptimizer:
             self.step_count += 1
             grad = cgl_gradient(w, similarity, confidence, self_index, cfg, fallback)
             if cfg.optimizer == "gradient":
-                w = project_to_simplex(w - cfg.learning_rate * grad)
+                w = self._descent(w, grad, similarity, confidence, self_index, fallback)
                 continue
             m = beta1 * m + (1 - beta1) * grad
             v = beta2 * v + (1 - beta2) * grad * grad
@@ -252,6 +253,31 @@ class GraphOptimizer:
             w = project_to_simplex(w - cfg.learning_rate * m_hat / (np.sqrt(v_hat) + 1e-8))
         self.first_moment = dict(zip(candidates, m.tolist(), strict=True))
         self.second_moment = dict(zip(candidates, v.tolist(), strict=True))
+        return w
+
+    def _descent(
+        self,
+        w: np.ndarray,
+        grad: np.ndarray,
+        similarity: np.ndarray,
+        confidence: np.ndarray,
+        self_index: int,
+        fallback: bool,
+    ) -> np.ndarray:
+        """One projected gradient step that lowers the loss: the learning rate, halved until
+        it does (at most BACKTRACKS times; otherwise `w` stays). A fixed step overshot where
+        every peer is unlike the node: the degree term's gradient, −μ2/deg, grows without bound
+        as the peers' weight nears 0, and one step then threw the whole row onto the peers,
+        the node's own weight 0 (three digits nodes on a chain of class sets: a node put 0.97
+        on a peer of similarity −0.5, the loss 5.1 where keeping its weight gives −4.6)."""
+        cfg = self.config
+        before = cgl_loss(w, similarity, confidence, self_index, cfg, fallback)
+        rate = cfg.learning_rate
+        for _ in range(BACKTRACKS):
+            moved = project_to_simplex(w - rate * grad)
+            if cgl_loss(moved, similarity, confidence, self_index, cfg, fallback) <= before:
+                return moved
+            rate /= 2
         return w
 
 

@@ -1,13 +1,14 @@
-"""`make demo`: ten MAPL daemons learn over TCP on real MNIST digits, beside Local (and Oracle).
+"""`make demo`: ten MAPL-Dual daemons learn over TCP on real MNIST digits, beside Local (and Oracle).
 
-    python -m tools.demo --out demo-out [--nodes 10] [--rounds 60] [--baselines [local] [oracle]]
+    python -m tools.demo --out demo-out [--nodes 10] [--rounds 80] [--baselines [local] [oracle]]
 
-The daemons run the MAPL testnet (Scenario 1: two clusters with disjoint classes, 25 training
-samples per class per node, the four CPU backbones); the same nodes then run the baselines in
-the simulator: Local (each node alone) and Oracle (each node on its true cluster's pooled data,
-the ceiling). It prints one row per node, each accuracy with its 95 % Wilson interval, and the
-methods compared with paired bootstrap intervals; report.md and the plots (the baselines on the
-same axes) are in OUT/mapl-testnet/.
+The daemons run the MAPL-Dual testnet (Scenario 1: two clusters with disjoint classes, 10
+training and 80 test samples per class per node, the four CPU backbones): the setting where
+collaboration pays, +5 points over Local in BENCHMARKS.md. The same nodes then run the baselines
+in the simulator: Local (each node alone) and Oracle (each node on its true cluster's pooled
+data, the ceiling). It prints one row per node, each accuracy with its 95 % Wilson interval, and
+the methods compared with paired bootstrap intervals (the gain over Local and its 95 % interval);
+report.md and the plots (the baselines on the same axes) are in OUT/mapl-dual-testnet/.
 """
 
 from __future__ import annotations
@@ -28,16 +29,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="demo-out")
     parser.add_argument("--nodes", type=int, default=10)
-    parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--rounds", type=int, default=80)
     # Local by default (under 2 minutes); Oracle, the ceiling, takes ~3 minutes more: on request.
     parser.add_argument("--baselines", nargs="*", choices=BASELINES, default=["local"])
     args = parser.parse_args(argv)
-    out = Path(args.out) / "mapl-testnet"
+    out = Path(args.out) / "mapl-dual-testnet"
     spec = SimulationSpec(
-        algorithm="mapl", dataset="mnist5k", scenario="1", nodes=args.nodes, rounds=args.rounds, samples_per_class=25
+        algorithm="mapl-dual",
+        dataset="mnist5k",
+        scenario="1",
+        nodes=args.nodes,
+        rounds=args.rounds,
+        samples_per_class=10,
+        test_per_class=80,
     )
     print(
-        f"MAPL testnet: {args.nodes} daemons, mnist5k, Scenario 1, 25 samples per class, {args.rounds} rounds",
+        f"MAPL-Dual testnet: {args.nodes} daemons, mnist5k, Scenario 1, 10 training and 80 test samples per class, "
+        f"{args.rounds} rounds",
         file=sys.stderr,
     )
     code, mapl = run_learning_testnet(spec, out, check=CheckThresholds())
@@ -52,6 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(methods_table(mapl))
     print(summary_line(mapl))
+    gain = mapl["baselines"].get("local", {}).get("difference")
+    if gain is not None:
+        verdict = "above 0: collaboration helped" if gain["low"] > 0 else "not above 0"
+        print(
+            f"MAPL-Dual − Local: {gain['mean'] * 100:+.1f} points, 95 % paired interval "
+            f"[{gain['low'] * 100:+.1f}, {gain['high'] * 100:+.1f}] ({verdict})"
+        )
     for failure in mapl.get("check", {}).get("failures", []):
         print(f"check failed: {failure}")
     print(f"report and plots: {', '.join(str(path) for path in written[1:])}; daemon logs: {out}/node*/node.log")
