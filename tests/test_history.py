@@ -152,7 +152,7 @@ def test_report_of_three_daemons_with_a_local_baseline(tmp_path, capsys):
     local baseline, all equal to the histories'."""
     for index, classes in enumerate(((0, 1, 2), (2, 3, 4), (4, 5, 0))):
         write_digit_pngs(tmp_path / "images" / f"device{index}", classes, part=index, parts=3, per_class=20)
-    rounds = 4
+    rounds = 3
     code, paths, err = init(
         capsys,
         *("--nodes", "3", "--out", str(tmp_path / "fleet"), "--port", str(_free_ports(6))),
