@@ -24,6 +24,7 @@ __all__ = [
     "ConfigOverrideError",
     "default_config",
     "apply_overrides",
+    "applicable_overrides",
     "checked_config",
     "make_algorithm",
     "config_as_dict",
@@ -120,6 +121,19 @@ def apply_overrides(config: Any, overrides: Mapping[str, str]) -> Any:
     for key, text in overrides.items():
         config = _replace(config, key.split("."), text, key)
     return config
+
+
+def applicable_overrides(algorithm: str, overrides: Mapping[str, str]) -> dict[str, str]:
+    """Those of `overrides` that `algorithm`'s configuration has (MAPL's `training.*` for Local,
+    not SCooL's): how a baseline beside another algorithm's run is configured."""
+    kept = {}
+    for key, value in overrides.items():
+        try:
+            apply_overrides(default_config(algorithm), {key: value})
+        except ValueError:
+            continue
+        kept[key] = value
+    return kept
 
 
 def _replace(config: Any, path: list[str], text: str, key: str) -> Any:

@@ -40,9 +40,12 @@ class Checkpoint:
     round: int  # the last round completed
     state: dict[str, Any]  # Algorithm.state_dict()
     history: tuple[RoundRecord, ...]
+    # `[algorithm].local_baseline`'s model beside the algorithm's: Local's state_dict (None: none)
+    local_baseline: dict[str, Any] | None = None
 
     def save(self, path: Path) -> int:
         """Write it atomically; returns its size in bytes."""
+        baseline = {} if self.local_baseline is None else {"local_baseline": self.local_baseline}
         return save_checkpoint(
             path,
             {
@@ -51,6 +54,7 @@ class Checkpoint:
                 "round": self.round,
                 "state": self.state,
                 "history": [record.to_dict() for record in self.history],
+                **baseline,
             },
         )
 
@@ -66,7 +70,7 @@ class Checkpoint:
             )
         try:
             history = tuple(RoundRecord.from_dict(entry) for entry in saved.get("history", []))
-            return cls(algorithm, int(saved["round"]), saved["state"], history)
+            return cls(algorithm, int(saved["round"]), saved["state"], history, saved.get("local_baseline"))
         except (ValueError, TypeError) as exc:
             raise CheckpointError(f"{path}: {exc}; move it away to start afresh") from None
 

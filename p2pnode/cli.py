@@ -663,6 +663,43 @@ def _add_init_parser(commands) -> None:
     init.set_defaults(run=_init)
 
 
+def _report(args: argparse.Namespace) -> int:
+    """report.md and the plots of deployed nodes, from their history files (testnet/deployment.py)."""
+    from testnet.deployment import DeploymentReportError, deployment_report, load_histories
+
+    configs = [_config(path, check_learning=False) for path in args.config]
+    try:
+        report = deployment_report(load_histories(configs))
+    except DeploymentReportError as exc:
+        raise CommandError(str(exc)) from None
+    if not any(entry["records"] for entry in report["histories"]):
+        raise CommandError("no node has recorded a round yet: nothing to report")
+    _write(report, Path(args.out))
+    difference = (report["local_baseline_gain"] or {}).get("difference")
+    if difference is not None:
+        print(
+            f"collaboration gained {difference['mean'] * 100:+.1f} points over the local baseline "
+            f"[{difference['low'] * 100:+.1f}, {difference['high'] * 100:+.1f}] (95 % paired bootstrap over "
+            f"{difference['nodes']} nodes)"
+        )
+    return EXIT_OK
+
+
+def _add_report_parser(commands) -> None:
+    report = commands.add_parser(
+        "report", help="report.md and the plots of deployed nodes, from the history files in their data directories"
+    )
+    report.add_argument(
+        "--config",
+        action="append",
+        required=True,
+        metavar="TOML",
+        help="a node's configuration (its key names it, its [node].data_dir holds history.jsonl); repeat per node",
+    )
+    report.add_argument("--out", required=True, metavar="DIR", help="report.json, report.md and PNGs go here")
+    report.set_defaults(run=_report)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="p2pnode", description="Peer-to-peer daemon for decentralized personalized learning."
@@ -843,6 +880,7 @@ def build_parser() -> argparse.ArgumentParser:
     keygen.set_defaults(run=_keygen)
 
     _add_init_parser(commands)
+    _add_report_parser(commands)
 
     keyinfo = commands.add_parser("keyinfo", help="print the node id and public key of a key file, as JSON")
     keyinfo.add_argument("key", metavar="PATH")

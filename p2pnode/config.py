@@ -869,6 +869,20 @@ class AlgorithmSettings:
     history_rounds: int = option(
         Integer(1, 1_000_000), 10_000, "per-round records kept for `status` (accuracy, weights, traffic)"
     )
+    history_max_bytes: int = option(
+        Integer(4096, 1 << 40),
+        64 << 20,
+        "`[node].data_dir`/history.jsonl, one line per round for `p2pnode report`, grows to this size; "
+        "then it is renamed history.jsonl.1 (replacing the older one) and a new one begins, so the "
+        "latest rounds are always kept in at most twice this",
+    )
+    local_baseline: bool = option(
+        Flag(),
+        False,
+        "also train the `local` algorithm's model (no communication) on the same data and split, "
+        "evaluated every round and checkpointed: the report says what collaboration gained over it "
+        "(about doubles the local training time)",
+    )
     settings: Mapping[str, str] = option(Overrides(), {}, "hyper-parameters overriding the algorithm's defaults")
 
 

@@ -31,6 +31,7 @@ from protocol import Body, Envelope, MessageType
 
 from .checkpoint import Checkpoint, CheckpointError
 from .files import describe_os_error
+from .history import HistoryFile
 from .memory import trim_now
 from .rounds import RoundRecord, RoundState
 
@@ -51,6 +52,7 @@ __all__ = [
     "class_list_text",
     "data_summary",
     "build_algorithm",
+    "build_local_baseline",
     "labels_capability",
     "learning_capability",
     "ALONE_ROUNDS",
@@ -112,6 +114,18 @@ def build_algorithm(config: Config, node_id: str) -> Algorithm:
     built = make_algorithm(algorithm.name, setup, settings)
     trim_now()
     return built
+
+
+def build_local_baseline(algorithm: Algorithm, overrides: Mapping[str, str]) -> Algorithm:
+    """`[algorithm].local_baseline`: the `local` algorithm (no communication) on `algorithm`'s
+    own setup, so on the same data, split, backbone and device, configured with those of the
+    node's `[algorithm].settings` that Local has (its `training.*`), as `simulate --baselines`
+    configures it."""
+    from algorithms.registry import applicable_overrides, apply_overrides, default_config, make_algorithm
+
+    return make_algorithm(
+        "local", algorithm.setup, apply_overrides(default_config("local"), applicable_overrides("local", overrides))
+    )
 
 
 def _node_setup(config: Config, node_id: str) -> NodeSetup:
@@ -240,11 +254,21 @@ class RoundDriver:
     """Created when the node starts, so payloads of peers that are ahead are queued while this
     node still loads its data and model."""
 
-    def __init__(self, settings: AlgorithmSettings, network: Network, checkpoint_path: Path | None) -> None:
+    def __init__(
+        self,
+        settings: AlgorithmSettings,
+        network: Network,
+        checkpoint_path: Path | None,
+        history_path: Path | None = None,
+    ) -> None:
         self.settings = settings
         self.network = network
         self.checkpoint_path = checkpoint_path if settings.checkpoint else None
+        # Each finished round's record, appended for `p2pnode report` (history.py)
+        self.history = None if history_path is None else HistoryFile(history_path, settings.history_max_bytes)
         self.algorithm: Algorithm | None = None
+        self.local_baseline: Algorithm | None = None  # `[algorithm].local_baseline`'s model
+        self.local_baseline_since = 0  # the first round it trained (later if switched on mid-run)
         self.phase = "starting"
         self.state: RoundState[Envelope] = RoundState(
             waits_for=frozenset(),
@@ -328,9 +352,12 @@ class RoundDriver:
             raise
         except Exception as exc:  # a dataset root or model problem: the node cannot do its job
             raise LearningSetupError(f"[data]/[model]/[algorithm]: cannot set up learning: {exc}") from exc
+        if self.settings.local_baseline:
+            self.local_baseline = await self._in_thread(build_local_baseline, self.algorithm, self.settings.settings)
         self.state.waits_for = self.algorithm.waits_for
         self.state.takes = frozenset(self.algorithm.sends)  # what was queued before: refused when due
         self._resume()
+        await self._history_start()
         try:
             if not self.state.done:  # a finished run restarted is done, not waiting for anyone
                 await self._wait_for_peers()
@@ -379,6 +406,7 @@ class RoundDriver:
         self.phase = "aggregate"
         await self._in_thread(algorithm.end_round, round)
         evaluation = await self._in_thread(algorithm.evaluate)
+        baseline = {} if self.local_baseline is None else await self._in_thread(self._local_baseline_round, round)
         record = RoundRecord(
             node=algorithm.node_id,
             round=round,
@@ -398,8 +426,11 @@ class RoundDriver:
             accuracy_by_predictor=evaluation.by_predictor,
             test_samples=evaluation.total,
             discovery_sent={str(kind): counts for kind, counts in self.network.discovery_sent().items()},
+            local_baseline=baseline,
         )
         self.state.finish(record)
+        if self.history is not None:  # before the checkpoint: no checkpoint covers a round not on disk
+            await trio.to_thread.run_sync(self.history.append, record)
         await self._save_checkpoint(record)
         trim_now()  # the round's activations and gradients are free: give their pages back until the next
         log.info(
@@ -411,6 +442,35 @@ class RoundDriver:
             trio.current_time() - started,
             extra={"round": round, "accuracy": record.accuracy, "arrived": record.arrived, "expected": record.expected},
         )
+
+    def _local_baseline_round(self, round: int) -> dict[str, float]:
+        """The local baseline's step and evaluation in `round` (in the worker thread)."""
+        report = self.local_baseline.local_step(round)
+        evaluation = self.local_baseline.evaluate()
+        return {
+            "accuracy": evaluation.accuracy,
+            "own_class_accuracy": evaluation.own_class_accuracy,
+            "loss": report.loss,
+            "test_loss": evaluation.loss,
+            "since": self.local_baseline_since,
+        }
+
+    async def _history_start(self) -> None:
+        """The history's start line: what the node runs, and from which round it goes on."""
+        if self.history is None:
+            return
+        setup = self.algorithm.setup
+        details = {
+            "node": self.algorithm.node_id,
+            "algorithm": self.algorithm.name,
+            "backbone": setup.backbone,
+            "classes": list(setup.data.own_classes),
+            "test_samples": len(setup.data.test_labels),
+            "device": str(setup.device),
+            "local_baseline": self.local_baseline is not None,
+            "resumed_from": self.state.resumed_from,
+        }
+        await trio.to_thread.run_sync(self.history.start, details)
 
     def _note_peers(self, round: int) -> None:
         """Log once when a node that communicates has had no learning peer for ALONE_ROUNDS
@@ -464,8 +524,13 @@ class RoundDriver:
         if self.checkpoint_path is None:
             return
         self.phase = "checkpoint"
+        baseline = self.local_baseline
         checkpoint = Checkpoint(
-            self.algorithm.name, record.round, self.algorithm.state_dict(), tuple(self.state.history)
+            self.algorithm.name,
+            record.round,
+            self.algorithm.state_dict(),
+            tuple(self.state.history),
+            None if baseline is None else {"since": self.local_baseline_since, "state": baseline.state_dict()},
         )
         try:
             size = await self._in_thread(checkpoint.save, self.checkpoint_path)
@@ -504,6 +569,7 @@ class RoundDriver:
         try:
             saved = Checkpoint.load(self.checkpoint_path, self.algorithm.name)
             self.algorithm.load_state_dict(saved.state)
+            self._resume_local_baseline(saved)
         except CheckpointError as exc:
             raise LearningSetupError(f"[node].data_dir: {exc}") from None
         except (KeyError, ValueError) as exc:
@@ -511,6 +577,22 @@ class RoundDriver:
         self.state.resume(saved.round, saved.history)
         self.checkpoint_round = saved.round
         log.info("resumed from the checkpoint of round %d", saved.round)
+
+    def _resume_local_baseline(self, saved: Checkpoint) -> None:
+        if self.local_baseline is None:
+            return
+        if saved.local_baseline is None:  # switched on since that checkpoint was written
+            self.local_baseline_since = saved.round + 1
+            log.warning(
+                "[algorithm].local_baseline: the checkpoint of round %d has none; it trains from round %d on, "
+                "%d rounds fewer than the collaborative model, and the report says so",
+                saved.round,
+                saved.round + 1,
+                saved.round + 1,
+            )
+            return
+        self.local_baseline.load_state_dict(saved.local_baseline["state"])
+        self.local_baseline_since = int(saved.local_baseline["since"])
 
     def status(self) -> dict[str, Any]:
         state = self.state
@@ -538,6 +620,7 @@ class RoundDriver:
             "checkpoint_round": self.checkpoint_round,
             "checkpoint_failures": self.checkpoint_failures,
             "checkpoint_error": self.checkpoint_error,
+            **({} if self.history is None else self.history.status()),
             "history": [record.to_dict() for record in state.history],
         }
 

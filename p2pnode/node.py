@@ -50,6 +50,7 @@ from .config import Config
 from .control import serve_control
 from .files import describe_os_error
 from .gate import Gate
+from .history import HISTORY_NAME
 from .inbound import Inbound, decode_all
 from .ingress import BindError, Ingress
 from .learning import (
@@ -634,7 +635,9 @@ class Node:
             sent=self.metrics.learning_sent,
             discovery_sent=self.metrics.discovery_sent,
         )
-        self.driver = RoundDriver(self.config.algorithm, network, data_dir.path / CHECKPOINT_NAME)
+        self.driver = RoundDriver(
+            self.config.algorithm, network, data_dir.path / CHECKPOINT_NAME, data_dir.path / HISTORY_NAME
+        )
         self.on_payload = self.driver.on_payload
         try:
             await self.driver.run(self.build_algorithm)

@@ -113,6 +113,12 @@ def _learning(driver: RoundDriver) -> Iterator[Metric]:
     )
     failures.add_metric([], driver.checkpoint_failures)
     yield failures
+    if driver.history is not None:
+        lost = CounterMetricFamily(
+            "p2pnode_history_failures", "round records not written to history.jsonl (e.g. on a full disk)"
+        )
+        lost.add_metric([], driver.history.failures)
+        yield lost
     missing = CounterMetricFamily(
         "p2pnode_missing_payloads", "expected payloads that did not arrive in time, by peer", labels=["peer"]
     )

@@ -69,6 +69,10 @@ class RoundRecord:
     test_samples: int = 0  # images in the node's test split: the n of its accuracy's interval (0: unknown)
     # discovery and keep-alive frames sent so far, by type, shaped as `sent` (no payload bytes)
     discovery_sent: Mapping[str, tuple[int, int, int]] = field(default_factory=dict)
+    # `[algorithm].local_baseline`: the local-only model trained beside this one on the same data
+    # and split, evaluated in the same round (accuracy, own_class_accuracy, loss, test_loss,
+    # since: the first round it trained); empty without one
+    local_baseline: Mapping[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON types (status, checkpoints)."""
@@ -79,6 +83,7 @@ class RoundRecord:
             "sent": {kind: list(counts) for kind, counts in self.sent.items()},
             "discovery_sent": {kind: list(counts) for kind, counts in self.discovery_sent.items()},
             "accuracy_by_predictor": dict(self.accuracy_by_predictor),
+            "local_baseline": dict(self.local_baseline),
         }
 
     @classmethod

@@ -132,6 +132,11 @@ def format_status(status: dict) -> str:
             f"checkpoints not saved: {learning['checkpoint_failures']} (on disk: round {learning['checkpoint_round']}; "
             f"last error: {learning['checkpoint_error'] or 'none since'})"
         )
+    if learning.get("history_failures"):
+        lines.append(
+            f"history lines not written: {learning['history_failures']} ({learning['history_path']}; "
+            f"last error: {learning['history_error'] or 'none since'})"
+        )
     if traffic.get("beacon_sends_failed"):
         lines.append(f"beacon sends failed: {traffic['beacon_sends_failed']}")
     return "\n".join(lines)

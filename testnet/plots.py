@@ -1,7 +1,8 @@
 """The PNGs of a learning report (docs/learning.md, "Report"), drawn from report.json alone, so
 any report can be redrawn:
 
-- graph.png: the learned W beside W*, nodes ordered by true cluster, each cluster boxed;
+- graph.png: the learned W beside W*, nodes ordered by true cluster, each cluster boxed (the
+  learned W alone where the truth is unknown: a deployment's `p2pnode report`);
 - accuracy.png: accuracy per round, the mean and the spread over nodes, with the baselines
   (Local, Oracle) on the same axes when the report has them;
 - loss.png: training loss (each method's own objective) and test cross-entropy per round;
@@ -32,7 +33,8 @@ def write_plots(report: dict[str, Any], out: Path) -> list[Path]:
     matplotlib.use("Agg")  # files only; never a display
     import matplotlib.pyplot as plt
 
-    title = f"{report['algorithm']} · {report['dataset']} · scenario {report['scenario']} · {report['nodes']} nodes"
+    scenario = "" if report["scenario"] is None else f" · scenario {report['scenario']}"
+    title = f"{report['algorithm']} · {report['dataset']}{scenario} · {report['nodes']} nodes"
     drawers = (_graph, _accuracy, _loss, _accuracy_vs_bytes, _bytes)
     written = []
     for name, draw in zip(PLOTS, drawers, strict=True):
@@ -52,6 +54,8 @@ def _methods(report: dict[str, Any]) -> list[tuple[str, dict[str, Any], str]]:
 
 def _graph(report: dict[str, Any], title: str, plt):
     graph = report["graph"]
+    if graph["W_true"] is None:
+        return _learned_graph(report, title, plt)
     clusters = np.asarray(graph["clusters"])
     order = np.argsort(clusters, kind="stable")
     fig, axes = plt.subplots(1, 2, figsize=(9.5, 4.4), constrained_layout=True)
@@ -74,6 +78,21 @@ def _graph(report: dict[str, Any], title: str, plt):
         f"{title}\nL1 to truth {graph['l1_to_truth']:.3f} · within-cluster mass {graph['within_cluster_mass']:.3f}"
         f" · true clusters boxed"
     )
+    return fig
+
+
+def _learned_graph(report: dict[str, Any], title: str, plt):
+    """The learned W alone, where the truth is unknown (a deployment on its own data)."""
+    w = np.asarray(report["graph"]["W"])
+    fig, ax = plt.subplots(figsize=(5.5, 4.6), constrained_layout=True)
+    image = ax.imshow(w, vmin=0, vmax=max(1e-9, float(w.max(initial=0))), cmap="viridis")
+    ax.set_xlabel("node j")
+    ax.set_ylabel("node i")
+    if len(w) <= MAX_TICKED_NODES:
+        ax.set_xticks(range(len(w)), [str(i) for i in range(len(w))], fontsize=7)
+        ax.set_yticks(range(len(w)), [str(i) for i in range(len(w))], fontsize=7)
+    fig.colorbar(image, ax=ax, shrink=0.8, label="w_ij")
+    ax.set_title(f"{title}\nlearned W, last round (no ground truth: each node's own data)", fontsize=9)
     return fig
 
 

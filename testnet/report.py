@@ -146,7 +146,7 @@ def run_header(
 def assemble(
     header: Mapping[str, Any],
     records: Iterable[RoundRecord],
-    truth: Truth,
+    truth: Truth | None,
     *,
     rejections: Mapping[str, int],
     wall_s: float,
@@ -155,7 +155,9 @@ def assemble(
 ) -> dict[str, Any]:
     """The report of a run. `discovery` is the traffic outside learning (the testnet's daemons;
     none in a simulation), `processes` what only real daemons have (PROCESS_KEYS: where they ran,
-    exit codes, logs, resumes, catch-ups, memory, churn, restarts, exits; null in a simulation)."""
+    exit codes, logs, resumes, catch-ups, memory, churn, restarts, exits; null in a simulation).
+    `truth` None: W* and the clusters are unknown (a deployment on its own data), and every
+    figure measured against them is null rather than made up."""
     ids = list(header["node_ids"])
     by_node: list[dict[int, RoundRecord]] = [{} for _ in ids]
     index = {node_id: i for i, node_id in enumerate(ids)}
@@ -176,14 +178,9 @@ def assemble(
         "loss": {**_series(series, "loss", "train_per_round"), "test_per_round": series["test_loss"]},
         "graph": {
             "W": w.tolist(),
-            "W_true": np.asarray(truth.w).tolist(),
-            "clusters": np.asarray(truth.clusters).tolist(),
-            "l1_to_truth": l1_to_truth(w, truth.w),
-            "within_cluster_mass": within_cluster_mass(w, truth.clusters),
-            "l1_to_truth_per_round": series["l1_to_truth"],
-            "within_cluster_mass_per_round": series["within_cluster_mass"],
+            **_against_truth(w, truth, series),
             "communities": found,
-            "community_agreement": adjusted_rand_index(found, truth.clusters),
+            "community_agreement": None if truth is None else adjusted_rand_index(found, truth.clusters),
         },
         "poisoning": _poisoning(by_node, int(header["rounds"]), ids, header.get("poisoners") or [], truth),
         "comm": _communication(finals, series, discovery),
@@ -200,6 +197,21 @@ def assemble(
         "wall_s": wall_s,
         "processes": dict.fromkeys(PROCESS_KEYS) | dict(processes or {}),
         "check": None,
+    }
+
+
+def _against_truth(w: np.ndarray, truth: Truth | None, series: dict[str, list]) -> dict[str, Any]:
+    """The learned W against W* and the true clusters; all null where they are unknown."""
+    keys = ("W_true", "clusters", "l1_to_truth", "within_cluster_mass")
+    if truth is None:
+        return dict.fromkeys((*keys, "l1_to_truth_per_round", "within_cluster_mass_per_round"))
+    return {
+        "W_true": np.asarray(truth.w).tolist(),
+        "clusters": np.asarray(truth.clusters).tolist(),
+        "l1_to_truth": l1_to_truth(w, truth.w),
+        "within_cluster_mass": within_cluster_mass(w, truth.clusters),
+        "l1_to_truth_per_round": series["l1_to_truth"],
+        "within_cluster_mass_per_round": series["within_cluster_mass"],
     }
 
 
@@ -243,7 +255,9 @@ def _latest_per_round(by_node: list[dict[int, RoundRecord]], rounds: int) -> Ite
             yield latest
 
 
-def _per_round(by_node: list[dict[int, RoundRecord]], rounds: int, ids: list[str], truth: Truth) -> dict[str, list]:
+def _per_round(
+    by_node: list[dict[int, RoundRecord]], rounds: int, ids: list[str], truth: Truth | None
+) -> dict[str, list]:
     keys = ("accuracy", "accuracy_own_classes", "loss", "test_loss", "l1_to_truth", "within_cluster_mass")
     series: dict[str, list] = {key: [] for key in (*keys, "accuracy_band", "loss_band", "messages", "bytes")}
     series["sent"], series["discovery_sent"] = [], []  # per round: type → bytes so far, summed over nodes
@@ -255,9 +269,10 @@ def _per_round(by_node: list[dict[int, RoundRecord]], rounds: int, ids: list[str
         series["loss"].append(float(np.mean([e.loss for e in present])))
         series["loss_band"].append(_band([e.loss for e in present]))
         series["test_loss"].append(float(np.mean([e.test_loss for e in present])))
-        w = _matrix([None if e is None else e.weights for e in latest], ids)
-        series["l1_to_truth"].append(l1_to_truth(w, truth.w))
-        series["within_cluster_mass"].append(within_cluster_mass(w, truth.clusters))
+        if truth is not None:
+            w = _matrix([None if e is None else e.weights for e in latest], ids)
+            series["l1_to_truth"].append(l1_to_truth(w, truth.w))
+            series["within_cluster_mass"].append(within_cluster_mass(w, truth.clusters))
         series["messages"].append(sum(e.messages_out for e in present))
         series["bytes"].append(sum(e.bytes_out for e in present))
         for key in ("sent", "discovery_sent"):
@@ -303,12 +318,12 @@ def _tested(finals: list[RoundRecord | None]) -> dict[str, Any]:
 
 
 def _poisoning(
-    by_node: list[dict[int, RoundRecord]], rounds: int, ids: list[str], poisoners: Sequence[int], truth: Truth
+    by_node: list[dict[int, RoundRecord]], rounds: int, ids: list[str], poisoners: Sequence[int], truth: Truth | None
 ) -> dict[str, Any] | None:
     """Per round, the weight the honest rows of W put on the poisoners (together), its max and
     mean over those rows, the honest nodes' mean accuracy, and how far the honest rows are from
     the truth among honest nodes (`honest_truth`); finals as the last round's."""
-    if not poisoners:
+    if not poisoners or truth is None:
         return None
     honest = [i for i in range(len(ids)) if i not in set(poisoners)]
     target = honest_truth(truth.w, poisoners)[honest]
@@ -467,9 +482,13 @@ def summary_line(report: dict[str, Any]) -> str:
     graph = report["graph"]
     if acc["mean"] is None:
         return f"{report['algorithm']}: no node reported an accuracy"
+    against_truth = (
+        ""
+        if graph["within_cluster_mass"] is None
+        else f"within-cluster mass {graph['within_cluster_mass']:.3f}, L1 to truth {graph['l1_to_truth']:.3f}, "
+    )
     line = (
-        f"{report['algorithm']}: accuracy {acc['mean'] * 100:.1f} ± {acc['std'] * 100:.1f} %, "
-        f"within-cluster mass {graph['within_cluster_mass']:.3f}, L1 to truth {graph['l1_to_truth']:.3f}, "
+        f"{report['algorithm']}: accuracy {acc['mean'] * 100:.1f} ± {acc['std'] * 100:.1f} %, {against_truth}"
         f"{report['comm']['messages']} messages, {report['comm']['bytes'] / 2**20:.1f} MiB, "
         f"{report['wall_s']:.0f} s"
     )

@@ -16,13 +16,13 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from algorithms.catalog import BASELINES
 from algorithms.graph import within_cluster_mass
-from algorithms.registry import apply_overrides, default_config
+from algorithms.registry import applicable_overrides
 from algorithms.setup import load_scenario
 from p2pnode.rounds import RoundRecord
 
@@ -100,23 +100,11 @@ def run_baselines(
             spec,
             algorithm=name,
             backbones=tuple(spec.node_backbones()),
-            overrides=_applicable(name, spec.overrides),
+            overrides=applicable_overrides(name, spec.overrides),
             poisoners=(),
         )
         reports[name] = run_simulation(baseline, progress=progress(name) if progress else None, engine=engine)
     return reports
-
-
-def _applicable(algorithm: str, overrides: Mapping[str, str]) -> dict[str, str]:
-    """The overrides `algorithm`'s configuration has (MAPL's `training.*` for Local, not SCooL's)."""
-    kept = {}
-    for key, value in overrides.items():
-        try:
-            apply_overrides(default_config(algorithm), {key: value})
-        except ValueError:
-            continue
-        kept[key] = value
-    return kept
 
 
 def _progress(latest: list[RoundRecord], truth: Truth, rounds: int, elapsed_s: float) -> RoundResult:

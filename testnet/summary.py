@@ -46,7 +46,9 @@ def summary_page(report: dict[str, Any], plots: Sequence[str] = ()) -> str:
         f"# {_title(report)}",
         _run(report),
         "## Final accuracy\n\n" + methods_table(report) + _gap(report) + "\n\n" + INTERVALS_SAID,
+        *filter(None, [_gain(report)]),
         "## Per node\n\n" + per_node_table(report),
+        *filter(None, [_per_node_rounds(report)]),
         _graph(report),
         _traffic(report),
         *filter(None, [_daemons(report)]),
@@ -57,10 +59,15 @@ def summary_page(report: dict[str, Any], plots: Sequence[str] = ()) -> str:
 
 
 def _title(report: dict[str, Any]) -> str:
+    scenario = "" if report["scenario"] is None else f" · scenario {report['scenario']}"
     return (
-        f"{report['algorithm']} · {report['dataset']} · scenario {report['scenario']} · "
-        f"{report['nodes']} nodes · {report['rounds']} rounds"
+        f"{report['algorithm']} · {report['dataset']}{scenario} · {report['nodes']} nodes · {report['rounds']} rounds"
     )
+
+
+def _known(value: Any) -> str:
+    """A header figure, or a dash where the run does not know it (a deployment on its own data)."""
+    return "—" if value is None else str(value)
 
 
 def _run(report: dict[str, Any]) -> str:
@@ -68,9 +75,11 @@ def _run(report: dict[str, Any]) -> str:
     rows = {
         "kind": report["kind"],
         "algorithm": report["algorithm"],
-        "dataset · scenario · clusters": f"{report['dataset']} · {report['scenario']} · {report['clusters']}",
-        "nodes · rounds · seed": f"{report['nodes']} · {report['rounds']} · {report['seed']}",
-        "training / test images per class per node": f"{report['samples_per_class']} / {report['test_per_class']}",
+        "dataset · scenario · clusters": " · ".join(_known(report[key]) for key in ("dataset", "scenario", "clusters")),
+        "nodes · rounds · seed": " · ".join(_known(report[key]) for key in ("nodes", "rounds", "seed")),
+        "training / test images per class per node": " / ".join(
+            _known(report[key]) for key in ("samples_per_class", "test_per_class")
+        ),
         "backbones": ", ".join(sorted(set(report["backbones"]))),
         "poisoners": ", ".join(map(str, report.get("poisoners") or [])) or "none",
         "check": "passed" if check.get("passed") else "; ".join(check.get("failures") or ["not judged"]),
@@ -189,6 +198,8 @@ def _neighbours(report: dict[str, Any], i: int) -> str:
 
 def _graph(report: dict[str, Any]) -> str:
     graph = report["graph"]
+    if graph["W_true"] is None:
+        return _graph_without_truth(report)
     return (
         "## Collaboration graph\n\n"
         f"- within-cluster mass (mean weight a row puts on its own true cluster, itself included): "
@@ -196,6 +207,98 @@ def _graph(report: dict[str, Any]) -> str:
         f"- L1 to the true W* (mean over rows): {graph['l1_to_truth']:.3f}\n"
         f"- Louvain communities of the learned W: {graph['communities']} against the true clusters "
         f"{graph['clusters']}: adjusted Rand index {graph['community_agreement']:.2f}"
+    )
+
+
+MAX_MATRIX_NODES = 12  # more than this and the learned W is left to graph.png
+
+
+def _graph_without_truth(report: dict[str, Any]) -> str:
+    """The learned graph where the truth is unknown: the communities found and, for a few nodes,
+    the learned W itself (row i: the weights node i gave in its last round)."""
+    w = report["graph"]["W"]
+    lines = [
+        "## Collaboration graph",
+        "The true clusters and W* are unknown here (each node's own data): no within-cluster mass, "
+        "L1 to the truth or community agreement is given.",
+        f"- Louvain communities of the learned W: {report['graph']['communities']}",
+    ]
+    if len(w) <= MAX_MATRIX_NODES:
+        header = "| node i · w_ij | " + " | ".join(str(j) for j in range(len(w))) + " |"
+        rows = [f"| {i} | " + " | ".join(f"{v:.2f}" for v in row) + " |" for i, row in enumerate(w)]
+        lines.append("\n".join([header, "|---|" + "---|" * len(w), *rows]))
+    return "\n\n".join(lines)
+
+
+def _gain(report: dict[str, Any]) -> str:
+    """What collaboration gained over the local baseline each node trained beside it
+    (`[algorithm].local_baseline`), per node and overall; empty without one."""
+    gain = report.get("local_baseline_gain")
+    if not gain:
+        return ""
+    rows = [
+        f"| node | held-out images | {report['algorithm']} | local baseline | gained, points |",
+        "|---|---|---|---|---|",
+    ]
+    for entry in gain["per_node"]:
+        if entry["gain"] is None:
+            rows.append(f"| {entry['node']} | {_known(entry['n'])} | — | — | — |")
+            continue
+        rows.append(
+            f"| {entry['node']} | {_known(entry['n'])} | {_node_accuracy(entry['collaborative'], entry['n'])} | "
+            f"{_node_accuracy(entry['local'], entry['n'])} | {entry['gain'] * 100:+.1f} |"
+        )
+    difference = gain["difference"]
+    overall = (
+        "no node has both accuracies"
+        if difference is None
+        else f"collaboration gained {difference['mean'] * 100:+.1f} points here (mean over {difference['nodes']} "
+        f"nodes, {CONFIDENCE * 100:.0f} % paired bootstrap over nodes "
+        f"{_interval(difference['low'], difference['high'], '+')})"
+    )
+    per_node = [
+        f"- node {e['node']}: collaboration gained {e['gain'] * 100:+.1f} points here"
+        for e in gain["per_node"]
+        if e["gain"] is not None
+    ]
+    notes = "".join(f"\n\nNote: {note}" for note in gain.get("notes") or [])
+    return (
+        "## What collaboration gained\n\n"
+        f"Each node trained a local-only model beside {report['algorithm']} on the same data and split "
+        "(`[algorithm].local_baseline`); both evaluated in the node's last round on its held-out images.\n\n"
+        f"Overall: {overall}.\n\n" + "\n".join(per_node) + "\n\n" + "\n".join(rows) + notes
+    )
+
+
+MAX_ROUND_ROWS = 20  # a longer run shows every k-th round and the last
+
+
+def _per_node_rounds(report: dict[str, Any]) -> str:
+    """Each node's accuracy over the rounds (a deployment's report has it), thinned to a table."""
+    table = report.get("accuracy_per_node_per_round")
+    if not table:
+        return ""
+    rounds = table["rounds"]
+    step = max(1, -(-len(rounds) // MAX_ROUND_ROWS))
+    shown = sorted({*range(0, len(rounds), step), len(rounds) - 1}) if rounds else []
+    baseline = table.get("local_baseline")
+    nodes = range(len(table["per_node"]))
+    header = "| round | " + " | ".join(f"node {i}" + (" (local)" if baseline else "") for i in nodes) + " |"
+    rows = [header, "|---|" + "---|" * len(nodes)]
+    for k in shown:
+        cells = []
+        for i in nodes:
+            accuracy = table["per_node"][i][k]
+            cell = "—" if accuracy is None else f"{accuracy * 100:.1f} %"
+            if baseline:
+                local = baseline[i][k]
+                cell += "" if local is None else f" ({local * 100:.1f} %)"
+            cells.append(cell)
+        rows.append(f"| {rounds[k]} | " + " | ".join(cells) + " |")
+    said = "; in brackets the local baseline's" if baseline else ""
+    names = ", ".join(f"{i} = `{node_id}`" for i, node_id in enumerate(report["node_ids"]))
+    return f"## Accuracy per round, per node\n\nOn each node's held-out images{said}. Nodes: {names}.\n\n" + "\n".join(
+        rows
     )
 
 

@@ -115,6 +115,34 @@ def _free_ports(count: int) -> int:
     raise AssertionError("no free port range")
 
 
+def run_fleet(directories, timeout_s: float = 90) -> list[dict]:
+    """`p2pnode start` of each node directory's node.toml, until every node's learning is done;
+    returns their statuses, after stopping them (each must exit 0)."""
+    specs = [NodeSpec(index, directory, {}) for index, directory in enumerate(directories)]
+    try:
+        for spec in specs:
+            spec.process = spawn_daemon(spec)
+        deadline = time.monotonic() + timeout_s
+        while not all(
+            (s := read_status(spec.control_socket, 1.0)) and s["learning"]["phase"] == "done" for spec in specs
+        ):
+            assert all(spec.process.poll() is None for spec in specs), [spec.log_path.read_text() for spec in specs]
+            assert time.monotonic() < deadline, [spec.log_path.read_text()[-3000:] for spec in specs]
+            time.sleep(0.3)
+        return [read_status(spec.control_socket, 2.0) for spec in specs]
+    finally:
+        for spec in specs:
+            if spec.process is not None and spec.process.poll() is None:
+                spec.process.send_signal(signal.SIGTERM)
+        for spec in specs:
+            if spec.process is not None:
+                try:
+                    assert spec.process.wait(timeout=30) == 0
+                except Exception:
+                    spec.process.kill_group()
+                    raise
+
+
 def test_three_daemons_from_init_find_each_other_and_learn(tmp_path, capsys):
     """`p2pnode init --nodes 3` on folders of real digit PNGs (one per node, class subsets that
     overlap), then `p2pnode start` of each config as written: all three become peers over CURVE
@@ -131,29 +159,7 @@ def test_three_daemons_from_init_find_each_other_and_learn(tmp_path, capsys):
     )
     assert code == 0, err
     assert load_config(paths[0]).data.class_names == ("0", "1", "2", "3", "4", "5")
-    specs = [NodeSpec(index, tmp_path / "fleet" / f"node{index}", {}) for index in range(3)]
-    try:
-        for spec in specs:
-            spec.process = spawn_daemon(spec)
-        deadline = time.monotonic() + 90
-        while not all(
-            (s := read_status(spec.control_socket, 1.0)) and s["learning"]["phase"] == "done" for spec in specs
-        ):
-            assert all(spec.process.poll() is None for spec in specs), [spec.log_path.read_text() for spec in specs]
-            assert time.monotonic() < deadline, [spec.log_path.read_text()[-3000:] for spec in specs]
-            time.sleep(0.3)
-        statuses = [read_status(spec.control_socket, 2.0) for spec in specs]
-    finally:
-        for spec in specs:
-            if spec.process is not None and spec.process.poll() is None:
-                spec.process.send_signal(signal.SIGTERM)
-        for spec in specs:
-            if spec.process is not None:
-                try:
-                    assert spec.process.wait(timeout=30) == 0
-                except Exception:
-                    spec.process.kill_group()
-                    raise
+    statuses = run_fleet([tmp_path / "fleet" / f"node{index}" for index in range(3)])
     for status in statuses:
         assert status["peer_count"] == 2 and not status["dialing"], status["peers"]
         history = status["learning"]["history"]

@@ -176,6 +176,43 @@ def test_baselines_go_beside_the_run_with_a_paired_interval():
         attach_baselines(run([0.8] * 4), {"local": other_seed})
 
 
+def test_without_a_truth_the_figures_measured_against_it_are_null_and_the_page_says_so(tmp_path):
+    """A deployment on its own data knows no W* nor clusters: those figures are null, not made
+    up, and report.md and graph.png are drawn from the learned W alone."""
+    from testnet.report import summary_line, write_report
+
+    records = [record(node, r, weights={node: 0.6, IDS[i ^ 1]: 0.4}) for r in range(2) for i, node in enumerate(IDS)]
+    header = {
+        "kind": "deployment",
+        "algorithm": "mapl",
+        "node_ids": IDS,
+        "rounds": 2,
+        "dataset": "own data",
+        "scenario": None,
+        "clusters": None,
+        "nodes": 4,
+        "seed": 0,
+        "samples_per_class": None,
+        "test_per_class": None,
+        "backbones": ["mlp"] * 4,
+        "node_classes": [[0, 1]] * 4,
+        "config": {},
+        "provenance": {},
+        "partition_notes": [],
+    }
+    report = assemble(header, records, None, rejections={}, wall_s=1.0)
+    graph = report["graph"]
+    for key in ("W_true", "clusters", "l1_to_truth", "within_cluster_mass", "community_agreement"):
+        assert graph[key] is None, key
+    assert graph["l1_to_truth_per_round"] is None and graph["communities"] == [0, 0, 1, 1]
+    assert graph["W"][0] == [0.6, 0.4, 0, 0]
+    written = write_report(report, tmp_path)
+    page = (tmp_path / "report.md").read_text()
+    assert "The true clusters and W* are unknown here" in page and "| 0 | 0.60 | 0.40 | 0.00 | 0.00 |" in page
+    assert "# mapl · own data · 4 nodes · 2 rounds" in page and "| own data · — · — |" in page
+    assert tmp_path / "graph.png" in written and "within-cluster" not in summary_line(report)
+
+
 def test_the_default_timeout_grows_with_daemons_per_core_and_a_run_that_hits_it_says_so():
     from testnet.learning import _watch, default_timeout_s
 
