@@ -262,9 +262,8 @@ class RoundDriver:
         except Exception as exc:  # a dataset root or model problem: the node cannot do its job
             raise LearningSetupError(f"[data]/[model]/[algorithm]: cannot set up learning: {exc}") from exc
         self.state.waits_for = self.algorithm.waits_for
-        self.state.takes = frozenset(
-            self.algorithm.sends
-        )  # what was queued before is refused when due        self._resume()
+        self.state.takes = frozenset(self.algorithm.sends)  # what was queued before is refused when due
+        self._resume()
         try:
             await self._wait_for_peers()
             while not self.state.done:
