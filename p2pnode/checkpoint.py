@@ -21,6 +21,7 @@ __all__ = [
     "CHECKPOINT_FORMAT",
     "Checkpoint",
     "CheckpointError",
+    "HeldOut",
     "save_checkpoint",
     "load_checkpoint",
     "on_cpu",
@@ -35,11 +36,26 @@ class CheckpointError(Exception):
 
 
 @dataclass(frozen=True)
+class HeldOut:
+    """The last evaluation, image by image: the class the node predicted for each image of its
+    test split (`Evaluation.predicted`) and its true class, in the split's order. What
+    `p2pnode predict` and the exported model agree with; a report's confusion matrix."""
+
+    predicted: tuple[int, ...]
+    labels: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.predicted) != len(self.labels):
+            raise ValueError(f"{len(self.predicted)} held-out predictions for {len(self.labels)} images")
+
+
+@dataclass(frozen=True)
 class Checkpoint:
     algorithm: str
     round: int  # the last round completed
     state: dict[str, Any]  # Algorithm.state_dict()
     history: tuple[RoundRecord, ...]
+    held_out: HeldOut | None = None  # of the last round's evaluation (absent in older checkpoints)
 
     def save(self, path: Path) -> int:
         """Write it atomically; returns its size in bytes."""
@@ -51,6 +67,13 @@ class Checkpoint:
                 "round": self.round,
                 "state": self.state,
                 "history": [record.to_dict() for record in self.history],
+                **(
+                    {}
+                    if self.held_out is None
+                    else {
+                        "held_out": {"predicted": list(self.held_out.predicted), "labels": list(self.held_out.labels)}
+                    }
+                ),
             },
         )
 
@@ -66,8 +89,11 @@ class Checkpoint:
             )
         try:
             history = tuple(RoundRecord.from_dict(entry) for entry in saved.get("history", []))
-            return cls(algorithm, int(saved["round"]), saved["state"], history)
-        except (ValueError, TypeError) as exc:
+            held_out = saved.get("held_out")
+            if held_out is not None:
+                held_out = HeldOut(tuple(map(int, held_out["predicted"])), tuple(map(int, held_out["labels"])))
+            return cls(algorithm, int(saved["round"]), saved["state"], history, held_out)
+        except (KeyError, ValueError, TypeError) as exc:
             raise CheckpointError(f"{path}: {exc}; move it away to start afresh") from None
 
 
