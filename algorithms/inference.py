@@ -61,7 +61,7 @@ class Preprocessing:
             "divide_by": PIXEL_SCALE,  # x = (pixels / divide_by - mean) / std, per channel
             "mean": [0.0] * self.channels,
             "std": [1.0] * self.channels,
-            "layout": "N×C×H×W float32",
+            "layout": "NCHW float32",
         }
 
 

@@ -289,7 +289,7 @@ def export_model(config: Config, out: Path) -> dict[str, Any]:
         "format": EXPORT_FORMAT,
         "load": "torch.export.load(FILE).module()",
         "input": model.preprocessing.describe(),
-        "output": "logits, N × classes; their softmax over dim 1 gives each class's probability",
+        "output": "logits, N x classes; their softmax over dim 1 gives each class's probability",
         "class_names": list(model.class_names),
         **model.about(),
         "backbone": config.model.backbone,
