@@ -22,11 +22,43 @@ import numpy as np
 
 from .catalog import DATASETS  # named there, for the daemon's config check
 
-__all__ = ["DATASETS", "ArrayDataset", "Dataset", "DatasetError", "load_dataset", "forget_datasets", "missing_files"]
+__all__ = [
+    "DATASETS",
+    "ArrayDataset",
+    "Dataset",
+    "DatasetError",
+    "class_names",
+    "load_dataset",
+    "forget_datasets",
+    "missing_files",
+]
 
 
 # Big datasets take hundreds of MB as float32 (CIFAR-10 train: 600 MB); keep only a few.
 _CACHE_SIZE = 4
+
+
+# What each class id of a dataset means (torchvision's names); the others are digits 0 to 9.
+_CLASS_NAMES = {
+    "fashionmnist": (
+        "T-shirt/top",
+        "Trouser",
+        "Pullover",
+        "Dress",
+        "Coat",
+        "Sandal",
+        "Shirt",
+        "Sneaker",
+        "Bag",
+        "Ankle boot",
+    ),
+    "cifar10": ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"),
+}
+
+
+def class_names(name: str) -> tuple[str, ...]:
+    """The names of dataset `name`'s classes, by class id."""
+    return _CLASS_NAMES.get(name, tuple(str(k) for k in range(10)))
 
 
 class DatasetError(ValueError):

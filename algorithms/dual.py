@@ -33,11 +33,11 @@ from .graph import GraphConfig
 from .losses import distillation, ensemble_logits
 from .mapl import Mapl, MaplConfig
 from .outliers import state_scale
-from .seam import Evaluation, Frame, LocalReport, NodeSetup, Outbound
+from .seam import Evaluation, Frame, LocalReport, NodeSetup, Outbound, Predictors
 from .small import ENCODINGS, SmallShare, shared_small_model
 from .training import LocalTrainer, evaluate_predictors
 
-__all__ = ["DualConfig", "MaplDual", "PREDICTORS"]
+__all__ = ["DualConfig", "DualPredictors", "MaplDual", "PREDICTORS"]
 
 PREDICTORS = ("personal", "shared", "ensemble")
 DISTILL_INTO = ("both", "small", "personal")
@@ -82,6 +82,18 @@ class DualConfig(MaplConfig):
         return self.warmup_rounds if self.distill_after is None else self.distill_after
 
 
+class DualPredictors(Predictors):
+    """H (the node's own model, head on backbone), S, and their ensemble."""
+
+    def __init__(self, personal: nn.Module, shared: nn.Module, chosen: str) -> None:
+        super().__init__(chosen)
+        self.backbone, self.head, self.shared = personal.backbone, personal.head, shared
+
+    def all(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        personal, shared = self.head(self.backbone(images)), self.shared(images)
+        return {"personal": personal, "shared": shared, "ensemble": ensemble_logits(personal, shared)}
+
+
 class MaplDual(Mapl):
     """MAPL on the node's own model, plus a small shared model mixed over the learned graph."""
 
@@ -124,12 +136,11 @@ class MaplDual(Mapl):
                 loss = loss + cfg.distill_weight * parts["distill_into_personal"]
         return loss, {name: value.item() for name, value in parts.items()}
 
-    def _predictions(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
-        personal, shared = self.model.classify(images), self.small(images)
-        return {"personal": personal, "shared": shared, "ensemble": ensemble_logits(personal, shared)}
+    def predictors(self) -> Predictors:
+        return DualPredictors(self.model, self.small, self.config.predict)
 
     def evaluate(self) -> Evaluation:
-        return evaluate_predictors(self._predictions, self.config.predict, self.trainer.model, self.data)
+        return evaluate_predictors(self.predictors(), self.trainer.model, self.data)
 
     # -- publish and receive ----------------------------------------------------------------
 

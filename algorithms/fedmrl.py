@@ -36,11 +36,11 @@ from .collaboration import InNeighbourhood, LearnedGraph
 from .graph import GraphConfig
 from .models import SmallModel, make_backbone
 from .outliers import OutlierConfig, ScaleGuard, state_scale
-from .seam import Algorithm, Evaluation, Frame, LocalReport, NeighbourView, NodeSetup, Outbound
+from .seam import Algorithm, Evaluation, Frame, LocalReport, NeighbourView, NodeSetup, Outbound, Predictors
 from .small import ENCODINGS, SmallShare, shared_small_model
 from .training import LocalTrainer, TrainedLocally, TrainingConfig, evaluate_predictors
 
-__all__ = ["FedMrlConfig", "FedMrl", "Matryoshka"]
+__all__ = ["FedMrlConfig", "FedMrl", "Matryoshka", "MatryoshkaPredictors"]
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,19 @@ class Matryoshka(nn.Module):
         return self.small.head(fused[:, : self.small.head.in_features]), self.head(fused)
 
 
+class MatryoshkaPredictors(Predictors):
+    """The fine logits through the node's own header (what FedMRL predicts with), and the
+    coarse ones through G's."""
+
+    def __init__(self, model: Matryoshka) -> None:
+        super().__init__("mix-large")
+        self.model = model
+
+    def all(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        coarse, fine = self.model(images)
+        return {"mix-large": fine, "mix-small": coarse}
+
+
 class FedMrl(InNeighbourhood, TrainedLocally, Algorithm):
     name = "fedmrl"
     config_type = FedMrlConfig
@@ -132,12 +145,11 @@ class FedMrl(InNeighbourhood, TrainedLocally, Algorithm):
     def local_step(self, round: int) -> LocalReport:
         return self.trainer.run(self._loss)
 
-    def _predictions(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
-        coarse, fine = self.model(images)
-        return {"mix-large": fine, "mix-small": coarse}
+    def predictors(self) -> Predictors:
+        return MatryoshkaPredictors(self.model)
 
     def evaluate(self) -> Evaluation:
-        return evaluate_predictors(self._predictions, "mix-large", self.model, self.data)
+        return evaluate_predictors(self.predictors(), self.model, self.data)
 
     def publish(self, round: int) -> list[Outbound]:
         neighbours, explored = self.graph.targets(round)

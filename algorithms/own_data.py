@@ -33,6 +33,7 @@ from __future__ import annotations
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -47,6 +48,7 @@ __all__ = [
     "Inventory",
     "OwnDataError",
     "OwnDataSpec",
+    "decode_image",
     "folder_class_names",
     "held_out_count",
     "held_out_split",
@@ -244,21 +246,34 @@ def _check_header(path: Path) -> None:
         raise OwnDataError(f"{path} is not a readable image ({error})") from None
 
 
-def _load_folder(spec: OwnDataSpec, files: tuple[tuple[Path, int], ...]) -> tuple[np.ndarray, np.ndarray]:
+def decode_image(source: Path | BinaryIO, shape: tuple[int, int, int]) -> np.ndarray:
+    """One image file as uint8 pixels C×H×W (`shape`): converted to grayscale (C 1) or RGB (3)
+    and resized bilinearly to H×W, the aspect ratio not kept. Every image file a node reads,
+    its own and those it is asked to classify, goes through here; raises OwnDataError if it
+    cannot be decoded."""
     from PIL import Image
 
-    mode = "L" if spec.channels == 1 else "RGB"
+    channels, height, width = shape
+    what = source if isinstance(source, (str, Path)) else "image"
+    try:
+        with Image.open(source) as image:
+            converted = image.convert("L" if channels == 1 else "RGB").resize(
+                (width, height), Image.Resampling.BILINEAR
+            )
+            return np.asarray(converted).reshape(height, width, channels).transpose(2, 0, 1)
+    except Image.UnidentifiedImageError:
+        raise OwnDataError(f"{what} could not be decoded (not an image format PIL reads)") from None
+    except (OSError, ValueError, Image.DecompressionBombError) as error:
+        raise OwnDataError(f"{what} could not be decoded ({error})") from None
+
+
+def _load_folder(spec: OwnDataSpec, files: tuple[tuple[Path, int], ...]) -> tuple[np.ndarray, np.ndarray]:
     side = spec.image_size
-    pixels = np.empty((len(files), side, side, spec.channels), dtype=np.uint8)
+    pixels = np.empty((len(files), spec.channels, side, side), dtype=np.uint8)
     for index, (path, _) in enumerate(files):
-        try:
-            with Image.open(path) as image:
-                converted = image.convert(mode).resize((side, side), Image.Resampling.BILINEAR)
-        except (OSError, ValueError, Image.DecompressionBombError) as error:
-            raise OwnDataError(f"{path} could not be decoded ({error})") from None
-        pixels[index] = np.asarray(converted).reshape(side, side, spec.channels)
+        pixels[index] = decode_image(path, (spec.channels, side, side))
     labels = np.array([k for _, k in files], dtype=np.int64)
-    return _scaled(pixels.transpose(0, 3, 1, 2), 255.0), labels
+    return _scaled(pixels, 255.0), labels
 
 
 # --- .npz files ---------------------------------------------------------------------------

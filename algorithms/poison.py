@@ -31,7 +31,7 @@ from protocol.limits import DEFAULT_LIMITS
 from protocol.messages import Body, Head, Model, Prototypes
 
 from .catalog import ATTACKS
-from .seam import Algorithm, Evaluation, Frame, LocalReport, Outbound
+from .seam import Algorithm, Evaluation, Frame, LocalReport, Outbound, Predictors
 
 __all__ = ["ATTACKS", "LEGAL_NORM", "Attack", "corrupt_tensor", "corrupt", "PoisoningNode"]
 
@@ -139,6 +139,9 @@ class PoisoningNode(Algorithm):
 
     def evaluate(self) -> Evaluation:
         return self.inner.evaluate()
+
+    def predictors(self) -> Predictors:
+        return self.inner.predictors()
 
     def weights(self) -> dict[str, float]:
         return self.inner.weights()

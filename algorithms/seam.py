@@ -7,7 +7,7 @@ A round, as the driver runs it (docs/architecture.md has the whole data flow):
     algo.receive(peer, round, body, frame)     # for each payload that arrives; may raise PayloadRejected
     for out in algo.respond(): send, published  # answers owed for what arrived (SCooL's scores), any time
     algo.end_round(round)                      # graph step and aggregation from what arrived
-    algo.evaluate()
+    algo.evaluate()                            # scores algo.predictors() on the node's test split
 
 A round ends for the driver when every peer in `expected(round)` has sent each type in
 `waits_for` for that round (or at its deadline); the driver, not the algorithm, counts the
@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
+from torch import nn
 
 from protocol.messages import Body, MessageType
 
@@ -40,6 +41,7 @@ __all__ = [
     "Frame",
     "LocalReport",
     "Evaluation",
+    "Predictors",
     "PayloadRejected",
     "NeighbourView",
     "Algorithm",
@@ -150,6 +152,9 @@ class Evaluation:
     # Accuracy of each predictor a node can use, where it has several (MAPL-Dual: its own model,
     # the shared one, their ensemble); the fields above are those of the one it predicts with.
     by_predictor: Mapping[str, float] = field(default_factory=dict)
+    # The class the node predicts for each test image, in the test split's order: what
+    # `p2pnode predict` must agree with.
+    predicted: tuple[int, ...] = ()
 
     @property
     def accuracy(self) -> float:
@@ -158,6 +163,24 @@ class Evaluation:
     @property
     def own_class_accuracy(self) -> float:
         return self.own_class_correct / self.total if self.total else 0.0
+
+
+class Predictors(nn.Module):
+    """A node's ways to predict, as one module over its live parameters: `all(images)` maps each
+    predictor's name to its logits for a batch (float32 N×C×H×W in [0, 1], as in `LocalData`),
+    from one forward pass; calling it gives the logits of `chosen`, the predictor whose accuracy
+    the node reports. `evaluate` scores exactly this, `p2pnode predict` answers with it and
+    `p2pnode export` writes it."""
+
+    def __init__(self, chosen: str) -> None:
+        super().__init__()
+        self.chosen = chosen
+
+    def all(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.all(images)[self.chosen]
 
 
 class PayloadRejected(Exception):
@@ -280,6 +303,11 @@ class Algorithm(abc.ABC):
 
     @abc.abstractmethod
     def evaluate(self) -> Evaluation: ...
+
+    @abc.abstractmethod
+    def predictors(self) -> Predictors:
+        """What `evaluate` scores, over the model's own parameters (so used, like the
+        algorithm's other calls, between them; `inference.frozen` makes a copy to keep)."""
 
     def state_dict(self) -> dict[str, Any]:
         """Everything a restarted node needs to continue: tensors, numbers, strings, and lists

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -13,13 +13,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from .models import ModelSpec, PersonalModel, make_model
-from .seam import Evaluation, LocalData, LocalReport, NodeSetup
+from .seam import Evaluation, LocalData, LocalReport, NodeSetup, Predictors
 
 __all__ = [
     "TrainingConfig",
     "LocalTrainer",
     "TrainedLocally",
-    "evaluate_model",
+    "ModelPredictor",
     "evaluate_predictors",
     "seeded_generator",
     "node_model",
@@ -205,8 +205,11 @@ class TrainedLocally:
     trainer: LocalTrainer
     data: LocalData
 
+    def predictors(self) -> Predictors:
+        return ModelPredictor(self.model)
+
     def evaluate(self) -> Evaluation:
-        return evaluate_model(self.model.classify, self.model, self.data)
+        return evaluate_predictors(self.predictors(), self.model, self.data)
 
     def cross_entropy(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         """The plain supervised loss of the model's classifier, for `trainer.run`."""
@@ -220,24 +223,23 @@ class TrainedLocally:
         self.trainer.load_state_dict(state["trainer"])
 
 
-def evaluate_model(
-    classify: Callable[[torch.Tensor], torch.Tensor], model: nn.Module, data: LocalData, batch_size: int = 512
-) -> Evaluation:
-    """Accuracy on the node's own test split; also restricted to its own classes (SCooL's measure)."""
-    return evaluate_predictors(lambda images: {"model": classify(images)}, "model", model, data, batch_size)
+class ModelPredictor(Predictors):
+    """One model's classifier, `PersonalModel.classify`: its head on its backbone."""
+
+    def __init__(self, model: PersonalModel) -> None:
+        super().__init__("model")
+        self.backbone, self.head = model.backbone, model.head
+
+    def all(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"model": self.head(self.backbone(images))}
 
 
 @torch.no_grad()
-def evaluate_predictors(
-    predict: Callable[[torch.Tensor], Mapping[str, torch.Tensor]],
-    chosen: str,
-    model: nn.Module,
-    data: LocalData,
-    batch_size: int = 512,
-) -> Evaluation:
-    """Like `evaluate_model` for a node with several predictors: `predict` maps a batch to the
-    logits of each (one forward pass feeds them all). The evaluation is that of `chosen`; the
-    accuracy of every predictor goes into `by_predictor` when there is more than one."""
+def evaluate_predictors(predictors: Predictors, model: nn.Module, data: LocalData, batch_size: int = 512) -> Evaluation:
+    """Accuracy on the node's own test split of `predictors.chosen`, also restricted to its own
+    classes (SCooL's measure); with several predictors (one forward pass feeds them all), the
+    accuracy of each goes into `by_predictor`. `model` holds every parameter they use: it is put
+    in evaluation mode meanwhile."""
     was_training = model.training
     model.eval()
     own = torch.zeros(data.num_classes, dtype=torch.bool, device=data.test_labels.device)
@@ -245,13 +247,16 @@ def evaluate_predictors(
     correct: dict[str, int] = {}
     own_correct = 0
     loss = 0.0
+    predicted: list[int] = []
+    chosen = predictors.chosen
     for start in range(0, len(data.test_labels), batch_size):
         images = data.test_images[start : start + batch_size]
         labels = data.test_labels[start : start + batch_size]
-        outputs = predict(images)
+        outputs = predictors.all(images)
         for name, each in outputs.items():
             correct[name] = correct.get(name, 0) + int((each.argmax(1) == labels).sum())
         logits = outputs[chosen]
+        predicted += logits.argmax(1).tolist()
         loss += F.cross_entropy(logits, labels, reduction="sum").item()
         own_correct += int((logits.masked_fill(~own, -math.inf).argmax(1) == labels).sum())
     model.train(was_training)
@@ -262,4 +267,5 @@ def evaluate_predictors(
         own_class_correct=own_correct,
         loss=loss / total if total else float("nan"),
         by_predictor={name: hits / total for name, hits in correct.items()} if len(correct) > 1 and total else {},
+        predicted=tuple(predicted),
     )

@@ -21,6 +21,7 @@ __all__ = [
     "CHECKPOINT_FORMAT",
     "Checkpoint",
     "CheckpointError",
+    "HeldOut",
     "save_checkpoint",
     "load_checkpoint",
     "on_cpu",
@@ -35,6 +36,20 @@ class CheckpointError(Exception):
 
 
 @dataclass(frozen=True)
+class HeldOut:
+    """The last evaluation, image by image: the class the node predicted for each image of its
+    test split (`Evaluation.predicted`) and its true class, in the split's order. What
+    `p2pnode predict` and the exported model agree with; a report's confusion matrix."""
+
+    predicted: tuple[int, ...]
+    labels: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.predicted) != len(self.labels):
+            raise ValueError(f"{len(self.predicted)} held-out predictions for {len(self.labels)} images")
+
+
+@dataclass(frozen=True)
 class Checkpoint:
     algorithm: str
     round: int  # the last round completed
@@ -42,6 +57,7 @@ class Checkpoint:
     history: tuple[RoundRecord, ...]
     # `[algorithm].local_baseline`'s model beside the algorithm's: Local's state_dict (None: none)
     local_baseline: dict[str, Any] | None = None
+    held_out: HeldOut | None = None  # of the last round's evaluation (absent in older checkpoints)
 
     def save(self, path: Path) -> int:
         """Write it atomically; returns its size in bytes."""
@@ -55,6 +71,13 @@ class Checkpoint:
                 "state": self.state,
                 "history": [record.to_dict() for record in self.history],
                 **baseline,
+                **(
+                    {}
+                    if self.held_out is None
+                    else {
+                        "held_out": {"predicted": list(self.held_out.predicted), "labels": list(self.held_out.labels)}
+                    }
+                ),
             },
         )
 
@@ -70,8 +93,11 @@ class Checkpoint:
             )
         try:
             history = tuple(RoundRecord.from_dict(entry) for entry in saved.get("history", []))
-            return cls(algorithm, int(saved["round"]), saved["state"], history, saved.get("local_baseline"))
-        except (ValueError, TypeError) as exc:
+            held_out = saved.get("held_out")
+            if held_out is not None:
+                held_out = HeldOut(tuple(map(int, held_out["predicted"])), tuple(map(int, held_out["labels"])))
+            return cls(algorithm, int(saved["round"]), saved["state"], history, saved.get("local_baseline"), held_out)
+        except (KeyError, ValueError, TypeError) as exc:
             raise CheckpointError(f"{path}: {exc}; move it away to start afresh") from None
 
 

@@ -79,6 +79,44 @@ def _stop(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _predict(args: argparse.Namespace) -> int:
+    from .predict import PredictError, predict_files
+
+    config = _config(args.config, load_identity=False, check_learning=False)  # enough to ask a running node
+    try:
+        report = predict_files(config, args.files, lambda: _config(args.config))
+    except PredictError as exc:
+        raise CommandError(str(exc)) from None
+    predictions = report["predictions"]
+    if args.json:
+        print(json.dumps(report, indent=2))
+    for entry in predictions:
+        if "error" in entry:
+            print(f"p2pnode: skipped {entry['file']}: {entry['error']}", file=sys.stderr)
+        elif not args.json:
+            print(f"{entry['file']}\t{entry['class_name']}\t{entry['probability']:.4f}")
+    failed = sum("error" in entry for entry in predictions)
+    if failed:
+        raise CommandError(f"{failed} of {len(predictions)} files could not be classified")
+    return EXIT_OK
+
+
+def _export(args: argparse.Namespace) -> int:
+    from .predict import PredictError, export_model
+
+    out = Path(args.out)
+    try:
+        metadata = export_model(_config(args.config), out)
+    except PredictError as exc:
+        raise CommandError(str(exc)) from None
+    print(
+        f"wrote {out} and {out}.json: {metadata['algorithm']} ({metadata['predictor']}) of round "
+        f"{metadata['round']}, {len(metadata['class_names'])} classes",
+        file=sys.stderr,
+    )
+    return EXIT_OK
+
+
 def _keygen(args: argparse.Namespace) -> int:
     from protocol import Identity
 
@@ -873,6 +911,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _poisoning_arguments(simulate)
     simulate.set_defaults(run=_simulate)
+
+    predict = commands.add_parser(
+        "predict",
+        help="classify image files with a node's model: the running node's, else its checkpoint's (docs/usage.md)",
+    )
+    predict.add_argument("--config", required=True, metavar="TOML")
+    predict.add_argument("files", nargs="+", metavar="FILE", help="image files (any format PIL reads)")
+    predict.add_argument("--json", action="store_true", help="print JSON instead of FILE, CLASS, PROBABILITY lines")
+    predict.set_defaults(run=_predict)
+
+    export = commands.add_parser(
+        "export",
+        help="write a node's model from its checkpoint as a torch.export program plain torch loads (docs/usage.md)",
+    )
+    export.add_argument("--config", required=True, metavar="TOML")
+    export.add_argument(
+        "--out", required=True, metavar="FILE", help="the program (.pt2); its metadata goes to FILE.json"
+    )
+    export.set_defaults(run=_export)
 
     keygen = commands.add_parser("keygen", help="create a node key (Ed25519, PEM, mode 0600) and print its node id")
     keygen.add_argument("--out", required=True, metavar="PATH", help="key file to create")

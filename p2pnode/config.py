@@ -413,6 +413,16 @@ class NodeSettings:
         "glibc heap arenas the daemon's threads share; each keeps the pages its threads freed, so "
         "1 holds the least (12-39 MiB less on a learning node of a testnet); 0: glibc's default, 8 per core",
     )
+    predict_max_images: int = option(
+        Integer(1, 4096),
+        8,
+        "most images in one `predict` request on the control socket (`p2pnode predict` sends more in several)",
+    )
+    predict_max_image_mb: float = option(
+        Number(0.001, 1024),
+        4.0,
+        "largest image file `predict` takes (MB); `p2pnode predict` names a larger one and skips it",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

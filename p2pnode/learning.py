@@ -29,7 +29,7 @@ import trio
 
 from protocol import Body, Envelope, MessageType
 
-from .checkpoint import Checkpoint, CheckpointError
+from .checkpoint import Checkpoint, CheckpointError, HeldOut
 from .files import describe_os_error
 from .history import HistoryFile
 from .memory import trim_now
@@ -38,7 +38,8 @@ from .rounds import RoundRecord, RoundState
 if TYPE_CHECKING:
     import torch
 
-    from algorithms.seam import Algorithm, NodeSetup, Outbound
+    from algorithms.inference import EvaluatedModel
+    from algorithms.seam import Algorithm, Evaluation, NodeSetup, Outbound
 
     from .config import AlgorithmSettings, Config, ModelSettings
 
@@ -284,6 +285,10 @@ class RoundDriver:
         self.checkpoint_round: int | None = None  # the round of the checkpoint on disk
         self.checkpoint_failures = 0  # saves that failed (a full disk): the older checkpoint stays
         self.checkpoint_error: str | None = None  # why the last save failed; None once one succeeds
+        # What the last evaluation scored (algorithms/inference.py): `predict` answers with it
+        # while training goes on; and its prediction for each held-out image.
+        self.evaluated: EvaluatedModel | None = None
+        self.held_out: HeldOut | None = None
         self._sent_to: set[str] = set()  # peers sent anything in the round in progress
         self._last_payload: dict[str, tuple[float, int]] = {}  # peer → (when, round) of its latest payload
         self._alone_since, self._alone_rounds = 0, 0  # the current streak of rounds without a learning peer
@@ -356,6 +361,9 @@ class RoundDriver:
             self.local_baseline = await self._in_thread(build_local_baseline, self.algorithm, self.settings.settings)
         self.state.waits_for = self.algorithm.waits_for
         self.state.takes = frozenset(self.algorithm.sends)  # what was queued before: refused when due
+        from algorithms.inference import EvaluatedModel
+
+        self.evaluated = EvaluatedModel()
         self._resume()
         await self._history_start()
         try:
@@ -405,7 +413,8 @@ class RoundDriver:
         await self._refresh()
         self.phase = "aggregate"
         await self._in_thread(algorithm.end_round, round)
-        evaluation = await self._in_thread(algorithm.evaluate)
+        evaluation = await self._in_thread(self._evaluate, round)
+        self.held_out = HeldOut(evaluation.predicted, self._test_labels())
         baseline = {} if self.local_baseline is None else await self._in_thread(self._local_baseline_round, round)
         record = RoundRecord(
             node=algorithm.node_id,
@@ -472,6 +481,15 @@ class RoundDriver:
         }
         await trio.to_thread.run_sync(self.history.start, details)
 
+    def _evaluate(self, round: int) -> Evaluation:
+        """Evaluate, and keep what was scored (worker thread)."""
+        evaluation = self.algorithm.evaluate()
+        self.evaluated.keep(self.algorithm.predictors(), round)
+        return evaluation
+
+    def _test_labels(self) -> tuple[int, ...]:
+        return tuple(self.algorithm.setup.data.test_labels.tolist())
+
     def _note_peers(self, round: int) -> None:
         """Log once when a node that communicates has had no learning peer for ALONE_ROUNDS
         rounds, and once when it has some again."""
@@ -531,6 +549,7 @@ class RoundDriver:
             self.algorithm.state_dict(),
             tuple(self.state.history),
             None if baseline is None else {"since": self.local_baseline_since, "state": baseline.state_dict()},
+            self.held_out,
         )
         try:
             size = await self._in_thread(checkpoint.save, self.checkpoint_path)
@@ -576,6 +595,8 @@ class RoundDriver:
             raise LearningSetupError(f"[node].data_dir: {self.checkpoint_path}: {exc}") from None
         self.state.resume(saved.round, saved.history)
         self.checkpoint_round = saved.round
+        self.evaluated.keep(self.algorithm.predictors(), saved.round)
+        self.held_out = saved.held_out
         log.info("resumed from the checkpoint of round %d", saved.round)
 
     def _resume_local_baseline(self, saved: Checkpoint) -> None:

@@ -21,6 +21,7 @@ import os
 import random
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 import trio
@@ -66,6 +67,7 @@ from .learning import (
 from .memory import process_memory, trim_now
 from .metrics import NOT_LEARNING, UNKNOWN_PEER, Metrics
 from .peers import Action, Admitted, Dial, DialPeers, Evicted, Hangup, Membership, Send, SendHello, Unreachable
+from .predict import PREDICT, answer_predict, control_request_bytes
 from .state import DataDir, DataDirError
 from .transport import MissingKey, Transport, TransportError
 from .zap import PEERS, PUBLIC, Connections
@@ -275,7 +277,11 @@ class Node:
         config = self.config
         started = True
         try:
-            await nursery.start(serve_control, config.control_socket, self._control)
+            await nursery.start(
+                partial(serve_control, max_request_bytes=control_request_bytes(config.node)),
+                config.control_socket,
+                self._control,
+            )
         except OSError as exc:
             path = config.control_socket
             problem = f"[node].data_dir: cannot open the control socket {path}: {describe_os_error(exc)}"
@@ -737,4 +743,6 @@ class Node:
             log.info("stop requested through the control socket")
             self.request_stop()
             return {"ok": True}
-        return {"ok": False, "error": f"unknown command {command!r} (known: status, stop)"}
+        if command == PREDICT:
+            return await answer_predict(request, self.driver, self.config)
+        return {"ok": False, "error": f"unknown command {command!r} (known: status, stop, {PREDICT})"}

@@ -122,6 +122,10 @@ NOT_RUN = {
     "barrage), with more asserted of its report; test_cli.py checks the CLI's flags reach it",
     "python -m tools.bench.hostile --seconds 60": "a benchmark: ten minute-long raw-ZMTP attacks on fresh 4-daemon "
     "testnets for BENCHMARKS.md; tests/adversarial/test_ingress.py runs each for 5 s",
+    "p2pnode predict --config node.toml photo.png": "needs a node that has learned; tests/test_predict.py trains "
+    "one and runs predict on every held-out image, through the running node and from its checkpoint",
+    "p2pnode export --config node.toml --out model.pt2": "needs a node that has learned; tests/test_predict.py "
+    "exports one and loads the file with docs/usage.md's example in a Python that never imports p2pnode",
 }
 
 
