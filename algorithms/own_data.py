@@ -85,6 +85,7 @@ class OwnDataSpec:
     max_memory_mb: int = 1024  # bound on the images as float32
     seed: int = 0  # of the held-out split
     node: int | None = None  # the device's number in its network, which seeds its model; None: its node id
+    skip_damaged: bool = False  # image folders: skip an image that cannot be read or decoded, instead of failing
 
     @property
     def is_npz(self) -> bool:
@@ -104,6 +105,7 @@ class Inventory:
     counts: tuple[int, ...]  # images per class id (a folder: before the held-out split)
     test_counts: tuple[int, ...] | None  # the .npz's own test part; None: held out of `counts`
     files: tuple[tuple[Path, int], ...] = ()  # an image folder's files and their class ids
+    damaged: tuple[str, ...] = ()  # with `skip_damaged`: why each skipped file could not be read
 
 
 def held_out_count(n: int, fraction: float) -> int:
@@ -138,15 +140,18 @@ def inspect_own_data(spec: OwnDataSpec) -> Inventory:
     return inventory
 
 
-def load_own_data(spec: OwnDataSpec) -> tuple[ArrayDataset, ArrayDataset]:
-    """The node's training and test images (decoded, checked, split); raises OwnDataError."""
+def load_own_data(spec: OwnDataSpec, damaged: list[str] | None = None) -> tuple[ArrayDataset, ArrayDataset]:
+    """The node's training and test images (decoded, checked, split); raises OwnDataError.
+    With `spec.skip_damaged`, why each skipped image could not be used is appended to `damaged`."""
     inventory = inspect_own_data(spec)
     if spec.is_npz:
         images, labels, test = _load_npz(spec)
         if test is not None:
             return _pool(images, labels), test
     else:
-        images, labels = _load_folder(spec, inventory.files)
+        images, labels = _load_folder(spec, inventory.files, skipped := list(inventory.damaged))
+        if damaged is not None:
+            damaged.extend(skipped)
     fraction = DEFAULT_TEST_FRACTION if spec.test_fraction is None else spec.test_fraction
     train_idx, test_idx = held_out_split(labels, fraction, spec.seed)
     return _pool(images[train_idx], labels[train_idx]), _pool(images[test_idx], labels[test_idx])
@@ -160,7 +165,7 @@ def own_dataset(spec: OwnDataSpec) -> Dataset:
     if spec.is_npz:
         images, labels, test = _load_npz(spec)
     else:
-        (images, labels), test = _load_folder(spec, inventory.files), None
+        (images, labels), test = _load_folder(spec, inventory.files, []), None
     return Dataset(spec.name, len(spec.class_names), inventory.image_shape, _pool(images, labels), test)
 
 
@@ -212,6 +217,7 @@ def _inspect_folder(spec: OwnDataSpec) -> Inventory:
     shape = (spec.channels, spec.image_size, spec.image_size)
     counts = [0] * len(spec.class_names)
     files: list[tuple[Path, int]] = []
+    damaged: list[str] = []
     for folder in folders:
         images = [
             path
@@ -221,12 +227,24 @@ def _inspect_folder(spec: OwnDataSpec) -> Inventory:
         if not images:
             raise OwnDataError(f"class folder {folder} holds no images ({', '.join(IMAGE_EXTENSIONS)})")
         _memory_check(spec, len(files) + len(images), shape)
-        for path in images:
-            _check_header(path)
+        images = [path for path in images if _readable(path, spec.skip_damaged, damaged)]
         counts[ids[folder.name]] = len(images)
         files += [(path, ids[folder.name]) for path in images]
     files.sort(key=lambda entry: _reading_order(entry[0], root))
-    return Inventory(shape, tuple(counts), None, tuple(files))
+    return Inventory(shape, tuple(counts), None, tuple(files), tuple(damaged))
+
+
+def _readable(path: Path, skip: bool, damaged: list[str]) -> bool:
+    """Whether the image's header reads; one that does not fails the load, or with `skip` is
+    noted in `damaged` and left out."""
+    try:
+        _check_header(path)
+    except OwnDataError as exc:
+        if not skip:
+            raise
+        damaged.append(str(exc))
+        return False
+    return True
 
 
 def _reading_order(path: Path, root: Path) -> tuple[tuple[str, ...], str]:
@@ -267,13 +285,24 @@ def decode_image(source: Path | BinaryIO, shape: tuple[int, int, int]) -> np.nda
         raise OwnDataError(f"{what} could not be decoded ({error})") from None
 
 
-def _load_folder(spec: OwnDataSpec, files: tuple[tuple[Path, int], ...]) -> tuple[np.ndarray, np.ndarray]:
+def _load_folder(
+    spec: OwnDataSpec, files: tuple[tuple[Path, int], ...], damaged: list[str]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The folder's images decoded; with `spec.skip_damaged` one that fails to decode is left
+    out and why is appended to `damaged`."""
     side = spec.image_size
     pixels = np.empty((len(files), spec.channels, side, side), dtype=np.uint8)
+    kept = np.ones(len(files), dtype=bool)
     for index, (path, _) in enumerate(files):
-        pixels[index] = decode_image(path, (spec.channels, side, side))
+        try:
+            pixels[index] = decode_image(path, (spec.channels, side, side))
+        except OwnDataError as exc:
+            if not spec.skip_damaged:
+                raise
+            damaged.append(str(exc))
+            kept[index] = False
     labels = np.array([k for _, k in files], dtype=np.int64)
-    return _scaled(pixels, 255.0), labels
+    return _scaled(pixels[kept], 255.0), labels[kept]
 
 
 # --- .npz files ---------------------------------------------------------------------------

@@ -214,11 +214,18 @@ def class_list_data(
 
 
 def own_data_setup(
-    node_id: str, spec: OwnDataSpec, *, backbone: str, device: torch.device = CPU, mixed_precision: bool = False
+    node_id: str,
+    spec: OwnDataSpec,
+    *,
+    backbone: str,
+    device: torch.device = CPU,
+    mixed_precision: bool = False,
+    damaged: list[str] | None = None,
 ) -> NodeSetup:
     """A node that trains on its own files (`own_data.py`) instead of a benchmark's shard, on
-    `device`. Its own seed is node `spec.node`'s of a simulation, or without one comes from its node id."""
-    train, test = load_own_data(spec)
+    `device`. Its own seed is node `spec.node`'s of a simulation, or without one comes from its
+    node id. `damaged`: load_own_data's."""
+    train, test = load_own_data(spec, damaged)
     data = LocalData(
         train_images=torch.tensor(train.images),
         train_labels=torch.tensor(train.labels),

@@ -782,6 +782,12 @@ class DataSettings:
     max_memory_mb: int = option(
         Integer(1, 1 << 20), 1024, "with `path`: bound on the images in memory (float32); more is a config error"
     )
+    skip_damaged: bool = option(
+        Flag(),
+        False,
+        "with an image folder: an image that cannot be read or decoded is skipped, and the skipped ones "
+        "counted and named in the log, instead of stopping the node",
+    )
 
     def own_data(self) -> OwnDataSpec | None:
         """The own-data settings, defaults filled in; None for a benchmark dataset."""
@@ -795,6 +801,7 @@ class DataSettings:
             class_names=self.class_names,
             test_fraction=self.test_fraction,
             max_memory_mb=self.max_memory_mb,
+            skip_damaged=self.skip_damaged,
             seed=self.seed,
             node=None if self.dataset == DATASET_FROM_PATH else self.node_index,
             **{key: value for key, value in given.items() if value is not None},
@@ -1177,7 +1184,7 @@ _BENCHMARK_KEYS = (
     "samples_per_class",
     "test_per_class",
 )
-_OWN_DATA_KEYS = ("class_names", "image_size", "channels", "test_fraction", "max_memory_mb")
+_OWN_DATA_KEYS = ("class_names", "image_size", "channels", "test_fraction", "max_memory_mb", "skip_damaged")
 _NOT_WITH_PATH_DATASET = ("root", "classes", "test_fraction")
 
 

@@ -61,6 +61,8 @@ __all__ = [
 
 log = logging.getLogger("p2pnode.learning")
 
+DAMAGED_SHOWN = 5  # skipped images named in the log line that counts them
+
 # A saved checkpoint is logged at INFO every this many rounds and at the last, at DEBUG otherwise:
 # one line per round was most of a long run's log.
 CHECKPOINT_LOG_EVERY = 10
@@ -161,9 +163,21 @@ def _node_setup(config: Config, node_id: str) -> NodeSetup:
                 device=device,
                 mixed_precision=mixed_precision,
             )
-        setup = own_data_setup(node_id, own, backbone=model.backbone, device=device, mixed_precision=mixed_precision)
+        damaged: list[str] = []
+        setup = own_data_setup(
+            node_id, own, backbone=model.backbone, device=device, mixed_precision=mixed_precision, damaged=damaged
+        )
     except OwnDataError as exc:  # found only when decoding: a damaged image, a NaN pixel
-        raise LearningSetupError(f"[data].{exc.field}: {exc}") from None
+        hint = "" if own.skip_damaged else " ([data].skip_damaged = true skips such images)"
+        raise LearningSetupError(f"[data].{exc.field}: {exc}{hint}") from None
+    if damaged:
+        log.warning(
+            "[data].skip_damaged: %d image(s) skipped, unreadable: %s%s",
+            len(damaged),
+            "; ".join(damaged[:DAMAGED_SHOWN]),
+            "; ..." if len(damaged) > DAMAGED_SHOWN else "",
+            extra={"damaged_images": len(damaged)},
+        )
     summary = data_summary(own.class_names, setup.data.train_labels.cpu(), setup.data.test_labels.cpu())
     # The class list's fingerprint is what peers name when theirs differs (`learning_verdict`).
     log.info("[data].path %s: %s; class list %s", own.path, summary, labels_capability(own.class_names)[0])

@@ -8,6 +8,7 @@ start-up. A node's target is its active view, or all other nodes if there are fe
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -20,7 +21,47 @@ from .cluster import Cluster
 from .overlay import at_target, resources, shape, steady_rates
 from .placement import Placement
 
-__all__ = ["run_discovery_testnet"]
+__all__ = ["run_discovery_testnet", "crowded_settings", "CROWDED", "CROWDED_PER_CORE"]
+
+# Past this many daemons per core a testnet's daemons get CROWDED's settings, unless the caller
+# sets them (issue #28: with the daemon's defaults, 100 daemons on 2 cores ended in 10 to 23
+# components and 8 to 18 daemons without a peer, while the benchmark's settings held).
+CROWDED_PER_CORE = 8
+# Liveness every 5 s (timeout 15 s) rather than every second: on 2 cores each frame a daemon
+# sends or receives costs it ~2 ms of CPU, and 100 daemons pinging 9 peers every second would
+# need 3.6 cores for liveness alone. Unanswered challenges repeated from 0.5 s, not 0.05: on a
+# saturated machine answers take seconds, and quick repeats only added load (47k HELLOs in one
+# 100-daemon join). A bounded view of 8 (at most 10 peers) instead of 64. The process's size
+# looked at every 200 ms, not 20: from 1 % of a core per idle daemon to 0.1 %.
+CROWDED = {
+    "discovery": {
+        "active_view": 8,
+        "max_peers": 10,
+        "ping_interval_s": 5.0,
+        "peer_timeout_s": 15.0,
+        "dial_retry_initial_s": 0.5,
+    },
+    "transport": {"growth_check_ms": 200},
+}
+
+
+def crowded_settings(
+    nodes: int, settings: dict[str, dict] | None, cores: int | None = None
+) -> tuple[dict[str, dict], dict[str, dict]]:
+    """(the settings every daemon gets, the crowded defaults among them): `settings` as given,
+    and for more than CROWDED_PER_CORE daemons per core CROWDED's under them (what `settings`
+    names wins, key by key)."""
+    settings = settings or {}
+    cores = cores or os.cpu_count() or 1
+    if nodes <= CROWDED_PER_CORE * cores:
+        return settings, {}
+    chosen = {
+        section: {key: value for key, value in table.items() if key not in settings.get(section, {})}
+        for section, table in CROWDED.items()
+    }
+    merged = {section: {**chosen.get(section, {}), **settings.get(section, {})} for section in {*settings, *chosen}}
+    return merged, {section: table for section, table in chosen.items() if table}
+
 
 # Steady-state rates are measured from the first poll this long after every view reached its
 # target (the last redirects and handshakes are over by then) to the end of the run.
@@ -118,12 +159,21 @@ def run_discovery_testnet(
     stops `hold_s` after every view reached its target (the steady-state rates need more than
     STEADY_AFTER_S; a 100-daemon join under load took from 30 s to 2 minutes after the last
     daemon was up, so a fixed duration either wastes minutes or ends too soon). `settings` adds
-    config settings of every node, by section (e.g. `{"discovery": {"active_view": 8}}`);
+    config settings of every node, by section (e.g. `{"discovery": {"active_view": 8}}`), over
+    CROWDED's for more than CROWDED_PER_CORE daemons per core (`crowded_settings`);
     `placement` runs the daemons (default: here)."""
     progress = progress or sys.stderr  # the stream of the moment, not the one at import (tests swap it)
     # Each poll asks every daemon for its status: 0.5 s apart, or 1 s per 50 daemons.
     poll_s = poll_s if poll_s is not None else max(0.5, nodes / 50)
     out.mkdir(parents=True, exist_ok=True)
+    settings, crowded = crowded_settings(nodes, settings)
+    if crowded:
+        chosen = ", ".join(
+            f"{section}.{key}={value}" for section, table in crowded.items() for key, value in table.items()
+        )
+        print(
+            f"{nodes} daemons on {os.cpu_count()} cores: crowded settings {chosen} (--daemon overrides)", file=progress
+        )
     cluster = Cluster.prepare(out, nodes, extra=settings, placement=placement)
     cluster.place()  # before t = 0: a Ray cluster starts its launchers here
     watch = _Watch(nodes)
@@ -145,6 +195,7 @@ def run_discovery_testnet(
         exit_codes = cluster.stop()
     report = _report(out, cluster, watch, final, exit_codes, duration_s, time.monotonic() - started)
     report.update(supervisor.report())
+    report["crowded_settings"] = crowded
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     ok, verdict = _verdict(watch, supervisor, report["discovery"]["overlay"], duration_s)
     print(f"{verdict}; report: {out / 'report.json'}", file=progress)

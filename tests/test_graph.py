@@ -188,3 +188,18 @@ def test_graph_metrics():
     assert l1_to_truth(uniform, truth) == pytest.approx(1.0)
     assert within_cluster_mass(uniform, clusters) == pytest.approx(0.5)
     assert within_cluster_mass(np.eye(4), clusters) == 1
+
+
+def test_a_graph_step_never_throws_the_row_onto_peers_unlike_the_node():
+    """Every peer negatively similar (normalised −0.53 and −1): the minimiser keeps almost all of
+    the weight on the node; a fixed projected step overshot on the degree term's −μ2/deg and put
+    0.97 on a peer, 0 on the node. Each step now lowers the loss."""
+    optimizer = GraphOptimizer(GraphConfig())
+    similarity, confidence = np.array([1.0, -0.016, -0.03]), np.full(3, 1 / 3)
+    w = np.full(3, 1 / 3)
+    losses = [cgl_loss(w, normalise_similarities(similarity, 0), confidence, 0, GraphConfig())]
+    for _ in range(3):
+        w = optimizer.step(["me", "a", "b"], w, similarity, confidence, 0)
+        losses.append(cgl_loss(w, normalise_similarities(similarity, 0), confidence, 0, GraphConfig()))
+    assert w[0] > 0.95 and w.sum() == pytest.approx(1.0)
+    assert losses == sorted(losses, reverse=True)

@@ -127,3 +127,16 @@ def test_the_passive_view_is_bounded(passive_view):
         net.run(1)
         assert all(len(node.membership.passive) <= passive_view for node in nodes)
     assert any(len(node.membership.passive) == passive_view for node in nodes)
+
+
+def test_a_crowded_testnet_chooses_the_settings_that_hold_unless_told_otherwise():
+    """Issue #28: past CROWDED_PER_CORE daemons per core the testnet's daemons get the bounded
+    view, slow liveness and memory poll the 100-daemon benchmark held with; a setting given wins."""
+    from testnet.discovery import CROWDED, CROWDED_PER_CORE, crowded_settings
+
+    few = CROWDED_PER_CORE * 2
+    assert crowded_settings(few, {"discovery": {"active_view": 4}}, cores=2) == ({"discovery": {"active_view": 4}}, {})
+    settings, chosen = crowded_settings(100, {"discovery": {"ping_interval_s": 2.0}, "log": {"level": "debug"}}, 2)
+    assert settings["discovery"] == {**CROWDED["discovery"], "ping_interval_s": 2.0}
+    assert settings["transport"] == CROWDED["transport"] and settings["log"] == {"level": "debug"}
+    assert "ping_interval_s" not in chosen["discovery"] and chosen["discovery"]["active_view"] == 8

@@ -58,6 +58,21 @@ def test_held_out_split_is_stratified_seeded_and_keeps_a_lone_image_for_training
     assert held_out_count(4, 0.9) == 3  # never the last training image
 
 
+def test_a_damaged_image_stops_the_load_or_with_skip_damaged_is_skipped_and_named(tmp_path):
+    """Issue #28: one unreadable file (not an image) and one whose pixels are cut off (its
+    header reads, its data does not) among real digits."""
+    written = write_digit_pngs(tmp_path, (2, 7), per_class=10)
+    (tmp_path / "2" / "junk.png").write_bytes(b"not an image at all")
+    whole = next((tmp_path / "7").glob("*.png")).read_bytes()
+    (tmp_path / "7" / "cut.png").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(OwnDataError, match=r"junk\.png is not a readable image"):
+        load_own_data(spec(tmp_path))
+    damaged: list[str] = []
+    train, test = load_own_data(spec(tmp_path, skip_damaged=True), damaged)
+    assert len(train.labels) + len(test.labels) == written
+    assert len(damaged) == 2 and "junk.png" in damaged[0] and "cut.png could not be decoded" in damaged[1], damaged
+
+
 def test_an_image_folder_loads_as_the_digits_it_was_made_of(tmp_path):
     written = write_digit_pngs(tmp_path, (2, 7), per_class=20)
     train, test = load_own_data(spec(tmp_path, test_fraction=0.25))

@@ -22,15 +22,13 @@ import os
 import sys
 from pathlib import Path
 
+from testnet.discovery import CROWDED
+
 RSS_LIMIT_MB = 60  # issue #16: no daemon above this without learning
-# Liveness every 5 s (timeout 15 s) rather than every second: on 2 cores each frame a daemon
-# sends or receives costs it ~2 ms of CPU, and 100 daemons pinging 9 peers every second would
-# need 3.6 cores for liveness alone. Unanswered challenges repeated from 0.5 s, not 0.05: on a
-# saturated machine answers take seconds, and quick repeats only added load (47k HELLOs in one
-# 100-daemon join). The process's size looked at every 200 ms, not 20: from 1 % of a core per
-# idle daemon to 0.1 % (a pump is caught later). The same at every N.
-LIVENESS = {"ping_interval_s": 5.0, "peer_timeout_s": 15.0, "dial_retry_initial_s": 0.5}
-TRANSPORT = {"growth_check_ms": 200}
+# The crowded testnet's liveness and memory-poll settings (testnet/discovery.py says why), at
+# every N: the same, whether or not N is past the crowding a testnet chooses them at.
+LIVENESS = {key: CROWDED["discovery"][key] for key in ("ping_interval_s", "peer_timeout_s", "dial_retry_initial_s")}
+TRANSPORT = dict(CROWDED["transport"])
 
 
 def main(argv: list[str] | None = None) -> int:
