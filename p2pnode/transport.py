@@ -31,6 +31,7 @@ are not thread-safe.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -44,6 +45,8 @@ from .config import TransportSettings
 from .zmqsetup import read_events, set_liveness, unwatch, watch_handshakes
 
 __all__ = ["Transport", "TransportError", "MissingKey"]
+
+log = logging.getLogger("p2pnode.transport")
 
 # DEALERs never receive: a peer that pushes frames at one is cut off at this size, and at most
 # one such frame is held.
@@ -119,7 +122,10 @@ class Transport:
             self.hangup(address)  # another node is expected there now: another server key
         entry = self.outbound[address] = _Outbound(self._connect(address, key), key)
         if watch:
-            entry.monitor = watch_handshakes(self._context(), entry.socket)
+            try:
+                entry.monitor = watch_handshakes(self._context(), entry.socket)
+            except zmq.ZMQError as exc:  # a diagnostic only: the dial goes on unwatched
+                log.warning("cannot watch the handshakes of the dial to %s: %s", address, exc)
 
     def handshakes(self) -> dict[str, Counter[str]]:
         """The watched dials' handshake outcomes since the last call, by address; read at least

@@ -6,6 +6,7 @@ library: the ingress process imports this and must start fast.
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket as pysocket
 import struct
@@ -90,10 +91,13 @@ def open_zap(context: zmq.Context) -> zmq.Socket:
     return zap
 
 
+_MONITOR_NUMBERS = itertools.count()  # of the inproc endpoints monitors publish on, one per monitor
+
+
 def watch(context: zmq.Context, router: zmq.Socket, domain: bytes) -> zmq.Socket:
     """Before `router` binds: its ZAP domain, and a monitor of its connections."""
     router.setsockopt(zmq.ZAP_DOMAIN, domain)
-    endpoint = f"inproc://p2pnode.monitor.{id(router)}"
+    endpoint = f"inproc://p2pnode.monitor.{next(_MONITOR_NUMBERS)}"
     router.monitor(endpoint, _EVENTS)
     monitor = context.socket(zmq.PAIR)
     monitor.setsockopt(zmq.LINGER, 0)
@@ -105,7 +109,9 @@ def watch(context: zmq.Context, router: zmq.Socket, domain: bytes) -> zmq.Socket
 def watch_handshakes(context: zmq.Context, socket: zmq.Socket) -> zmq.Socket:
     """A monitor of the handshakes of an outbound socket's connections (transport.py): how a
     dialling node tells a node with another key from no node at all."""
-    endpoint = f"inproc://p2pnode.dial-monitor.{id(socket)}"
+    # A number never used before, not id(socket): a socket closed a moment ago may still hold
+    # its monitor's endpoint while a new one gets its id (a re-dial failed "Address already in use").
+    endpoint = f"inproc://p2pnode.dial-monitor.{next(_MONITOR_NUMBERS)}"
     socket.monitor(endpoint, zmq.EVENT_HANDSHAKE_SUCCEEDED | _FAILED_MASK)
     monitor = context.socket(zmq.PAIR)
     monitor.setsockopt(zmq.LINGER, 0)

@@ -46,11 +46,11 @@ CROWDED = {
 
 
 def crowded_settings(
-    nodes: int, settings: dict[str, dict] | None, cores: int | None = None
+    nodes: int, settings: dict[str, dict] | None, cores: int | None = None, progress=None
 ) -> tuple[dict[str, dict], dict[str, dict]]:
     """(the settings every daemon gets, the crowded defaults among them): `settings` as given,
     and for more than CROWDED_PER_CORE daemons per core CROWDED's under them (what `settings`
-    names wins, key by key)."""
+    names wins, key by key), said on `progress` if given."""
     settings = settings or {}
     cores = cores or os.cpu_count() or 1
     if nodes <= CROWDED_PER_CORE * cores:
@@ -60,6 +60,9 @@ def crowded_settings(
         for section, table in CROWDED.items()
     }
     merged = {section: {**chosen.get(section, {}), **settings.get(section, {})} for section in {*settings, *chosen}}
+    said = ", ".join(f"{section}.{key}={value}" for section, table in chosen.items() for key, value in table.items())
+    if progress is not None and said:
+        print(f"{nodes} daemons on {cores} cores: crowded settings {said} (--daemon overrides)", file=progress)
     return merged, {section: table for section, table in chosen.items() if table}
 
 
@@ -152,28 +155,18 @@ def run_discovery_testnet(
 ) -> tuple[int, dict]:
     """Returns (exit code, report). Exit code 0 iff every node's view reached its target (for
     N ≤ active_view + 1: every node knew all others) within the duration, the overlay was
-    connected at the end, no daemon exited on its own (and stayed down: `restart` starts a daemon
-    that died again, testnet/churn.py), and every daemon stopped by `churn` or restarted was
-    back with every view at target before the end. Churn stops no daemon in the last `every`
-    seconds, so that the last one stopped has time to come back. With `exit_on_mesh` the run
-    stops `hold_s` after every view reached its target (the steady-state rates need more than
-    STEADY_AFTER_S; a 100-daemon join under load took from 30 s to 2 minutes after the last
-    daemon was up, so a fixed duration either wastes minutes or ends too soon). `settings` adds
-    config settings of every node, by section (e.g. `{"discovery": {"active_view": 8}}`), over
-    CROWDED's for more than CROWDED_PER_CORE daemons per core (`crowded_settings`);
-    `placement` runs the daemons (default: here)."""
+    connected at the end, no daemon exited on its own (and stayed down: `restart` starts one that
+    died again, testnet/churn.py), and every daemon stopped by `churn` or restarted was back with
+    every view at target before the end (churn stops none in the last `every` seconds). With
+    `exit_on_mesh` the run stops `hold_s` after every view reached its target (steady-state rates
+    need more than STEADY_AFTER_S; a 100-daemon join under load took 30 s to 2 minutes after the
+    last daemon was up). `settings`: config sections of every node (e.g. `{"discovery":
+    {"active_view": 8}}`), over `crowded_settings`'; `placement` runs the daemons (default: here)."""
     progress = progress or sys.stderr  # the stream of the moment, not the one at import (tests swap it)
     # Each poll asks every daemon for its status: 0.5 s apart, or 1 s per 50 daemons.
     poll_s = poll_s if poll_s is not None else max(0.5, nodes / 50)
     out.mkdir(parents=True, exist_ok=True)
-    settings, crowded = crowded_settings(nodes, settings)
-    if crowded:
-        chosen = ", ".join(
-            f"{section}.{key}={value}" for section, table in crowded.items() for key, value in table.items()
-        )
-        print(
-            f"{nodes} daemons on {os.cpu_count()} cores: crowded settings {chosen} (--daemon overrides)", file=progress
-        )
+    settings, crowded = crowded_settings(nodes, settings, progress=progress)
     cluster = Cluster.prepare(out, nodes, extra=settings, placement=placement)
     cluster.place()  # before t = 0: a Ray cluster starts its launchers here
     watch = _Watch(nodes)

@@ -249,6 +249,8 @@ FACTORIES = {
 }
 # Tensors created on the CPU on purpose: (file, function, torch factory) → why.
 ALLOWED = {
+    ("algorithms/inference.py", "Preprocessing.batch", "from_numpy"): "images to classify are decoded on the "
+    "CPU; `classify` moves them to the model's device",
     ("algorithms/models.py", "_flattened_size", "zeros"): "models are built on the CPU, then moved",
     ("algorithms/models.py", "PersonalModel.__init__", "randn"): "the prototypes' initialisation, before the move",
     ("algorithms/setup.py", "node_data", "tensor"): "the shard is read on the CPU; NodeSetup.on moves it",
