@@ -107,6 +107,8 @@ NOT_RUN = {
     "does not run it either (lint and tests only). What it is made of is run here: the learning testnet "
     "and the simulator, on digits",
     "make test": "the test suite this module is part of",
+    "p2pnode init --nodes 3 --out fleet": "writes into the current directory; tests/test_init.py runs `p2pnode init` "
+    "with these options and starts the three daemons it configures",
     "make lint": ".ci/run runs it before the tests",
     "make bench": "a benchmark: minutes of measurement for BENCHMARKS.md; test_cli.py runs `p2pnode bench "
     "protocol|transport --quick`",
