@@ -35,7 +35,6 @@ import trio
 import zmq
 
 from .buffers import GrowthAlarm, watch_buffers
-from .memory import trim_now
 from .pipes import MessagePipe, PipeError
 from .zmqsetup import (
     DOMAINS,
@@ -54,7 +53,6 @@ log = logging.getLogger("p2pnode.ingress")
 
 OUT_OF_MEMORY = 3  # the exit code past `DataLimit`
 PER_CONNECTION_BYTES = 128 << 10  # room `DataLimit` gives each live connection
-TRIM_AFTER_CLOSED = 64  # connections closed since the most there were, before freed heap is given back
 CONTROL_MAX_BYTES = 1 << 20  # setup, ZAP verdicts: small
 COUNTS_EVERY_S = 0.25  # how often counter changes go to the node
 
@@ -84,7 +82,6 @@ class Ingress:
         self.monitor: zmq.Socket | None = None
         self.zap = open_zap(self.context)
         self.tcp: dict[int, tuple] = {}  # live connections: descriptor -> remote end (buffers.py)
-        self._most_since_trim = 0  # live connections at most since the heap was last given back
         self.counts: Counter[str] = Counter()
         self.read = [0, 0]  # bytes and parts the node took, routing ids aside
         self.data_limit: DataLimit | None = None  # set once every thread is up
@@ -162,19 +159,9 @@ class Ingress:
             address = "?" if peer is None else peer[0]
         elif event == zmq.EVENT_DISCONNECTED:
             self.tcp.pop(fd, None)
-            self._give_back_closed()
-        self._most_since_trim = max(self._most_since_trim, len(self.tcp))
         if self.data_limit is not None:
             self.data_limit.set(len(self.tcp))
         await self.outbox.send(["event", event, fd, address])
-
-    def _give_back_closed(self) -> None:
-        """Once TRIM_AFTER_CLOSED connections have closed since the most there were, hand the
-        heap they held back to the system: libzmq frees a connection's buffers, but the C
-        library keeps the pages (1,000 idle connections left the process 4.7 MB larger)."""
-        if self._most_since_trim - len(self.tcp) >= TRIM_AFTER_CLOSED:
-            trim_now()
-            self._most_since_trim = len(self.tcp)
 
     async def _follow(self) -> None:
         while True:
