@@ -608,6 +608,13 @@ class TransportSettings:
         "TCP keepalive: a connection idle this long is probed, and cut after 3 probes "
         "`keepalive_s` / 3 apart go unanswered (a dead host or a lost route; 0: the system's default)",
     )
+    connect_wait_s: float = option(
+        Number(0, 3600),
+        5.0,
+        "a frame too large for the public socket, for a peer whose peers' connection is still opening "
+        "(just admitted, or reopened), waits up to this long for it instead of being dropped "
+        "(at most `send_hwm` frames a peer; 0: dropped at once)",
+    )
     reconnect_ivl_ms: int = option(Integer(1, 3_600_000), 100, "first reconnect delay of an outbound socket")
     reconnect_ivl_max_ms: int = option(
         Integer(0, 3_600_000), 5000, "reconnect delay cap (exponential backoff); 0 or at least reconnect_ivl_ms"

@@ -69,7 +69,7 @@ from .metrics import NOT_LEARNING, UNKNOWN_PEER, Metrics
 from .peers import Action, Admitted, Dial, DialPeers, Evicted, Hangup, Membership, Send, SendHello, Unreachable
 from .predict import PREDICT, answer_predict, control_request_bytes
 from .state import DataDir, DataDirError
-from .transport import MissingKey, Transport, TransportError
+from .transport import DROPPED, SENT, MissingKey, Transport, TransportError
 from .zap import PEERS, PUBLIC, Connections
 from .zygote import Zygote
 
@@ -91,6 +91,8 @@ TRIM_INTERVAL_S = 2.0
 
 # The longest the maintenance task sleeps when discovery has nothing due (Membership.next_due).
 MAINTAIN_MAX_SLEEP_S = 1.0
+# While frames wait for a peers' connection that is opening, it is tried this often.
+WAITING_POLL_S = 0.02
 
 
 def _times(count: int) -> str:
@@ -170,6 +172,7 @@ class Node:
         self._stop = trio.Event()
         self._maintain_at = math.inf  # when `_maintain` wakes next; `_wake_maintain` sooner
         self._wake_maintain = trio.Event()
+        self._frames_waiting = trio.Event()  # set when a frame waits for a connection (`_send_waiting`)
         self._start_problems: list[str] = []
         self._started_at = 0.0
         self._labels = labels_capability(config.data.class_names if config.data.path else ())
@@ -244,6 +247,7 @@ class Node:
                     if await self._start_services(nursery):
                         nursery.start_soon(self.inbound.run, self._handle)
                         nursery.start_soon(self._maintain)
+                        nursery.start_soon(self._send_waiting)
                         if config.beacon.enabled:
                             nursery.start_soon(self._beacon)
                         if config.algorithm.name != "none":
@@ -421,16 +425,36 @@ class Node:
 
     def _send_frame(self, addresses: tuple[str, ...], body: Body, frame: bytes) -> int:
         kind = body.TYPE
-        payload = body.payload_bytes()
+        sent = (kind, len(frame), body.payload_bytes())  # counted once it is out
         delivered = 0
         public = kind is MessageType.HELLO  # transport.send: read even where this node is no peer
         for address in addresses:
-            if self.transport.send(address, frame, public=public):
-                self.metrics.sent(kind, len(frame), payload)
-                delivered += 1
-            else:
+            outcome = self.transport.send(address, frame, public=public, tag=sent)
+            if outcome is DROPPED:
                 self.metrics.send_dropped[kind] += 1
+                continue
+            delivered += 1
+            if outcome is SENT:
+                self.metrics.sent(*sent)
+            else:
+                self._frames_waiting.set()
         return delivered
+
+    async def _send_waiting(self) -> None:
+        """Send the frames that wait for a peers' connection still opening (transport.py) once
+        it is up, and count them when they go out or are given up."""
+        while True:
+            await self._frames_waiting.wait()
+            self._frames_waiting = trio.Event()
+            while True:
+                await trio.sleep(WAITING_POLL_S)
+                sent, given_up = self.transport.send_waiting()
+                for counts in sent:
+                    self.metrics.sent(*counts)
+                for kind, _, _ in given_up:
+                    self.metrics.send_dropped[kind] += 1
+                if not self.transport.waiting:
+                    break
 
     def _capabilities(self) -> tuple[str, ...]:
         """What HELLO announces: the configured tokens, the algorithm this node learns with and,

@@ -5,7 +5,11 @@ Frames flow one way on each connection: a node sends only on its DEALERs and rec
 its ROUTERs, so each pair of peers holds its own connections and neither side ever waits on the
 other. Sends never wait either: an outbound socket with IMMEDIATE=1 refuses frames while it is
 not connected or while its queue (SNDHWM) is full, and the frame is dropped and counted. The
-round protocol tolerates loss (deadlines, re-publishing), which a blocked event loop would not.
+round protocol tolerates loss (deadlines), which a blocked event loop would not. One exception:
+a peer's first large frames (a MODEL) are often sent a few milliseconds after its admission,
+while the connection to its peers' socket is still in its TCP and CURVE handshakes; those wait
+for it, bounded in time and count (`connect_wait_s`, `send_hwm`), instead of costing the peer
+that round's payload.
 
 Two inbound sockets, because ZeroMQ reads a whole frame before the node sees a byte of it and
 its size bound (ZMQ_MAXMSGSIZE) is per socket: the *public* socket (`[node].listen`), where
@@ -33,7 +37,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 import trio
@@ -44,7 +48,7 @@ from protocol.curve import curve_public_from_ed25519
 from .config import TransportSettings
 from .zmqsetup import read_events, set_liveness, unwatch, watch_handshakes
 
-__all__ = ["Transport", "TransportError", "MissingKey"]
+__all__ = ["Transport", "TransportError", "MissingKey", "SENT", "WAITING", "DROPPED"]
 
 log = logging.getLogger("p2pnode.transport")
 
@@ -55,6 +59,12 @@ PEERS_REDIAL_S = 2.0
 # With CURVE, ZMQ_MAXMSGSIZE bounds the encrypted MESSAGE command: the frame plus its box (33
 # bytes, and the command's own header). Without this room a frame of exactly the bound is cut.
 CURVE_SLACK = 64
+
+
+# What `Transport.send` did with a frame.
+SENT = "sent"  # queued on a connection
+WAITING = "waiting"  # held for a peers' connection still opening (`send_waiting` says what became of it)
+DROPPED = "dropped"  # no connection took it
 
 
 class TransportError(Exception):
@@ -72,6 +82,9 @@ class _Outbound:
     peers: zmq.Socket | None = None  # to its peers' socket, once it is an admitted peer
     peers_address: str | None = None
     peers_took_at: float = 0.0  # when `peers` was opened or last took a frame
+    peers_up: bool = False  # `peers` took a frame since it was opened
+    # Frames for `peers` while it is opening, as (give up at, frame, tag), oldest first.
+    waiting: deque[tuple[float, bytes, object]] = field(default_factory=deque)
     monitor: zmq.Socket | None = None  # a watched dial's handshakes (`dial(watch=True)`)
     handshakes: Counter[str] = field(default_factory=Counter)  # HANDSHAKE_OUTCOMES, since the dial
 
@@ -104,6 +117,9 @@ class Transport:
         self.curve = curve
         self.context: zmq.Context | None = None  # created on first use: nothing to clean up before
         self.outbound: dict[str, _Outbound] = {}  # public address -> its DEALERs
+        # Tags of held frames (`send`: WAITING) sent, and given up, since `send_waiting` last told.
+        self._waited_sent: list[object] = []
+        self._given_up: list[object] = []
 
     def _context(self) -> zmq.Context:
         if self.context is None:
@@ -158,7 +174,7 @@ class Transport:
             entry.peers.close(linger=0)
             entry.peers = entry.peers_address = None
         entry.peers = self._connect(peers_address, entry.key)
-        entry.peers_address, entry.peers_took_at = peers_address, time.monotonic()
+        entry.peers_address, entry.peers_took_at, entry.peers_up = peers_address, time.monotonic(), False
 
     def _connect(self, address: str, key: bytes | None) -> zmq.Socket:
         s = self.settings
@@ -203,6 +219,7 @@ class Transport:
         still goes out within `linger_ms`, from ZeroMQ's I/O thread."""
         entry = self.outbound.pop(address, None)
         if entry is not None:
+            self._given_up += [tag for _, _, tag in entry.waiting]
             if entry.monitor is not None:
                 unwatch(entry.socket, entry.monitor)
             linger = self.settings.linger_ms if flush else 0
@@ -210,28 +227,66 @@ class Transport:
             if entry.peers is not None:
                 entry.peers.close(linger=linger)
 
-    def send(self, address: str, frame: bytes, *, public: bool = False) -> bool:
-        """Queue `frame` for `address` without waiting; False if it was dropped. It goes on the
+    def send(self, address: str, frame: bytes, *, public: bool = False, tag: object = None) -> str:
+        """Queue `frame` for `address` without waiting: SENT, WAITING or DROPPED. It goes on the
         peers' socket of an admitted peer, unless `public` (a HELLO: the one frame a node that
         dropped this one from its table still reads from it) or that connection refuses it
-        (not up yet, or full), when a frame within the public bound goes on the public one."""
+        (not up yet, or full), when a frame within the public bound goes on the public one. A
+        larger frame that the peers' connection refuses because it is still opening waits for
+        it (`connect_wait_s`; `send_waiting` reports it with `tag`); one it refuses full is dropped."""
         entry = self.outbound.get(address)
         if entry is None:
-            return False
+            return DROPPED
         if entry.peers is not None and not public:
-            try:
-                entry.peers.send(frame, zmq.NOBLOCK)
-                entry.peers_took_at = time.monotonic()
-                return True
-            except zmq.Again:  # not connected, or the peer's queue is full
-                self._revive_peers(entry)
-                if len(frame) > self.max_public_frame_bytes:
-                    return False
+            self._send_waiting(entry, time.monotonic())  # in order: what waits goes first
+            if not entry.waiting and self._to_peers(entry, frame):
+                return SENT
+            self._revive_peers(entry)
+            if len(frame) > self.max_public_frame_bytes:
+                return self._wait(entry, frame, tag)
         try:
             entry.socket.send(frame, zmq.NOBLOCK)
         except zmq.Again:
+            return DROPPED
+        return SENT
+
+    def _to_peers(self, entry: _Outbound, frame: bytes) -> bool:
+        try:
+            entry.peers.send(frame, zmq.NOBLOCK)
+        except zmq.Again:  # not connected, or the peer's queue is full
             return False
+        entry.peers_took_at, entry.peers_up = time.monotonic(), True
         return True
+
+    def _wait(self, entry: _Outbound, frame: bytes, tag: object) -> str:
+        wait_s = self.settings.connect_wait_s
+        if entry.peers_up or not wait_s or len(entry.waiting) >= self.settings.send_hwm:
+            return DROPPED
+        entry.waiting.append((time.monotonic() + wait_s, frame, tag))
+        return WAITING
+
+    @property
+    def waiting(self) -> int:
+        """Frames held for peers' connections still opening."""
+        return sum(len(entry.waiting) for entry in self.outbound.values())
+
+    def send_waiting(self) -> tuple[list[object], list[object]]:
+        """Send the frames held for connections that are up now; returns the tags of the held
+        frames sent since the last call and of those given up (they waited `connect_wait_s`, or
+        their peer was hung up on)."""
+        now = time.monotonic()
+        for entry in self.outbound.values():
+            self._send_waiting(entry, now)
+            if entry.waiting:
+                self._revive_peers(entry)
+        (sent, self._waited_sent), (given_up, self._given_up) = (self._waited_sent, []), (self._given_up, [])
+        return sent, given_up
+
+    def _send_waiting(self, entry: _Outbound, now: float) -> None:
+        while entry.waiting and self._to_peers(entry, entry.waiting[0][1]):
+            self._waited_sent.append(entry.waiting.popleft()[2])
+        while entry.waiting and entry.waiting[0][0] <= now:
+            self._given_up.append(entry.waiting.popleft()[2])
 
     def _revive_peers(self, entry: _Outbound) -> None:
         """libzmq never reconnects a connection the other side's ZAP handler refused (it may

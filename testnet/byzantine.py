@@ -36,6 +36,7 @@ from p2pnode.config import Config
 from p2pnode.node import Node
 from p2pnode.runner import StartFailed, start
 from p2pnode.state import DataDir
+from p2pnode.transport import DROPPED
 from protocol import LEARNING_TYPES, PROTOCOL_VERSION, Body, Envelope, MessageType, seal_raw
 from protocol.limits import Limits
 from protocol.messages import Model, Score
@@ -152,7 +153,7 @@ class ByzantineNode(Node):
             return
         envelope = [PROTOCOL_VERSION, self.config.node.network, like.TYPE.value, self.identity.public_key]
         frame = seal_raw(self.identity, [*envelope, seq, self.clock_us(), round, wire])
-        self.barraged[kind] += sum(self.transport.send(address, frame, public=False) for address in addresses)
+        self.barraged[kind] += sum(self.transport.send(address, frame) is not DROPPED for address in addresses)
 
     def status(self) -> dict:
         return {**super().status(), "byzantine": {"attack": dataclasses.asdict(self.attack), **self.barraged}}

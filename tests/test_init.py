@@ -164,9 +164,11 @@ def test_three_daemons_from_init_find_each_other_and_learn(tmp_path, capsys):
         assert status["peer_count"] == 2 and not status["dialing"], status["peers"]
         history = status["learning"]["history"]
         assert len(history) == rounds
-        # Every payload a round waited for arrived. (In two full-suite runs one round of one node
-        # waited for one peer, not two; alone it is always both: not yet explained.)
-        assert all(1 <= entry["expected"] == entry["arrived"] <= 2 for entry in history[:-1]), [
+        # Every payload a round waited for arrived: round 0's MODELs too, sent moments after the
+        # last admission, while the connection to that peer's peers' socket may still be opening
+        # (they wait for it: transport.py, `connect_wait_s`).
+        assert all(entry["expected"] == entry["arrived"] == 2 for entry in history[:-1]), [
             (e["round"], e["expected"], e["arrived"], e["missing"], e["gather_s"]) for e in history
         ]
+        assert not {"MODEL", "PROTOTYPES"} & set(status["traffic"]["send_dropped"]), status["traffic"]
         assert status["learning"]["accuracy"] > 0.5  # three classes each: chance is 1/3

@@ -94,6 +94,16 @@ def test_each_node_its_own_folder(tmp_path, capsys):
     ]
     assert len(daemon_split) == tested[2]
     assert set(report["baselines"]) == {"local", "oracle"}
+    # The same folders to three daemons: each loads its own as [data].path and splits it itself,
+    # and they learn what the simulator learned.
+    net = tmp_path / "net"
+    assert main(["testnet", *run[:8], "--backbones", "mlp", "--round-deadline", "10", *arguments[:-1], str(net)]) == 0
+    daemons = json.loads((net / "report.json").read_text())
+    assert daemons["processes"]["exit_codes"] == [0, 0, 0]
+    assert daemons["node_classes"] == report["node_classes"] and daemons["accuracy"]["test_samples_per_node"] == tested
+    assert abs(daemons["accuracy"]["mean"] - report["accuracy"]["mean"]) <= 0.05
+    settings = load_config(net / "node02" / "node.toml", load_identity=False).data
+    assert settings.path == nodes / "device2" and settings.node_index == 2 and settings.test_fraction == 0.3
     # --nodes must count the folders.
     assert main(["simulate", *run[:2], "--nodes", "4", *arguments]) == 2
     assert (
