@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test lint format bench bench-learning bench-scool bench-heterogeneous bench-memory bench-scale clean
+.PHONY: venv demo test lint format bench bench-learning bench-scool bench-heterogeneous bench-memory bench-scale bench-report clean
 
 venv: $(STAMP)
 
@@ -59,6 +59,11 @@ bench-memory: venv
 # with a bounded view (about 10 minutes on 2 cores).
 bench-scale: venv
 	$(BIN)/python -m tools.bench.scale --out bench-out/scale --nodes 10 30 100
+
+# Redraw BENCHMARKS.md's tables from their result files (tools/bench/results/); a test fails
+# when a table and its file disagree.
+bench-report: venv
+	$(BIN)/python -m tools.bench.render
 
 clean:
 	rm -rf $(VENV) demo-out bench-out .pytest_cache .hypothesis *.egg-info

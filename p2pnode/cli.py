@@ -197,17 +197,9 @@ def _toml_settings(items) -> dict:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from tools.bench import adapters, protocol, transport
+    from tools.bench.command import run
 
-    bench = {"protocol": protocol, "transport": transport, "adapters": adapters}[args.bench]
-    sizes = tuple(args.sizes) if args.sizes else bench.DEFAULT_SIZES
-    trials, seconds = (2, args.quick_seconds) if args.quick else (args.trials, args.seconds)
-    options = {"presigned": args.presigned} if args.bench == "transport" else {}
-    report = bench.run(sizes, trials=trials, seconds=seconds, **options)
-    print(json.dumps(report, indent=2) if args.json else bench.format_table(report))
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    return EXIT_OK
+    return run(args)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -953,6 +945,12 @@ def build_parser() -> argparse.ArgumentParser:
         command = benches.add_parser(name, help=summary)
         command.add_argument("--json", action="store_true", help="print the report as JSON")
         command.add_argument("--out", metavar="FILE", help="also write the JSON report to FILE")
+        command.add_argument("--runs", type=_positive_int, default=1, help="consecutive runs, each printed (default 1)")
+        command.add_argument(
+            "--save",
+            metavar="NAME",
+            help="write the runs and their provenance to tools/bench/results/NAME.json (BENCHMARKS.md's tables)",
+        )
         command.add_argument(
             "--sizes",
             type=_positive_int,

@@ -129,3 +129,8 @@ def format_table(report: dict) -> str:
         )
     lines.append(report["method"])
     return "\n".join(lines)
+
+
+def settings() -> dict:
+    """What differs from a user's defaults: nothing (raw frames, no daemon settings)."""
+    return {}

@@ -77,7 +77,10 @@ def run(sizes=DEFAULT_SIZES, *, trials: int = 9, seconds: float = 0.1) -> dict:
     return {
         "benchmark": "protocol",
         "goal": f"overhead = (encode + decode) / (sign + verify) - 1 <= {GOAL_OVERHEAD}",
-        "method": f"median of {trials} interleaved trials of ~{seconds} s each, one process",
+        "method": (
+            f"median of {trials} interleaved trials of ~{seconds} s each, one process, "
+            "the garbage collector off inside the timed loops"
+        ),
         "machine": {
             "python": platform.python_version(),
             "platform": platform.platform(),
@@ -100,3 +103,37 @@ def format_table(report: dict) -> str:
         )
     lines.append(report["method"] + "; overhead = (encode + decode) / (sign + verify) - 1")
     return "\n".join(lines)
+
+
+def settings() -> dict:
+    """What differs from a user's defaults: nothing (the frames are a node's own)."""
+    return {}
+
+
+def render(result: dict) -> str:
+    """BENCHMARKS.md's table: the rates of the middle run, the overhead of every run."""
+    runs = result["data"]["runs"]
+    middle = runs[len(runs) // 2]
+    rows = [
+        "| payload | frame bytes | encode/s | sign/s | decode/s | verify/s | "
+        f"overhead ({len(runs)} run{'s' if len(runs) > 1 else ''}) | goal ≤ {GOAL_OVERHEAD:.0%} |",
+        "|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for index, row in enumerate(middle["results"]):
+        overheads = [run["results"][index]["overhead"] for run in runs]
+        rate = {
+            name: f"{row[f'{name}_per_s']:,.0f}".replace(",", " ") for name in ("encode", "sign", "decode", "verify")
+        }
+        rows.append(
+            f"| {_size(row['payload_bytes'])} | {row['frame_bytes']:,} ".replace(",", " ")
+            + f"| {rate['encode']} | {rate['sign']} | {rate['decode']} | {rate['verify']} | "
+            + ", ".join(f"{value:+.1%}" for value in overheads).replace("%", " %")
+            + f" | {'met' if all(value <= GOAL_OVERHEAD for value in overheads) else 'not met'} |"
+        )
+    rows.append("")
+    rows.append(f"Rates from the middle run; {middle['method']}.")
+    return "\n".join(rows)
+
+
+def _size(payload: int) -> str:
+    return f"{payload // 1024} KiB" if payload % 1024 == 0 else f"{payload} B"

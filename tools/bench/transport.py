@@ -360,3 +360,14 @@ def format_table(report: dict) -> str:
         met = "not for the receive path alone"
     lines.append(f"goal {report['goal']}: {met}. {report['method']}")
     return "\n".join(lines)
+
+
+def settings(presigned: bool = False) -> dict:
+    """What differs from a user's defaults, as "section.key": value."""
+    lifted = _settings(TransportSettings().verify_threads)
+    defaults = TransportSettings()
+    return {
+        f"transport.{key}": getattr(lifted, key)
+        for key in ("rate_per_connection", "burst_per_connection")
+        if getattr(lifted, key) != getattr(defaults, key)
+    } | ({"frames": "signed before the clock starts"} if presigned else {})

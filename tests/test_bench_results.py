@@ -1,0 +1,41 @@
+"""BENCHMARKS.md's tables are drawn from result files that say where their figures came from
+(tools/bench/results.py, tools/bench/render.py)."""
+
+import json
+
+import pytest
+
+from tools.bench import protocol
+from tools.bench.render import BENCHMARKS, blocks, render_document, stale
+from tools.bench.results import REQUIRED, RESULTS, capture, save
+
+
+def test_every_drawn_table_is_what_its_result_file_renders():
+    text = BENCHMARKS.read_text()
+    assert blocks(text), "BENCHMARKS.md draws no table from a result file"
+    assert stale(text) == [], "run `make bench-report` (python -m tools.bench.render) and commit"
+
+
+def test_every_result_file_is_drawn_and_says_where_it_came_from():
+    drawn = set(blocks(BENCHMARKS.read_text()))
+    for path in RESULTS.glob("*.json"):
+        result = json.loads(path.read_text())
+        assert result["name"] == path.stem and path.stem in drawn, f"{path.name} is drawn nowhere in BENCHMARKS.md"
+        provenance = result["provenance"]
+        assert set(REQUIRED) <= set(provenance), path.name
+        assert provenance["commit"] and provenance["dirty"] is False, f"{path.name}: measured on uncommitted code"
+        machine = provenance["machine"]
+        assert machine["cpu"] and machine["cores"] and machine["load_before"] and machine["load_after"], path.name
+
+
+def test_a_table_that_drifts_from_its_data_is_found(tmp_path):
+    with capture("p2pnode bench protocol --quick", runs=1) as provenance:
+        runs = [protocol.run((1024,), trials=1, seconds=0.001)]
+    save("probe", "tools.bench.protocol", provenance, {"runs": runs}, directory=tmp_path)
+    document = "# x\n<!-- result: probe -->\nold\n<!-- /result -->\n"
+    assert stale(document, tmp_path) == ["probe"]
+    drawn = render_document(document, tmp_path)
+    assert stale(drawn, tmp_path) == [] and "| 1 KiB |" in drawn and "settings other than a user's defaults: none" in drawn
+    assert drawn.replace("| 1 KiB |", "| 2 KiB |") != drawn and stale(drawn.replace("| 1 KiB |", "| 2 KiB |"), tmp_path)
+    with pytest.raises(ValueError, match="provenance lacks seeds"):
+        save("bad", "tools.bench.protocol", {k: v for k, v in provenance.items() if k != "seeds"}, {}, tmp_path)

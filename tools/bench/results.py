@@ -1,0 +1,130 @@
+"""Benchmark results as data: each published table of BENCHMARKS.md is rendered from one file
+under tools/bench/results/, which carries the figures and where they came from.
+
+A result file is JSON:
+
+    {"name": ..., "renderer": "tools.bench.protocol",   # module whose render(result) draws the table
+     "provenance": {...},                                 # capture(): commit, machine, command, ...
+     "data": {...}}                                       # what the benchmark measured
+
+`provenance` says everything a reader needs to run the same thing and judge the figure: the
+commit and whether the tree was dirty, the date, the machine (CPU model, cores, load average
+before and after), the command line, every setting that differs from what a user gets by
+default, the seeds, torch threads and number of runs. tools/bench/render.py draws the tables
+into BENCHMARKS.md between `<!-- result: NAME -->` and `<!-- /result -->`, and
+tests/test_bench_results.py fails when a table and its file disagree.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+__all__ = ["RESULTS", "REQUIRED", "capture", "save", "load", "machine", "git_state"]
+
+RESULTS = Path(__file__).parent / "results"
+ROOT = Path(__file__).resolve().parents[2]
+# What every result's provenance holds (tests/test_bench_results.py checks it).
+REQUIRED = ("commit", "dirty", "date", "machine", "command", "settings", "seeds", "threads", "runs")
+
+
+def git_state(root: Path = ROOT) -> tuple[str | None, bool | None]:
+    """(the checked-out commit, whether tracked files differ from it); (None, None) outside git."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        changes = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None, None
+    # A result file being written is not a change to the code that measured it.
+    dirty = any(not line[3:].startswith("tools/bench/results/") for line in changes.splitlines())
+    return commit, dirty
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine() -> dict[str, Any]:
+    """The machine a figure was measured on."""
+    return {
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
+
+
+def _load() -> list[float]:
+    return [round(value, 2) for value in os.getloadavg()]
+
+
+@contextmanager
+def capture(
+    command: str | Sequence[str] | None = None,
+    *,
+    settings: Mapping[str, Any] | None = None,
+    seeds: Sequence[int] = (),
+    threads: int | None = None,
+    runs: int = 1,
+) -> Iterator[dict[str, Any]]:
+    """The provenance of what runs inside the `with` block: filled in before it (commit, date,
+    machine, load average) and completed after it (load average after). `command`: what a reader
+    runs to get the figure (default: this process's command line); `settings`: every setting
+    that differs from a user's default, as "section.key": value (none: {})."""
+    if command is None:
+        command = [Path(sys.argv[0]).name if sys.argv[0].endswith("p2pnode") else "python", *sys.argv[1:]]
+    commit, dirty = git_state()
+    provenance = {
+        "commit": commit,
+        "dirty": dirty,
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": {**machine(), "load_before": _load()},
+        "command": command if isinstance(command, str) else shlex.join(command),
+        "settings": dict(settings or {}),
+        "seeds": list(seeds),
+        "threads": threads,
+        "runs": runs,
+    }
+    yield provenance
+    provenance["machine"]["load_after"] = _load()
+
+
+def save(name: str, renderer: str, provenance: Mapping[str, Any], data: Any, directory: Path = RESULTS) -> Path:
+    """Write result `name` (tools/bench/results/NAME.json); `renderer` is the module whose
+    render(result) draws its table."""
+    missing = [key for key in REQUIRED if key not in provenance]
+    if missing:
+        raise ValueError(f"result {name}: provenance lacks {', '.join(missing)}")
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.json"
+    result = {"name": name, "renderer": renderer, "provenance": dict(provenance), "data": data}
+    path.write_text(json.dumps(result, indent=1, sort_keys=False) + "\n")
+    return path
+
+
+def load(name: str, directory: Path = RESULTS) -> dict[str, Any]:
+    return json.loads((directory / f"{name}.json").read_text())
