@@ -35,7 +35,9 @@ def test_a_table_that_drifts_from_its_data_is_found(tmp_path):
     document = "# x\n<!-- result: probe -->\nold\n<!-- /result -->\n"
     assert stale(document, tmp_path) == ["probe"]
     drawn = render_document(document, tmp_path)
-    assert stale(drawn, tmp_path) == [] and "| 1 KiB |" in drawn and "settings other than a user's defaults: none" in drawn
+    assert (
+        stale(drawn, tmp_path) == [] and "| 1 KiB |" in drawn and "settings other than a user's defaults: none" in drawn
+    )
     assert drawn.replace("| 1 KiB |", "| 2 KiB |") != drawn and stale(drawn.replace("| 1 KiB |", "| 2 KiB |"), tmp_path)
     with pytest.raises(ValueError, match="provenance lacks seeds"):
         save("bad", "tools.bench.protocol", {k: v for k, v in provenance.items() if k != "seeds"}, {}, tmp_path)
