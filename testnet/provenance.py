@@ -13,7 +13,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PACKAGES", "provenance", "git_state"]
+__all__ = ["PACKAGES", "provenance", "git_state", "versions"]
 
 # Distributions whose version can change a result (the learning stack, the wire, the plots).
 PACKAGES = (
@@ -46,9 +46,14 @@ def provenance(seed: int, device: str = "cpu", *, root: Path = CODE_ROOT) -> dic
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
-        "packages": {name: _version(name) for name in PACKAGES},
+        "packages": versions(),
         "git": git_state(root),
     }
+
+
+def versions() -> dict[str, str | None]:
+    """The versions of PACKAGES installed here."""
+    return {name: _version(name) for name in PACKAGES}
 
 
 def _version(name: str) -> str | None:
@@ -58,15 +63,17 @@ def _version(name: str) -> str | None:
         return None
 
 
-def git_state(root: Path) -> dict[str, Any] | None:
+def git_state(root: Path, ignore: tuple[str, ...] = ()) -> dict[str, Any] | None:
     """{commit, dirty} of the checkout `root` is in, or None when it is none (an installed
-    package, a tarball) or git is missing. Untracked files (reports, data) do not count as dirty."""
+    package, a tarball) or git is missing. Untracked files (reports, data) do not count as dirty,
+    nor changes under the folders in `ignore` (a benchmark's own result files)."""
     try:
         commit = _git(root, "rev-parse", "HEAD")
         changes = _git(root, "status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return None
-    return {"commit": commit, "dirty": bool(changes)}
+    changed = [line[3:] for line in changes.splitlines()]
+    return {"commit": commit, "dirty": any(not path.startswith(ignore) for path in changed)}
 
 
 def _git(root: Path, *args: str) -> str:

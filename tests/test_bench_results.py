@@ -1,6 +1,7 @@
 """BENCHMARKS.md's tables are drawn from result files that say where their figures came from
 (tools/bench/results.py, tools/bench/render.py)."""
 
+import dataclasses
 import json
 
 import pytest
@@ -41,3 +42,21 @@ def test_a_table_that_drifts_from_its_data_is_found(tmp_path):
     assert drawn.replace("| 1 KiB |", "| 2 KiB |") != drawn and stale(drawn.replace("| 1 KiB |", "| 2 KiB |"), tmp_path)
     with pytest.raises(ValueError, match="provenance lacks seeds"):
         save("bad", "tools.bench.protocol", {k: v for k, v in provenance.items() if k != "seeds"}, {}, tmp_path)
+
+
+def test_a_cached_run_is_reused_only_for_the_same_committed_code(tmp_path):
+    """tools/bench/runs.py: a finished run's report is read instead of run again only when the
+    same spec ran on the commit checked out now; another commit's run is run again."""
+    from testnet.provenance import CODE_ROOT, git_state
+    from testnet.report import write_report
+    from testnet.simulator import SimulationSpec, run_simulation
+    from tools.bench.runs import _finished
+
+    spec = SimulationSpec(algorithm="local", dataset="digits", scenario="1", nodes=2, rounds=1, samples_per_class=5)
+    write_report(run_simulation(spec), tmp_path)
+    code = git_state(CODE_ROOT)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["provenance"]["git"] == code
+    assert _finished(spec, str(tmp_path), code) == report
+    assert _finished(spec, str(tmp_path), {**code, "commit": "0" * 40}) is None
+    assert _finished(dataclasses.replace(spec, rounds=2), str(tmp_path), code) is None

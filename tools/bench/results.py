@@ -21,7 +21,6 @@ import json
 import os
 import platform
 import shlex
-import subprocess
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -29,32 +28,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RESULTS", "REQUIRED", "capture", "save", "load", "machine", "git_state"]
+from testnet.provenance import git_state, versions
+
+__all__ = ["RESULTS", "REQUIRED", "capture", "save", "load", "machine"]
 
 RESULTS = Path(__file__).parent / "results"
 ROOT = Path(__file__).resolve().parents[2]
 # What every result's provenance holds (tests/test_bench_results.py checks it).
 REQUIRED = ("commit", "dirty", "date", "machine", "command", "settings", "seeds", "threads", "runs")
-
-
-def git_state(root: Path = ROOT) -> tuple[str | None, bool | None]:
-    """(the checked-out commit, whether tracked files differ from it); (None, None) outside git."""
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        changes = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return None, None
-    # A result file being written is not a change to the code that measured it.
-    dirty = any(not line[3:].startswith("tools/bench/results/") for line in changes.splitlines())
-    return commit, dirty
 
 
 def _cpu_model() -> str:
@@ -68,13 +49,14 @@ def _cpu_model() -> str:
 
 
 def machine() -> dict[str, Any]:
-    """The machine a figure was measured on."""
+    """The machine a figure was measured on, and the packages that can change it."""
     return {
         "cpu": _cpu_model(),
         "cores": os.cpu_count(),
         "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
         "platform": platform.platform(),
         "python": platform.python_version(),
+        "packages": versions(),
     }
 
 
@@ -97,10 +79,11 @@ def capture(
     that differs from a user's default, as "section.key": value (none: {})."""
     if command is None:
         command = [Path(sys.argv[0]).name if sys.argv[0].endswith("p2pnode") else "python", *sys.argv[1:]]
-    commit, dirty = git_state()
+    # A result file being written is not a change to the code that measured it.
+    git = git_state(ROOT, ignore=(f"{RESULTS.relative_to(ROOT)}/",)) or {"commit": None, "dirty": None}
     provenance = {
-        "commit": commit,
-        "dirty": dirty,
+        "commit": git["commit"],
+        "dirty": git["dirty"],
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": {**machine(), "load_before": _load()},
         "command": command if isinstance(command, str) else shlex.join(command),

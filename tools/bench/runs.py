@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from testnet.provenance import CODE_ROOT, git_state
 from testnet.simulator import SimulationSpec
 
 __all__ = ["simulate_all", "write_summary"]
@@ -29,22 +30,26 @@ def _simulate(job: tuple[SimulationSpec, str]) -> dict:
 
 def simulate_all(jobs: Sequence[tuple[SimulationSpec, str]], workers: int, *, reuse: bool = False) -> list[dict]:
     """Run each (spec, output folder); returns the reports in the order of `jobs`. With `reuse`,
-    a folder that already holds the report of the same spec is read instead of run again, so an
-    interrupted or extended benchmark only runs what is missing."""
-    done = {index: _finished(spec, out) for index, (spec, out) in enumerate(jobs)} if reuse else {}
+    a folder that already holds the report of the same spec, run by the same committed code as
+    this checkout's, is read instead of run again, so an interrupted or extended benchmark only
+    runs what is missing and a table never mixes code versions."""
+    code = git_state(CODE_ROOT)
+    reusable = reuse and code is not None and not code["dirty"]
+    done = {index: _finished(spec, out, code) for index, (spec, out) in enumerate(jobs)} if reusable else {}
     todo = [job for index, job in enumerate(jobs) if done.get(index) is None]
     with ProcessPoolExecutor(workers) as pool:
         fresh = iter(pool.map(_simulate, todo))
     return [done.get(index) or next(fresh) for index in range(len(jobs))]
 
 
-def _finished(spec: SimulationSpec, out: str) -> dict | None:
+def _finished(spec: SimulationSpec, out: str, code: dict) -> dict | None:
     path = Path(out, "report.json")
     if not path.exists():
         return None
     report = json.loads(path.read_text())
     same = (
-        report.get("algorithm") == spec.algorithm
+        (report.get("provenance") or {}).get("git") == code
+        and report.get("algorithm") == spec.algorithm
         and report.get("config") == json.loads(json.dumps(spec.config_dict()))
         and report.get("backbones") == spec.node_backbones()
         and (report.get("scenario"), report.get("seed"), report.get("rounds"))
