@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from protocol.kinds import UNEXPECTED_TYPE
 from protocol.messages import Body, MessageType
 
 from .device import CPU
@@ -281,7 +282,7 @@ class Algorithm(abc.ABC):
     def receive(self, peer: str, round: int, body: Body, frame: Frame | None = None) -> None:
         """A peer's payload for `round`; raises PayloadRejected if it will not be used."""
         if body.TYPE not in self.sends:
-            raise PayloadRejected("unexpected_type", f"{self.name} takes no {body.TYPE} payloads")
+            raise PayloadRejected(UNEXPECTED_TYPE, f"{self.name} takes no {body.TYPE} payloads")
         self.accept(peer, round, body, frame)
 
     def accept(self, peer: str, round: int, body: Body, frame: Frame | None) -> None:

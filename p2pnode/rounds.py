@@ -19,7 +19,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from protocol import MessageType
+from protocol import UNEXPECTED_TYPE, MessageType
 
 __all__ = [
     "RoundRecord",
@@ -29,7 +29,6 @@ __all__ = [
     "INBOX_FULL",
     "PEER_INBOX_FULL",
     "DUPLICATE_PAYLOAD",
-    "UNEXPECTED_TYPE",
     "CATCH_UP_MIN_PEERS",
     "arrived",
 ]
@@ -38,7 +37,6 @@ ROUND_AHEAD = "round_ahead"  # a payload too far ahead of this node's round
 INBOX_FULL = "inbox_full"  # the bounded payload queue was full
 PEER_INBOX_FULL = "peer_inbox_full"  # its sender already holds its share of the queue
 DUPLICATE_PAYLOAD = "duplicate_payload"  # a second payload of one type for one round from one peer
-UNEXPECTED_TYPE = "unexpected_type"  # a type the algorithm never takes (as algorithms/seam.py counts it)
 # A catch-up needs the word of at least this many distinct peers, whatever the quorum fraction:
 # one peer, however far ahead it says it is, never moves a node's round.
 CATCH_UP_MIN_PEERS = 2

@@ -19,6 +19,7 @@ from .envelope import (
 )
 from .errors import ProtocolError, Reason
 from .identity import NODE_ID_LENGTH, Identity, node_id
+from .kinds import UNEXPECTED_TYPE
 from .limits import DEFAULT_LIMITS, KiB, Limits, MiB
 from .messages import (
     BODY_TYPES,
@@ -62,6 +63,7 @@ __all__ = [
     "Identity",
     "KiB",
     "LEARNING_TYPES",
+    "UNEXPECTED_TYPE",
     "Limits",
     "MessageType",
     "MiB",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["MessageType", "DISCOVERY_TYPES", "LEARNING_TYPES"]
+__all__ = ["MessageType", "DISCOVERY_TYPES", "LEARNING_TYPES", "UNEXPECTED_TYPE"]
 
 
 class MessageType(enum.StrEnum):
@@ -33,3 +33,6 @@ class MessageType(enum.StrEnum):
 DISCOVERY_TYPES = frozenset({MessageType.HELLO, MessageType.PEERS, MessageType.PING, MessageType.PONG, MessageType.BYE})
 # A new algorithm's payload type is one more member above, listed here, with its body below.
 LEARNING_TYPES = frozenset(MessageType) - DISCOVERY_TYPES
+# The refusal counted for a learning payload of a type the receiving algorithm never takes:
+# the daemon refuses it on arrival (p2pnode/rounds.py), the algorithm once more when handed one.
+UNEXPECTED_TYPE = "unexpected_type"

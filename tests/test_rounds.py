@@ -10,13 +10,12 @@ from p2pnode.rounds import (
     INBOX_FULL,
     PEER_INBOX_FULL,
     ROUND_AHEAD,
-    UNEXPECTED_TYPE,
     Gather,
     RoundRecord,
     RoundState,
     arrived,
 )
-from protocol import MessageType
+from protocol import UNEXPECTED_TYPE, MessageType
 
 PROTOTYPES, MODEL, SCORE = MessageType.PROTOTYPES, MessageType.MODEL, MessageType.SCORE
 
