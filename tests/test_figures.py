@@ -14,8 +14,10 @@ text); a figure stated once needs no entry.
 from __future__ import annotations
 
 import re
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,20 +57,21 @@ def normalised(value: str) -> str:
     return value[1:] if value.startswith("+") else value
 
 
+def half_up(number: float, digits: int = 0) -> str:
+    """As a writer rounds (42.5 to 43), not as round() does (to 42)."""
+    return str(Decimal(repr(number)).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP))
+
+
 def rounded(*names: str, digits: int = 0) -> Callable[[dict[str, str]], dict[str, str]]:
     def convert(values: dict[str, str]) -> dict[str, str]:
-        out = dict(values)
-        for name in names:
-            number = round(abs(float(normalised(values[name]))), digits)
-            out[name] = f"{number:.{digits}f}"
-        return out
+        return {**values, **{name: half_up(abs(float(normalised(values[name]))), digits) for name in names}}
 
     return convert
 
 
 def as_percent(*names: str) -> Callable[[dict[str, str]], dict[str, str]]:
     def convert(values: dict[str, str]) -> dict[str, str]:
-        return {**values, **{name: f"{round(float(values[name]) * 100)}" for name in names}}
+        return {**values, **{name: half_up(float(values[name]) * 100) for name in names}}
 
     return convert
 
@@ -79,10 +82,39 @@ def scale_bring_up(values: dict[str, str]) -> dict[str, str]:
     up, target = float(values["up_s"]), float(values["target_s"])
     return {
         **values,
-        "up_s": f"{round(up)}",
-        "target_s": f"{round(target)}",
-        "converge_s": f"{round(target - up)}",
-        "rss_max": f"{round(float(values['rss_max']))}",
+        "up_s": half_up(up),
+        "target_s": half_up(target),
+        "converge_s": half_up(target - up),
+        "rss_max": half_up(float(values["rss_max"])),
+    }
+
+
+def settling_medians(values: dict[str, str]) -> dict[str, str]:
+    """The simulated joins' table as docs/daemon.md sums it up: the range of the median seconds
+    to every view at target, over the `waves` rows, for peers that settle (300, 60, 30 s) and for
+    no displacement; the loaded row's median for 300 and the range for 60 and 30. A cell "same"
+    repeats the 300 s column."""
+
+    def median(column: str) -> float:
+        cell = values[column].strip()
+        cell = values[column.rsplit("_", 1)[0] + "_300"].strip() if cell == "same" else cell
+        return statistics.median(float(x) for x in cell.split("/"))
+
+    def span(columns: list[str]) -> tuple[str, str]:
+        medians = [median(column) for column in columns]
+        return half_up(min(medians)), half_up(max(medians))
+
+    settle = span([f"{row}_{after}" for row in ("w05", "w15") for after in (300, 60, 30)])
+    none = span(["w05_0", "w15_0"])
+    loaded = span(["loaded_60", "loaded_30"])
+    return {
+        "settle_low": settle[0],
+        "settle_high": settle[1],
+        "none_low": none[0],
+        "none_high": none[1],
+        "loaded_300": half_up(median("loaded_300")),
+        "loaded_low": loaded[0],
+        "loaded_high": loaded[1],
     }
 
 
@@ -248,6 +280,52 @@ FIGURES: tuple[Figure, ...] = (
             Place(B, r"\((?P<converge_s>\d+) s in the quiet run above"),
         ),
         quoted_as=scale_bring_up,
+    ),
+    Figure(
+        "simulated joins: seconds to every view at target by how long peers stay displaceable",
+        Place(
+            B,
+            r"(?s)"
+            + r".*?".join(
+                rf"^\| {re.escape(row)} \| " + r" \| ".join(f"(?P<{key}_{after}>[^|]+)" for after in (300, 60, 30, 0))
+                for row, key in (("waves 0.5 s", "w05"), ("waves 1.5 s", "w15"), ("waves 1.5 s, loaded", "loaded"))
+            ),
+        ),
+        (
+            Place(
+                "docs/daemon.md",
+                r"(?s)a median (?P<settle_low>\d+)–(?P<settle_high>\d+) s after the last start.{0,80}?against "
+                r"(?P<none_low>\d+)–(?P<none_high>\d+) s with no displacement at all; with slower links, "
+                r"(?P<loaded_300>\d+) s\s+with 300, (?P<loaded_low>\d+)–(?P<loaded_high>\d+) s with 60 or 30",
+            ),
+        ),
+        quoted_as=settling_medians,
+    ),
+    Figure(
+        "the oldest peer displaced in the simulated joins",
+        Place(B, r"no simulated peer was displaced older than (?P<s>\d+) s"),
+        (
+            Place("docs/daemon.md", r"up to (?P<s>\d+) s with 100 simulated nodes"),
+            Place(B, r"a peer admitted 4 s to (?P<s>\d+) s before"),
+        ),
+    ),
+    Figure(
+        "100 daemons with no displacement",
+        Place(B, r"was not at target after (?P<s>\d+) s \(min (?P<least>\d+) peers of (?P<view>\d+)"),
+        (Place("docs/security.md", r"min (?P<least>\d+) of (?P<view>\d+) after (?P<s>\d+) s"),),
+    ),
+    Figure(
+        "memory left by 1,000 closed connections",
+        Place(
+            "docs/security.md",
+            r"closed, leave the node \+(?P<node>[\d.]+) MB and that process \+(?P<process>[\d.]+) MB",
+        ),
+        (
+            Place(
+                "docs/security.md",
+                r"closed, leave that process (?P<process>[\d.]+) MB larger \(the node: \+(?P<node>[\d.]+) MB\)",
+            ),
+        ),
     ),
     Figure(
         "the bounded view for many nodes, and liveness when crowded",
