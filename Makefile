@@ -16,8 +16,8 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
 	@touch $@
 
-# Ten MAPL daemons learning over TCP on real MNIST digits (about 3 minutes), then Local simulated
-# on the same nodes (under 2 minutes more; 5 minutes in all on 2 cores); tools/demo.py --baselines adds Oracle.
+# Ten MAPL-Dual daemons learning over TCP on real MNIST digits (the testnet 322 s), then Local simulated
+# on the same nodes (92 s; 7 minutes in all on 2 cores: BENCHMARKS.md, "`make demo`"); tools/demo.py --baselines adds Oracle.
 demo: venv
 	$(BIN)/python -m tools.demo --out demo-out
 
@@ -37,7 +37,7 @@ bench: venv
 	$(BIN)/p2pnode bench protocol
 	$(BIN)/p2pnode bench transport
 
-# The learning benchmark of BENCHMARKS.md (about 15 minutes on 2 cores).
+# The learning benchmark of BENCHMARKS.md (about 7 minutes on 2 cores).
 bench-learning: venv
 	$(BIN)/python -m tools.bench.learning --out bench-out/learning
 
@@ -50,13 +50,13 @@ bench-heterogeneous: venv
 bench-scool: venv
 	$(BIN)/python -m tools.bench.scool --out bench-out/scool
 
-# The daemon-memory benchmark of BENCHMARKS.md (issue #15): four 4-daemon testnets (about 2 minutes).
+# The daemon-memory benchmark of BENCHMARKS.md (issue #15): four 4-daemon testnets of 25 rounds.
 bench-memory: venv
 	$(BIN)/python -m tools.bench.memory --out bench-out/memory
 	$(BIN)/python -m tools.bench.memory --stages
 
 # The discovery scaling table of BENCHMARKS.md (issue #16): testnets of 10, 30 and 100 daemons
-# with a bounded view (about 10 minutes on 2 cores).
+# with a bounded view (on 2 cores the 100 daemons' views were all at target 197 s after the start, then held 30 s).
 bench-scale: venv
 	$(BIN)/python -m tools.bench.scale --out bench-out/scale --nodes 10 30 100
 

@@ -443,7 +443,7 @@ class DiscoverySettings:
         Integer(1, 4096),
         64,
         "peers this node seeks: while it has fewer, it verifies addresses from its passive view "
-        "(at most max_peers; for a large network set it below max_peers, e.g. 8 and 16: docs/daemon.md)",
+        "(at most max_peers; for a large network set it below max_peers, e.g. 8 and 10: docs/daemon.md)",
     )
     passive_view: int = option(
         Integer(1, 4096),

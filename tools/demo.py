@@ -30,7 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="demo-out")
     parser.add_argument("--nodes", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=80)
-    # Local by default (under 2 minutes); Oracle, the ceiling, takes ~3 minutes more: on request.
+    # Local by default (92 s in BENCHMARKS.md's `make demo`); Oracle, the ceiling, on request: it took
+    # 160 s more in the learning benchmark's Scenario 1.
     parser.add_argument("--baselines", nargs="*", choices=BASELINES, default=["local"])
     args = parser.parse_args(argv)
     out = Path(args.out) / "mapl-dual-testnet"
