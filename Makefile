@@ -39,7 +39,7 @@ bench: venv
 
 # The learning benchmark of BENCHMARKS.md (about 7 minutes on 2 cores).
 bench-learning: venv
-	$(BIN)/python -m tools.bench.learning --out bench-out/learning
+	$(BIN)/python -m tools.bench.learning --out bench-out/learning --save learning
 
 # The heterogeneous-learning benchmark of BENCHMARKS.md (issue #13): every method, 3 seeds,
 # 2 scenarios, 5 and 10 samples per class (about 2 hours on 2 cores; finished runs are reused).
