@@ -7,11 +7,13 @@
                   ─► graph step + aggregation (worker thread)
                   ─► evaluate ─► record ─► checkpoint (atomic) ─► r + 1, or catch up
 
-Every decision (what to queue, who has arrived, when the gather ends, which round is next) is
-made by the I/O-free `RoundState` (rounds.py); this module only moves payloads, keeps time and
-runs the algorithm's heavy calls in a worker thread, one at a time, so algorithm state is never
-touched by two threads at once. It talks to the node through the narrow `Network` handles and
-imports nothing of node.py. docs/architecture.md shows where it sits.
+Every decision (what to publish and queue, who has arrived, when the gather ends, which round is
+next, what the round's record says) is made by the I/O-free round engine (engine.py, over
+rounds.py's `RoundState`), the one the simulator drives too; this module only moves payloads,
+keeps time, checkpoints, and runs the engine's heavy calls in a worker thread, one at a time, so
+algorithm state is never touched by two threads at once. It talks to the node through the
+narrow `Network` handles and imports nothing of node.py. docs/architecture.md shows where it
+sits.
 """
 
 from __future__ import annotations
@@ -30,10 +32,11 @@ import trio
 from protocol import Body, Envelope, MessageType
 
 from .checkpoint import Checkpoint, CheckpointError, HeldOut
+from .engine import RoundEngine, Timings, round_state, seconds
 from .files import describe_os_error
 from .history import HistoryFile
 from .memory import trim_now
-from .rounds import RoundRecord, RoundState
+from .rounds import RoundRecord
 
 if TYPE_CHECKING:
     import torch
@@ -285,15 +288,8 @@ class RoundDriver:
         self.local_baseline: Algorithm | None = None  # `[algorithm].local_baseline`'s model
         self.local_baseline_since = 0  # the first round it trained (later if switched on mid-run)
         self.phase = "starting"
-        self.state: RoundState[Envelope] = RoundState(
-            waits_for=frozenset(),
-            rounds=settings.rounds,
-            max_rounds_ahead=settings.max_rounds_ahead,
-            inbox_frames=settings.inbox_frames,
-            peer_inbox_frames=settings.peer_inbox_frames,
-            catch_up_quorum=settings.catch_up_quorum,
-            history_rounds=settings.history_rounds,
-        )
+        self.engine = RoundEngine(round_state(settings))
+        self.state = self.engine.state
         self._arrival = trio.Event()
         self._limiter = trio.CapacityLimiter(1)  # one algorithm call at a time
         self.checkpoint_round: int | None = None  # the round of the checkpoint on disk
@@ -303,7 +299,6 @@ class RoundDriver:
         # while training goes on; and its prediction for each held-out image.
         self.evaluated: EvaluatedModel | None = None
         self.held_out: HeldOut | None = None
-        self._sent_to: set[str] = set()  # peers sent anything in the round in progress
         self._last_payload: dict[str, tuple[float, int]] = {}  # peer → (when, round) of its latest payload
         self._alone_since, self._alone_rounds = 0, 0  # the current streak of rounds without a learning peer
         # Until then the first round waits for its peers, whatever the round deadline: a peer
@@ -319,7 +314,7 @@ class RoundDriver:
 
     def on_payload(self, envelope: Envelope) -> None:
         """Called by the node for every verified learning payload from an admitted peer."""
-        refusal = self.state.offer(envelope.sender_id, envelope.round, envelope.type, envelope)
+        refusal = self.engine.offer(envelope.sender_id, envelope.round, envelope)
         if refusal is not None:
             self.network.rejected(refusal, envelope.size)
         else:
@@ -337,24 +332,19 @@ class RoundDriver:
         """Hand over the queued payloads of this round or earlier (never during a worker-thread
         call), then send the answers they are owed (computed in a worker thread: scoring a
         model runs it on a batch)."""
-        from algorithms.seam import Frame, PayloadRejected
+        for envelope, rejected in self.engine.deliver():
+            self.network.rejected(rejected.reason, envelope.size)
+            log.debug("payload from %s rejected: %s", envelope.sender_id, rejected)
+        for out in await self._in_thread(self.engine.respond):
+            await self._send(out)
 
-        for peer, round, envelope in self.state.due():
-            try:
-                self.algorithm.receive(peer, round, envelope.body, Frame(envelope.seq, envelope.sender))
-            except PayloadRejected as rejected:
-                self.network.rejected(rejected.reason, envelope.size)
-                log.debug("payload from %s rejected: %s", peer, rejected)
-        for out in await self._in_thread(self.algorithm.respond):
-            await self._send(out, self.state.round if out.round is None else out.round)
-
-    async def _send(self, out: Outbound, round: int) -> None:
-        peers = self.network.peers()
+    async def _send(self, out: Outbound) -> None:
+        """To those of its addressees that are learning peers now."""
+        peers, tag = self.network.peers(), self.engine.tag(out, self.engine.round)
         to = [node for node in out.to if node in peers]
-        seq = await self.network.send(tuple(peers[node] for node in to), out.body, round)
+        seq = await self.network.send(tuple(peers[node] for node in to), out.body, tag)
         if seq is not None:
-            self.algorithm.published(round, out, seq)
-            self._sent_to.update(to)
+            self.engine.published(tag, out, to, seq)
 
     async def _in_thread(self, function: Callable[..., Any], *args: Any) -> Any:
         return await trio.to_thread.run_sync(function, *args, limiter=self._limiter)
@@ -373,8 +363,7 @@ class RoundDriver:
             raise LearningSetupError(f"[data]/[model]/[algorithm]: cannot set up learning: {exc}") from exc
         if self.settings.local_baseline:
             self.local_baseline = await self._in_thread(build_local_baseline, self.algorithm, self.settings.settings)
-        self.state.waits_for = self.algorithm.waits_for
-        self.state.takes = frozenset(self.algorithm.sends)  # what was queued before: refused when due
+        self.engine.attach(self.algorithm)  # what was queued before, of a type it does not take: refused when due
         from algorithms.inference import EvaluatedModel
 
         self.evaluated = EvaluatedModel()
@@ -385,20 +374,13 @@ class RoundDriver:
                 await self._wait_for_peers()
             while not self.state.done:
                 await self._one_round(self.state.round)
-                self.state.next_round(self._sources())
+                self.engine.next_round(self.network.peers())
         except Exception as exc:
             self.phase = f"failed: {type(exc).__name__}: {exc}"
             log.exception("learning stopped in round %d", self.state.round)
             return
         self.phase = "done"
         log.info("all %d rounds done", self.settings.rounds)
-
-    def _sources(self) -> set[str]:
-        """The peers whose rounds may pull this node along (`RoundState.next_round`): those it
-        gives weight, or, while it weighs none (it just started, or learns from nobody), all its
-        learning peers; never itself."""
-        weighted = {peer for peer, weight in self.algorithm.weights().items() if weight > 0}
-        return (weighted - {self.algorithm.node_id}) or set(self.network.peers())
 
     async def _wait_for_peers(self) -> None:
         self.phase = "waiting for peers"
@@ -408,50 +390,35 @@ class RoundDriver:
                 await trio.sleep(0.05)
 
     async def _one_round(self, round: int) -> None:
-        algorithm = self.algorithm
+        engine = self.engine
         started = trio.current_time()
-        self._sent_to = set()
+        engine.begin(round)
         self.phase = "local step"
-        report = await self._in_thread(algorithm.local_step, round)
+        await self._in_thread(engine.step, round)
         stepped = trio.current_time()
         await self._refresh()
         self._note_peers(round)
         self.phase = "publish"
-        for out in algorithm.publish(round):
-            await self._send(out, round)
+        for out in engine.publish(round):
+            await self._send(out)
         self.phase = "gather"
-        expected = set(algorithm.expected(round))
-        await self._gather(round, expected)
+        engine.expect(round)
+        await self._gather()
         gathered = trio.current_time()
-        came = expected & self.state.arrived(round)
+        engine.close_gather()
         await self._refresh()
         self.phase = "aggregate"
-        await self._in_thread(algorithm.end_round, round)
+        await self._in_thread(engine.end_round, round)
         evaluation = await self._in_thread(self._evaluate, round)
         self.held_out = HeldOut(evaluation.predicted, self._test_labels())
         baseline = {} if self.local_baseline is None else await self._in_thread(self._local_baseline_round, round)
-        record = RoundRecord(
-            node=algorithm.node_id,
-            round=round,
-            accuracy=evaluation.accuracy,
-            own_class_accuracy=evaluation.own_class_accuracy,
-            loss=report.loss,
-            test_loss=evaluation.loss,
-            weights=algorithm.weights(),
-            expected=len(expected),
-            arrived=len(came),
-            missing=tuple(sorted(expected - came)),
-            recipients=len(self._sent_to),
-            sent={str(kind): counts for kind, counts in self.network.sent().items()},
-            step_s=round_s(stepped - started),
-            gather_s=round_s(gathered - stepped),
-            round_s=round_s(trio.current_time() - started),
-            accuracy_by_predictor=evaluation.by_predictor,
-            test_samples=evaluation.total,
-            discovery_sent={str(kind): counts for kind, counts in self.network.discovery_sent().items()},
-            local_baseline=baseline,
+        record = engine.record(
+            evaluation,
+            Timings(stepped - started, gathered - stepped, trio.current_time() - started),
+            self.network.sent(),
+            self.network.discovery_sent(),
+            baseline,
         )
-        self.state.finish(record)
         if self.history is not None:  # before the checkpoint: no checkpoint covers a round not on disk
             await trio.to_thread.run_sync(self.history.append, record)
         await self._save_checkpoint(record)
@@ -530,12 +497,11 @@ class RoundDriver:
             )
         self._alone_rounds = 0
 
-    async def _gather(self, round: int, expected: set[str]) -> None:
-        """Wait for the expected payloads of `round` as `Gather` decides, answering what
-        arrives meanwhile."""
+    async def _gather(self) -> None:
+        """Wait for the expected payloads of the round as the engine's `Gather` decides,
+        answering what arrives meanwhile."""
         settings = self.settings
-        gather = self.state.gather(
-            expected,
+        gather = self.engine.gather(
             trio.current_time(),
             quorum=settings.quorum,
             deadline_s=settings.round_deadline_s,
@@ -543,7 +509,7 @@ class RoundDriver:
             hold_until=self._start_deadline,
         )
         self._start_deadline = -math.inf  # only the first round this node runs
-        while not gather.finished(self.state.settled(round), trio.current_time()):
+        while not self.engine.gather_finished(gather, trio.current_time()):
             self._arrival = trio.Event()
             with trio.move_on_at(gather.wake_at()) as waiting:
                 await self._arrival.wait()
@@ -647,7 +613,7 @@ class RoundDriver:
             "accuracy": None if last is None else last.accuracy,
             "neighbours": {} if last is None else {k: v for k, v in last.weights.items() if v > 0},
             "last_payloads": {
-                peer: {"round": tagged, "age_s": round_s(now - at)}
+                peer: {"round": tagged, "age_s": seconds(now - at)}
                 for peer, (at, tagged) in sorted(self._last_payload.items())
             },
             "missing_payloads": dict(sorted(state.missing.items())),
@@ -658,7 +624,3 @@ class RoundDriver:
             **({} if self.history is None else self.history.status()),
             "history": [record.to_dict() for record in state.history],
         }
-
-
-def round_s(seconds: float) -> float:
-    return round(seconds, 4)

@@ -1,4 +1,6 @@
-"""Counters the node keeps about its traffic, shown by `p2pnode status`."""
+"""Counters the node keeps about its traffic, shown by `p2pnode status`; and `SentTraffic`, the
+one count of frames sent, kept by the daemon (`Metrics`) and by each simulated node
+(testnet/shard.py) alike, which every round's record copies (p2pnode/engine.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from protocol import DISCOVERY_TYPES, LEARNING_TYPES, MessageType
 
 __all__ = [
     "Metrics",
+    "SentTraffic",
     "RATE_LIMITED",
     "STRANGER_RATE_LIMITED",
     "HANDSHAKE_FIRST",
@@ -27,12 +30,36 @@ MULTIPART = "malformed"  # a multipart ZeroMQ message: not a p2pnode frame
 NOT_LEARNING = "not_learning"  # a learning payload for a node that runs no algorithm (yet)
 
 
+class SentTraffic:
+    """Frames sent, by type: messages (one per addressee), their bytes, and the tensor bytes
+    inside them."""
+
+    def __init__(self) -> None:
+        self.messages: Counter[MessageType] = Counter()
+        self.bytes: Counter[MessageType] = Counter()
+        self.payload_bytes: Counter[MessageType] = Counter()
+
+    def count(self, kind: MessageType, size: int, payload: int = 0, copies: int = 1) -> None:
+        """One frame of `size` bytes (`payload` of them tensors) sent to `copies` addressees."""
+        self.messages[kind] += copies
+        self.bytes[kind] += size * copies
+        self.payload_bytes[kind] += payload * copies
+
+    def of(self, family: frozenset[MessageType]) -> dict[MessageType, tuple[int, int, int]]:
+        """The counts of the types in `family`, by type: (messages, bytes, payload bytes)."""
+        return {
+            kind: (self.messages[kind], self.bytes[kind], self.payload_bytes[kind])
+            for kind in sorted(self.messages)
+            if kind in family
+        }
+
+
 class Metrics:
     def __init__(self) -> None:
         self.messages_in: Counter[MessageType] = Counter()
         self.bytes_in: Counter[MessageType] = Counter()
-        self.messages_out: Counter[MessageType] = Counter()
-        self.bytes_out: Counter[MessageType] = Counter()
+        self.out = SentTraffic()
+        self.messages_out, self.bytes_out = self.out.messages, self.out.bytes
         self.rejections: Counter[str] = Counter()
         self.rejected_bytes = 0
         self.send_dropped: Counter[MessageType] = Counter()  # peer queue full or not connected
@@ -40,7 +67,7 @@ class Metrics:
         self.state_write_failures = 0  # the sequence reservation could not be saved (a full disk)
         self.beacon_sends_failed = 0
         self.connections: Counter[str] = Counter()  # inbound connections: events, ZAP verdicts (zap.py)
-        self.payload_bytes_out: Counter[MessageType] = Counter()  # tensor bytes inside the frames sent
+        self.payload_bytes_out = self.out.payload_bytes  # tensor bytes inside the frames sent
         # Connections to the Prometheus endpoint closed unanswered, by reason (prometheus.py).
         self.metrics_connections_closed: Counter[str] = Counter()
 
@@ -49,24 +76,15 @@ class Metrics:
         self.bytes_in[kind] += size
 
     def sent(self, kind: MessageType, size: int, payload: int = 0) -> None:
-        self.messages_out[kind] += 1
-        self.bytes_out[kind] += size
-        self.payload_bytes_out[kind] += payload
+        self.out.count(kind, size, payload)
 
     def learning_sent(self) -> dict[MessageType, tuple[int, int, int]]:
         """Learning frames sent so far, by type: (messages, bytes, payload bytes)."""
-        return self._sent_of(LEARNING_TYPES)
+        return self.out.of(LEARNING_TYPES)
 
     def discovery_sent(self) -> dict[MessageType, tuple[int, int, int]]:
         """Discovery and keep-alive frames sent so far, by type, shaped as `learning_sent`."""
-        return self._sent_of(DISCOVERY_TYPES)
-
-    def _sent_of(self, family: frozenset[MessageType]) -> dict[MessageType, tuple[int, int, int]]:
-        return {
-            kind: (self.messages_out[kind], self.bytes_out[kind], self.payload_bytes_out[kind])
-            for kind in sorted(self.messages_out)
-            if kind in family
-        }
+        return self.out.of(DISCOVERY_TYPES)
 
     def inbound_bytes(self) -> int:
         """Bytes of every frame taken in so far, accepted or refused."""

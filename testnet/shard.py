@@ -1,14 +1,21 @@
 """The nodes one host of a simulation owns, and what they do in a round (testnet/exchange.py
 routes between hosts).
 
-A shard answers the exchange's per-round commands for its own nodes: `step` (local steps,
-then each node's payloads encoded and signed exactly as the daemon would put them on the
-wire), `deliver` (frames from any node of the run, decoded by the protocol decoder and handed
-to their addressees here, in the order given; then the answers they are owed, signed), `finish`
-(graph step, evaluation, one `RoundRecord` per node). What a sender counts (sequence numbers,
+Each node runs the daemon's round engine (p2pnode/engine.py: what is published and accepted,
+who arrived, the round's `RoundRecord`); a shard only routes. It answers the exchange's
+per-round commands for its own nodes: `step` (local steps, then each node's payloads encoded and
+signed exactly as the daemon would put them on the wire), `deliver` (frames from any node of the
+run, decoded by the protocol decoder and offered to their addressees' engines here, in the order
+given, as the daemon offers what comes off its sockets; then the answers they are owed, signed),
+`finish` (graph step, evaluation, one record per node). What a sender counts (sequence numbers,
 frames and bytes sent, whom it sent to) lives with the sender's shard, what a receiver counts
 (what arrived, rejections) with the receiver's, so the records do not depend on how the nodes
 are spread over hosts.
+
+The simulator has no clock yet (the exchange is perfect and lock-step): a record's `step_s` is
+the node's own local step measured in wall time, `round_s` its own work in the round (local
+step, end of round, evaluation) in wall time, `gather_s` 0.0 (nobody waits); `discovery_sent`
+is empty, as there is no discovery.
 
 A poisoning node (algorithms/poison.py) may sign with looser limits (`sender_limits`), as an
 attacker would; the decoders keep the real ones, and a frame one refuses is counted as a
@@ -26,9 +33,12 @@ from dataclasses import dataclass
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from algorithms.seam import Algorithm, Frame, LocalReport, Outbound, PayloadRejected
-from p2pnode.rounds import RoundRecord, arrived
-from protocol import DEFAULT_LIMITS, Decoder, Encoder, Identity, Limits, MessageType, ProtocolError
+from algorithms.seam import Algorithm, Outbound
+from p2pnode.config import AlgorithmSettings
+from p2pnode.engine import RoundEngine, Timings, round_state
+from p2pnode.metrics import SentTraffic
+from p2pnode.rounds import RoundRecord
+from protocol import DEFAULT_LIMITS, LEARNING_TYPES, Decoder, Encoder, Identity, Limits, ProtocolError
 
 __all__ = ["Shard", "Sent", "SimulationError", "NodeFailed", "simulation_identity", "NETWORK"]
 
@@ -80,10 +90,14 @@ class Shard:
         self.decoder = Decoder(NETWORK)
         self.rejections: Counter[str] = Counter()
         self._seq = dict.fromkeys(self.nodes, 0)
-        # learning frames sent by each node so far, by type: [messages, bytes, payload bytes]
-        self._sent: dict[int, dict[MessageType, list[int]]] = {i: {} for i in self.nodes}
-        self._round = _RoundState()
+        self._sent = {i: SentTraffic() for i in self.nodes}  # learning frames each node sent so far
+        # Each node's engine, bound as a daemon's is by default; it keeps one record (the
+        # simulator keeps them all).
+        settings = AlgorithmSettings()
+        self.engines = {i: RoundEngine(round_state(settings, history_rounds=1)) for i in self.nodes}
+        self._step_s: dict[int, float] = {}  # this round's local steps, wall time
         for i, node in self.nodes.items():
+            self.engines[i].attach(node)
             with self._blame(i, "set_peers"):
                 node.set_peers(self.ids)
 
@@ -91,59 +105,47 @@ class Shard:
 
     def step(self, round: int) -> list[Sent]:
         """Every node's local step and what it publishes, signed."""
-        state = self._round = _RoundState()
-        for i, node in self.nodes.items():
+        for i, engine in self.engines.items():
+            engine.begin(round)
             started = time.perf_counter()
             with self._blame(i, "local_step"):
-                state.reports[i] = node.local_step(round)
-            state.step_s[i] = time.perf_counter() - started
+                engine.step(round)
+            self._step_s[i] = time.perf_counter() - started
         outbox = []
-        for i, node in self.nodes.items():
+        for i, engine in self.engines.items():
             with self._blame(i, "publish"):
-                outbox.extend((i, out) for out in node.publish(round))
-        for i, node in self.nodes.items():
+                outbox.extend((i, out) for out in engine.publish(round))
+        for i, engine in self.engines.items():
             with self._blame(i, "expected"):
-                state.expected[i] = set(node.expected(round))
+                engine.expect(round)
         return self._send(round, outbox)
 
     def deliver(self, round: int, frames: Sequence[Sent]) -> list[Sent]:
         """Hand `frames` to the addressees here, in order; returns the answers they are owed."""
         for sent in frames:
-            self._receive(round, sent)
+            self._receive(sent)
         outbox = []
-        for i, node in self.nodes.items():
+        for i, engine in self.engines.items():
+            with self._blame(i, "receive"):
+                refused = engine.deliver()
+            self.rejections.update(rejected.reason for _, rejected in refused)
             with self._blame(i, "respond"):
-                outbox.extend((i, out) for out in node.respond())
+                outbox.extend((i, out) for out in engine.respond())
         return self._send(round, outbox)
 
     def finish(self, round: int) -> list[RoundRecord]:
         """Every node's end of round and evaluation, as records in node order."""
-        state, records = self._round, []
-        for i, node in self.nodes.items():
+        records = []
+        for i, engine in self.engines.items():
+            engine.close_gather()
+            started = time.perf_counter()
             with self._blame(i, "end_round"):
-                node.end_round(round)
-                evaluation = node.evaluate()
-                weights = node.weights()
-            came = state.expected[i] & arrived(state.heard.get(i, {}), node.waits_for)
-            records.append(
-                RoundRecord(
-                    node=self.ids[i],
-                    round=round,
-                    accuracy=evaluation.accuracy,
-                    own_class_accuracy=evaluation.own_class_accuracy,
-                    loss=state.reports[i].loss,
-                    test_loss=evaluation.loss,
-                    weights=weights,
-                    expected=len(state.expected[i]),
-                    arrived=len(came),
-                    missing=tuple(sorted(state.expected[i] - came)),
-                    recipients=len(state.recipients.get(i, ())),
-                    sent={kind: (m, b, p) for kind, (m, b, p) in sorted(self._sent[i].items())},
-                    step_s=state.step_s[i],
-                    accuracy_by_predictor=evaluation.by_predictor,
-                    test_samples=evaluation.total,
-                )
-            )
+                engine.end_round(round)
+                evaluation = self.nodes[i].evaluate()
+            step_s = self._step_s[i]
+            timings = Timings(step_s, 0.0, step_s + time.perf_counter() - started)
+            with self._blame(i, "end_round"):
+                records.append(engine.record(evaluation, timings, self._sent[i].of(LEARNING_TYPES)))
         return records
 
     def rejected(self) -> dict[str, int]:
@@ -162,24 +164,19 @@ class Shard:
             unknown = [peer for peer in out.to if peer not in self.index]
             if unknown:
                 raise NodeFailed(f"{self._name(sender)} addressed {unknown[:3]}, which are not nodes of this run")
-            tag = round if out.round is None else out.round
+            tag = RoundEngine.tag(out, round)
             self._seq[sender] += 1
             seq = self._seq[sender]
             with self._blame(sender, "publish (signing its payload)"):
                 frame = self.encoders[sender].encode(out.body, seq=seq, timestamp_us=0, round=tag)
             with self._blame(sender, "published"):
-                node.published(tag, out, seq)
-            counts = self._sent[sender].setdefault(out.body.TYPE, [0, 0, 0])
-            payload = out.body.payload_bytes()
-            counts[0] += len(out.to)
-            counts[1] += len(frame) * len(out.to)
-            counts[2] += payload * len(out.to)
-            self._round.recipients.setdefault(sender, set()).update(out.to)
+                self.engines[sender].published(tag, out, out.to, seq)
+            self._sent[sender].count(out.body.TYPE, len(frame), out.body.payload_bytes(), copies=len(out.to))
             frames.append(Sent(sender, tag, out.to, frame))
         return frames
 
-    def _receive(self, round: int, sent: Sent) -> None:
-        """Decode `sent` once and hand its body to each of its addressees in this shard."""
+    def _receive(self, sent: Sent) -> None:
+        """Decode `sent` once and offer it to each of its addressees' engines in this shard."""
         here = [self.index[peer] for peer in sent.to if self.index[peer] in self.nodes]
         if not here:
             return
@@ -190,15 +187,9 @@ class Shard:
             return
         sender = self.ids[sent.sender]
         for receiver in here:
-            if sent.round == round:
-                self._round.heard.setdefault(receiver, {}).setdefault(sender, set()).add(envelope.body.TYPE)
-            with self._blame(receiver, "receive"):
-                try:
-                    self.nodes[receiver].receive(
-                        sender, sent.round, envelope.body, Frame(envelope.seq, envelope.sender)
-                    )
-                except PayloadRejected as rejected:
-                    self.rejections[rejected.reason] += 1
+            refusal = self.engines[receiver].offer(sender, sent.round, envelope)
+            if refusal is not None:
+                self.rejections[refusal] += 1
 
     # --- errors ----------------------------------------------------------------------------
 
@@ -214,14 +205,3 @@ class Shard:
             raise
         except Exception as exc:
             raise NodeFailed(f"{self._name(i)} failed in {call}: {type(exc).__name__}: {exc}") from exc
-
-
-class _RoundState:
-    """What a shard learns about its nodes during one round, for their records."""
-
-    def __init__(self) -> None:
-        self.reports: dict[int, LocalReport] = {}
-        self.step_s: dict[int, float] = {}
-        self.expected: dict[int, set[str]] = {}
-        self.recipients: dict[int, set[str]] = {}  # whom each node sent anything this round
-        self.heard: dict[int, dict[str, set[MessageType]]] = {}  # this round's payloads, by sender

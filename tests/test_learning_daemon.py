@@ -11,6 +11,7 @@ import trio
 from algorithms.catalog import ALGORITHM_NAMES, GRAPH_LEARNING
 from p2pnode.checkpoint import CHECKPOINT_NAME
 from p2pnode.config import ConfigError, load_config
+from p2pnode.history import HISTORY_NAME, read_history
 from p2pnode.learning import learning_capability
 from p2pnode.rounds import DUPLICATE_PAYLOAD
 from protocol import Prototypes, seal_raw
@@ -186,6 +187,30 @@ def test_testnet_learns_and_matches_the_simulator(tmp_path):
     )
     assert "| node | backbone | classes | neighbours (w > 0) | RSS / peak MiB | mapl [95 % Wilson] |" in page
     assert "RSS / peak MiB" not in summary_page(simulated)
+    same_records(spec, [read_history(tmp_path / "net" / f"node{i:02d}" / "data" / HISTORY_NAME) for i in range(4)])
+
+
+def same_records(spec, histories) -> None:
+    """One round engine (p2pnode/engine.py) builds every record: the daemons' and the simulator's
+    have the same fields, all filled in, and agree on what the round was (node i of the testnet
+    against node i of the simulation, round by round)."""
+    from testnet.engines import INLINE, open_hosts
+    from testnet.exchange import exchange_round, simulation_identity
+
+    ids = [simulation_identity(spec.seed, i).node_id for i in range(spec.nodes)]
+    with open_hosts(spec, INLINE) as hosts:
+        simulated = [exchange_round(hosts, ids, round) for round in range(spec.rounds)]
+    daemons = [[history.records[round] for history in histories] for round in range(spec.rounds)]
+    agreeing = ("round", "expected", "arrived", "recipients")
+    for ours, theirs in zip(simulated, daemons, strict=True):
+        for simulated_record, daemon_record in zip(ours, theirs, strict=True):
+            simulated_dict, daemon_dict = simulated_record.to_dict(), daemon_record.to_dict()
+            assert simulated_dict.keys() == daemon_dict.keys()
+            assert [simulated_dict[key] for key in agreeing] == [daemon_dict[key] for key in agreeing]
+            assert None not in (simulated_record.gather_s, simulated_record.round_s, daemon_record.gather_s)
+            assert simulated_record.discovery_sent == {} and daemon_record.discovery_sent
+    final = [[record.accuracy for record in last] for last in (simulated[-1], daemons[-1])]
+    assert abs(statistics.mean(final[0]) - statistics.mean(final[1])) <= 0.02
 
 
 def test_a_late_joiner_is_picked_up_and_a_killed_daemon_resumes(tmp_path):

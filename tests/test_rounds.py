@@ -2,9 +2,11 @@
 and deadline, catching up, and the records every driver writes."""
 
 import copy
+from dataclasses import dataclass
 
 import pytest
 
+from p2pnode.engine import RoundEngine, Timings
 from p2pnode.rounds import (
     DUPLICATE_PAYLOAD,
     INBOX_FULL,
@@ -242,3 +244,86 @@ def test_a_record_survives_json_and_a_wrong_one_is_refused():
     )
     with pytest.raises(ValueError, match="not a round record"):
         RoundRecord.from_dict({**original.to_dict(), "surprise": 1})
+
+
+class Scripted:
+    """A node's algorithm as the round engine sees it: the seam calls, with fixed answers."""
+
+    node_id, waits_for, sends = "a", frozenset({PROTOTYPES}), (PROTOTYPES,)
+
+    def __init__(self) -> None:
+        self.published_seqs: list[tuple[int, int]] = []
+        self.received: list[tuple[str, int, str]] = []
+
+    def local_step(self, round):
+        from algorithms.seam import LocalReport
+
+        return LocalReport(loss=0.25)
+
+    def publish(self, round):
+        from algorithms.seam import Outbound
+
+        return [Outbound(("b", "c"), "prototypes")]
+
+    def published(self, round, out, seq):
+        self.published_seqs.append((round, seq))
+
+    def expected(self, round):
+        return {"b", "c"}
+
+    def receive(self, peer, round, body, frame):
+        self.received.append((peer, round, body))
+
+    def end_round(self, round):
+        pass
+
+    def weights(self):
+        return {"a": 0.5, "b": 0.5}
+
+
+@dataclass(frozen=True)
+class Payload:
+    """What the engine reads of a verified envelope."""
+
+    type: MessageType
+    body: str
+    seq: int = 1
+    sender: bytes = b"key"
+
+
+def test_the_engine_runs_a_round_and_builds_its_record_from_what_the_driver_hands_it():
+    """The sequence both drivers follow, on simulated time: a quorum of one of two expected
+    peers, the grace, a payload too late for the record, and the record built from the driver's
+    evaluation, timings and traffic."""
+    from algorithms.seam import Evaluation
+
+    engine, algorithm = RoundEngine(state(waits_for=frozenset())), Scripted()
+    engine.attach(algorithm)
+    assert engine.offer("b", 0, Payload(MODEL, "model")) == UNEXPECTED_TYPE  # it takes prototypes only
+    engine.begin(0)
+    engine.step(0)
+    for out in engine.publish(0):
+        engine.published(engine.tag(out, 0), out, ("b",), 7)  # c could not be reached
+    assert engine.expect(0) == {"b", "c"}
+    gather = engine.gather(100.0, quorum=0.5, deadline_s=30, grace_s=2)
+    assert engine.offer("b", 0, Payload(PROTOTYPES, "from b")) is None
+    assert not engine.gather_finished(gather, 100.5)  # a quorum: the grace begins
+    assert engine.gather_finished(gather, 102.5)
+    assert engine.deliver() == [] and algorithm.received == [("b", 0, "from b")]
+    assert engine.close_gather() == {"b"}
+    assert engine.offer("c", 0, Payload(PROTOTYPES, "late")) is None  # queued, but the gather is over
+    engine.end_round(0)
+    sent = {PROTOTYPES: (1, 120, 100)}
+    record = engine.record(Evaluation(3, 4, 4, 0.5), Timings(0.123456, 2.5, 2.75), sent)
+    assert (record.node, record.round, record.accuracy, record.own_class_accuracy, record.loss) == (
+        "a",
+        0,
+        0.75,
+        1.0,
+        0.25,
+    )
+    assert (record.expected, record.arrived, record.missing, record.recipients) == (2, 1, ("c",), 1)
+    assert (record.step_s, record.gather_s, record.round_s) == (0.1235, 2.5, 2.75)
+    assert record.sent == {"PROTOTYPES": (1, 120, 100)} and record.discovery_sent == {} and record.local_baseline == {}
+    assert algorithm.published_seqs == [(0, 7)] and record.weights == {"a": 0.5, "b": 0.5}
+    assert engine.state.completed == 1 and engine.state.history[-1] is record and engine.state.missing == {"c": 1}

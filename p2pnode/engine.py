@@ -1,0 +1,213 @@
+"""One node's learning round, without I/O: the engine the daemon's round driver and the simulator
+both drive, so the round exists once.
+
+    begin ─► step (local step) ─► publish ─► published (per payload the driver put on its way)
+          ─► expect ─► gather: offer (each payload that comes) · deliver · respond, until the
+             `Gather` says it is over ─► close_gather ─► end_round ─► (the driver evaluates)
+          ─► record: the round's `RoundRecord`, built here and only here
+
+The engine decides what is accepted (`RoundState.offer`), who has arrived, when the gather ends
+and what the round's record says; it reads no clock and touches no socket: times come in as
+numbers, traffic as the counts the driver keeps (p2pnode/metrics.py's `SentTraffic`, the one
+counter of frames sent, in the daemon and in the simulator alike). Its heavy calls (`step`,
+`respond`, `end_round`) run wherever the driver puts them: a worker thread in the daemon
+(p2pnode/learning.py), in line in the simulator (testnet/shard.py). What each driver keeps is
+its own: the daemon threads, clocks, sockets, checkpoints and the history file; the simulator
+routing frames between its nodes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from protocol import Envelope
+
+from .rounds import Gather, RoundRecord, RoundState
+
+if TYPE_CHECKING:
+    from algorithms.seam import Algorithm, Evaluation, LocalReport, Outbound, PayloadRejected
+
+    from .config import AlgorithmSettings
+
+__all__ = ["RoundEngine", "Timings", "round_state", "seconds"]
+
+# Digits a record keeps of a duration: a tenth of a millisecond is finer than any round.
+SECONDS_DIGITS = 4
+
+
+def seconds(duration: float) -> float:
+    """A duration as records and status show it."""
+    return round(duration, SECONDS_DIGITS)
+
+
+@dataclass(frozen=True)
+class Timings:
+    """How long one node's round took, as its driver measured it (the engine reads no clock):
+    the local step, the wait for the neighbours, the whole round."""
+
+    step_s: float
+    gather_s: float
+    round_s: float
+
+
+def round_state(settings: AlgorithmSettings, history_rounds: int | None = None) -> RoundState[Envelope]:
+    """The `RoundState` `settings` bound (`[algorithm]`: queue sizes, rounds ahead, catch-up);
+    `history_rounds` overrides how many records it keeps."""
+    return RoundState(
+        waits_for=frozenset(),
+        rounds=settings.rounds,
+        max_rounds_ahead=settings.max_rounds_ahead,
+        inbox_frames=settings.inbox_frames,
+        peer_inbox_frames=settings.peer_inbox_frames,
+        catch_up_quorum=settings.catch_up_quorum,
+        history_rounds=settings.history_rounds if history_rounds is None else history_rounds,
+    )
+
+
+class RoundEngine:
+    """One node's rounds: its algorithm (once `attach`ed) and its `RoundState`. Payloads are
+    queued as the protocol's `Envelope`s, the daemon's verified ones or the simulator's decoded
+    ones, so the engine hands the algorithm the same body and frame in both."""
+
+    def __init__(self, state: RoundState[Envelope]) -> None:
+        self.state = state
+        self.algorithm: Algorithm | None = None
+        self._report: LocalReport | None = None  # the local step of the round in progress
+        self._sent_to: set[str] = set()  # peers sent anything in the round in progress
+        self._expected: frozenset[str] = frozenset()
+        self._came: frozenset[str] = frozenset()  # the expected peers that arrived, once the gather closed
+
+    def attach(self, algorithm: Algorithm) -> None:
+        """Learn with `algorithm` from now on; what was queued before it of a type it does not
+        take is refused when due."""
+        self.algorithm = algorithm
+        self.state.waits_for = algorithm.waits_for
+        self.state.takes = frozenset(algorithm.sends)
+
+    @property
+    def round(self) -> int:
+        return self.state.round
+
+    # --- the round, in order -------------------------------------------------------------------
+
+    def begin(self, round: int) -> None:
+        """Start round `round` (the daemon: the one `RoundState.next_round` chose; the simulator:
+        the next in lock-step)."""
+        self.state.round = round
+        self._report, self._sent_to = None, set()
+        self._expected = self._came = frozenset()
+
+    def step(self, round: int) -> LocalReport:
+        """The local step (heavy: the daemon runs it in a worker thread)."""
+        self._report = self.algorithm.local_step(round)
+        return self._report
+
+    def publish(self, round: int) -> list[Outbound]:
+        return list(self.algorithm.publish(round))
+
+    @staticmethod
+    def tag(out: Outbound, round: int) -> int:
+        """The round a payload is tagged with: its own (an answer names the round it answers), or
+        the round in progress."""
+        return round if out.round is None else out.round
+
+    def published(self, round: int, out: Outbound, to: tuple[str, ...] | list[str], seq: int) -> None:
+        """`out`, tagged `round`, went to `to` (the addressees the driver could reach) as sequence
+        number `seq`."""
+        self.algorithm.published(round, out, seq)
+        self._sent_to.update(to)
+
+    def expect(self, round: int) -> frozenset[str]:
+        """The peers whose payloads of `round` the gather waits for."""
+        self._expected = frozenset(self.algorithm.expected(round))
+        return self._expected
+
+    # --- the gather ----------------------------------------------------------------------------
+
+    def offer(self, peer: str, round: int, envelope: Envelope) -> str | None:
+        """A payload from `peer` for `round`: queued, or the reason it was refused."""
+        return self.state.offer(peer, round, envelope.type, envelope)
+
+    def deliver(self) -> list[tuple[Envelope, PayloadRejected]]:
+        """Hand the algorithm the queued payloads of this round or earlier, in arrival order;
+        returns those it refused, with its refusal (the driver counts them by its reason)."""
+        from algorithms.seam import Frame, PayloadRejected
+
+        refused = []
+        for peer, round, envelope in self.state.due():
+            try:
+                self.algorithm.receive(peer, round, envelope.body, Frame(envelope.seq, envelope.sender))
+            except PayloadRejected as rejected:
+                refused.append((envelope, rejected))
+        return refused
+
+    def respond(self) -> list[Outbound]:
+        """The answers the delivered payloads are owed (heavy: scoring a model runs it)."""
+        return list(self.algorithm.respond())
+
+    def gather(
+        self, now: float, *, quorum: float, deadline_s: float, grace_s: float, hold_until: float = -math.inf
+    ) -> Gather:
+        """Start waiting, at `now`, for the expected peers (`RoundState.gather`)."""
+        return self.state.gather(
+            self._expected, now, quorum=quorum, deadline_s=deadline_s, grace_s=grace_s, hold_until=hold_until
+        )
+
+    def gather_finished(self, gather: Gather, now: float) -> bool:
+        return gather.finished(self.state.settled(self.state.round), now)
+
+    def close_gather(self) -> frozenset[str]:
+        """The gather is over: the expected peers that sent everything in time."""
+        self._came = self._expected & self.state.arrived(self.state.round)
+        return self._came
+
+    def end_round(self, round: int) -> None:
+        """Graph step and aggregation (heavy)."""
+        self.algorithm.end_round(round)
+
+    def next_round(self, peers: Collection[str]) -> int:
+        """The round to run next (`RoundState.next_round`), which the rounds of the peers this
+        node gives weight may pull along; while it weighs none (it just started, or learns from
+        nobody), those of all its learning `peers`; never its own."""
+        weighted = {peer for peer, weight in self.algorithm.weights().items() if weight > 0}
+        return self.state.next_round((weighted - {self.algorithm.node_id}) or set(peers))
+
+    # --- the record ----------------------------------------------------------------------------
+
+    def record(
+        self,
+        evaluation: Evaluation,
+        timings: Timings,
+        sent: Mapping[str, tuple[int, int, int]],
+        discovery_sent: Mapping[str, tuple[int, int, int]] | None = None,
+        local_baseline: Mapping[str, float] | None = None,
+    ) -> RoundRecord:
+        """The round's record, from the driver's evaluation, timings and traffic so far (learning
+        frames by type; discovery frames too where there is a network); the round is then done."""
+        algorithm, round = self.algorithm, self.state.round
+        record = RoundRecord(
+            node=algorithm.node_id,
+            round=round,
+            accuracy=evaluation.accuracy,
+            own_class_accuracy=evaluation.own_class_accuracy,
+            loss=self._report.loss,
+            test_loss=evaluation.loss,
+            weights=algorithm.weights(),
+            expected=len(self._expected),
+            arrived=len(self._came),
+            missing=tuple(sorted(self._expected - self._came)),
+            recipients=len(self._sent_to),
+            sent={str(kind): counts for kind, counts in sent.items()},
+            step_s=seconds(timings.step_s),
+            gather_s=seconds(timings.gather_s),
+            round_s=seconds(timings.round_s),
+            accuracy_by_predictor=evaluation.by_predictor,
+            test_samples=evaluation.total,
+            discovery_sent={str(kind): counts for kind, counts in (discovery_sent or {}).items()},
+            local_baseline=dict(local_baseline or {}),
+        )
+        self.state.finish(record)
+        return record
