@@ -12,8 +12,10 @@ shows. Before anything runs, each command's module and Makefile target must exis
 
 The quick variants run in this process (`p2pnode.cli.main`, the tool's `main(argv)`), in an
 empty directory that receives what they write (`--save` included); each has its own timeout,
-and a hang fails the variant it is the test id of. The whole module took about N s under
-`nice -n 10` on the 2-core machine (see the report of the commit that added it).
+and a hang fails the variant it is the test id of. Six heavy ones (see ALL) run only with
+P2PNODE_BENCH_COMMANDS=all. Measured 2026-11-26 under `nice -n 10` on the 2-core machine while
+other jobs kept its load average at 4–5: this module 96 s (60 s of CPU, so about a minute on
+an idle machine); the heavy variants 125 s more (120 s of CPU).
 """
 
 from __future__ import annotations
