@@ -135,7 +135,7 @@ def run_attack(name: str, args: list[str], seconds: float) -> dict:
         under = _Watch(cluster, target)
         attack_cpu = under.during(attack, seconds)
         took = time.monotonic() - started
-        result = json.loads(attack.stdout.read().strip().splitlines()[-1])
+        result = json.loads(attack.communicate()[0].strip().splitlines()[-1])
         time.sleep(3.0)  # the node drains its queue and gives memory back
         after = cluster.status(target)
         counted = _taken_in(after["traffic"]) - _taken_in(before)

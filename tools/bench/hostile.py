@@ -4,7 +4,7 @@ time is the attacked socket reachable? CURVE on and off, bans of the suspects of
 (`[security].abort_ban_s`) on and off, from a stranger (public socket) and, with CURVE, from an
 admitted peer's key (peers' socket).
 
-    python -m tools.bench.hostile [--seconds 60] [--learning] [--out FILE]
+    python -m tools.bench.hostile [--seconds 60] [--learning] [--out FILE] [--quick]
 
 While an attack runs, the target's `status` is asked every 0.2 s (its latency, peer count and
 ingress restarts) and the attacked port is probed with a TCP connect every 0.05 s (refused: the
@@ -12,7 +12,8 @@ socket's process is starting again; a banned address is refused later, in the ha
 Each attack runs against a fresh testnet. With `--learning` the daemons learn (MAPL on digits,
 an mlp, 10 images per class, as many rounds as the attacks last) and each row adds the target's
 rounds: how many it completed during the attack, and the longest wait for its round counter to
-move, during the attack and in as long a stretch just before it.
+move, during the attack and in as long a stretch just before it. `--quick` runs the first row
+only (CURVE and bans off, stall-reset at the public socket): a smoke test, not for numbers.
 """
 
 from __future__ import annotations
@@ -177,7 +178,7 @@ ATTACKS = [
 ]
 
 
-def run_all(seconds: float, learning: bool) -> list[dict]:
+def run_all(seconds: float, learning: bool, quick: bool = False) -> list[dict]:
     rows = []
     for curve in (False, True):
         for bans in (False, True):
@@ -186,6 +187,8 @@ def run_all(seconds: float, learning: bool) -> list[dict]:
                     continue  # malformed ZMTP aborts nothing: no ban to compare
                 rows.append(run_one(curve, bans, socket_name, args, seconds, learning))
                 print(json.dumps(rows[-1]), flush=True)
+                if quick:
+                    return rows
     return rows
 
 
@@ -223,8 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--learning", action="store_true", help="the daemons learn; rows add the target's rounds")
     parser.add_argument("--out", type=Path, help="also write the rows as JSON here")
+    parser.add_argument("--quick", action="store_true", help="the first row only: a smoke test, not for numbers")
     args = parser.parse_args(argv)
-    rows = run_all(args.seconds, args.learning)
+    rows = run_all(args.seconds, args.learning, args.quick)
     print(format_table(rows))
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1))

@@ -3,6 +3,7 @@ mnist5k, Scenario 1 (10 nodes, 2 clusters), each with one poisoning node per att
 its control twin (the same node honest), simulated, one torch thread per run.
 
     python -m tools.bench.poisoning --out bench-out/poisoning [--seeds 1] [--workers 1] [--attacks random]
+                                    [--rounds R]
 
 Prints, per run, the poisoner's largest weight in an honest row of W and the honest nodes' mean
 accuracy every few rounds, then a summary: rounds after warm-up (SCooL has none: after round 0)
@@ -30,14 +31,14 @@ SETTINGS = {  # algorithm → (rounds, training samples per class, warm-up round
 BOUND = 0.02
 
 
-def spec(algorithm: str, attack: str, factor: float, seed: int) -> SimulationSpec:
-    rounds, samples, _ = SETTINGS[algorithm]
+def spec(algorithm: str, attack: str, factor: float, seed: int, rounds: int | None = None) -> SimulationSpec:
+    default_rounds, samples, _ = SETTINGS[algorithm]
     return SimulationSpec(
         algorithm=algorithm,
         dataset="mnist5k",
         scenario="1",
         nodes=10,
-        rounds=rounds,
+        rounds=rounds or default_rounds,
         seed=seed,
         samples_per_class=samples,
         test_per_class=15,
@@ -106,11 +107,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     parser.add_argument("--every", type=int, default=5, help="print every k-th round of each run")
     parser.add_argument("--attacks", nargs="+", help="only these (by kind; the twin always runs)")
+    parser.add_argument(
+        "--rounds", type=int, help="instead of each method's (mapl 60, past its 20 warm-up rounds; scool-attention 30)"
+    )
     args = parser.parse_args(argv)
 
     attacks = [("none", 10.0), *(a for a in ATTACKS if args.attacks is None or a[0] in args.attacks)]
     jobs = [
-        (spec(m, a, f, s), f"{args.out}/{m}-{a}-x{f:g}-seed{s}")
+        (spec(m, a, f, s, args.rounds), f"{args.out}/{m}-{a}-x{f:g}-seed{s}")
         for m in args.methods
         for s in range(args.seeds)
         for a, f in attacks
