@@ -111,7 +111,9 @@ LEARNING_TESTNET = Quick(
     heavy=True,
 )
 DEMO = Quick("python -m tools.demo --nodes 2 --rounds 2 --quick --out DIR", 120, heavy=True)
-LEARNING = Quick("python -m tools.bench.learning --rounds 1 --scenarios 1 --seeds 1 --methods local --workers 1 --out DIR")
+LEARNING = Quick(
+    "python -m tools.bench.learning --rounds 1 --scenarios 1 --seeds 1 --methods local --workers 1 --out DIR"
+)
 HETEROGENEOUS = Quick(
     "python -m tools.bench.heterogeneous --methods local --scenarios 1 --samples 1 --seeds 0 --rounds 1 "
     "--test-per-class 1 --workers 1 --out DIR"
@@ -202,6 +204,13 @@ NOT_RUN = {
     "p2pnode start": "the daemon named in prose: tools.bench.memory's testnets (run quick here) start it, and "
     "tests/test_readme.py runs README's `p2pnode start` block",
     "p2pnode testnet --engine ray": _RAY,
+    "make bench-report": _MAKE,
+    "python -m tools.bench.render": "tests/test_bench_results.py renders every table from its file and compares",
+    "make test": "the suite this test is part of (CI's `make test`)",
+    "python -m pytest": "the suite this test is part of (CI's `make test`)",
+    "make lint": "CI's `make lint` (.ci/run), before the suite",
+    "ruff format --check .": "CI's `make lint` (.ci/run), before the suite",
+    "ruff check .": "CI's `make lint` (.ci/run), before the suite",
     "p2pnode testnet --algorithm mapl --dataset digits --nodes 4 --rounds 8 --samples-per-class 10 --backbones mlp "
     "--set warmup_rounds=3 --poisoners 3 --attack A --attack-factor 1e4 [--barrage] --check --out DIR": "parsed "
     "as written here; tests/adversarial/test_hostile_learning.py runs it (run_learning_testnet, the same spec, "
