@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(render({"data": {"command": command, "runs": rows}}))
     if args.save:
-        print(f"wrote {save(args.save, __name__, provenance, {'command': command, 'runs': rows})}")
+        print(f"wrote {save(args.save, 'tools.bench.discovery', provenance, {'command': command, 'runs': rows})}")
     return 0 if all(row["exit_code"] == 0 for row in rows) else 1
 
 
@@ -71,8 +71,8 @@ def render(result: dict) -> str:
     runs = result["data"]["runs"]
     rows = [
         "| run | all up, s | every view at target, s | full mesh, s | connected, diameter | degrees min / mean / max "
-        "| frames sent (PING + PONG) | MB sent | refusals | sends dropped | daemons' exit codes |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| frames sent (PING + PONG) | MB sent | refusals | sends dropped | daemons' exit codes | run's verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for index, run in enumerate(runs, 1):
         refusals = ", ".join(f"{count} `{reason}`" for reason, count in sorted(run["rejections"].items())) or "0"
@@ -83,7 +83,7 @@ def render(result: dict) -> str:
             f"| {index} | {_s(run['all_up_s'])} | {_s(run['target_s'])} | {_s(run['full_mesh_s'])} | "
             f"{'yes' if run['connected'] else 'NO'}, {run['diameter']} | {low} / {mean:g} / {high} | "
             f"{frames} ({run['liveness_share']:.0%}) | {run['bytes'] / 1e6:.1f} | {refusals} | {dropped} | "
-            f"{', '.join(map(str, run['exit_codes']))} |"
+            f"{', '.join(map(str, run['exit_codes']))} | {_verdict(run)} |"
         )
     crowded = runs[0]["crowded"]
     chosen = ", ".join(f"`{key} = {value}`" for table in crowded.values() for key, value in table.items())
@@ -93,6 +93,13 @@ def render(result: dict) -> str:
         + (f"; the launcher chose its crowded settings ({chosen})." if chosen else ", the daemon's defaults.")
     )
     return "\n".join(rows)
+
+
+def _verdict(run: dict) -> str:
+    """The launcher's verdict (exit code 0: every view at target in time, connected, no exit)."""
+    if run["exit_code"] == 0:
+        return "passed"
+    return "failed: " + ("views not at target in time" if run["target_s"] is None else "see report.json")
 
 
 def _s(value: float | None) -> str:

@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(render({"data": data}))
     if args.save:
-        print(f"wrote {save(args.save, __name__, provenance, data)}")
+        print(f"wrote {save(args.save, 'tools.bench.learning', provenance, data)}")
     return 0
 
 

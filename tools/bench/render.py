@@ -61,8 +61,12 @@ def render_document(text: str, directory: Path = RESULTS) -> str:
 
 
 def stale(text: str, directory: Path = RESULTS) -> list[str]:
-    """The blocks whose text is not what their result file renders."""
-    return [m["name"] for m in _BLOCK.finditer(text) if m["body"] != render_result(m["name"], directory)]
+    """The blocks whose text is not what their result file renders (or that have no file)."""
+    return [
+        m["name"]
+        for m in _BLOCK.finditer(text)
+        if not (directory / f"{m['name']}.json").exists() or m["body"] != render_result(m["name"], directory)
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,6 +83,10 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
         return 1 if names else 0
+    missing = [name for name in blocks(text) if not (RESULTS / f"{name}.json").exists()]
+    if missing:
+        print(f"{args.document.name}: no result file for {', '.join(missing)} in {RESULTS}", file=sys.stderr)
+        return 1
     rendered = render_document(text)
     if rendered != text:
         args.document.write_text(rendered)
