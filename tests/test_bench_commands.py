@@ -48,8 +48,11 @@ def _command(text: str) -> str:
 
 
 def shown_commands() -> set[str]:
-    """Code spans (a span may wrap over lines) and lines of shell blocks that are commands."""
+    """Code spans (a span may wrap over lines) and lines of shell blocks that are commands; not
+    the provenance line under a drawn table (what was run there, with its own paths: the text
+    beside the table shows the command to run)."""
     text = re.sub(r"^```(?:sh|bash|shell|console)?\n(.*?)^```", "", BENCHMARKS, flags=re.M | re.S)
+    text = re.sub(r"^<sub>From `tools/bench/results/.*$", "", text, flags=re.M)
     spans = re.findall(r"(?<!`)`([^`]+)`(?!`)", text)
     blocks = re.findall(r"^```(?:sh|bash|shell|console)?\n(.*?)^```", BENCHMARKS, flags=re.M | re.S)
     lines = [line.removeprefix("$ ") for block in blocks for line in block.replace("\\\n", " ").splitlines()]
@@ -99,6 +102,7 @@ ADAPTERS = Quick("p2pnode bench adapters --quick --sizes 1024", 30)
 # With --exit-on-mesh the testnet stops at the full mesh instead of at --duration (and fails if
 # it is not reached): the same run, ended early.
 DISCOVERY = Quick("p2pnode testnet --nodes 3 --algorithm none --duration 30 --exit-on-mesh --out DIR")
+DISCOVERY_RUNS = Quick("python -m tools.bench.discovery --nodes 3 --duration 30 --runs 1 --exit-on-mesh --out DIR")
 SIMULATE = Quick(
     "p2pnode simulate --algorithm mapl --dataset mnist5k --scenario 1 --nodes 2 --rounds 2 --samples-per-class 1 "
     "--test-per-class 1 --set warmup_rounds=1 --seed 1 --engine inline --out DIR"
@@ -158,6 +162,7 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "p2pnode bench transport --presigned": PRESIGNED,
     "p2pnode bench adapters": ADAPTERS,
     "p2pnode testnet --nodes 30 --algorithm none --duration 40 --out DIR": DISCOVERY,
+    "python -m tools.bench.discovery --nodes 30 --duration 40 --runs 3 --save discovery-30": DISCOVERY_RUNS,
     "p2pnode testnet --nodes 10 --algorithm none --duration 90 --exit-on-mesh --out DIR [--engine ray]": DISCOVERY,
     "p2pnode testnet --nodes 100 --algorithm none --duration 300 --exit-on-mesh --out DIR": DISCOVERY,
     "p2pnode simulate": SIMULATE,

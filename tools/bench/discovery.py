@@ -26,14 +26,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("bench-out/discovery"))
     parser.add_argument("--save", metavar="NAME", help="write the runs to tools/bench/results/NAME.json")
+    parser.add_argument(
+        "--exit-on-mesh", action="store_true", help="end each run once every view is at its target (quick checks)"
+    )
     args = parser.parse_args(argv)
     from testnet.discovery import run_discovery_testnet
 
     command = f"p2pnode testnet --nodes {args.nodes} --algorithm none --duration {args.duration:g}"
-    with capture(["python", "-m", "tools.bench.discovery", *sys.argv[1:]], runs=args.runs) as provenance:
+    words = sys.argv[1:] if argv is None else argv
+    with capture(["python", "-m", "tools.bench.discovery", *words], runs=args.runs) as provenance:
         rows = []
         for index in range(args.runs):
-            code, report = run_discovery_testnet(args.out / f"run{index + 1}", args.nodes, args.duration)
+            code, report = run_discovery_testnet(
+                args.out / f"run{index + 1}", args.nodes, args.duration, exit_on_mesh=args.exit_on_mesh
+            )
             rows.append(_row(code, report))
     provenance["settings"] = {
         f"{section}.{key}": value for section, table in rows[0]["crowded"].items() for key, value in table.items()
@@ -89,7 +95,7 @@ def render(result: dict) -> str:
     chosen = ", ".join(f"`{key} = {value}`" for table in crowded.values() for key, value in table.items())
     rows.append("")
     rows.append(
-        f"Each run: `{result['data']['command']}`"
+        f"Each run: `{result['data']['command']} --out DIR`"
         + (f"; the launcher chose its crowded settings ({chosen})." if chosen else ", the daemon's defaults.")
     )
     return "\n".join(rows)

@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         for m in args.methods
         for seed in args.seeds
     ]
-    with capture(seeds=args.seeds, threads=THREADS, runs=len(jobs)) as provenance:
+    words = ["python", "-m", "tools.bench.learning", *(sys.argv[1:] if argv is None else argv)]
+    with capture(words, seeds=args.seeds, threads=THREADS, runs=len(jobs)) as provenance:
         reports = simulate_all(jobs, args.workers, reuse=True)
     keys = ("algorithm", "scenario", "seed", "accuracy", "graph", "comm", "wall_s")
     write_summary(reports, keys, Path(args.out, "summary.json"))
