@@ -171,6 +171,7 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "python -m tools.demo --out demo-out": DEMO,
     "python -m tools.bench.learning": LEARNING,
     "python -m tools.bench.learning --out bench-out/learning --save learning": LEARNING,
+    "python -m tools.bench.learning --scenarios 1 --save learning": LEARNING,
     "python -m tools.bench.heterogeneous": HETEROGENEOUS,
     "python -m tools.bench.heterogeneous --out bench-out/heterogeneous": HETEROGENEOUS,
     "python -m tools.bench.scool --out bench-out/scool": SCOOL,
