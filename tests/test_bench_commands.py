@@ -97,7 +97,6 @@ ALL = os.environ.get("P2PNODE_BENCH_COMMANDS") == "all"
 
 PROTOCOL = Quick("p2pnode bench protocol --quick --sizes 1024 --runs 2 --save protocol", 30)
 TRANSPORT = Quick("p2pnode bench transport --trials 1 --seconds 0.01 --sizes 1024", 30)
-PRESIGNED = Quick("p2pnode bench transport --presigned --trials 1 --seconds 0.01 --sizes 1024", 30)
 ADAPTERS = Quick("p2pnode bench adapters --quick --sizes 1024", 30)
 # With --exit-on-mesh the testnet stops at the full mesh instead of at --duration (and fails if
 # it is not reached): the same run, ended early.
@@ -159,14 +158,12 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "p2pnode bench protocol": PROTOCOL,
     "p2pnode bench protocol --runs 3 --save protocol": PROTOCOL,
     "p2pnode bench transport": TRANSPORT,
-    "p2pnode bench transport --presigned": PRESIGNED,
     "p2pnode bench adapters": ADAPTERS,
     "p2pnode testnet --nodes 30 --algorithm none --duration 40 --out DIR": DISCOVERY,
     "python -m tools.bench.discovery --nodes 30 --duration 40 --runs 3 --save discovery-30": DISCOVERY_RUNS,
     "p2pnode testnet --nodes 10 --algorithm none --duration 90 --exit-on-mesh --out DIR [--engine ray]": DISCOVERY,
     "p2pnode testnet --nodes 100 --algorithm none --duration 300 --exit-on-mesh --out DIR": DISCOVERY,
     "p2pnode simulate": SIMULATE,
-    "p2pnode simulate ... --seed S": SIMULATE,
     **dict.fromkeys(MNIST_TESTNETS, LEARNING_TESTNET),
     "python -m tools.demo --out demo-out": DEMO,
     "python -m tools.bench.learning": LEARNING,
@@ -269,7 +266,7 @@ def _words(command: str) -> list[str]:
 
 
 # Commands that name a subcommand, and maybe an option of it, in prose: not whole command lines.
-PROSE = {"p2pnode simulate", "p2pnode simulate ... --seed S", "p2pnode start", "p2pnode testnet --engine ray"}
+PROSE = {"p2pnode simulate", "p2pnode start", "p2pnode testnet --engine ray"}
 
 
 def _options(parser, words: list[str]) -> set[str]:
