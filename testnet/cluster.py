@@ -57,10 +57,12 @@ class Cluster:
         stop_grace_s: float = 10.0,
         start_timeout_s: float = 30.0,
         placement: Placement | None = None,
+        exit_grace_s: float = 60.0,
     ) -> None:
         self.specs = specs
         self.placement = placement or LocalPlacement()
-        self.stop_grace_s = stop_grace_s
+        self.stop_grace_s = stop_grace_s  # from SIGTERM until the node has stopped
+        self.exit_grace_s = exit_grace_s  # and then until its process has exited
         self.start_timeout_s = start_timeout_s
         self.bootstrap: str | None = None  # the first node started (`KEY@address`); the others join it
 
@@ -232,11 +234,24 @@ class Cluster:
             if spec.process is not None and spec.index not in stopping
         }
         for spec in running:
-            try:
-                codes[spec.index] = spec.process.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                spec.process.kill_group()
-                spec.process.wait()
-                codes[spec.index] = None
+            codes[spec.index] = self._exit_code(spec, deadline)
         self.placement.collect(spec for spec in self.specs if spec.process is not None)
         return codes
+
+    def _exit_code(self, spec: NodeSpec, deadline: float) -> int | None:
+        """The exit code of a node told to stop, or None if it had to be killed. A node whose
+        control socket is gone has stopped (the socket closes with its nursery) and is only
+        tearing down its interpreter, which on a loaded machine can outlast the grace period:
+        it gets `exit_grace_s` more instead of being killed with its code lost."""
+        process = spec.process
+        try:
+            return process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            if not spec.control_socket.exists():
+                try:
+                    return process.wait(timeout=self.exit_grace_s)
+                except subprocess.TimeoutExpired:
+                    pass
+        process.kill_group()
+        process.wait()
+        return None

@@ -69,10 +69,23 @@ def test_documented_vectors_are_the_tested_ones():
     assert vectors.PUBLIC_KEY in SPEC and vectors.NODE_ID in SPEC
 
 
-def test_readme_python_example_runs():
+def test_readme_python_example_runs(capsys):
+    """The example decodes and admits its own frame (it prints only a refusal), and the same
+    code refuses the frame once a byte of it is changed."""
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     (example,) = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
-    exec(compile(example, "README.md", "exec"), {})
+    names: dict = {}
+    exec(compile(example, "README.md", "exec"), names)
+    assert capsys.readouterr().out == "", "the README's example refused its own frame"
+    envelope, me = names["envelope"], names["me"]
+    assert envelope.sender == me.public_key and envelope.type.name == "PROTOTYPES" and envelope.round == 0
+    assert envelope.body.classes == (0, 1) and envelope.body.counts == (25, 25)
+    tampered = example.replace(
+        "envelope = decoder.decode(frame)", "envelope = decoder.decode(frame[:-1] + bytes([frame[-1] ^ 1]))"
+    )
+    assert tampered != example
+    exec(compile(tampered, "README.md", "exec"), {})
+    assert capsys.readouterr().out.startswith("refused: "), "a changed byte must be refused"
 
 
 def test_documented_curve_vectors_are_the_tested_ones():

@@ -200,10 +200,21 @@ def test_torchvision_backbones_run_on_small_images(backbone, image_shape):
 
 
 def test_torchvision_personal_model_trains_one_step():
+    """Every backbone parameter gets a gradient, and one SGD step lowers the loss on its batch."""
+    torch.manual_seed(0)
     net = model("shufflenet", (3, 32, 32), num_classes=4)
-    out = net(torch.randn(2, 3, 32, 32))
-    out.logits.sum().backward()
+    images, labels = torch.randn(8, 3, 32, 32), torch.tensor([0, 1, 2, 3] * 2)
+    before = [p.detach().clone() for p in net.parameters()]
+    loss = torch.nn.functional.cross_entropy(net(images).logits, labels)
+    loss.backward()
     assert all(p.grad is not None for p in net.backbone.parameters())
+    torch.optim.SGD(net.parameters(), lr=0.05).step()
+    assert all(
+        not torch.equal(old, p)
+        for old, p in zip(before, net.parameters(), strict=True)
+        if p.grad is not None and p.grad.any()
+    )
+    assert torch.nn.functional.cross_entropy(net(images).logits, labels) < loss
 
 
 # --- augmentation -------------------------------------------------------------------------

@@ -142,10 +142,12 @@ def test_testnet_with_a_bounded_view_reports_a_connected_overlay_with_every_view
     assert "every view at target in" in result.stderr and "overlay connected" in result.stderr
     report = json.loads((out / "report.json").read_text())
     discovery = report["discovery"]
-    assert discovery["full_mesh_s"] is None and 0 < discovery["target_s"] <= 40  # steady rates need 5 s more
+    assert discovery["full_mesh_s"] is None and discovery["target_s"] > 0
     assert discovery["active_view"] == [4] * 12 and all(4 <= count <= 6 for count in discovery["peer_counts"])
     overlay = discovery["overlay"]
-    assert overlay["connected"] and overlay["components"] == 1 and 1 <= overlay["diameter"] <= 11
+    # A connected graph of n nodes with minimum degree d has diameter at most 3n/(d + 1) - 1 (6 here):
+    # more means a table lied about its peers; 1 would be a full mesh, which the view bound forbids.
+    assert overlay["connected"] and overlay["components"] == 1 and 2 <= overlay["diameter"] <= 3 * 12 // (4 + 1) - 1
     assert sum(overlay["degree_distribution"].values()) == 12 and overlay["mutual_edges"] == overlay["edges"]
     steady = discovery["steady"]  # measured from 5 s after the target was reached
     assert steady["nodes"] == 12 and 4 <= steady["liveness_frames_per_s"]["mean"] / 2 <= 6.5  # PING + PONG per peer

@@ -64,11 +64,18 @@ async def test_admitted_peers_send_everything_but_hello_on_the_peers_socket(tmp_
 async def test_a_stranger_cannot_connect_to_the_peers_socket_with_curve(tmp_path):
     async with trio.open_nursery() as nursery:
         (a,) = await start_chain(nursery, tmp_path, 1, security=CURVE)
-        attacker = Attacker(a.ingress[PEERS].endpoint, curve=(Identity.generate(), a.identity.public_key))
+        mallory = Stranger()
+        attacker = Attacker(a.ingress[PEERS].endpoint, curve=(mallory.identity, a.identity.public_key))
         try:
+            await attacker.send(mallory.hello("tcp://127.0.0.1:9"))  # queued until a handshake that fails
             await wait_until(lambda: a.metrics.connections["zap_denied_not_peer"] >= 1, timeout=5)
         finally:
             attacker.close()
+        # Denied in the handshake: not one of its frames was read or judged.
+        assert a.ingress[PEERS].messages_read == 0 and a.metrics.messages_in["HELLO"] == 0
+        assert dict(a.metrics.rejections) == {} and mallory.key not in {
+            link.key for link in a.gate.stranger_links.values()
+        }
         a.request_stop()
     assert PEERS_DOMAIN == b"p2pnode-peers"
 
