@@ -256,6 +256,8 @@ def _testnet(args: argparse.Namespace) -> int:
     restart = _restart(args)
     if args.algorithm == "none" and args.duration is None:
         raise CommandError("--algorithm none needs --duration S", EXIT_USAGE)
+    if args.hold is not None and not args.exit_on_mesh:
+        raise CommandError("--hold goes with --exit-on-mesh", EXIT_USAGE)
     spec = None if args.algorithm == "none" else _learning_spec(args)
     if spec is not None:
         _device_present(spec)
@@ -299,6 +301,7 @@ def _discovery_testnet(args: argparse.Namespace, churn, restart, placement) -> i
         args.nodes,
         args.duration,
         exit_on_mesh=args.exit_on_mesh,
+        hold_s=args.hold or 0.0,
         churn=churn,
         keep_going=args.keep_going,
         restart=restart,
@@ -774,6 +777,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="--algorithm none: stop once every node's view is at its target, for N ≤ active view + 1 the full mesh "
         "(with --churn: again, after the last stop)",
+    )
+    testnet.add_argument(
+        "--hold",
+        type=_positive_float,
+        metavar="S",
+        help="with --exit-on-mesh: go on S seconds after every view reached its target, for the steady-state "
+        "rates of report.json's discovery.steady (they start 5 s after it; default 0: stop at once)",
     )
     testnet.add_argument(
         "--active-view",

@@ -162,3 +162,20 @@ def test_testnet_hands_its_poisoners_and_barrage_to_the_launcher(tmp_path, capsy
     assert main([*argv, "--poisoners", "3", "--attack", "rescale", "--attack-factor", "1e4", "--barrage"]) == 130
     spec = seen["spec"]
     assert (spec.poisoners, spec.attack, spec.attack_factor, seen["barrage"]) == ((3,), "rescale", 1e4, True)
+
+
+def test_hold_goes_with_exit_on_mesh_and_reaches_the_discovery_run(tmp_path, monkeypatch, capsys):
+    import testnet.discovery
+
+    seen = {}
+
+    def launcher(out, nodes, duration, **options):
+        seen.update(options)
+        return 0, {}
+
+    monkeypatch.setattr(testnet.discovery, "run_discovery_testnet", launcher)
+    argv = ["testnet", "--nodes", "3", "--algorithm", "none", "--duration", "30", "--out", str(tmp_path / "out")]
+    assert main([*argv, "--hold", "5"]) == 2
+    assert "--hold goes with --exit-on-mesh" in capsys.readouterr().err and not seen
+    assert main([*argv, "--exit-on-mesh", "--hold", "5"]) == 0
+    assert seen["exit_on_mesh"] is True and seen["hold_s"] == 5.0
