@@ -129,10 +129,13 @@ async def test_connections_over_the_total_cap_are_denied(tmp_path):
                 )
                 context = attacker.context
                 attackers.append(attacker)
-            await wait_until(lambda: a.metrics.connections["zap_denied_total_cap"] >= 2, timeout=5)
-            # Two in (the cap), the others out by the total cap: none for its address, none let in.
-            assert a.metrics.connections["zap_allowed"] == 2, a.metrics.connections
-            assert a.metrics.connections["zap_denied_address_cap"] == 0
+            connections = a.metrics.connections
+            await wait_until(lambda: connections["zap_allowed"] + connections["zap_denied_total_cap"] >= 4, timeout=5)
+            # Never more in than the cap. The cap counts open TCP connections, handshaken or not:
+            # when the four arrive at once, all may be open before the first handshake is judged,
+            # and then all four are denied (admitted peers are exempt from the cap).
+            assert connections["zap_allowed"] <= 2 and connections["zap_denied_total_cap"] >= 2, connections
+            assert connections["zap_denied_address_cap"] == 0  # each from its own address
         finally:
             for attacker in reversed(attackers):
                 attacker.close()
