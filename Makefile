@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test lint format bench bench-learning bench-scool bench-heterogeneous bench-memory bench-scale bench-report clean
+.PHONY: venv demo test test-quick lint format bench bench-learning bench-scool bench-heterogeneous bench-memory bench-scale bench-report clean
 
 venv: $(STAMP)
 
@@ -23,6 +23,10 @@ demo: venv
 
 test: venv
 	$(BIN)/python -m pytest
+
+# The edit-run loop: the modules marked quick (no daemons, no training; tests/conftest.py).
+test-quick: venv
+	$(BIN)/python -m pytest --quick -q
 
 # Formatting and lint rules (pyproject.toml, [tool.ruff]); `make format` applies the formatter.
 lint: venv

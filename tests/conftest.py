@@ -16,6 +16,57 @@ settings.register_profile("dev", deadline=None, max_examples=100)
 settings.register_profile("soak", deadline=None, max_examples=1000, suppress_health_check=list(HealthCheck))
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
+
+# --- make test-quick: modules marked `quick` (no daemons, no training), and kept so -------------
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--quick", action="store_true", help="only the modules marked quick: no daemons, no training (make test-quick)"
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--quick"):
+        return
+    slow = [item for item in items if item.get_closest_marker("quick") is None]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if item.get_closest_marker("quick") is not None]
+
+
+@pytest.fixture(autouse=True)
+def quick_stays_quick(request, monkeypatch):
+    """Under --quick, a test that starts a daemon, another Python or a backward pass fails and
+    says so: a module marked quick that grows a slow test is caught, not silently slow."""
+    if not request.config.getoption("--quick"):
+        return
+    import subprocess
+    import sys
+
+    import torch
+
+    from p2pnode.node import Node
+
+    def refuse(what: str):
+        def refused(*args, **kwargs):
+            raise AssertionError(f"marked quick, but {what}: move it to a module without `pytestmark = quick`")
+
+        return refused
+
+    popen = subprocess.Popen.__init__
+
+    def no_python(self, args, *rest, **kwargs):
+        program = str(args[0] if isinstance(args, list | tuple) else args).split()[0]
+        if program == sys.executable or program.endswith("p2pnode"):
+            refuse("it starts another Python")()
+        popen(self, args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", no_python)
+    monkeypatch.setattr(Node, "run", refuse("it runs a daemon"))
+    monkeypatch.setattr(torch.Tensor, "backward", refuse("it trains (a backward pass)"))
+
+
 NETWORK = "test"
 NOW_US = 1_700_000_000_000_000
 

@@ -7,6 +7,8 @@ import pytest
 
 from p2pnode.buffers import FRAME_OVERHEAD, BufferEstimate, bytes_received, shut_down
 
+pytestmark = pytest.mark.quick  # no daemons, no training: make test-quick runs it
+
 MB = 1 << 20
 A, B, C = (3, ("127.0.0.1", 1000)), (4, ("127.0.0.1", 1001)), (5, ("127.0.0.1", 1002))
 

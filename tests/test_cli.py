@@ -1,8 +1,12 @@
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from p2pnode.cli import main
+from protocol.identity import NODE_ID_LENGTH
 
 
 def test_help_and_version(capsys):
@@ -179,3 +183,12 @@ def test_hold_goes_with_exit_on_mesh_and_reaches_the_discovery_run(tmp_path, mon
     assert "--hold goes with --exit-on-mesh" in capsys.readouterr().err and not seen
     assert main([*argv, "--exit-on-mesh", "--hold", "5"]) == 0
     assert seen["exit_on_mesh"] is True and seen["hold_s"] == 5.0
+
+
+def test_console_script_is_installed(tmp_path):
+    script = Path(sys.executable).with_name("p2pnode")
+    result = subprocess.run(
+        [str(script), "keygen", "--out", str(tmp_path / "k.pem")], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.strip()) == NODE_ID_LENGTH

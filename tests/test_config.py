@@ -7,6 +7,8 @@ from p2pnode.config import ConfigError, load_config, reference_markdown
 from p2pnode.keystore import write_key
 from protocol import Identity, MessageType
 
+pytestmark = pytest.mark.quick  # no daemons, no training: make test-quick runs it
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -12,6 +12,8 @@ from protocol.curve import curve_public_from_ed25519, ed25519_y, ed25519_y_of_cu
 
 from .conftest import fixed_identity
 
+pytestmark = pytest.mark.quick  # no daemons, no training: make test-quick runs it
+
 # (Ed25519 public key, X25519 secret, X25519 public) of fixed_identity(1) and (2): docs/protocol.md.
 VECTORS = [
     (

@@ -3,6 +3,8 @@
 import re
 from pathlib import Path
 
+import pytest
+
 from protocol import (
     BODY_TYPES,
     DEFAULT_LIMITS,
@@ -15,6 +17,8 @@ from protocol import (
 )
 
 from . import vectors
+
+pytestmark = pytest.mark.quick  # no daemons, no training: make test-quick runs it
 
 SPEC = (Path(__file__).resolve().parent.parent / "docs" / "protocol.md").read_text()
 

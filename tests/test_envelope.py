@@ -26,6 +26,8 @@ from . import vectors
 from .conftest import NETWORK, NOW_US
 from .wire import TAG, bodies, frame_from_spec, hello_bodies, widest
 
+pytestmark = pytest.mark.quick  # no daemons, no training: make test-quick runs it
+
 
 def ping_envelope(identity, **overrides):
     fields = dict(

@@ -20,6 +20,10 @@ from dataclasses import dataclass, field
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.quick  # no daemons, no training: make test-quick runs it
+
 ROOT = Path(__file__).resolve().parent.parent
 SIGNED = r"[+−-]?[\d.]+"  # a figure as BENCHMARKS.md writes it: +5.0, −1.2, 0.073
 

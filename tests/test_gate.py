@@ -2,9 +2,13 @@
 
 from dataclasses import replace
 
+import pytest
+
 from p2pnode.config import TransportSettings
 from p2pnode.gate import PARK, PARK_S, Gate, subnet_of
 from protocol import Header, MessageType
+
+pytestmark = pytest.mark.quick  # no daemons, no training: make test-quick runs it
 
 PEER, STRANGER, OTHER = b"p" * 32, b"s" * 32, b"o" * 32
 

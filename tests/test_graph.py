@@ -17,6 +17,8 @@ from algorithms.graph import (
 )
 from algorithms.simplex import project_to_simplex
 
+pytestmark = pytest.mark.quick  # no daemons, no training: make test-quick runs it
+
 
 def brute_force_projection(v: np.ndarray) -> np.ndarray:
     """The QP min ‖w − v‖² on the simplex, by trying every support set: on a support S the

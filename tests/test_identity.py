@@ -1,8 +1,6 @@
 import json
 import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +10,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from p2pnode.cli import main
 from p2pnode.keystore import KeyFileError, load_key, write_key
 from protocol import NODE_ID_LENGTH, Identity, node_id
+
+pytestmark = pytest.mark.quick  # no daemons, no training: make test-quick runs it
 
 
 def mode(path: Path) -> int:
@@ -94,12 +94,3 @@ def test_pem_round_trip_and_node_ids():
     assert node_id(identity.public_key) == identity.node_id != Identity.generate().node_id
     with pytest.raises(ValueError):
         node_id(b"short")
-
-
-def test_console_script_is_installed(tmp_path):
-    script = Path(sys.executable).with_name("p2pnode")
-    result = subprocess.run(
-        [str(script), "keygen", "--out", str(tmp_path / "k.pem")], capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 0, result.stderr
-    assert len(result.stdout.strip()) == NODE_ID_LENGTH

@@ -23,6 +23,8 @@ from protocol.tensors import encode_tensor
 
 from .conftest import NETWORK, NOW_US
 
+pytestmark = pytest.mark.quick  # no daemons, no training: make test-quick runs it
+
 
 def wire_tensor(array):
     obj = encode_tensor(np.asarray(array), DEFAULT_LIMITS)

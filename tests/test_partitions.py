@@ -13,6 +13,8 @@ from algorithms.datasets import DATASETS, ArrayDataset, Dataset, DatasetError, l
 from algorithms.partitions import SCENARIOS, Partition, PartitionError, PartitionSpec, make_partition
 from algorithms.torchvision_compat import torchvision
 
+pytestmark = pytest.mark.quick  # no daemons, no training: make test-quick runs it
+
 BUILTIN = ("mnist5k", "digits")
 FILE_BASED = ("mnist", "fashionmnist", "cifar10", "svhn")
 LAYOUT_HINT = {

@@ -4,6 +4,8 @@ from hypothesis import strategies as st
 
 from protocol import ProtocolError, Reason, ReplayGuard, SequenceCounter, SequenceExhausted
 
+pytestmark = pytest.mark.quick  # no daemons, no training: make test-quick runs it
+
 NOW = 1_700_000_000_000_000
 A, B, C = b"a" * 32, b"b" * 32, b"c" * 32
 

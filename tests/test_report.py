@@ -9,6 +9,8 @@ from testnet.report import CheckThresholds, Truth, assemble, attach_baselines, c
 
 from .test_rounds import record
 
+pytestmark = pytest.mark.quick  # no daemons, no training: make test-quick runs it
+
 IDS = ["a", "b", "c", "d"]
 TRUTH = Truth(w=np.kron(np.eye(2), np.full((2, 2), 0.5)), clusters=np.array([0, 0, 1, 1]))
 

@@ -19,6 +19,8 @@ from p2pnode.rounds import (
 )
 from protocol import UNEXPECTED_TYPE, MessageType
 
+pytestmark = pytest.mark.quick  # no daemons, no training: make test-quick runs it
+
 PROTOTYPES, MODEL, SCORE = MessageType.PROTOTYPES, MessageType.MODEL, MessageType.SCORE
 
 

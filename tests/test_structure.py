@@ -4,6 +4,9 @@ import ast
 from pathlib import Path
 
 import networkx as nx
+import pytest
+
+pytestmark = pytest.mark.quick  # no daemons, no training: make test-quick runs it
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("protocol", "algorithms", "p2pnode", "testnet", "tools")

@@ -10,6 +10,8 @@ from protocol.tensors import WIRE_DTYPES, decode_tensor, encode_tensor
 
 from .wire import arrays
 
+pytestmark = pytest.mark.quick  # no daemons, no training: make test-quick runs it
+
 
 def roundtrip(array, limits=DEFAULT_LIMITS):
     obj = msgpack.unpackb(msgpack.packb(encode_tensor(array, limits)), raw=False)

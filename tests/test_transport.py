@@ -3,10 +3,13 @@ peers' connection is still opening waits for it (bounded), instead of being drop
 
 import time
 
+import pytest
 import zmq
 
 from p2pnode.config import TransportSettings
 from p2pnode.transport import DROPPED, SENT, WAITING, Transport
+
+pytestmark = pytest.mark.quick  # no daemons, no training: make test-quick runs it
 
 PUBLIC_BOUND = 64 << 10
 LARGE = bytes(PUBLIC_BOUND + 1)  # must go on the peers' socket

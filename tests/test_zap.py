@@ -3,11 +3,14 @@ suspects of aborts, without sockets."""
 
 from collections import Counter
 
+import pytest
 import zmq
 
 from p2pnode.config import SecuritySettings
 from p2pnode.zap import PEERS_DOMAIN, ZAP_DOMAIN, Connections
 from p2pnode.zmqsetup import PEERS, PUBLIC
+
+pytestmark = pytest.mark.quick  # no daemons, no training: make test-quick runs it
 
 PEER_KEY, OTHER_KEY = b"p" * 32, b"o" * 32
 

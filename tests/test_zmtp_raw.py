@@ -12,6 +12,8 @@ from tools.attack import CURVE_ONLY, MALFORMED
 
 from .conftest import fixed_identity
 
+pytestmark = pytest.mark.quick  # no daemons, no training: make test-quick runs it
+
 SERVER = fixed_identity(1)  # a node: its CURVE key derives from its Ed25519 key
 CLIENT = fixed_identity(2)
 
