@@ -364,9 +364,16 @@ async def test_scores_for_models_never_sent_or_sent_twice_are_counted(tmp_path):
         impostor = {"capabilities": [learning_capability("scool-sbm")]}
         mallory = await start_node(nursery, tmp_path / "mallory", [a.address], node=impostor)
         await wait_until(lambda: full_mesh([a, b, mallory]), timeout=15)
-        await wait_until(lambda: a.driver and a.driver.algorithm and a.driver.algorithm.exchange.sent, timeout=60)
-        round, frames = next(iter(a.driver.algorithm.exchange.sent.items()))
-        seq = next(iter(frames))  # the frame a's model of that round went out in
+
+        def in_a_round_it_sent_a_model_in() -> bool:
+            driver = a.driver
+            return bool(driver and driver.algorithm and driver.state.round in driver.algorithm.exchange.sent)
+
+        # The round a is in now (it waits up to 1 s for mallory's model, which never comes), not
+        # the first one it sent in: on a loaded machine that one can be over, and the score `stale`.
+        await wait_until(in_a_round_it_sent_a_model_in, timeout=60)
+        round = a.driver.state.round
+        seq = next(iter(a.driver.algorithm.exchange.sent[round]))  # the frame a's model of that round went out in
         never_sent = Score(
             kind="log_likelihood", subject=a.identity.public_key, subject_seq=seq + 10_000, value=-1.0, samples=10
         )
@@ -381,7 +388,9 @@ async def test_scores_for_models_never_sent_or_sent_twice_are_counted(tmp_path):
             status = node.status()["learning"]
             assert status["completed"] == 4
             assert status["accuracy"] > 0.3  # 5 classes per node: chance is 0.2
-        assert a.metrics.messages_in["SCORE"] >= 4 + 6 and b.metrics.messages_out["SCORE"] >= 4
+        # b's score of a's last model may land after a is done: wait for it rather than race it.
+        await wait_until(lambda: a.metrics.messages_in["SCORE"] >= 4 + 6, timeout=10)
+        assert b.metrics.messages_out["SCORE"] >= 4
         for node in (a, b, mallory):
             node.request_stop()
 
