@@ -15,7 +15,7 @@ import networkx as nx
 from p2pnode.config import DiscoverySettings
 from p2pnode.inbound import decode_all
 from p2pnode.peers import Admitted, Dial, Evicted, Hangup, Membership, Send, SendHello
-from protocol import PROTOCOL_VERSION, Decoder, Encoder, Hello, MessageType, ProtocolError, ReplayGuard
+from protocol import PROTOCOL_VERSION, Decoder, Encoder, Envelope, Hello, MessageType, ProtocolError, ReplayGuard
 
 from .conftest import fixed_identity
 
@@ -24,6 +24,26 @@ NETWORK = "sim"
 _UNLIMITED_SUBNETS = {"max_peers_per_subnet": 4096, "dialing_per_subnet": 4096}
 EPOCH_US = 1_700_000_000_000_000
 TICK = 0.05
+_REMEMBERED = 20_000  # decoded frames a SimNet keeps
+
+
+class _RememberingDecoder(Decoder):
+    """The protocol's decoder, remembering what it decoded: `decode` is a pure function of the
+    bytes (the replay checks are each node's own `ReplayGuard`), and in a simulated network every
+    relayed HELLO is verified again by each of the many nodes it reaches, which made Ed25519
+    verification half of a 30-node run's time. Frames that fail are decoded (and fail) anew."""
+
+    def __init__(self, network: str) -> None:
+        super().__init__(network)
+        self._decoded: dict[bytes, Envelope] = {}
+
+    def decode(self, frame: bytes) -> Envelope:
+        envelope = self._decoded.get(frame)
+        if envelope is None:
+            if len(self._decoded) >= _REMEMBERED:
+                self._decoded.clear()  # a bound on memory in long runs; it costs only a re-verify
+            envelope = self._decoded[frame] = super().decode(frame)
+        return envelope
 
 
 @dataclass
@@ -47,7 +67,7 @@ class SimNet:
         self.now = 0.0
         self.latency, self.connect_delay = latency, connect_delay
         self.nodes: dict[str, SimNode] = {}
-        self.decoder = Decoder(NETWORK)
+        self.decoder = _RememberingDecoder(NETWORK)
         self._queue: list = []
         self._order = itertools.count()
         self._connected_at: dict[tuple[str, str], float] = {}
