@@ -12,6 +12,7 @@ from testnet.exchange import simulation_identity
 from testnet.report import time_to_accuracy
 from testnet.simulator import SimulationSpec, run_simulation, timeline
 from testnet.spec import Slow, parse_slow
+from testnet.summary import summary_page
 
 # MAPL's graph fixed all-to-all: every node expects every other in every round.
 SPEC = SimulationSpec(
@@ -70,6 +71,9 @@ def test_under_sync_a_slow_node_holds_its_neighbours_back_by_exactly_its_latenes
     (slow,) = spec.slow_nodes()
     report = run_simulation(spec)
     assert report["slow"] == {"fraction": 1 / 3, "factor": 5, "nodes": [slow]}
+    page = summary_page(report)
+    assert f"| slow nodes (local step ×) | {slow} (×5) |" in page
+    assert f"| every node at its final accuracy by | {report['time_to_accuracy']['max']:.1f} simulated s |" in page
     # The slow node steps 5 s; its payload reaches the others 10 ms later, and only then do they
     # end their round; theirs had reached it long before, so it ends as soon as it published and
     # is never held back itself: the fast nodes run at its pace, 10 ms behind it.
