@@ -112,14 +112,11 @@ class Timeline:
                 if records:
                     yield records
 
-    def _per_host(self, nodes: Sequence[Any], key: Any = None) -> list[list[Any]]:
-        parts: list[list[Any]] = [[] for _ in self.hosts.blocks]
-        for item in nodes:
-            parts[self.owner[item if key is None else key(item)]].append(item)
-        return parts
-
     def _step(self, nodes: list[int]) -> None:
-        began = [{i: self.began[i] for i in part} for part in self._per_host(nodes)]
+        """The local steps of `nodes` end now; every host is called at once, with its own."""
+        began: list[dict[int, float]] = [{} for _ in self.hosts.blocks]
+        for i in nodes:
+            began[self.owner[i]][i] = self.began[i]
         self._sent(self.hosts.call("step", [(self.now, part, self.rule) for part in began]))
 
     def _arrive(self, frames: list[Sent]) -> None:

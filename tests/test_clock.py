@@ -133,3 +133,12 @@ def test_simulate_refuses_a_slow_option_it_cannot_read(tmp_path, capsys):
     assert "--slow wants FRACTION:FACTOR (e.g. 0.3:5), got '0.3'" in capsys.readouterr().err
     assert main([*argv, "--slow", "0.3:0.5"]) == 2
     assert "a slow node's factor must be ≥ 1, got 0.5" in capsys.readouterr().err
+
+
+def test_while_everyone_waits_for_everyone_the_latency_moves_the_clock_only():
+    """Equal speeds under sync: every payload is in before any gather ends, with or without
+    latency, so every figure is the lock-step one; only the times differ."""
+    instant, delayed = run_simulation(dataclasses.replace(SPEC, latency_s=0.0)), run_simulation(SPEC)
+    for key in ("accuracy", "graph", "comm", "rejections", "missing_payloads"):
+        assert instant[key] == delayed[key], key
+    assert ended(instant, 0) == [1.0, 2.0, 3.0] and ended(delayed, 0) == pytest.approx([1.01, 2.02, 3.03])
