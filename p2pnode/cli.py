@@ -384,6 +384,7 @@ def _learning_spec(args: argparse.Namespace):
     from algorithms.datasets import missing_files
     from algorithms.registry import ConfigOverrideError, checked_config
     from testnet.simulator import SimulationSpec
+    from testnet.spec import parse_slow
 
     overrides = {}
     for item in args.set or ():
@@ -413,6 +414,7 @@ def _learning_spec(args: argparse.Namespace):
             mixed_precision=args.mixed_precision,
             data=data,
             data_per_node=data_per_node,
+            slow=None if args.slow is None else parse_slow(args.slow),
         )
         spec.node_backbones()
         checked_config(spec.algorithm, overrides, spec.rounds, "--rounds")
@@ -614,6 +616,13 @@ def _add_learning_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="node i runs the i-th modulo the list (default: the four CPU backbones; "
         "one backbone for mapl+ and dfedavgm)",
+    )
+    parser.add_argument(
+        "--slow",
+        metavar="FRACTION:FACTOR",
+        help="emulate slower devices: round(FRACTION × nodes) nodes, drawn by the seed, take FACTOR times as long "
+        "per local step (simulate: on its simulated clock; testnet: the daemon's [node].step_slowdown); "
+        "report.json names them",
     )
     parser.add_argument(
         "--set",

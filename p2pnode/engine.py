@@ -46,11 +46,13 @@ def seconds(duration: float) -> float:
 @dataclass(frozen=True)
 class Timings:
     """How long one node's round took, as its driver measured it (the engine reads no clock):
-    the local step, the wait for the neighbours, the whole round."""
+    the local step, the wait for the neighbours, the whole round, and when the round ended
+    (seconds since the node's learning started; simulated time in the simulator)."""
 
     step_s: float
     gather_s: float
     round_s: float
+    ended_at: float
 
 
 def round_state(settings: AlgorithmSettings, history_rounds: int | None = None) -> RoundState[Envelope]:
@@ -208,6 +210,7 @@ class RoundEngine:
             test_samples=evaluation.total,
             discovery_sent={str(kind): counts for kind, counts in (discovery_sent or {}).items()},
             local_baseline=dict(local_baseline or {}),
+            ended_at=seconds(timings.ended_at),
         )
         self.state.finish(record)
         return record

@@ -278,8 +278,11 @@ class RoundDriver:
         network: Network,
         checkpoint_path: Path | None,
         history_path: Path | None = None,
+        step_slowdown: float = 1.0,
     ) -> None:
+        """`step_slowdown`: `[node].step_slowdown`, the emulated device speed (`_step`)."""
         self.settings = settings
+        self.step_slowdown = step_slowdown
         self.network = network
         self.checkpoint_path = checkpoint_path if settings.checkpoint else None
         # Each finished round's record, appended for `p2pnode report` (history.py)
@@ -305,6 +308,7 @@ class RoundDriver:
         # admitted at start-up may still be loading its data and model, and a node that went
         # ahead alone would find nobody to wait for in the rounds after.
         self._start_deadline = -math.inf
+        self._learning_started: float | None = None  # its first round's start: records' `ended_at` count from it
 
     @property
     def round(self) -> int:
@@ -392,9 +396,10 @@ class RoundDriver:
     async def _one_round(self, round: int) -> None:
         engine = self.engine
         started = trio.current_time()
+        if self._learning_started is None:
+            self._learning_started = started
         engine.begin(round)
-        self.phase = "local step"
-        await self._in_thread(engine.step, round)
+        await self._step(round)
         stepped = trio.current_time()
         await self._refresh()
         self._note_peers(round)
@@ -412,9 +417,10 @@ class RoundDriver:
         evaluation = await self._in_thread(self._evaluate, round)
         self.held_out = HeldOut(evaluation.predicted, self._test_labels())
         baseline = {} if self.local_baseline is None else await self._in_thread(self._local_baseline_round, round)
+        now = trio.current_time()
         record = engine.record(
             evaluation,
-            Timings(stepped - started, gathered - stepped, trio.current_time() - started),
+            Timings(stepped - started, gathered - stepped, now - started, now - self._learning_started),
             self.network.sent(),
             self.network.discovery_sent(),
             baseline,
@@ -432,6 +438,18 @@ class RoundDriver:
             trio.current_time() - started,
             extra={"round": round, "accuracy": record.accuracy, "arrived": record.arrived, "expected": record.expected},
         )
+
+    async def _step(self, round: int) -> None:
+        """The local step, in the worker thread; on a node that emulates a slower device
+        (`[node].step_slowdown` > 1: testnets, `--slow`), followed by a sleep of (slowdown − 1) ×
+        the step's own time, so the step takes slowdown × as long while the CPU stays free for
+        the other daemons of the machine. Payloads that come meanwhile are queued, as during any
+        step."""
+        self.phase = "local step"
+        began = trio.current_time()
+        await self._in_thread(self.engine.step, round)
+        if self.step_slowdown > 1:
+            await trio.sleep((self.step_slowdown - 1) * (trio.current_time() - began))
 
     def _local_baseline_round(self, round: int) -> dict[str, float]:
         """The local baseline's step and evaluation in `round` (in the worker thread)."""

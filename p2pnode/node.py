@@ -666,7 +666,11 @@ class Node:
             discovery_sent=self.metrics.discovery_sent,
         )
         self.driver = RoundDriver(
-            self.config.algorithm, network, data_dir.path / CHECKPOINT_NAME, data_dir.path / HISTORY_NAME
+            self.config.algorithm,
+            network,
+            data_dir.path / CHECKPOINT_NAME,
+            data_dir.path / HISTORY_NAME,
+            self.config.node.step_slowdown,
         )
         self.on_payload = self.driver.on_payload
         try:

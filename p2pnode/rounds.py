@@ -71,6 +71,10 @@ class RoundRecord:
     # and split, evaluated in the same round (accuracy, own_class_accuracy, loss, test_loss,
     # since: the first round it trained); empty without one
     local_baseline: Mapping[str, float] = field(default_factory=dict)
+    # When the round ended, in seconds since the node's learning started: the daemon's real time
+    # (from its first round), the simulator's simulated time (testnet/clock.py); None in records
+    # written before it existed
+    ended_at: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON types (status, checkpoints)."""

@@ -1,34 +1,53 @@
-"""The simulator's network: a perfect synchronous exchange of real signed frames between the
-hosts that own a run's nodes.
+"""The simulator's network: real signed frames between the hosts that own a run's nodes, on a
+simulated clock (testnet/clock.py).
 
-Each round every node steps and publishes; every payload is encoded and signed exactly as the
-daemon would put it on the wire, decoded by the protocol decoder, and handed to its addressees
-before anyone's graph step; then answers (SCooL's scores), and answers to those, until nobody
-owes anything. So the traffic counted is real frame bytes, and a payload an algorithm could not
-send over the network fails here first. Each node-round yields the same `RoundRecord` the
-daemon's round driver writes, so one report builder serves both.
+Each node runs its own rounds: its local step takes its step cost in simulated seconds, then it
+publishes; every payload is encoded and signed exactly as the daemon would put it on the wire,
+arrives `latency_s` later, is decoded by the protocol decoder and handed to its addressees; a
+node's gather ends by the daemon's rule (`GatherRule`: quorum, grace, deadline), and a payload
+that comes after it is queued for the node's next round, as in the daemon. So the traffic counted
+is real frame bytes, a payload an algorithm could not send over the network fails here first,
+and a slow node holds its neighbours back exactly as long as the daemon's rule lets it. Each
+node-round yields the same `RoundRecord` the daemon's round driver writes, its `ended_at` in
+simulated seconds, so one report builder serves both.
+
+With equal step costs and no latency the nodes move in lock-step, as the simulator did before it
+had a clock: all step, all payloads arrive (in the order of their senders' indices), the answers
+they are owed arrive, and only then are the gathers looked at.
 
 Who owns which nodes is apart from who routes frames: a host (testnet/shard.py) owns a shard of
-the nodes and answers per-round commands; `exchange_round` routes frames between hosts and does
-not care where they run (in this process, in worker processes, on Ray: testnet/engines.py).
-Frames reach each node in the order of their senders' indices, whatever host answered first, so
-a node sees exactly what it would see with every node in one process.
+the nodes and answers commands for the nodes they name; the `Timeline` keeps the clock, routes
+frames between hosts and does not care where they run (in this process, in worker processes, on
+Ray: testnet/engines.py). Events at one instant go to every host at once, so hosts work in
+parallel while the nodes keep pace, and the order a node sees is the one it would see with every
+node in one process.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 from algorithms.seam import Algorithm
+from p2pnode.config import AlgorithmSettings
 from p2pnode.rounds import RoundRecord
 from protocol import Identity, Limits
 
-from .shard import NETWORK, Sent, Shard, simulation_identity
+from .clock import ARRIVAL, CLOSE, STEP, EventQueue
+from .shard import NETWORK, Closed, GatherRule, Sent, Shard, simulation_identity
 
-__all__ = ["Exchange", "Hosts", "InlineHosts", "exchange_round", "simulation_identity", "NETWORK", "MAX_ANSWER_PASSES"]
+__all__ = [
+    "Exchange",
+    "Hosts",
+    "InlineHosts",
+    "Timeline",
+    "GatherRule",
+    "simulation_identity",
+    "NETWORK",
+    "MAX_ANSWER_PASSES",
+]
 
-MAX_ANSWER_PASSES = 4  # answers to answers to ...: a bound, so a faulty algorithm cannot loop
+MAX_ANSWER_PASSES = 4  # answers to answers to ... at one instant: a bound, so a faulty algorithm cannot loop
 
 
 class Hosts(Protocol):
@@ -51,46 +70,114 @@ class InlineHosts:
         return [getattr(shard, method)(*arguments) for shard, arguments in zip(self.shards, args, strict=True)]
 
 
-def exchange_round(hosts: Hosts, ids: Sequence[str], round: int) -> list[RoundRecord]:
-    """Round `round` of every node; returns their records, in node order."""
-    count = len(hosts.blocks)
-    owner = {ids[i]: host for host, block in enumerate(hosts.blocks) for i in block}
-    frames = _joined(hosts.call("step", [(round,)] * count))
-    for passes in range(MAX_ANSWER_PASSES + 2):
-        if not frames:
-            break
-        if passes > MAX_ANSWER_PASSES:
-            raise RuntimeError(f"still answering after {MAX_ANSWER_PASSES} passes in round {round}")
-        routed: list[list[Sent]] = [[] for _ in range(count)]
-        for sent in sorted(frames, key=lambda sent: sent.sender):  # stable: a sender's frames keep their order
-            for host in sorted({owner[peer] for peer in sent.to}):
+class Timeline:
+    """Every node's rounds on the simulated clock: `step_s[i]` is node i's local step, in
+    simulated seconds; every node begins round 0 at time 0 and stops after `rounds`."""
+
+    def __init__(
+        self,
+        hosts: Hosts,
+        ids: Sequence[str],
+        rounds: int,
+        step_s: Sequence[float],
+        latency_s: float,
+        rule: GatherRule,
+    ) -> None:
+        if len(step_s) != len(ids) or min(step_s) <= 0 or latency_s < 0:
+            raise ValueError(f"a positive step cost per node and a latency ≥ 0, got {step_s} and {latency_s}")
+        self.hosts, self.ids, self.rounds = hosts, list(ids), rounds
+        self.step_s, self.latency_s, self.rule = list(step_s), latency_s, rule
+        self.owner = {i: host for host, block in enumerate(hosts.blocks) for i in block}
+        self.position = {node_id: i for i, node_id in enumerate(self.ids)}
+        self.queue = EventQueue()
+        self.began = dict.fromkeys(range(len(self.ids)), 0.0)  # node → when its round in progress began
+        self.running = set(self.began)  # nodes with rounds left
+        self.now = 0.0
+        self._closing: set[float] = set()  # times a CLOSE is queued for
+        self._passes = (0.0, 0)  # (time, frame batches delivered at it)
+        for i, cost in enumerate(self.step_s):
+            self.queue.push(cost, STEP, i, i)
+
+    def run(self) -> Iterator[list[RoundRecord]]:
+        """Every node's rounds, to the end; yields the records of the rounds that end together,
+        in node order, as they end."""
+        while self.running:
+            self.now, kind, items = self.queue.pop()
+            if kind == STEP:
+                self._step(items)
+            elif kind == ARRIVAL:
+                self._arrive(items)
+            else:
+                records = self._close()
+                if records:
+                    yield records
+
+    def _step(self, nodes: list[int]) -> None:
+        """The local steps of `nodes` end now; every host is called at once, with its own."""
+        began: list[dict[int, float]] = [{} for _ in self.hosts.blocks]
+        for i in nodes:
+            began[self.owner[i]][i] = self.began[i]
+        self._sent(self.hosts.call("step", [(self.now, part, self.rule) for part in began]))
+
+    def _arrive(self, frames: list[Sent]) -> None:
+        time, passes = self._passes
+        passes = passes + 1 if time == self.now else 1
+        if passes > MAX_ANSWER_PASSES + 1:
+            raise RuntimeError(f"still answering after {MAX_ANSWER_PASSES} passes at {self.now:.4f} s")
+        self._passes = (self.now, passes)
+        routed: list[list[Sent]] = [[] for _ in self.hosts.blocks]
+        for sent in frames:  # in sender order, a sender's frames in the order it sent them
+            for host in sorted({self.owner[self.position[peer]] for peer in sent.to}):
                 routed[host].append(sent)
-        # Every host answers every pass, frames or not, as every node is asked for answers.
-        frames = _joined(hosts.call("deliver", [(round, part) for part in routed]))
-    position = {node_id: i for i, node_id in enumerate(ids)}
-    return sorted(_joined(hosts.call("finish", [(round,)] * count)), key=lambda r: position[r.node])
+        self._sent(self.hosts.call("deliver", [(part,) for part in routed]))
 
+    def _sent(self, answers: list[list[Sent]]) -> None:
+        for sent in (sent for part in answers for sent in part):
+            self.queue.push(self.now + self.latency_s, ARRIVAL, sent.sender, sent)
+        self._close_at(self.now)
 
-def _joined(parts: list[list[Any]]) -> list[Any]:
-    return [item for part in parts for item in part]
+    def _close(self) -> list[RoundRecord]:
+        self._closing.discard(self.now)
+        closed: list[Closed] = self.hosts.call("close", [(self.now, self.rounds)] * len(self.hosts.blocks))
+        records = sorted((record for part in closed for record in part.records), key=lambda r: self._index(r.node))
+        for part in closed:
+            for i in part.going_on:
+                self.began[i] = self.now
+                self.queue.push(self.now + self.step_s[i], STEP, i, i)
+            for wake in part.wakes.values():
+                self._close_at(wake)
+        self.running -= {self._index(record.node) for record in records} - {i for part in closed for i in part.going_on}
+        return records
+
+    def _close_at(self, time: float) -> None:
+        if time not in self._closing:
+            self._closing.add(time)
+            self.queue.push(time, CLOSE, -1, None)
+
+    def _index(self, node_id: str) -> int:
+        return self.position[node_id]
 
 
 class Exchange:
-    """Every node of a run in this process, one shard, routed in place: the inline engine, for
-    whoever holds the nodes already (tests, a notebook)."""
+    """Every node of a run in this process, one shard, at equal speed and no latency (so in
+    lock-step): the inline engine, for whoever holds the nodes already (tests, a notebook)."""
 
     def __init__(
         self,
         nodes: Sequence[Algorithm],
         identities: Sequence[Identity],
         sender_limits: dict[int, Limits] | None = None,
+        rounds: int = 1_000_000,
     ) -> None:
         """`sender_limits`: node index → the limits its encoder signs with (default: the real ones)."""
         if len(nodes) != len(identities):
-            raise ValueError(f"{len(nodes)} nodes but {len(identities)} identities")
+            raise ValueError(f"{len(nodes)} nodes but identities of {len(identities)}")
         self.ids = [identity.node_id for identity in identities]
         self.shard = Shard(dict(enumerate(nodes)), dict(enumerate(identities)), self.ids, sender_limits)
         self.hosts = InlineHosts([self.shard])
+        rule = GatherRule.of(AlgorithmSettings())
+        self.timeline = Timeline(self.hosts, self.ids, rounds, [1.0] * len(self.ids), 0.0, rule)
+        self._rounds = self.timeline.run()
 
     @property
     def nodes(self) -> list[Algorithm]:
@@ -101,5 +188,8 @@ class Exchange:
         return self.shard.rejected()
 
     def run_round(self, round: int) -> list[RoundRecord]:
-        """Every node's round `round`; returns their records, in node order."""
-        return exchange_round(self.hosts, self.ids, round)
+        """Every node's round `round` (the next one: they run in order); their records, in node order."""
+        records = next(self._rounds)
+        if {record.round for record in records} != {round} or len(records) != len(self.ids):
+            raise RuntimeError(f"round {round} asked, rounds {sorted({r.round for r in records})} ran")
+        return records

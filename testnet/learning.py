@@ -106,6 +106,8 @@ def node_settings(
             "settings": dict(spec.overrides),
         },
         "log": {"format": "json"},
+        # `--slow`: this daemon emulates a slower device (p2pnode/learning.py, RoundDriver._step)
+        **({"node": {"step_slowdown": spec.slow.factor}} if index in spec.slow_nodes() else {}),
     }
 
 

@@ -41,6 +41,7 @@ __all__ = [
     "check",
     "write_report",
     "summary_line",
+    "time_to_accuracy",
 ]
 
 REQUIRED_KEYS = (
@@ -138,8 +139,47 @@ def run_header(
         "device": str(device),
         "mixed_precision": mixed_precision,
         "poisoners": list(getattr(spec, "poisoners", ())),
+        "slow": _slow(spec),
         "attack": {"kind": spec.attack, "factor": spec.attack_factor} if getattr(spec, "poisoners", ()) else None,
         "provenance": dict(provenance),
+    }
+
+
+def _slow(spec) -> dict[str, Any] | None:
+    """`--slow`: which nodes stepped slower (drawn by the seed), and by what factor."""
+    slow = getattr(spec, "slow", None)
+    return (
+        None if slow is None else {"fraction": slow.fraction, "factor": slow.factor, "nodes": list(spec.slow_nodes())}
+    )
+
+
+def time_to_accuracy(
+    curves: Sequence[Sequence[tuple[float | None, float]]], targets: Sequence[float | None] | None = None
+) -> list[float | None]:
+    """Per node, the first `ended_at` at which its accuracy reached its target; `curves[i]` is
+    node i's (ended_at, accuracy) per round in order, `targets[i]` its target (default: its own
+    final accuracy in that run); None where it never did or the times are unknown."""
+    reached = []
+    for i, curve in enumerate(curves):
+        target = (curve[-1][1] if curve else None) if targets is None else targets[i]
+        first = next((at for at, accuracy in curve if target is not None and accuracy >= target), None)
+        reached.append(first)
+    return reached
+
+
+def _timed(by_node: list[dict[int, RoundRecord]]) -> dict[str, Any]:
+    """When each node's rounds ended (simulated seconds in a simulation, real ones since the
+    daemon's first round in a testnet) and how it did then; and its time to accuracy, the target
+    being its own final accuracy (the bench of docs/benchmarks "Stragglers" gives other targets:
+    `time_to_accuracy`)."""
+    curves = [[(history[r].ended_at, history[r].accuracy) for r in sorted(history)] for history in by_node]
+    reached = time_to_accuracy(curves)
+    return {
+        "target": "each node's own final accuracy",
+        "per_node": reached,
+        "max": max((at for at in reached if at is not None), default=None),
+        "ended_at_per_node": [[at for at, _ in curve] for curve in curves],
+        "accuracy_per_node": [[accuracy for _, accuracy in curve] for curve in curves],
     }
 
 
@@ -194,6 +234,7 @@ def assemble(
             "gather_s_mean": _mean_of(every, "gather_s"),
             "round_s_mean": _mean_of(every, "round_s"),
         },
+        "time_to_accuracy": _timed(by_node),
         "wall_s": wall_s,
         "processes": dict.fromkeys(PROCESS_KEYS) | dict(processes or {}),
         "check": None,

@@ -1,21 +1,23 @@
-"""The nodes one host of a simulation owns, and what they do in a round (testnet/exchange.py
-routes between hosts).
+"""The nodes one host of a simulation owns, and what they do on the simulated clock
+(testnet/exchange.py routes between hosts and keeps the clock, testnet/clock.py).
 
 Each node runs the daemon's round engine (p2pnode/engine.py: what is published and accepted,
-who arrived, the round's `RoundRecord`); a shard only routes. It answers the exchange's
-per-round commands for its own nodes: `step` (local steps, then each node's payloads encoded and
-signed exactly as the daemon would put them on the wire), `deliver` (frames from any node of the
-run, decoded by the protocol decoder and offered to their addressees' engines here, in the order
-given, as the daemon offers what comes off its sockets; then the answers they are owed, signed),
-`finish` (graph step, evaluation, one record per node). What a sender counts (sequence numbers,
-frames and bytes sent, whom it sent to) lives with the sender's shard, what a receiver counts
-(what arrived, rejections) with the receiver's, so the records do not depend on how the nodes
-are spread over hosts.
+who arrived, when the gather ends, the round's `RoundRecord`); a shard only routes. It answers
+the exchange's commands for whichever of its nodes they name, at the simulated time they give:
+`step` (local steps; the payloads that came meanwhile delivered and answered, as the daemon does
+after its step; then each node's payloads, encoded and signed exactly as the daemon would put
+them on the wire; then its gather opens), `deliver` (frames from any node of the run, decoded by
+the protocol decoder and offered to their addressees' engines here, in the order given, as the
+daemon offers what comes off its sockets; a node whose gather is open takes them and answers
+what it owes at once, a node still stepping finds them queued after its step, a node that closed
+its gather gets the late ones next round, as in the daemon), `close` (the gathers the daemon's
+rule ends now: graph step, evaluation, one record per node, the next round begun). What a sender
+counts (sequence numbers, frames and bytes sent, whom it sent to) lives with the sender's shard,
+what a receiver counts (what arrived, rejections) with the receiver's, so the records do not
+depend on how the nodes are spread over hosts.
 
-The simulator has no clock yet (the exchange is perfect and lock-step): a record's `step_s` is
-the node's own local step measured in wall time, `round_s` its own work in the round (local
-step, end of round, evaluation) in wall time, `gather_s` 0.0 (nobody waits); `discovery_sent`
-is empty, as there is no discovery.
+A record's `step_s`, `gather_s`, `round_s` and `ended_at` are simulated seconds (`ended_at`
+since the run began); `discovery_sent` is empty, as there is no discovery.
 
 A poisoning node (algorithms/poison.py) may sign with looser limits (`sender_limits`), as an
 attacker would; the decoders keep the real ones, and a frame one refuses is counted as a
@@ -25,7 +27,6 @@ rejection by its reason for each addressee, as a daemon counts it.
 from __future__ import annotations
 
 import hashlib
-import time
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -37,10 +38,10 @@ from algorithms.seam import Algorithm, Outbound
 from p2pnode.config import AlgorithmSettings
 from p2pnode.engine import RoundEngine, Timings, round_state
 from p2pnode.metrics import SentTraffic
-from p2pnode.rounds import RoundRecord
+from p2pnode.rounds import Gather, RoundRecord
 from protocol import DEFAULT_LIMITS, LEARNING_TYPES, Decoder, Encoder, Identity, Limits, ProtocolError
 
-__all__ = ["Shard", "Sent", "SimulationError", "NodeFailed", "simulation_identity", "NETWORK"]
+__all__ = ["Shard", "Sent", "GatherRule", "Closed", "SimulationError", "NodeFailed", "simulation_identity", "NETWORK"]
 
 NETWORK = "p2pnode-sim"
 
@@ -69,6 +70,29 @@ class Sent:
     frame: bytes
 
 
+@dataclass(frozen=True)
+class GatherRule:
+    """When a gather ends: `[algorithm].quorum`, `round_deadline_s`, `straggler_grace_s`."""
+
+    quorum: float
+    deadline_s: float
+    grace_s: float
+
+    @classmethod
+    def of(cls, settings: AlgorithmSettings) -> GatherRule:
+        return cls(settings.quorum, settings.round_deadline_s, settings.straggler_grace_s)
+
+
+@dataclass(frozen=True)
+class Closed:
+    """What `close` did: the records of the rounds that ended, the nodes that go on to another
+    round, and when each gather still open ends at the latest if nothing more comes."""
+
+    records: list[RoundRecord]
+    going_on: list[int]
+    wakes: dict[int, float]
+
+
 class Shard:
     def __init__(
         self,
@@ -95,7 +119,8 @@ class Shard:
         # simulator keeps them all).
         settings = AlgorithmSettings()
         self.engines = {i: RoundEngine(round_state(settings, history_rounds=1)) for i in self.nodes}
-        self._step_s: dict[int, float] = {}  # this round's local steps, wall time
+        self._gathers: dict[int, Gather] = {}  # the open gathers, by node
+        self._began: dict[int, tuple[float, float]] = {}  # node → (round began, step ended), simulated
         for i, node in self.nodes.items():
             self.engines[i].attach(node)
             with self._blame(i, "set_peers"):
@@ -103,50 +128,74 @@ class Shard:
 
     # --- the exchange's commands -----------------------------------------------------------
 
-    def step(self, round: int) -> list[Sent]:
-        """Every node's local step and what it publishes, signed."""
-        for i, engine in self.engines.items():
-            engine.begin(round)
-            started = time.perf_counter()
+    def step(self, now: float, began: Mapping[int, float], rule: GatherRule) -> list[Sent]:
+        """The local steps of the nodes in `began` (node → when its round began), which end at
+        `now`; what came meanwhile delivered and answered, then what they publish, signed; their
+        gathers open."""
+        stepping = sorted(began)
+        for i in stepping:
+            self.engines[i].begin(self.engines[i].round)
             with self._blame(i, "local_step"):
-                engine.step(round)
-            self._step_s[i] = time.perf_counter() - started
+                self.engines[i].step(self.engines[i].round)
+            self._began[i] = (began[i], now)
         outbox = []
-        for i, engine in self.engines.items():
+        for i in stepping:
+            outbox.extend(self._delivered(i))
             with self._blame(i, "publish"):
-                outbox.extend((i, out) for out in engine.publish(round))
-        for i, engine in self.engines.items():
+                outbox.extend((i, out) for out in self.engines[i].publish(self.engines[i].round))
+        for i in stepping:
+            engine = self.engines[i]
             with self._blame(i, "expected"):
-                engine.expect(round)
-        return self._send(round, outbox)
+                engine.expect(engine.round)
+            self._gathers[i] = engine.gather(now, quorum=rule.quorum, deadline_s=rule.deadline_s, grace_s=rule.grace_s)
+        return self._send(outbox)
 
-    def deliver(self, round: int, frames: Sequence[Sent]) -> list[Sent]:
-        """Hand `frames` to the addressees here, in order; returns the answers they are owed."""
+    def deliver(self, frames: Sequence[Sent]) -> list[Sent]:
+        """Offer `frames` to their addressees here, in order; those gathering take them and
+        answer; returns the answers, signed."""
         for sent in frames:
             self._receive(sent)
+        reached = {self.index[peer] for sent in frames for peer in sent.to}
         outbox = []
-        for i, engine in self.engines.items():
-            with self._blame(i, "receive"):
-                refused = engine.deliver()
-            self.rejections.update(rejected.reason for _, rejected in refused)
-            with self._blame(i, "respond"):
-                outbox.extend((i, out) for out in engine.respond())
-        return self._send(round, outbox)
+        for i in sorted(reached & self._gathers.keys()):
+            outbox.extend(self._delivered(i))
+        return self._send(outbox)
 
-    def finish(self, round: int) -> list[RoundRecord]:
-        """Every node's end of round and evaluation, as records in node order."""
-        records = []
-        for i, engine in self.engines.items():
-            engine.close_gather()
-            started = time.perf_counter()
-            with self._blame(i, "end_round"):
-                engine.end_round(round)
-                evaluation = self.nodes[i].evaluate()
-            step_s = self._step_s[i]
-            timings = Timings(step_s, 0.0, step_s + time.perf_counter() - started)
-            with self._blame(i, "end_round"):
-                records.append(engine.record(evaluation, timings, self._sent[i].of(LEARNING_TYPES)))
-        return records
+    def close(self, now: float, rounds: int) -> Closed:
+        """End the gathers the daemon's rule ends at `now`: end of round, evaluation, record; each
+        such node begins the round `RoundState.next_round` chooses, unless that is `rounds`."""
+        records, going_on, wakes = [], [], {}
+        for i in sorted(self._gathers):
+            engine, gather = self.engines[i], self._gathers[i]
+            if not engine.gather_finished(gather, now):
+                wakes[i] = gather.wake_at()
+                continue
+            del self._gathers[i]
+            records.append(self._end_round(i, now))
+            if engine.next_round([peer for peer in self.ids if peer != self.ids[i]]) < rounds:
+                going_on.append(i)
+        return Closed(records, going_on, wakes)
+
+    def sizes(self) -> dict[int, int]:
+        """Each node's training images (what its local step costs: testnet/clock.py)."""
+        return {i: len(node.setup.data.train_labels) for i, node in self.nodes.items()}
+
+    def _delivered(self, i: int) -> list[tuple[int, Outbound]]:
+        """Node i takes its queued payloads; the answers it owes."""
+        with self._blame(i, "receive"):
+            refused = self.engines[i].deliver()
+        self.rejections.update(rejected.reason for _, rejected in refused)
+        with self._blame(i, "respond"):
+            return [(i, out) for out in self.engines[i].respond()]
+
+    def _end_round(self, i: int, now: float) -> RoundRecord:
+        engine, (began, stepped) = self.engines[i], self._began[i]
+        engine.close_gather()
+        with self._blame(i, "end_round"):
+            engine.end_round(engine.round)
+            evaluation = self.nodes[i].evaluate()
+            timings = Timings(stepped - began, now - stepped, now - began, now)
+            return engine.record(evaluation, timings, self._sent[i].of(LEARNING_TYPES))
 
     def rejected(self) -> dict[str, int]:
         """Payloads refused by this shard's nodes so far, by reason."""
@@ -154,7 +203,7 @@ class Shard:
 
     # --- frames out and in -----------------------------------------------------------------
 
-    def _send(self, round: int, outbox: list[tuple[int, Outbound]]) -> list[Sent]:
+    def _send(self, outbox: list[tuple[int, Outbound]]) -> list[Sent]:
         """Sign each payload once, as the daemon does, and count it for its sender."""
         frames = []
         for sender, out in outbox:
@@ -164,7 +213,7 @@ class Shard:
             unknown = [peer for peer in out.to if peer not in self.index]
             if unknown:
                 raise NodeFailed(f"{self._name(sender)} addressed {unknown[:3]}, which are not nodes of this run")
-            tag = RoundEngine.tag(out, round)
+            tag = RoundEngine.tag(out, self.engines[sender].round)
             self._seq[sender] += 1
             seq = self._seq[sender]
             with self._blame(sender, "publish (signing its payload)"):

@@ -1,7 +1,8 @@
 """The simulator: every node of a scenario, exchanging real frames without sockets.
 
-It drives the same algorithm seam the daemon drives, through the perfect synchronous network
-of testnet/exchange.py, and builds its report from the same per-node-round records as the
+It drives the same algorithm seam the daemon drives, through the network of testnet/exchange.py
+on a simulated clock (testnet/clock.py: step costs, latency, `--slow` nodes, the daemon's gather
+rule), and builds its report from the same per-node-round records as the
 learning testnet (testnet/report.py). `p2pnode simulate` is its command line. The nodes run on
 an engine (testnet/engines.py): all in this process (`inline`, the default), spread over worker
 processes, or over Ray actors; the report is the same on each.
@@ -26,13 +27,22 @@ from algorithms.registry import applicable_overrides
 from algorithms.setup import load_scenario
 from p2pnode.rounds import RoundRecord
 
+from .clock import step_costs
 from .engines import INLINE, Engine, open_hosts
-from .exchange import exchange_round, simulation_identity
+from .exchange import GatherRule, Hosts, Timeline, simulation_identity
 from .provenance import provenance
 from .report import CheckThresholds, Truth, assemble, check, run_header
 from .spec import SimulationSpec
 
-__all__ = ["SimulationSpec", "RoundResult", "Engine", "run_simulation", "run_baselines", "simulation_identity"]
+__all__ = [
+    "SimulationSpec",
+    "RoundResult",
+    "Engine",
+    "run_simulation",
+    "run_baselines",
+    "simulation_identity",
+    "timeline",
+]
 
 
 @dataclass(frozen=True)
@@ -63,17 +73,28 @@ def run_simulation(
     with open_hosts(spec, engine) as hosts:
         device, mixed_precision = _placement(hosts.call("where", [()] * len(hosts.blocks)))
         made = {**provenance(spec.seed, device), "engine": engine.describe(len(hosts.blocks))}
-        for round in range(spec.rounds):
-            latest = exchange_round(hosts, ids, round)
-            records.extend(latest)
-            if progress is not None:
-                progress(_progress(latest, truth, spec.rounds, time.perf_counter() - started))
+        latest: dict[str, RoundRecord] = {}  # each node's latest record; progress is the slowest node's
+        shown = -1
+        for ended in timeline(spec, hosts, ids).run():
+            records.extend(ended)
+            latest.update((record.node, record) for record in ended)
+            if progress is not None and len(latest) == len(ids) and min(r.round for r in latest.values()) > shown:
+                shown = min(r.round for r in latest.values())
+                progress(_progress([latest[node] for node in ids], truth, spec.rounds, time.perf_counter() - started))
         rejections = sum((Counter(part) for part in hosts.call("rejected", [()] * len(hosts.blocks))), Counter())
         made["engine"]["hosts"] = hosts.call("usage", [()] * len(hosts.blocks))
     header = run_header("simulation", spec, partition, ids, backbones, config, (device, mixed_precision), made)
     report = assemble(header, records, truth, rejections=rejections, wall_s=time.perf_counter() - started)
     report["check"] = check(report, thresholds or CheckThresholds(accuracy=0.0, within_cluster_mass=0.0))
     return report
+
+
+def timeline(spec: SimulationSpec, hosts: Hosts, ids: list[str]) -> Timeline:
+    """`spec`'s nodes on the simulated clock: each one's step cost (testnet/clock.py) at its speed."""
+    sizes = {i: size for part in hosts.call("sizes", [()] * len(hosts.blocks)) for i, size in part.items()}
+    costs = step_costs(spec.node_backbones(), [sizes[i] for i in range(spec.nodes)], spec.speed_factors(), spec.step_s)
+    rule = GatherRule(spec.quorum, spec.round_deadline_s, spec.straggler_grace_s)
+    return Timeline(hosts, ids, spec.rounds, costs, spec.latency_s, rule)
 
 
 def _placement(where: list[tuple[str, bool]]) -> tuple[str, bool]:
@@ -111,7 +132,7 @@ def _progress(latest: list[RoundRecord], truth: Truth, rounds: int, elapsed_s: f
     ids = [record.node for record in latest]
     w = [[record.weights.get(peer, 0.0) for peer in ids] for record in latest]
     return RoundResult(
-        round=latest[0].round + 1,
+        round=min(record.round for record in latest) + 1,
         rounds=rounds,
         accuracy=sum(record.accuracy for record in latest) / len(latest),
         within_cluster_mass=within_cluster_mass(w, truth.clusters),

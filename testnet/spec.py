@@ -1,9 +1,11 @@
 """What a simulation runs: the scenario, the algorithm and its settings, the poisoners, the
-device. Every host of a run builds its nodes from this alone (testnet/host.py), so nothing big
-travels to a worker."""
+device, and the pace of its simulated clock (testnet/clock.py: the latency, each node's step
+cost, which nodes are slow, the gather rule). Every host of a run builds its nodes from this
+alone (testnet/host.py), so nothing big travels to a worker."""
 
 from __future__ import annotations
 
+import random
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -16,10 +18,45 @@ from algorithms.partitions import PartitionSpec
 from algorithms.poison import ATTACKS, Attack
 from algorithms.registry import ALGORITHMS, apply_overrides, config_as_dict, default_config
 from algorithms.setup import ScenarioSpec
+from p2pnode.config import AlgorithmSettings
 
-__all__ = ["SimulationSpec", "HOMOGENEOUS_DEFAULT"]
+__all__ = ["SimulationSpec", "HOMOGENEOUS_DEFAULT", "Slow", "parse_slow"]
 
 HOMOGENEOUS_DEFAULT = ("convnet",)
+_GATHER = AlgorithmSettings()  # the daemon's defaults: the simulator's gather ends by its rule
+
+
+@dataclass(frozen=True)
+class Slow:
+    """`--slow FRACTION:FACTOR`: round(fraction × nodes) nodes, drawn by the seed, take `factor`
+    times as long per local step (emulated: testnet/clock.py in the simulator, the daemon's
+    `[node].step_slowdown` in the testnet)."""
+
+    fraction: float
+    factor: float
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.fraction <= 1:
+            raise ValueError(f"--slow: the fraction of slow nodes must be in [0, 1], got {self.fraction}")
+        if not self.factor >= 1:
+            raise ValueError(f"--slow: a slow node's factor must be ≥ 1, got {self.factor}")
+
+    def nodes(self, nodes: int, seed: int) -> tuple[int, ...]:
+        """The slow nodes' indices, drawn by `seed` (the same in the simulator and the testnet)."""
+        count = round(self.fraction * nodes)
+        return tuple(sorted(random.Random(f"slow:{seed}").sample(range(nodes), count)))
+
+
+def parse_slow(text: str) -> Slow:
+    """`FRACTION:FACTOR`, e.g. `0.3:5`; raises ValueError naming what is wrong."""
+    fraction, sep, factor = text.partition(":")
+    try:
+        numbers = float(fraction), float(factor)
+    except ValueError:
+        sep = ""
+    if not sep:
+        raise ValueError(f"--slow wants FRACTION:FACTOR (e.g. 0.3:5), got {text!r}")
+    return Slow(*numbers)
 
 
 @dataclass(frozen=True)
@@ -43,6 +80,13 @@ class SimulationSpec:
     mixed_precision: bool = False  # CUDA only
     data: OwnDataSpec | None = None  # the user's own data instead of `dataset`, dealt out by the scenario
     data_per_node: tuple[OwnDataSpec, ...] = ()  # instead of a scenario: node i's own data is the i-th
+    # The simulated clock (testnet/clock.py); the testnet's daemons keep real time.
+    slow: Slow | None = None  # `--slow`: which nodes step slower, and how much
+    latency_s: float = 0.005  # each frame's way from its sender to its addressees
+    step_s: float | None = None  # every node's local step at speed 1; None: clock.STEP_S_PER_SAMPLE
+    quorum: float = _GATHER.quorum  # `[algorithm].quorum`, `round_deadline_s`, `straggler_grace_s`
+    round_deadline_s: float = _GATHER.round_deadline_s
+    straggler_grace_s: float = _GATHER.straggler_grace_s
 
     def __post_init__(self) -> None:
         if self.data is not None and self.data_per_node:
@@ -64,6 +108,16 @@ class SimulationSpec:
         if self.attack not in ATTACKS:
             raise ValueError(f"unknown attack {self.attack!r}; choose from {', '.join(ATTACKS)}")
         Attack(self.attack, self.attack_factor)
+        if not self.latency_s >= 0 or (self.step_s is not None and not self.step_s > 0):
+            raise ValueError(f"latency_s must be ≥ 0 and step_s > 0, got {self.latency_s} and {self.step_s}")
+
+    def speed_factors(self) -> list[float]:
+        """Each node's local step as a multiple of its backbone's (1: full speed)."""
+        slow = set(self.slow.nodes(self.nodes, self.seed)) if self.slow else set()
+        return [self.slow.factor if i in slow else 1.0 for i in range(self.nodes)]
+
+    def slow_nodes(self) -> tuple[int, ...]:
+        return self.slow.nodes(self.nodes, self.seed) if self.slow else ()
 
     @property
     def scenario_spec(self) -> ScenarioSpec:

@@ -85,6 +85,13 @@ def _run(report: dict[str, Any]) -> str:
         "check": "passed" if check.get("passed") else "; ".join(check.get("failures") or ["not judged"]),
         "wall time": f"{report['wall_s']:.0f} s",
     }
+    slow = report.get("slow")
+    if slow:  # `--slow`
+        rows["slow nodes (local step ×)"] = f"{', '.join(map(str, slow['nodes']))} (×{slow['factor']:g})"
+    reached = (report.get("time_to_accuracy") or {}).get("max")
+    if reached is not None:
+        clock = "simulated s" if report["kind"] == "simulation" else "s since its first round"
+        rows["every node at its final accuracy by"] = f"{reached:.1f} {clock}"
     memory = _memory_spread(report)
     if memory:
         rows["daemon memory, MiB (after the run · peak)"] = memory

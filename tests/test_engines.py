@@ -15,6 +15,7 @@ from testnet.engines import Engine
 from testnet.host import blocks
 from testnet.shard import SimulationError
 from testnet.simulator import SimulationSpec, run_baselines, run_simulation
+from testnet.spec import Slow
 from testnet.workers import ProcessHosts, start_method
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,6 +75,16 @@ def test_worker_processes_give_the_inline_report_bit_for_bit(algorithm):
     assert [host["nodes"] for host in engine["hosts"]] == [2, 2] and all(h["peak_rss_mb"] > 0 for h in engine["hosts"])
     assert inline["provenance"]["engine"]["kind"] == "inline"
     assert not multiprocessing.active_children()
+
+
+def test_worker_processes_keep_the_simulated_clock_of_slow_nodes_bit_for_bit():
+    """Nodes out of step (one at a third of the speed) are called host by host as their events
+    come: the schedule, and so every figure, is the inline one."""
+    spec = small("mapl", slow=Slow(0.25, 3), rounds=3, latency_s=0.05)
+    inline = run_simulation(spec)
+    spread = run_simulation(spec, engine=Engine("processes", workers=2, threads=1))
+    assert results(spread) == results(inline)
+    assert inline["time_to_accuracy"]["ended_at_per_node"] != [[1.0, 2.0, 3.0]] * 4
 
 
 def test_baselines_run_on_the_engine_of_the_run():

@@ -190,16 +190,47 @@ def test_testnet_learns_and_matches_the_simulator(tmp_path):
     same_records(spec, [read_history(tmp_path / "net" / f"node{i:02d}" / "data" / HISTORY_NAME) for i in range(4)])
 
 
+def test_a_slow_daemon_stretches_its_local_step_and_the_report_names_it(tmp_path):
+    """`testnet --slow`: the daemon drawn slow (`[node].step_slowdown`) takes its factor times as
+    long per local step; report.json says which node it was, and when each node's rounds ended."""
+    from testnet.learning import run_learning_testnet
+    from testnet.simulator import SimulationSpec
+    from testnet.spec import Slow
+
+    spec = SimulationSpec(
+        algorithm="mapl-nocgl",
+        dataset="digits",
+        nodes=3,
+        rounds=4,
+        samples_per_class=10,
+        backbones=("mlp",),
+        slow=Slow(0.3, 10),
+    )
+    (slow,) = spec.slow_nodes()
+    code, report = run_learning_testnet(spec, tmp_path / "net", round_deadline_s=10)
+    assert code == 0, report["check"]
+    assert report["slow"] == {"fraction": 0.3, "factor": 10, "nodes": [slow]}
+    histories = [read_history(tmp_path / "net" / f"node{i:02d}" / "data" / HISTORY_NAME) for i in range(3)]
+    step_s = [statistics.median(record.step_s for record in history.records) for history in histories]
+    # Same backbone, same data size: the slow one's step is its own ×10 (a sleep after it).
+    assert step_s[slow] > 4 * max(s for i, s in enumerate(step_s) if i != slow), step_s
+    ended = report["time_to_accuracy"]["ended_at_per_node"]
+    assert all(len(times) == 4 and times == sorted(times) for times in ended), ended
+
+
 def same_records(spec, histories) -> None:
     """One round engine (p2pnode/engine.py) builds every record: the daemons' and the simulator's
     have the same fields, all filled in, and agree on what the round was (node i of the testnet
     against node i of the simulation, round by round)."""
     from testnet.engines import INLINE, open_hosts
-    from testnet.exchange import exchange_round, simulation_identity
+    from testnet.exchange import simulation_identity
+    from testnet.simulator import timeline
 
     ids = [simulation_identity(spec.seed, i).node_id for i in range(spec.nodes)]
     with open_hosts(spec, INLINE) as hosts:
-        simulated = [exchange_round(hosts, ids, round) for round in range(spec.rounds)]
+        ended = [record for together in timeline(spec, hosts, ids).run() for record in together]
+    by_round = {(record.round, ids.index(record.node)): record for record in ended}
+    simulated = [[by_round[(round, i)] for i in range(spec.nodes)] for round in range(spec.rounds)]
     daemons = [[history.records[round] for history in histories] for round in range(spec.rounds)]
     agreeing = ("round", "expected", "arrived", "recipients")
     for ours, theirs in zip(simulated, daemons, strict=True):
@@ -208,7 +239,12 @@ def same_records(spec, histories) -> None:
             assert simulated_dict.keys() == daemon_dict.keys()
             assert [simulated_dict[key] for key in agreeing] == [daemon_dict[key] for key in agreeing]
             assert None not in (simulated_record.gather_s, simulated_record.round_s, daemon_record.gather_s)
+            # when the round ended: simulated seconds, and the daemon's own since its first round
+            assert simulated_record.ended_at > 0 and daemon_record.ended_at > 0
             assert simulated_record.discovery_sent == {} and daemon_record.discovery_sent
+    for history in histories:  # a daemon's rounds end one after the other
+        ended = [record.ended_at for record in history.records]
+        assert ended == sorted(ended), ended
     final = [[record.accuracy for record in last] for last in (simulated[-1], daemons[-1])]
     assert abs(statistics.mean(final[0]) - statistics.mean(final[1])) <= 0.02
 

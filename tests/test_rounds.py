@@ -316,7 +316,7 @@ def test_the_engine_runs_a_round_and_builds_its_record_from_what_the_driver_hand
     assert engine.offer("c", 0, Payload(PROTOTYPES, "late")) is None  # queued, but the gather is over
     engine.end_round(0)
     sent = {PROTOTYPES: (1, 120, 100)}
-    record = engine.record(Evaluation(3, 4, 4, 0.5), Timings(0.123456, 2.5, 2.75), sent)
+    record = engine.record(Evaluation(3, 4, 4, 0.5), Timings(0.123456, 2.5, 2.75, 42.000012), sent)
     assert (record.node, record.round, record.accuracy, record.own_class_accuracy, record.loss) == (
         "a",
         0,
@@ -325,7 +325,7 @@ def test_the_engine_runs_a_round_and_builds_its_record_from_what_the_driver_hand
         0.25,
     )
     assert (record.expected, record.arrived, record.missing, record.recipients) == (2, 1, ("c",), 1)
-    assert (record.step_s, record.gather_s, record.round_s) == (0.1235, 2.5, 2.75)
+    assert (record.step_s, record.gather_s, record.round_s, record.ended_at) == (0.1235, 2.5, 2.75, 42.0)
     assert record.sent == {"PROTOTYPES": (1, 120, 100)} and record.discovery_sent == {} and record.local_baseline == {}
     assert algorithm.published_seqs == [(0, 7)] and record.weights == {"a": 0.5, "b": 0.5}
     assert engine.state.completed == 1 and engine.state.history[-1] is record and engine.state.missing == {"c": 1}

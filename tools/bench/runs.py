@@ -59,6 +59,8 @@ def _finished(spec: SimulationSpec, out: str, code: dict) -> dict | None:
         and report.get("poisoners", []) == list(spec.poisoners)
         and (report.get("attack") or {}).get("kind", spec.attack) == spec.attack
         and (report.get("attack") or {}).get("factor", spec.attack_factor) == spec.attack_factor
+        and (report.get("slow") or {}).get("nodes", []) == list(spec.slow_nodes())
+        and (report.get("slow") or {}).get("factor") == (spec.slow.factor if spec.slow else None)
     )
     return report if same else None
 
