@@ -57,13 +57,13 @@ bench-scool: venv
 
 # The daemon-memory benchmark of BENCHMARKS.md (issue #15): four 4-daemon testnets of 25 rounds.
 bench-memory: venv
-	$(BIN)/python -m tools.bench.memory --out bench-out/memory
-	$(BIN)/python -m tools.bench.memory --stages
+	$(BIN)/python -m tools.bench.memory --out bench-out/memory --save memory
+	$(BIN)/python -m tools.bench.memory --stages --save memory-stages
 
 # The discovery scaling table of BENCHMARKS.md (issue #16): testnets of 10, 30 and 100 daemons
 # with a bounded view (on 2 cores the 100 daemons' views were all at target 197 s after the start, then held 30 s).
 bench-scale: venv
-	$(BIN)/python -m tools.bench.scale --out bench-out/scale --nodes 10 30 100
+	$(BIN)/python -m tools.bench.scale --out bench-out/scale --nodes 10 30 100 --save scale
 
 # Redraw BENCHMARKS.md's tables from their result files (tools/bench/results/); a test fails
 # when a table and its file disagree.

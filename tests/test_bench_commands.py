@@ -33,7 +33,6 @@ from pathlib import Path
 import pytest
 
 from p2pnode.cli import build_parser, main
-from tests.test_readme import RUN as README_RUN
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = (ROOT / "BENCHMARKS.md").read_text()
@@ -161,7 +160,6 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "p2pnode bench adapters": ADAPTERS,
     "p2pnode testnet --nodes 30 --algorithm none --duration 40 --out DIR": DISCOVERY,
     "python -m tools.bench.discovery --nodes 30 --duration 40 --runs 3 --save discovery-30": DISCOVERY_RUNS,
-    "p2pnode testnet --nodes 10 --algorithm none --duration 90 --exit-on-mesh --out DIR [--engine ray]": DISCOVERY,
     "p2pnode testnet --nodes 100 --algorithm none --duration 300 --exit-on-mesh --out DIR": DISCOVERY,
     "p2pnode simulate": SIMULATE,
     **dict.fromkeys(MNIST_TESTNETS, LEARNING_TESTNET),
@@ -177,6 +175,9 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "python -m tools.bench.memory --stages": STAGES,
     "python -m tools.bench.scale --out bench-out/scale --nodes 10 30 100": SCALE,
     "python -m tools.bench.scale --out DIR --nodes 100": SCALE,
+    "python -m tools.bench.memory --out bench-out/memory --save memory": MEMORY,
+    "python -m tools.bench.memory --stages --save memory-stages": STAGES,
+    "python -m tools.bench.scale --out bench-out/scale --nodes 10 30 100 --save scale": SCALE,
     "python -m tests.overlay_bench": OVERLAY,
     "python -m tools.bench.simulate speedup | scaling | large": (SPEEDUP, SCALING, LARGE),
     "python -m tools.bench.simulate speedup --seed S": SPEEDUP,
@@ -188,13 +189,6 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
 }
 
 _MAKE = "a Makefile target (it builds .venv first): its commands are listed here and run quick"
-# BENCHMARKS.md command → the README command it is, but for the order of its options; that one
-# is run by tests/test_readme.py (a test below checks it still is).
-SAME_AS_README = {
-    "p2pnode testnet --nodes 4 --algorithm mapl --dataset digits --rounds 8 --samples-per-class 10 --backbones mlp "
-    "--set warmup_rounds=3 --out DIR --check [--engine ray]": "p2pnode testnet --algorithm mapl --dataset digits "
-    "--nodes 4 --rounds 8 --samples-per-class 10 --backbones mlp --set warmup_rounds=3 --out DIR --check",
-}
 _RAY = "needs Ray, an optional extra (pip install -e '.[ray]') not installed where the tests run"
 
 NOT_RUN = {
@@ -221,10 +215,6 @@ NOT_RUN = {
     "CLI hands those flags to it",
     "python -m tools.bench.simulate scaling --nodes 10 30 100 --rounds 5 --workers 1 2 --ray": f"--ray {_RAY}; "
     "without it, `scaling` is run quick",
-    **{
-        command: f"without --engine ray (which {_RAY}) it is the README's {readme!r}, run by tests/test_readme.py"
-        for command, readme in SAME_AS_README.items()
-    },
 }
 
 
@@ -233,12 +223,6 @@ def test_every_benchmarks_command_is_accounted_for():
     assert not set(RUN) & set(NOT_RUN), "in both RUN and NOT_RUN"
     assert shown - set(RUN) - set(NOT_RUN) == set(), "a BENCHMARKS.md command nobody runs: add it to RUN or NOT_RUN"
     assert (set(RUN) | set(NOT_RUN)) - shown == set(), "listed here but gone from BENCHMARKS.md"
-
-
-def test_the_readme_still_runs_what_stands_for_a_benchmarks_command():
-    assert set(SAME_AS_README.values()) <= set(README_RUN)
-    for command, readme in SAME_AS_README.items():  # the same options, in another order
-        assert sorted(shlex.split(command.replace("[--engine ray]", ""))) == sorted(shlex.split(readme))
 
 
 def test_every_make_target_and_module_exists():

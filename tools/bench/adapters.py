@@ -134,3 +134,26 @@ def format_table(report: dict) -> str:
 def settings() -> dict:
     """What differs from a user's defaults: nothing (raw frames, no daemon settings)."""
     return {}
+
+
+def render(result: dict) -> str:
+    """BENCHMARKS.md's table: each run's blocking rate, and each adapter's rate against it."""
+    runs = result["data"]["runs"]
+
+    def cells(index: int, key: str, scale: float = 1.0, digits: int = 2) -> str:
+        values = [run["results"][index][key] for run in runs]
+        if None in values:
+            return "not installed"
+        return ", ".join(f"{value / scale:.{digits}f}" for value in values)
+
+    rows = [
+        "| payload | blocking recv/s, k | zmqtrio / blocking | zmq-anyio / blocking |",
+        "|---:|---:|---|---|",
+    ]
+    for index, row in enumerate(runs[0]["results"]):
+        rows.append(
+            f"| {row['payload_bytes'] // 1024} KiB | {cells(index, 'blocking_per_s', 1000, 0)} | "
+            f"{cells(index, 'zmqtrio_ratio')} | {cells(index, 'zmq_anyio_ratio')} |"
+        )
+    rows += ["", f"One value per run, in order; each the {runs[0]['method']}."]
+    return "\n".join(rows)

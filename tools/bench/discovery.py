@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     from testnet.discovery import run_discovery_testnet
 
     command = f"p2pnode testnet --nodes {args.nodes} --algorithm none --duration {args.duration:g}"
+    command += " --exit-on-mesh" if args.exit_on_mesh else ""
     words = sys.argv[1:] if argv is None else argv
     with capture(["python", "-m", "tools.bench.discovery", *words], runs=args.runs) as provenance:
         rows = []

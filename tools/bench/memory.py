@@ -2,14 +2,16 @@
 and at its peak, per algorithm; and, with `--stages`, where one node's memory goes.
 
     python -m tools.bench.memory --out bench-out/memory [--algorithms mapl mapl-dual scool-sbm local]
-                                 [--nodes 4] [--rounds 25]
-    python -m tools.bench.memory --stages [--algorithm mapl] [--rounds 25]
+                                 [--nodes 4] [--rounds 25] [--save memory]
+    python -m tools.bench.memory --stages [--algorithm mapl] [--rounds 25] [--save memory-stages]
 
 The first runs one learning testnet per algorithm (mnist5k, scenario 1, convnet on every node,
 `p2pnode start` processes) and reads each daemon's `rss_mb` / `peak_rss_mb` from the report.
 The second runs one node's code path (the daemon's imports, config check, `build_algorithm`,
 rounds with the driver's `malloc_trim`) alone in a fresh process, without the network, and
-prints its memory after each stage.
+prints its memory after each stage. `--save NAME` writes either table's figures to
+tools/bench/results/NAME.json (tools/bench/results.py), with the settings that differ from what
+`p2pnode testnet` gives a user: a convnet on every node and a 10 s round deadline.
 """
 
 from __future__ import annotations
@@ -22,9 +24,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .results import capture, save
+
 ALGORITHMS = ("mapl", "mapl-dual", "scool-sbm", "local")
 BACKBONE = "convnet"
 LIMIT_MB = 400  # issue #15: a training daemon (mapl, convnet, mnist5k shard) in at most this
+ROUND_DEADLINE_S = 10.0  # the testnets' (a user's default: 5 s); --stages runs no rounds over the network
+THREADS = 1  # torch threads per daemon, as the launcher sets them
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,17 +42,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stages", action="store_true", help="one node's memory, stage by stage")
     parser.add_argument("--algorithm", default="mapl", help="with --stages: the node's algorithm")
     parser.add_argument("--measure", metavar="CONFIG", help=argparse.SUPPRESS)  # the --stages child
+    parser.add_argument("--save", metavar="NAME", help="write the table's figures to tools/bench/results/NAME.json")
     args = parser.parse_args(argv)
     if args.measure:
         return _measure_stages(Path(args.measure), args.rounds)
-    if args.stages:
-        print(_stages(args.algorithm, args.rounds))
-        return 0
+    words = ["python", "-m", "tools.bench.memory", *(sys.argv[1:] if argv is None else argv)]
+    settings = {"node.backbone": BACKBONE}
+    if not args.stages:
+        settings["algorithm.round_deadline_s"] = ROUND_DEADLINE_S
+    with capture(words, settings=settings, threads=THREADS) as provenance:
+        if args.stages:
+            data = {"algorithm": args.algorithm, "rounds": args.rounds, "stages": _stages(args.algorithm, args.rounds)}
+        else:
+            data = {"nodes": args.nodes, "rounds": args.rounds, "algorithms": _testnets(args)}
+    print(render({"data": data}))
+    if args.save:
+        print(f"wrote {save(args.save, 'tools.bench.memory', provenance, data)}")
+    return 0
+
+
+def _testnets(args: argparse.Namespace) -> dict[str, dict]:
+    """Each algorithm's daemons' RSS after the run and at its peak, and the accuracy."""
     reports = {name: _testnet(name, args.nodes, args.rounds, Path(args.out, name)) for name in args.algorithms}
-    print(format_table(reports))
     summary = {name: {"processes": r["processes"], "accuracy": r["accuracy"]["mean"]} for name, r in reports.items()}
     Path(args.out, "summary.json").write_text(json.dumps(summary, indent=1))
-    return 0
+    return {
+        name: {
+            "rss_mb": report["processes"]["rss_mb"],
+            "peak_rss_mb": report["processes"]["peak_rss_mb"],
+            "accuracy": report["accuracy"]["mean"],
+        }
+        for name, report in reports.items()
+    }
 
 
 def _testnet(algorithm: str, nodes: int, rounds: int, out: Path) -> dict:
@@ -54,29 +81,39 @@ def _testnet(algorithm: str, nodes: int, rounds: int, out: Path) -> dict:
     from testnet.simulator import SimulationSpec
 
     spec = SimulationSpec(algorithm, dataset="mnist5k", nodes=nodes, rounds=rounds, backbones=(BACKBONE,))
-    code, report = run_learning_testnet(spec, out, round_deadline_s=10.0)
+    code, report = run_learning_testnet(spec, out, round_deadline_s=ROUND_DEADLINE_S)
     if code != 0:
         raise SystemExit(f"{algorithm}: the testnet failed ({report.get('check')}); see the logs under {out}")
     return report
 
 
-def format_table(reports: dict[str, dict]) -> str:
+def render(result: dict) -> str:
+    """BENCHMARKS.md's table: per algorithm, or (--stages) per stage of one node."""
+    data = result["data"]
+    if "stages" in data:
+        rows = [
+            f"| stage ({data['algorithm']}, {BACKBONE}, mnist5k, node 0 of 10) | RSS, MiB | peak RSS, MiB |",
+            "|---|---|---|",
+        ]
+        rows += [f"| {s['stage']} | {s['rss_mb']:.0f} | {s['peak_rss_mb']:.0f} |" for s in data["stages"]]
+        return "\n".join(rows)
     rows = [
         "| algorithm | daemons | RSS after the run, MiB: median / max | peak RSS, MiB: median / max | accuracy |",
         "|---|---|---|---|---|",
     ]
-    for name, report in reports.items():
-        rss, peak = (report["processes"][key] for key in ("rss_mb", "peak_rss_mb"))
+    for name, figures in data["algorithms"].items():
+        rss, peak = figures["rss_mb"], figures["peak_rss_mb"]
         rows.append(
             f"| {name} | {len(rss)} | {statistics.median(rss):.0f} / {max(rss):.0f} | "
-            f"{statistics.median(peak):.0f} / {max(peak):.0f} | {report['accuracy']['mean'] * 100:.1f} % |"
+            f"{statistics.median(peak):.0f} / {max(peak):.0f} | {figures['accuracy'] * 100:.1f} % |"
         )
+    rows += ["", f"{data['nodes']} daemons per algorithm, {data['rounds']} rounds; goal: at most {LIMIT_MB} MB."]
     return "\n".join(rows)
 
 
-def _stages(algorithm: str, rounds: int) -> str:
+def _stages(algorithm: str, rounds: int) -> list[dict]:
     """Write node 0's config of a 10-node scenario-1 partition, measure it in a fresh process
-    (what is imported is part of what is measured), and format what it found."""
+    (what is imported is part of what is measured); what it found, stage by stage."""
     import tomli_w
 
     from p2pnode.keystore import write_key
@@ -92,13 +129,7 @@ def _stages(algorithm: str, rounds: int) -> str:
         config.write_text(tomli_w.dumps(settings))
         command = [sys.executable, "-m", "tools.bench.memory", "--measure", str(config), "--rounds", str(rounds)]
         lines = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True).stdout.splitlines()
-    rows = [
-        f"| stage ({algorithm}, {BACKBONE}, mnist5k, node 0 of 10) | RSS, MiB | peak RSS, MiB |",
-        "|---|---|---|",
-    ]
-    for stage in map(json.loads, lines):
-        rows.append(f"| {stage['stage']} | {stage['rss_mb']:.0f} | {stage['peak_rss_mb']:.0f} |")
-    return "\n".join(rows)
+    return [json.loads(line) for line in lines]
 
 
 def _measure_stages(config_path: Path, rounds: int) -> int:

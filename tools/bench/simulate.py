@@ -4,6 +4,7 @@ same run of this tool.
 
     python -m tools.bench.simulate speedup [--rounds 60] [--repeats 1] [--skip-before] [--seed 0]  # 10-node MAPL
     python -m tools.bench.simulate scaling [--nodes 10 30 100] [--rounds 5] [--workers 1 2] [--ray]
+    ... speedup | scaling [--save NAME]   # the rows and their provenance to tools/bench/results/NAME.json
     python -m tools.bench.simulate large [--nodes 200] [--rounds 3] [--engines ray processes]
 
 `speedup` runs the MAPL row of `tools/bench/learning.py` (mnist5k, Scenario 1, 10 nodes, 25
@@ -14,12 +15,14 @@ number of nodes and of workers; `large` one run of many nodes. Both keep the dat
 same whatever the number of nodes (5 training and 5 test images per class for `scaling`, 3 and
 2 for `large`), so that mnist5k can supply them all without scaling it down. Each run is a
 fresh process (`run`, below), so none inherits another's threads or caches; the 1-minute load
-average is printed beside each, since the machine may be shared.
+average is printed beside each, since the machine may be shared. A report's content (all but
+its times and provenance) is kept as a digest, to compare engines by.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -29,6 +32,8 @@ from dataclasses import asdict
 
 from testnet.engines import Engine
 from testnet.simulator import SimulationSpec
+
+from .results import capture, save
 
 BENCHMARK = {"algorithm": "mapl", "dataset": "mnist5k", "scenario": "1", "samples_per_class": 25, "seed": 0}
 
@@ -52,25 +57,46 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--test-per-class", type=int, help="per node (default: speedup the simulator's; scaling 5; large 2)"
     )
+    parser.add_argument(
+        "--save", metavar="NAME", help="speedup, scaling: write the runs to tools/bench/results/NAME.json"
+    )
     parser.add_argument("--job", help=argparse.SUPPRESS)  # `run`: one simulation, as JSON
     args = parser.parse_args(argv)
     if args.what == "run":
         print(json.dumps(_run_here(json.loads(args.job))))
         return 0
+    if args.what == "large":
+        data = {"samples_per_class": args.samples_per_class or 3, "test_per_class": args.test_per_class or 2}
+        print(_large(args.nodes or [200], args.rounds or 3, data, args.engines))
+        return 0
     if args.what == "speedup":
         given = {"samples_per_class": args.samples_per_class, "test_per_class": args.test_per_class}
         data = {key: value for key, value in given.items() if value}  # the benchmark's otherwise
-        print(_speedup(args.rounds or 60, args.skip_before, args.repeats, args.seed, data))
-    elif args.what == "scaling":
-        data = {"samples_per_class": args.samples_per_class or 5, "test_per_class": args.test_per_class or 5}
-        print(_scaling(args.nodes or [10, 30, 100], args.rounds or 5, data, args.workers, args.ray))
     else:
-        data = {"samples_per_class": args.samples_per_class or 3, "test_per_class": args.test_per_class or 2}
-        print(_large(args.nodes or [200], args.rounds or 3, data, args.engines))
+        data = {"samples_per_class": args.samples_per_class or 5, "test_per_class": args.test_per_class or 5}
+    words = ["python", "-m", "tools.bench.simulate", *(sys.argv[1:] if argv is None else argv)]
+    seeds = [args.seed if args.what == "speedup" else BENCHMARK["seed"]]
+    with capture(words, settings=settings(data), seeds=seeds, threads=1) as provenance:
+        if args.what == "speedup":
+            measured = _speedup(args.rounds or 60, args.skip_before, args.repeats, args.seed, data)
+        else:
+            measured = _scaling(args.nodes or [10, 30, 100], args.rounds or 5, data, args.workers, args.ray)
+    provenance["runs"] = len(measured["runs"])
+    print(render({"data": measured}))
+    if args.save:
+        print(f"wrote {save(args.save, 'tools.bench.simulate', provenance, measured)}")
     return 0
 
 
-def _speedup(rounds: int, skip_before: bool, repeats: int, seed: int, data: dict) -> str:
+def settings(data: dict) -> dict:
+    """What differs from `p2pnode simulate`'s defaults beside the engine of each row: one torch
+    thread per host (but the run "before engines"), and the data per node if not the simulator's."""
+    defaults = SimulationSpec(algorithm=BENCHMARK["algorithm"])
+    changed = {f"simulate.{key}": value for key, value in data.items() if getattr(defaults, key) != value}
+    return {"engine.threads": 1, **changed}
+
+
+def _speedup(rounds: int, skip_before: bool, repeats: int, seed: int, data: dict) -> dict:
     """The run as before engines once; then inline on one thread and 2 worker processes, in turn,
     `repeats` times, so that a busy stretch of a shared machine hits both alike."""
     spec = {**BENCHMARK, **data, "nodes": 10, "rounds": rounds, "seed": seed}
@@ -79,16 +105,19 @@ def _speedup(rounds: int, skip_before: bool, repeats: int, seed: int, data: dict
         if skip_before
         else run(spec, {"kind": "inline"}, label=f"before engines: inline, torch's threads (seed {seed})")
     )
-    pairs = [
-        (
-            run(spec, {"kind": "inline", "threads": 1}, label=f"inline, 1 thread (seed {seed})"),
-            run(
-                spec, {"kind": "processes", "workers": 2, "threads": 1}, label=f"processes, 2 × 1 thread (seed {seed})"
-            ),
-        )
-        for _ in range(repeats)
-    ]
-    lines = [HEADER, *([_row(before)] if before else []), *(_row(r) for pair in pairs for r in pair), ""]
+    runs = [] if before is None else [before]
+    for _ in range(repeats):
+        runs.append(run(spec, {"kind": "inline", "threads": 1}, label=f"inline, 1 thread (seed {seed})"))
+        engine = {"kind": "processes", "workers": 2, "threads": 1}
+        runs.append(run(spec, engine, label=f"processes, 2 × 1 thread (seed {seed})"))
+    return {"what": "speedup", "before": before is not None, "runs": runs}
+
+
+def _render_speedup(data: dict) -> list[str]:
+    runs = data["runs"]
+    before = runs[0] if data["before"] else None
+    pairs = list(zip(runs[bool(before) :: 2], runs[bool(before) + 1 :: 2], strict=True))
+    lines = [HEADER, *(_row(r) for r in runs), ""]
     spread = pairs[0][1]
     if before:
         lines.append(
@@ -101,21 +130,34 @@ def _speedup(rounds: int, skip_before: bool, repeats: int, seed: int, data: dict
         f"processes against inline on 1 thread: {statistics.median(ratios):.2f}× as fast (median of "
         f"{', '.join(f'{r:.2f}' for r in ratios)}), reports {'identical' if same else 'different'}"
     )
-    return "\n".join(lines)
+    return lines
 
 
-def _scaling(nodes: list[int], rounds: int, data: dict, workers: list[int], ray: bool) -> str:
+def _scaling(nodes: list[int], rounds: int, data: dict, workers: list[int], ray: bool) -> dict:
     """The same data per node whatever their number (the default fits 100 nodes of mnist5k)."""
-    rows = [HEADER]
+    runs = []
     for count in nodes:
         spec = {**BENCHMARK, **data, "nodes": count, "rounds": rounds}
         engines = [{"kind": "inline", "threads": 1} if w == 1 else {"kind": "processes", "workers": w} for w in workers]
         engines += [{"kind": "ray", "workers": w} for w in workers] if ray else []
-        results = [run(spec, engine) for engine in engines]
-        rows += [_row(r) for r in results]
-        same = len({r["results"] for r in results}) == 1
+        runs += [run(spec, engine) for engine in engines]
+    return {"what": "scaling", "runs": runs}
+
+
+def _render_scaling(data: dict) -> list[str]:
+    rows = [HEADER]
+    for count in sorted({r["nodes"] for r in data["runs"]}):
+        mine = [r for r in data["runs"] if r["nodes"] == count]
+        rows += [_row(r) for r in mine]
+        same = len({r["results"] for r in mine}) == 1
         rows.append(f"| {count} nodes: reports {'identical' if same else 'different'} on every engine |" + " |" * 10)
-    return "\n".join(rows)
+    return rows
+
+
+def render(result: dict) -> str:
+    """BENCHMARKS.md's table of `speedup` or `scaling`: one row per run."""
+    data = result["data"]
+    return "\n".join(_render_speedup(data) if data["what"] == "speedup" else _render_scaling(data))
 
 
 def _large(nodes: list[int], rounds: int, data: dict, engines: list[str]) -> str:
@@ -156,7 +198,7 @@ def run(spec: dict, engine: dict, label: str = "") -> dict:
         text=True,
     )
     result = json.loads(done.stdout.splitlines()[-1])
-    result.update(label=label or engine["kind"], load=(before, os.getloadavg()[0]))
+    result.update(label=label or engine["kind"], load=(round(before, 2), round(os.getloadavg()[0], 2)))
     print(_row(result), file=sys.stderr, flush=True)
     return result
 
@@ -177,7 +219,8 @@ def _run_here(job: dict) -> dict:
         "wall_s": report["wall_s"],
         "step_s": report["timing"]["local_step_s_mean"],
         "accuracy": report["accuracy"]["mean"],
-        "results": json.dumps(kept, sort_keys=True),  # compared between runs: identical or not
+        # compared between runs: identical or not
+        "results": hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16],
     }
 
 
