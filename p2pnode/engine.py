@@ -184,10 +184,11 @@ class RoundEngine:
         return gather.finished(self.state.settled(self.state.round), now)
 
     def close_gather(self) -> frozenset[str]:
-        """The gather is over: the expected peers that sent everything in time. Each expected
-        peer's delay is noted for an adaptive deadline; one that did not come, as the whole wait
-        (it came later, if at all)."""
-        self._came = self._expected & self.state.arrived(self.state.round)
+        """The gather is over: the expected peers that sent everything in time (async: or sent a
+        later round, whose payload stands in, fresh). Each expected peer's delay is noted for an
+        adaptive deadline; one that did not come, as the whole wait (it came later, if at all)."""
+        came = self.state.settled if self.schedule.asynchronous else self.state.arrived
+        self._came = self._expected & came(self.state.round)
         if self._gather is not None:
             for peer in sorted(self._expected):
                 self.deadlines.observe(peer, self._gather.arrived_after.get(peer, self._gather.looked))
