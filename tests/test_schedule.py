@@ -173,6 +173,16 @@ def test_under_async_the_fast_nodes_mix_the_slow_ones_payloads_by_their_age():
     assert all(seen[r] == (None, None) for r in range(5, 8))
 
 
+def test_under_async_scool_takes_a_slow_neighbours_model_as_old_as_the_schedule_allows():
+    """SCooL keeps its models apart from the shared mixing part: the schedule's bound reaches it
+    too, so the slow node's round-0 model, 4 rounds old at a fast node, is scored, not refused."""
+    asynchronous = run_simulation(dataclasses.replace(SPEC, algorithm="scool-dirac", rounds=5))
+    assert "stale" not in asynchronous["rejections"]
+    own_bound = dataclasses.replace(ASYNC_SCHEDULE, max_staleness=1)
+    refused = run_simulation(dataclasses.replace(SPEC, algorithm="scool-dirac", rounds=5, schedule=own_bound))
+    assert refused["rejections"].get("stale", 0) > 0
+
+
 def test_async_runs_repeat_exactly():
     spec = dataclasses.replace(SPEC, rounds=4)
     first, second = run_simulation(spec), run_simulation(spec)
