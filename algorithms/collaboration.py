@@ -64,12 +64,14 @@ class UniformGraph:
         """(neighbours, explored non-neighbours) that this round's payloads go to."""
         return self.neighbours(), ()
 
-    def mixing(self, arrived: Iterable[str]) -> dict[str, float]:
-        """Weights over the node and the neighbours whose payload arrived, renormalised to sum 1
-        (a distrusted peer's weight stays with the node: it did not arrive, it was refused)."""
-        row = self.weights()
+    def mixing(self, arrived: Iterable[str], decay: Mapping[str, float] | None = None) -> dict[str, float]:
+        """Weights over the node and the neighbours whose payload arrived, each w_ij times its
+        payload's staleness weight λ^age (`decay`, NeighbourView.decay; 1 if absent), renormalised
+        to sum 1 (a distrusted peer's weight stays with the node: it did not arrive, it was refused).
+        This is the one place the async schedule's staleness rule weighs a payload."""
+        row, decay = self.weights(), decay or {}
         mix = {self.node_id: row.get(self.node_id, 0.0)}
-        mix.update({peer: row[peer] for peer in arrived if row.get(peer, 0.0) > 0})
+        mix.update({peer: row[peer] * decay.get(peer, 1.0) for peer in arrived if row.get(peer, 0.0) > 0})
         total = sum(mix.values())
         if total <= 0:
             return {self.node_id: 1.0}
@@ -222,11 +224,16 @@ class InNeighbourhood:
         neighbours = set(self.graph.neighbours())
         return tuple(p for p in self.view.senders_since(self.heard_by, round - 1) if p in neighbours)
 
+    def mixing(self, kind: MessageType, round: int) -> tuple[dict[str, Any], dict[str, float]]:
+        """The neighbours' fresh payloads of `kind` and the row to mix them with: W's, over the
+        node and those payloads, weighted by their age (Staleness), renormalised."""
+        payloads = self.view.fresh(kind, round)
+        return payloads, self.graph.mixing(payloads, self.view.decay(kind, round))
+
     def mix_models(self, shared: Any, round: int) -> None:
         """Mix `shared` (payloads.SharedModules, small.SmallShare) with the neighbours' fresh MODEL
         payloads: own ← w_ii · own + Σ_j w_ij · theirs, over those that arrived, renormalised."""
-        models = self.view.fresh(MessageType.MODEL, round)
-        mix = self.graph.mixing(models)
+        models, mix = self.mixing(MessageType.MODEL, round)
         own_weight = mix.pop(self.node_id)
         shared.mix(own_weight, [(weight, models[peer]) for peer, weight in mix.items()])
 

@@ -216,8 +216,7 @@ class Mapl(InNeighbourhood, PmlNode):
         if self.graph.learning(round):
             similarity = self._similarities(round)
             self.graph.step(similarity, self._dataset_sizes(similarity))
-        prototypes = self.view.fresh(MessageType.PROTOTYPES, round)
-        mix = self.graph.mixing(prototypes)
+        prototypes, mix = self.mixing(MessageType.PROTOTYPES, round)
         with torch.no_grad():
             own = self.model.prototypes
             mixed = own * mix.pop(self.node_id)

@@ -31,7 +31,7 @@ from protocol.limits import DEFAULT_LIMITS
 from protocol.messages import Body, Head, Model, Prototypes
 
 from .catalog import ATTACKS
-from .seam import Algorithm, Evaluation, Frame, LocalReport, Outbound, Predictors
+from .seam import Algorithm, Evaluation, Frame, LocalReport, Outbound, Predictors, Staleness
 
 __all__ = ["ATTACKS", "LEGAL_NORM", "Attack", "corrupt_tensor", "corrupt", "PoisoningNode"]
 
@@ -115,6 +115,9 @@ class PoisoningNode(Algorithm):
     def set_peers(self, peers: Iterable[str]) -> None:
         self.inner.set_peers(peers)
         self.peers = self.inner.peers
+
+    def set_staleness(self, staleness: Staleness) -> None:
+        self.inner.set_staleness(staleness)
 
     def local_step(self, round: int) -> LocalReport:
         return self.inner.local_step(round)

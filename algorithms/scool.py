@@ -40,7 +40,7 @@ from .outliers import OutlierConfig, ScaleGuard, fold_into_self, state_scale
 from .payloads import SharedModules, average_states, check_model, shared_state, state_norm, to_numpy
 from .priors import AttentionPrior, SbmPrior
 from .scores import ScoreExchange
-from .seam import Algorithm, Frame, LocalReport, NodeSetup, Outbound, PayloadRejected, uniform_row
+from .seam import Algorithm, Frame, LocalReport, NodeSetup, Outbound, PayloadRejected, Staleness, uniform_row
 from .training import LocalTrainer, TrainedLocally, TrainingConfig, node_model, seeded_generator
 
 __all__ = [
@@ -171,10 +171,18 @@ class ModelGossip(ScoolNode):
         self.neighbours: tuple[str, ...] | None = None  # None until pruned: everyone
         self.models: dict[str, tuple[int, Model, bool]] = {}  # peer → (round, model, used yet)
         self.guard = ScaleGuard(self.config.outliers, self.config.max_staleness)
+        self.max_staleness = self.config.max_staleness  # the async schedule's bound replaces it
 
     def set_peers(self, peers) -> None:
         super().set_peers(peers)
         self.guard.set_peers(self.peers)
+
+    def set_staleness(self, staleness: Staleness) -> None:
+        """The async schedule's bound on a model's age replaces SCooL's own, so its E-step scores
+        the same latest models the others mix; its M-step weighs them by its posterior, not by
+        age (docs/learning.md, "Schedules")."""
+        if staleness.max_staleness is not None:
+            self.max_staleness = staleness.max_staleness
 
     def _model(self, round: int) -> Model:
         return self.shared.body()
@@ -189,7 +197,7 @@ class ModelGossip(ScoolNode):
     def _check_fresh(self, peer: str, round: int, body: Body) -> None:
         if peer not in self.peers:
             raise PayloadRejected("not_a_peer", f"{peer} is not among this node's peers")
-        if round < self.round - self.config.max_staleness:
+        if round < self.round - self.max_staleness:
             raise PayloadRejected("stale", f"{body.TYPE} for round {round}, this node is at {self.round}")
 
     def _check_model(self, body: Model) -> None:
@@ -225,12 +233,13 @@ class ModelGossip(ScoolNode):
         return tuple(sorted(recent & set(self.peers)))
 
     def _fresh(self, round: int) -> dict[str, Model]:
-        """Neighbours' models of this round (or a little older) not yet used by an M-step."""
+        """Neighbours' models of this round (or a little older; async, or ahead) not yet used by an
+        M-step."""
         allowed = set(self.peers) if self.neighbours is None else set(self.neighbours)
         return {
             peer: body
             for peer, (r, body, used) in sorted(self.models.items())
-            if peer in allowed and not used and 0 <= round - r <= self.config.max_staleness
+            if peer in allowed and not used and round - r <= self.max_staleness
         }
 
     def _mark_used(self, peers) -> None:

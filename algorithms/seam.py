@@ -45,6 +45,7 @@ __all__ = [
     "Predictors",
     "PayloadRejected",
     "NeighbourView",
+    "Staleness",
     "Algorithm",
     "uniform_row",
 ]
@@ -193,17 +194,39 @@ class PayloadRejected(Exception):
         self.detail = detail
 
 
+@dataclass(frozen=True)
+class Staleness:
+    """How the asynchronous schedule (`[algorithm].schedule = "async"`) uses a neighbour's latest
+    payload, of whatever round: its age is this round − the payload's round (0 for a payload of
+    this round or a later one: a neighbour ahead is not stale); one older than `max_staleness`
+    rounds is not used, and the neighbour's weight w_ij counts `decay`^age, the row then
+    renormalised (`UniformGraph.mixing`). The default, the sync schedule's, changes nothing: a
+    round's payloads all have age 0 there, and the algorithm's own bound holds."""
+
+    decay: float = 1.0  # λ in (0, 1]
+    max_staleness: int | None = None  # None: the algorithm's own
+
+    def __post_init__(self) -> None:
+        if not 0 < self.decay <= 1 or (self.max_staleness is not None and self.max_staleness < 0):
+            raise ValueError(f"decay in (0, 1] and max_staleness ≥ 0, got {self.decay}, {self.max_staleness}")
+
+    def weight(self, age: int) -> float:
+        return self.decay ** max(age, 0)
+
+
 class NeighbourView:
     """The freshest payload of each type from each current peer, with the round it belongs to.
 
     Bounded by construction: one entry per (peer, message type), and only for peers the driver
     declared. A payload for a round older than the one held is ignored (reordering is harmless).
+    `staleness` (set by the driver's schedule) bounds and weighs them by age.
     """
 
     def __init__(self, max_staleness: int) -> None:
         if max_staleness < 0:
             raise ValueError(f"max_staleness must be ≥ 0, got {max_staleness}")
         self.max_staleness = max_staleness
+        self.staleness = Staleness()
         self.peers: tuple[str, ...] = ()
         self._latest: dict[tuple[str, MessageType], tuple[int, Body]] = {}
 
@@ -221,9 +244,24 @@ class NeighbourView:
             self._latest[key] = (round, body)
 
     def fresh(self, kind: MessageType, round: int, max_staleness: int | None = None) -> dict[str, Body]:
-        """Payloads of `kind` from rounds within `max_staleness` (default: the view's) of `round`."""
+        """Payloads of `kind` at most `max_staleness` (default: the view's) rounds older than
+        `round`; the schedule's bound, where it sets one, replaces the view's and widens a
+        longer one asked for (MAPL's heads)."""
+        return {peer: self._latest[(peer, kind)][1] for peer in self.ages(kind, round, max_staleness)}
+
+    def ages(self, kind: MessageType, round: int, max_staleness: int | None = None) -> dict[str, int]:
+        """The age of each payload `fresh` gives: `round` − its round, 0 if it is ahead."""
         bound = self.max_staleness if max_staleness is None else max_staleness
-        return {peer: body for (peer, k), (r, body) in self._latest.items() if k == kind and 0 <= round - r <= bound}
+        if self.staleness.max_staleness is not None:
+            wider = max_staleness is not None and max_staleness > self.max_staleness
+            bound = max(bound, self.staleness.max_staleness) if wider else self.staleness.max_staleness
+        return {
+            peer: max(0, round - r) for (peer, k), (r, _) in self._latest.items() if k == kind and round - r <= bound
+        }
+
+    def decay(self, kind: MessageType, round: int) -> dict[str, float]:
+        """λ^age of each fresh payload of `kind` (1.0 under the sync schedule)."""
+        return {peer: self.staleness.weight(age) for peer, age in self.ages(kind, round).items()}
 
     def latest(self, kind: MessageType) -> dict[str, Body]:
         return {peer: body for (peer, k), (_, body) in self._latest.items() if k == kind}
@@ -268,6 +306,14 @@ class Algorithm(abc.ABC):
     def set_peers(self, peers: Iterable[str]) -> None:
         """The candidate peers (from discovery); payloads from others are rejected."""
         self.peers = tuple(sorted(set(peers) - {self.node_id}))
+
+    def set_staleness(self, staleness: Staleness) -> None:
+        """The schedule's rule for old payloads (the async schedule sets it; the driver calls
+        this once, before the first round): an algorithm that keeps a `NeighbourView` as `view`
+        bounds and weighs by it; one without keeps its own bound."""
+        view = getattr(self, "view", None)
+        if isinstance(view, NeighbourView):
+            view.staleness = staleness
 
     @abc.abstractmethod
     def local_step(self, round: int) -> LocalReport: ...

@@ -383,6 +383,7 @@ def _learning_spec(args: argparse.Namespace):
     """The scenario of `simulate` and `testnet`, checked (hyper-parameters included)."""
     from algorithms.datasets import missing_files
     from algorithms.registry import ConfigOverrideError, checked_config
+    from p2pnode.rounds import Schedule
     from testnet.simulator import SimulationSpec
     from testnet.spec import parse_slow
 
@@ -415,6 +416,7 @@ def _learning_spec(args: argparse.Namespace):
             data=data,
             data_per_node=data_per_node,
             slow=None if args.slow is None else parse_slow(args.slow),
+            schedule=Schedule(schedule=args.schedule),
         )
         spec.node_backbones()
         checked_config(spec.algorithm, overrides, spec.rounds, "--rounds")
@@ -623,6 +625,13 @@ def _add_learning_arguments(parser: argparse.ArgumentParser) -> None:
         help="emulate slower devices: round(FRACTION × nodes) nodes, drawn by the seed, take FACTOR times as long "
         "per local step (simulate: on its simulated clock; testnet: the daemon's [node].step_slowdown); "
         "report.json names them",
+    )
+    parser.add_argument(
+        "--schedule",
+        choices=("sync", "async"),
+        default="sync",
+        help="[algorithm].schedule of every node (docs/learning.md, Schedules): async rounds wait at most "
+        "[algorithm].async_gather_s for their neighbours and mix the latest payloads, weighted by age",
     )
     parser.add_argument(
         "--set",

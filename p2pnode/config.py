@@ -870,6 +870,35 @@ class AlgorithmSettings:
         "... wait at most this much longer for the rest (late payloads "
         "still count next round); 1.0 waits for all, up to the deadline",
     )
+    deadline: str = option(
+        Text(choices=("fixed", "adaptive")),
+        "fixed",
+        "sync: `fixed` waits up to `round_deadline_s`; `adaptive` up to the largest, over the expected neighbours, "
+        "of median + `deadline_mads` × MAD of each one's arrival delays in its last `deadline_window` rounds "
+        "(at least `deadline_min_s`, at most `round_deadline_s`; fixed until a neighbour has 3)",
+    )
+    deadline_mads: float = option(Number(0, 100), 4.0, "`deadline = adaptive`: MADs above the median delay")
+    deadline_window: int = option(Integer(3, 10_000), 20, "`deadline = adaptive`: rounds of delays kept per neighbour")
+    deadline_min_s: float = option(Number(0.001, 86400), 0.5, "`deadline = adaptive`: the shortest deadline")
+    schedule: str = option(
+        Text(choices=("sync", "async")),
+        "sync",
+        "`sync`: each round waits for the neighbours' payloads of that round (quorum, grace, deadline); "
+        "`async`: a round waits at most `async_gather_s`, then mixes the latest payload of each neighbour, "
+        "of any round, weighted by its age (docs/learning.md); no catch-up, every node at its own pace",
+    )
+    async_gather_s: float = option(
+        Number(0.001, 60), 0.05, "`schedule = async`: the longest a round waits for its neighbours' payloads"
+    )
+    staleness_decay: float = option(
+        Number(0.001, 1),
+        0.5,
+        "`schedule = async`: λ; a neighbour's weight w_ij is multiplied by λ^age (age: this round − the "
+        "payload's round, 0 if ahead), then the row is renormalised",
+    )
+    max_staleness: int = option(
+        Integer(0, 1000), 10, "`schedule = async`: payloads more than this many rounds old are not used"
+    )
     max_rounds_ahead: int = option(
         Integer(0, 1000),
         2,
@@ -1164,6 +1193,11 @@ def _learning_checks(config: Config) -> list[str]:
     missing = missing_files(data.dataset, data.root)
     if missing is not None:
         problems.append(f"[data].root: {missing}")
+    if algorithm.async_gather_s > algorithm.round_deadline_s:
+        problems.append(
+            f"[algorithm].async_gather_s: must not exceed [algorithm].round_deadline_s ({algorithm.round_deadline_s}), "
+            f"got {algorithm.async_gather_s}"
+        )
     if algorithm.peer_inbox_frames > algorithm.inbox_frames:
         problems.append(
             f"[algorithm].peer_inbox_frames: must not exceed [algorithm].inbox_frames ({algorithm.inbox_frames}), "

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from protocol import Envelope
 
-from .rounds import Gather, RoundRecord, RoundState
+from .rounds import ADAPTIVE, AdaptiveDeadline, Gather, RoundRecord, RoundState, Schedule
 
 if TYPE_CHECKING:
     from algorithms.seam import Algorithm, Evaluation, LocalReport, Outbound, PayloadRejected
@@ -72,10 +72,20 @@ def round_state(settings: AlgorithmSettings, history_rounds: int | None = None) 
 class RoundEngine:
     """One node's rounds: its algorithm (once `attach`ed) and its `RoundState`. Payloads are
     queued as the protocol's `Envelope`s, the daemon's verified ones or the simulator's decoded
-    ones, so the engine hands the algorithm the same body and frame in both."""
+    ones, so the engine hands the algorithm the same body and frame in both.
 
-    def __init__(self, state: RoundState[Envelope]) -> None:
+    Its `Schedule` says how long a gather lasts: sync, until the round's payloads are in (a fixed
+    or an adaptive deadline); async, `async_gather_s` at most, the algorithm then mixing the
+    latest payload of each neighbour weighted by its age (`Staleness`, set on it at `attach`)."""
+
+    def __init__(self, state: RoundState[Envelope], schedule: Schedule | None = None) -> None:
         self.state = state
+        self.schedule = Schedule() if schedule is None else schedule
+        state.asynchronous = self.schedule.asynchronous
+        self.deadlines = AdaptiveDeadline(
+            self.schedule.deadline_window, self.schedule.deadline_mads, self.schedule.deadline_min_s
+        )
+        self._gather: Gather | None = None  # the round's gather, once open
         self.algorithm: Algorithm | None = None
         self._report: LocalReport | None = None  # the local step of the round in progress
         self._sent_to: set[str] = set()  # peers sent anything in the round in progress
@@ -88,6 +98,10 @@ class RoundEngine:
         self.algorithm = algorithm
         self.state.waits_for = algorithm.waits_for
         self.state.takes = frozenset(algorithm.sends)
+        if self.schedule.asynchronous:
+            from algorithms.seam import Staleness
+
+            algorithm.set_staleness(Staleness(self.schedule.staleness_decay, self.schedule.max_staleness))
 
     @property
     def round(self) -> int:
@@ -101,6 +115,7 @@ class RoundEngine:
         self.state.round = round
         self._report, self._sent_to = None, set()
         self._expected = self._came = frozenset()
+        self._gather = None
 
     def step(self, round: int) -> LocalReport:
         """The local step (heavy: the daemon runs it in a worker thread)."""
@@ -153,17 +168,30 @@ class RoundEngine:
     def gather(
         self, now: float, *, quorum: float, deadline_s: float, grace_s: float, hold_until: float = -math.inf
     ) -> Gather:
-        """Start waiting, at `now`, for the expected peers (`RoundState.gather`)."""
-        return self.state.gather(
+        """Start waiting, at `now`, for the expected peers (`RoundState.gather`) as the schedule
+        says: `deadline_s` is the fixed deadline (`round_deadline_s`); async, the gather lasts
+        `async_gather_s` at most; an adaptive deadline follows the peers' arrival delays within it."""
+        if self.schedule.asynchronous:
+            deadline_s = min(deadline_s, self.schedule.async_gather_s)
+        elif self.schedule.deadline == ADAPTIVE:
+            deadline_s = self.deadlines.deadline_s(self._expected, deadline_s)
+        self._gather = self.state.gather(
             self._expected, now, quorum=quorum, deadline_s=deadline_s, grace_s=grace_s, hold_until=hold_until
         )
+        return self._gather
 
     def gather_finished(self, gather: Gather, now: float) -> bool:
         return gather.finished(self.state.settled(self.state.round), now)
 
     def close_gather(self) -> frozenset[str]:
-        """The gather is over: the expected peers that sent everything in time."""
-        self._came = self._expected & self.state.arrived(self.state.round)
+        """The gather is over: the expected peers that sent everything in time (async: or sent a
+        later round, whose payload stands in, fresh). Each expected peer's delay is noted for an
+        adaptive deadline; one that did not come, as the whole wait (it came later, if at all)."""
+        came = self.state.settled if self.schedule.asynchronous else self.state.arrived
+        self._came = self._expected & came(self.state.round)
+        if self._gather is not None:
+            for peer in sorted(self._expected):
+                self.deadlines.observe(peer, self._gather.arrived_after.get(peer, self._gather.looked))
         return self._came
 
     def end_round(self, round: int) -> None:

@@ -36,7 +36,7 @@ from .engine import RoundEngine, Timings, round_state, seconds
 from .files import describe_os_error
 from .history import HistoryFile
 from .memory import trim_now
-from .rounds import RoundRecord
+from .rounds import RoundRecord, Schedule
 
 if TYPE_CHECKING:
     import torch
@@ -291,7 +291,7 @@ class RoundDriver:
         self.local_baseline: Algorithm | None = None  # `[algorithm].local_baseline`'s model
         self.local_baseline_since = 0  # the first round it trained (later if switched on mid-run)
         self.phase = "starting"
-        self.engine = RoundEngine(round_state(settings))
+        self.engine = RoundEngine(round_state(settings), Schedule.of(settings))
         self.state = self.engine.state
         self._arrival = trio.Event()
         self._limiter = trio.CapacityLimiter(1)  # one algorithm call at a time

@@ -14,6 +14,7 @@ testnet/report.py builds every report from these records.
 from __future__ import annotations
 
 import math
+import statistics
 from collections import Counter, deque
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -25,6 +26,12 @@ __all__ = [
     "RoundRecord",
     "RoundState",
     "Gather",
+    "Schedule",
+    "AdaptiveDeadline",
+    "SYNC",
+    "ASYNC",
+    "FIXED",
+    "ADAPTIVE",
     "ROUND_AHEAD",
     "INBOX_FULL",
     "PEER_INBOX_FULL",
@@ -41,7 +48,85 @@ DUPLICATE_PAYLOAD = "duplicate_payload"  # a second payload of one type for one 
 # one peer, however far ahead it says it is, never moves a node's round.
 CATCH_UP_MIN_PEERS = 2
 
+SYNC, ASYNC = "sync", "async"  # `[algorithm].schedule`
+FIXED, ADAPTIVE = "fixed", "adaptive"  # `[algorithm].deadline`
+# A peer's arrival delays say nothing until it has this many: until then it gets the fixed deadline.
+ADAPTIVE_MIN_SAMPLES = 3
+
 Item = TypeVar("Item")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How a node's rounds wait for each other (`[algorithm]`: schedule, async_gather_s,
+    staleness_decay, max_staleness, deadline, deadline_mads, deadline_window, deadline_min_s).
+
+    "sync": a round's gather waits for the expected neighbours' payloads of that round (quorum,
+    grace, deadline: `Gather`), the deadline fixed or adaptive (`AdaptiveDeadline`). "async": the
+    gather lasts `async_gather_s` at most, payloads of any round are taken and handed on at once,
+    and the algorithm mixes the latest payload of each neighbour, weighted λ^age
+    (algorithms/seam.py `Staleness`); a node never catches up by skipping rounds."""
+
+    schedule: str = SYNC
+    async_gather_s: float = 0.05
+    staleness_decay: float = 0.5
+    max_staleness: int = 10
+    deadline: str = FIXED
+    deadline_mads: float = 4.0
+    deadline_window: int = 20
+    deadline_min_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.schedule not in (SYNC, ASYNC) or self.deadline not in (FIXED, ADAPTIVE):
+            raise ValueError(f"schedule sync|async and deadline fixed|adaptive, got {self.schedule}, {self.deadline}")
+        if not (self.async_gather_s > 0 and 0 < self.staleness_decay <= 1 and self.max_staleness >= 0):
+            raise ValueError("async_gather_s > 0, staleness_decay in (0, 1] and max_staleness ≥ 0")
+        if not (self.deadline_mads >= 0 and self.deadline_window >= ADAPTIVE_MIN_SAMPLES and self.deadline_min_s > 0):
+            raise ValueError(f"deadline_mads ≥ 0, deadline_window ≥ {ADAPTIVE_MIN_SAMPLES}, deadline_min_s > 0")
+
+    @classmethod
+    def of(cls, settings: Any) -> Schedule:
+        """The schedule `[algorithm]` (p2pnode/config.py's `AlgorithmSettings`) sets."""
+        return cls(**{name: getattr(settings, name) for name in cls.__dataclass_fields__})
+
+    @property
+    def asynchronous(self) -> bool:
+        return self.schedule == ASYNC
+
+
+class AdaptiveDeadline:
+    """The sync gather's deadline from each neighbour's observed arrival delays (seconds from the
+    gather's start): per expected peer median + `mads` × MAD over its last `window` delays; the
+    deadline is the largest of them, at least `floor_s` and at most the fixed deadline handed in.
+    A peer with fewer than ADAPTIVE_MIN_SAMPLES delays gets the fixed deadline. Pure: delays come
+    in as numbers. Bounded: `window` delays per peer, for at most `max_peers` peers (the least
+    recently observed one is forgotten first)."""
+
+    def __init__(self, window: int, mads: float, floor_s: float, max_peers: int = 4096) -> None:
+        self.window, self.mads, self.floor_s, self.max_peers = window, mads, floor_s, max_peers
+        self._delays: dict[str, deque[float]] = {}
+
+    def observe(self, peer: str, delay_s: float) -> None:
+        delays = self._delays.pop(peer, None) or deque(maxlen=self.window)
+        delays.append(max(0.0, delay_s))
+        self._delays[peer] = delays  # now the most recently observed
+        while len(self._delays) > self.max_peers:
+            del self._delays[next(iter(self._delays))]
+
+    def expected_delay_s(self, peer: str) -> float | None:
+        """median + mads × MAD of `peer`'s delays; None while it has too few."""
+        delays = self._delays.get(peer, ())
+        if len(delays) < ADAPTIVE_MIN_SAMPLES:
+            return None
+        median = statistics.median(delays)
+        return median + self.mads * statistics.median(abs(delay - median) for delay in delays)
+
+    def deadline_s(self, expected: Iterable[str], fixed_s: float) -> float:
+        """How long to wait for `expected`: within [min(floor_s, fixed_s), fixed_s]."""
+        per_peer = [self.expected_delay_s(peer) for peer in expected]
+        if any(delay is None for delay in per_peer):
+            return fixed_s
+        return min(fixed_s, max([self.floor_s, *per_peer]))
 
 
 @dataclass(frozen=True)
@@ -132,8 +217,16 @@ class Gather:
     deadline: float
     grace_s: float
     grace_until: float | None = None
+    started: float = 0.0
+    # When each expected peer was first seen arrived, in seconds from `started`, and the last
+    # time looked (the delays `AdaptiveDeadline` learns from).
+    arrived_after: dict[str, float] = field(default_factory=dict)
+    looked: float = 0.0
 
     def finished(self, arrived: set[str], now: float) -> bool:
+        self.looked = max(self.looked, now - self.started)
+        for peer in self.expected & arrived:
+            self.arrived_after.setdefault(peer, now - self.started)
         count = len(self.expected & arrived)
         if count >= len(self.expected) or now >= self.deadline:
             return True
@@ -168,6 +261,9 @@ class RoundState(Generic[Item]):
     round: int = 0  # the round in progress (or next, between rounds)
     # The payload types the algorithm takes, once it is built (None: not yet known, all queued).
     takes: frozenset[MessageType] | None = None
+    # The async schedule (`Schedule`): payloads of any round are queued and all handed on at
+    # once (the algorithm keeps the latest of each neighbour), and a node never catches up.
+    asynchronous: bool = False
     # Rounds completed: the last one finished + 1 (rounds a catch-up skipped count too).
     # `status` and Prometheus both show this one number.
     completed: int = 0
@@ -196,7 +292,8 @@ class RoundState(Generic[Item]):
         queue, so neither copies nor old rounds from one peer crowd out the others' payloads."""
         if self.takes is not None and kind not in self.takes:
             return UNEXPECTED_TYPE  # never queued: a 60 MB MODEL to a MAPL node is dropped at once
-        if round > self.round + self.max_rounds_ahead:
+        far_ahead = round > self.round + self.max_rounds_ahead
+        if far_ahead and not self.asynchronous:
             self._note_reached(peer, round)
             return ROUND_AHEAD
         if kind in self._heard.get(round, {}).get(peer, ()):
@@ -207,7 +304,8 @@ class RoundState(Generic[Item]):
             return INBOX_FULL
         self._inbox.append(_Queued(round, peer, item))
         self._held[peer] += 1
-        self._heard.setdefault(round, {}).setdefault(peer, set()).add(kind)
+        if not far_ahead:  # so what is remembered of rounds ahead stays bounded, async too
+            self._heard.setdefault(round, {}).setdefault(peer, set()).add(kind)
         self._note_reached(peer, round)
         return None
 
@@ -217,9 +315,9 @@ class RoundState(Generic[Item]):
 
     def due(self) -> list[tuple[str, int, Item]]:
         """The queued payloads of this round or earlier, as (peer, round, item), in arrival
-        order; later ones stay queued."""
-        due = [entry for entry in self._inbox if entry.round <= self.round]
-        self._inbox = [entry for entry in self._inbox if entry.round > self.round]
+        order; later ones stay queued (async: all are due, later rounds too)."""
+        due = [entry for entry in self._inbox if entry.round <= self.round or self.asynchronous]
+        self._inbox = [entry for entry in self._inbox if entry.round > self.round and not self.asynchronous]
         self._held = Counter(entry.peer for entry in self._inbox)
         return [(entry.peer, entry.round, entry.item) for entry in due]
 
@@ -253,7 +351,8 @@ class RoundState(Generic[Item]):
         from now or `hold_until`, whichever is later (the first round: peers may still be loading
         their data and model)."""
         peers = frozenset(expected)
-        return Gather(peers, math.ceil(quorum * len(peers)), max(now + deadline_s, hold_until), grace_s)
+        deadline = max(now + deadline_s, hold_until)
+        return Gather(peers, math.ceil(quorum * len(peers)), deadline, grace_s, started=now)
 
     def finish(self, record: RoundRecord) -> None:
         """The round of `record` is done: count who was missing, keep the record, forget what
@@ -271,11 +370,12 @@ class RoundState(Generic[Item]):
         the quorum has reached (the furthest round that many sources have all got to), so a
         minority, let alone one peer, moves nothing. A node with a single source is never pulled
         along: it runs its own rounds, each bounded by its deadline. Peers it does not learn
-        from (another cluster, say) may run at their own pace."""
+        from (another cluster, say) may run at their own pace. Async, a node runs every round
+        at its own pace and never catches up."""
         following, sources = self.completed, set(sources)
         needed = max(CATCH_UP_MIN_PEERS, math.ceil(self.catch_up_quorum * len(sources)))
         reached = sorted((self._reached[peer] for peer in sources if peer in self._reached), reverse=True)
-        if len(reached) >= needed and reached[needed - 1] > following + self.max_rounds_ahead:
+        if not self.asynchronous and len(reached) >= needed and reached[needed - 1] > following + self.max_rounds_ahead:
             self.catch_ups += 1
             following = reached[needed - 1]
         self.round = following

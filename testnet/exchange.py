@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from algorithms.seam import Algorithm
 from p2pnode.config import AlgorithmSettings
-from p2pnode.rounds import RoundRecord
+from p2pnode.rounds import RoundRecord, Schedule
 from protocol import Identity, Limits
 
 from .clock import ARRIVAL, CLOSE, STEP, EventQueue
@@ -159,8 +159,9 @@ class Timeline:
 
 
 class Exchange:
-    """Every node of a run in this process, one shard, at equal speed and no latency (so in
-    lock-step): the inline engine, for whoever holds the nodes already (tests, a notebook)."""
+    """Every node of a run in this process, one shard, by default at equal speed and no latency
+    (so in lock-step): the inline engine, for whoever holds the nodes already (tests, a notebook).
+    `step_s` (a step cost per node, simulated seconds), `latency_s` and `schedule` set otherwise."""
 
     def __init__(
         self,
@@ -168,15 +169,20 @@ class Exchange:
         identities: Sequence[Identity],
         sender_limits: dict[int, Limits] | None = None,
         rounds: int = 1_000_000,
+        *,
+        step_s: Sequence[float] | None = None,
+        latency_s: float = 0.0,
+        schedule: Schedule | None = None,
     ) -> None:
         """`sender_limits`: node index → the limits its encoder signs with (default: the real ones)."""
         if len(nodes) != len(identities):
             raise ValueError(f"{len(nodes)} nodes but identities of {len(identities)}")
         self.ids = [identity.node_id for identity in identities]
-        self.shard = Shard(dict(enumerate(nodes)), dict(enumerate(identities)), self.ids, sender_limits)
+        self.shard = Shard(dict(enumerate(nodes)), dict(enumerate(identities)), self.ids, sender_limits, schedule)
         self.hosts = InlineHosts([self.shard])
         rule = GatherRule.of(AlgorithmSettings())
-        self.timeline = Timeline(self.hosts, self.ids, rounds, [1.0] * len(self.ids), 0.0, rule)
+        costs = [1.0] * len(self.ids) if step_s is None else list(step_s)
+        self.timeline = Timeline(self.hosts, self.ids, rounds, costs, latency_s, rule)
         self._rounds = self.timeline.run()
 
     @property

@@ -16,6 +16,7 @@ import os
 import sys
 import time
 from collections import Counter
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from algorithms.device import placement as device_placement
 from algorithms.own_data import OwnDataSpec
 from algorithms.setup import load_scenario
 from p2pnode.config import DiscoverySettings
-from p2pnode.rounds import RoundRecord
+from p2pnode.rounds import RoundRecord, Schedule
 from protocol import LEARNING_TYPES
 
 from .churn import ChurnSpec, RestartPolicy, Supervisor
@@ -104,6 +105,8 @@ def node_settings(
             "start_timeout_s": 120.0,
             "round_deadline_s": round_deadline_s,
             "settings": dict(spec.overrides),
+            # the run's schedule (`[algorithm].schedule` and what goes with it), where not the default
+            **{name: value for name, value in asdict(spec.schedule).items() if value != getattr(Schedule(), name)},
         },
         "log": {"format": "json"},
         # `--slow`: this daemon emulates a slower device (p2pnode/learning.py, RoundDriver._step)

@@ -38,7 +38,7 @@ from algorithms.seam import Algorithm, Outbound
 from p2pnode.config import AlgorithmSettings
 from p2pnode.engine import RoundEngine, Timings, round_state
 from p2pnode.metrics import SentTraffic
-from p2pnode.rounds import Gather, RoundRecord
+from p2pnode.rounds import Gather, RoundRecord, Schedule
 from protocol import DEFAULT_LIMITS, LEARNING_TYPES, Decoder, Encoder, Identity, Limits, ProtocolError
 
 __all__ = ["Shard", "Sent", "GatherRule", "Closed", "SimulationError", "NodeFailed", "simulation_identity", "NETWORK"]
@@ -100,10 +100,12 @@ class Shard:
         identities: Mapping[int, Identity],
         ids: Sequence[str],
         sender_limits: Mapping[int, Limits] | None = None,
+        schedule: Schedule | None = None,
     ) -> None:
         """`nodes`: this shard's nodes by index in the run; `identities`: their keys; `ids`: the
         node ids of the whole run, in index order; `sender_limits`: node index → the limits its
-        encoder signs with (default: the real ones)."""
+        encoder signs with (default: the real ones); `schedule`: `[algorithm].schedule` and what
+        goes with it (default: sync, fixed deadline)."""
         if set(nodes) != set(identities):
             raise ValueError(f"nodes {sorted(nodes)} but identities of {sorted(identities)}")
         self.nodes = dict(sorted(nodes.items()))
@@ -118,7 +120,7 @@ class Shard:
         # Each node's engine, bound as a daemon's is by default; it keeps one record (the
         # simulator keeps them all).
         settings = AlgorithmSettings()
-        self.engines = {i: RoundEngine(round_state(settings, history_rounds=1)) for i in self.nodes}
+        self.engines = {i: RoundEngine(round_state(settings, history_rounds=1), schedule) for i in self.nodes}
         self._gathers: dict[int, Gather] = {}  # the open gathers, by node
         self._began: dict[int, tuple[float, float]] = {}  # node → (round began, step ended), simulated
         for i, node in self.nodes.items():

@@ -209,6 +209,10 @@ def learning(rounds: int = 12, algorithm: str = "mapl", data: str = "", more: st
             learning(more="inbox_frames = 100\npeer_inbox_frames = 101\nsettings = { warmup_rounds = 4 }\n"),
             "[algorithm].peer_inbox_frames: must not exceed [algorithm].inbox_frames (100), got 101",
         ),
+        (
+            learning(more='schedule = "async"\nasync_gather_s = 5.0\nround_deadline_s = 1.0\n'),
+            "[algorithm].async_gather_s: must not exceed [algorithm].round_deadline_s (1.0), got 5.0",
+        ),
         (learning(data="node_index = 4\n"), "[data].node_index: must be below [data].nodes (4), got 4"),
         (learning(data="clusters = 5\n"), "[data].clusters: cannot exceed [data].nodes (4), got 5"),
         (

@@ -218,6 +218,39 @@ def test_a_slow_daemon_stretches_its_local_step_and_the_report_names_it(tmp_path
     assert all(len(times) == 4 and times == sorted(times) for times in ended), ended
 
 
+def test_async_daemons_finish_at_their_own_pace(tmp_path):
+    """`[algorithm].schedule = "async"` on real daemons: the run completes, and the fast nodes,
+    which wait for the slow one only in round 0 (every node's first payloads), are done first."""
+    from p2pnode.rounds import Schedule
+    from testnet.learning import run_learning_testnet
+    from testnet.simulator import SimulationSpec
+    from testnet.spec import Slow
+
+    spec = SimulationSpec(
+        algorithm="mapl-nocgl",
+        dataset="digits",
+        nodes=3,
+        rounds=5,
+        samples_per_class=10,
+        backbones=("mlp",),
+        slow=Slow(0.3, 20),
+        schedule=Schedule(schedule="async", async_gather_s=0.05),
+    )
+    (slow,) = spec.slow_nodes()
+    code, report = run_learning_testnet(spec, tmp_path / "net", round_deadline_s=10)
+    assert code == 0, report["check"]
+    assert report["schedule"]["schedule"] == "async"
+    histories = [read_history(tmp_path / "net" / f"node{i:02d}" / "data" / HISTORY_NAME) for i in range(3)]
+    assert all([record.round for record in history.records] == list(range(5)) for history in histories)
+    slow_step_s = statistics.median(record.step_s for record in histories[slow].records)
+    for fast in set(range(3)) - {slow}:
+        later = histories[fast].records[1:]
+        # after round 0 a fast round's gather is short (0.05 s and the daemon's own latency),
+        # never the slow node's step
+        assert max(record.gather_s for record in later) < slow_step_s / 2, (later, slow_step_s)
+        assert histories[fast].records[-1].ended_at < histories[slow].records[-1].ended_at
+
+
 def same_records(spec, histories) -> None:
     """One round engine (p2pnode/engine.py) builds every record: the daemons' and the simulator's
     have the same fields, all filled in, and agree on what the round was (node i of the testnet

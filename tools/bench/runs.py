@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict
 from pathlib import Path
 
+from p2pnode.rounds import Schedule
 from testnet.provenance import CODE_ROOT, git_state
 from testnet.simulator import SimulationSpec
 
@@ -61,6 +63,7 @@ def _finished(spec: SimulationSpec, out: str, code: dict) -> dict | None:
         and (report.get("attack") or {}).get("factor", spec.attack_factor) == spec.attack_factor
         and (report.get("slow") or {}).get("nodes", []) == list(spec.slow_nodes())
         and (report.get("slow") or {}).get("factor") == (spec.slow.factor if spec.slow else None)
+        and report.get("schedule", asdict(Schedule())) == asdict(spec.schedule)
     )
     return report if same else None
 

@@ -2,7 +2,7 @@
 under today's synchronous rounds, on the simulator's clock; prints one markdown table.
 
     python -m tools.bench.stragglers --out bench-out/stragglers [--seeds 1 2] [--workers 2]
-                                     [--slow 0.3:5] [--save stragglers]
+                                     [--slow 0.3:5] [--schedule async] [--save stragglers]
 
 MAPL-Dual on mnist5k Scenario 1, 10 nodes on the four CPU backbones, 10 training and 80 test
 images per class, 80 rounds; per seed two runs on the same nodes: "equal" (every node at speed 1)
@@ -13,6 +13,12 @@ cost it. Simulated seconds come from the fixed step costs of testnet/clock.py, s
 not depend on the machine (its load only stretches how long the benchmark takes). Each run is
 one process with one torch thread; a finished run of the same spec and commit is reused
 (tools/bench/runs.py). Seed 0 tuned the hyper-parameters: the defaults evaluate on 1 and 2.
+
+`--schedule async` (`[algorithm].schedule`, docs/learning.md "Schedules") adds, per seed, the
+equal and the slow run under the async schedule and a Local run (the issue's floor for the slow
+nodes); its rows compare them with the sync equal run: the fast nodes' time to their sync
+equal-run final accuracy against the goal of 1.25 × that run's, every node's final accuracy
+against it, and the slow nodes' against Local.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import dataclasses
 import statistics
 import sys
 
+from p2pnode.rounds import ASYNC, SYNC, Schedule
 from testnet.report import time_to_accuracy
 from testnet.simulator import SimulationSpec
 from testnet.spec import parse_slow
@@ -31,6 +38,9 @@ from .runs import simulate_all
 
 THREADS = 1  # runs.py: every run one torch thread
 KEYS = ("seed", "backbones", "slow", "accuracy", "time_to_accuracy", "missing_payloads", "rejections", "timing")
+GOAL_RATIO = 1.25  # issue #29: the fast nodes reach their equal-run final accuracy within 1.25 × its time
+GOAL_POINTS = 1.0  # ... every node's final accuracy within 1 point of the equal run's
+LOCAL_MARGIN_POINTS = 3.0  # ... and the slow nodes at least Local + 3 points
 
 
 def spec_of(args: argparse.Namespace, seed: int) -> SimulationSpec:
@@ -56,21 +66,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--slow", default="0.3:5", metavar="FRACTION:FACTOR")
+    parser.add_argument("--schedule", choices=(SYNC, ASYNC), default=SYNC, help="sync: the baseline runs only")
     parser.add_argument("--save", metavar="NAME", help="write the runs to tools/bench/results/NAME.json")
     args = parser.parse_args(argv)
     slow = parse_slow(args.slow)
-    jobs = []
+    jobs, schedules = [], []
     for seed in args.seeds:
         equal = spec_of(args, seed)
         jobs += [
             (equal, f"{args.out}/equal-seed{seed}"),
             (dataclasses.replace(equal, slow=slow), f"{args.out}/slow-seed{seed}"),
         ]
+        schedules += [SYNC, SYNC]
+        if args.schedule == ASYNC:
+            unwaiting = dataclasses.replace(equal, schedule=Schedule(schedule=ASYNC))
+            jobs += [
+                (unwaiting, f"{args.out}/async-equal-seed{seed}"),
+                (dataclasses.replace(unwaiting, slow=slow), f"{args.out}/async-slow-seed{seed}"),
+                (dataclasses.replace(equal, algorithm="local"), f"{args.out}/local-seed{seed}"),
+            ]
+            schedules += [ASYNC, ASYNC, "local"]
     words = ["python", "-m", "tools.bench.stragglers", *(sys.argv[1:] if argv is None else argv)]
     settings = {"simulate.slow": args.slow} | ({} if args.rounds == 80 else {"rounds": args.rounds})
+    settings |= {"algorithm.schedule": args.schedule} if args.schedule != SYNC else {}
     with capture(words, settings=settings, seeds=args.seeds, threads=THREADS, runs=len(jobs)) as provenance:
         reports = simulate_all(jobs, args.workers, reuse=True)
-    runs = [{key: report[key] for key in KEYS} for report in reports]
+    # "schedule": sync or async, or "local" for the Local run the slow nodes are held against
+    runs = [
+        {**{key: report[key] for key in KEYS}, "schedule": kind}
+        for report, kind in zip(reports, schedules, strict=True)
+    ]
     data = {
         "algorithm": "mapl-dual",
         "scenario": "1",
@@ -108,7 +133,7 @@ def render(result: dict) -> str:
     """One row per seed: the fast nodes' time to their equal-run final accuracy in both runs and
     its ratio, the runs' ends, and the final accuracy of the fast and the slow nodes in both."""
     data = result["data"]
-    by = {(run["seed"], run["slow"] is not None): run for run in data["runs"]}
+    by = {(run["seed"], run["slow"] is not None): run for run in data["runs"] if run.get("schedule", SYNC) == SYNC}
     rows = [
         "| seed | slow nodes (×factor) | fast nodes reaching it | time to equal-run final accuracy, fast nodes, "
         "s (equal → slow; mean) | slow / equal | last round ends, s (equal → slow) "
@@ -147,7 +172,59 @@ def render(result: dict) -> str:
         "(testnet/clock.py's step costs). The time of a node is the first round end at which its accuracy reached its "
         "final accuracy of the equal run; the mean is over the fast nodes that reached it.",
     ]
-    return "\n".join(rows)
+    scheduled = render_async(data)
+    return "\n".join([*rows, "", *scheduled] if scheduled else rows)
+
+
+def render_async(data: dict) -> list[str]:
+    """The async schedule's rows (`--schedule async`), against the sync equal run of each seed and
+    the issue's goals; none for a result without them."""
+    by = {(run["seed"], run.get("schedule", SYNC), run["slow"] is not None): run for run in data["runs"]}
+    seeds = sorted(seed for seed, kind, slowed in by if kind == ASYNC and slowed)
+    if not seeds:
+        return []
+    rows = [
+        "| seed, async | time to sync equal-run final accuracy, fast nodes, s (sync equal → async equal → "
+        f"async slow; mean) | async slow / sync equal (goal ≤ {GOAL_RATIO:g}) | fast nodes reaching it "
+        f"| nodes within {GOAL_POINTS:g} point of sync equal, async slow | final accuracy, %, slow nodes: "
+        f"Local → async slow (goal ≥ Local + {LOCAL_MARGIN_POINTS:g}) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for seed in seeds:
+        equal, unwaiting, slowed = by.get((seed, SYNC, False)), by.get((seed, ASYNC, False)), by[(seed, ASYNC, True)]
+        local = by.get((seed, "local", False))
+        if equal is None or unwaiting is None or local is None:
+            continue
+        fast, in_equal, in_slow = fast_times(equal, slowed)
+        in_unwaiting = fast_times(equal, {**unwaiting, "slow": slowed["slow"]})[2]
+        reached = [t for t in in_slow if t is not None]
+
+        def mean(times: list[float | None]) -> str:
+            times = [t for t in times if t is not None]
+            return f"{statistics.fmean(times):.1f}" if times else "—"
+
+        base = statistics.fmean(t for t in in_equal if t is not None)
+        ratio = statistics.fmean(reached) / base if reached else None
+        pairs = list(zip(equal["accuracy"]["per_node"], slowed["accuracy"]["per_node"], strict=True))
+        within = sum(abs(a - b) * 100 <= GOAL_POINTS for a, b in pairs)
+        met = ratio is not None and ratio <= GOAL_RATIO
+        slow_nodes = slowed["slow"]["nodes"]
+        local_mean = statistics.fmean(local["accuracy"]["per_node"][i] for i in slow_nodes) * 100
+        slow_mean = statistics.fmean(slowed["accuracy"]["per_node"][i] for i in slow_nodes) * 100
+        rows.append(
+            f"| {seed} | {mean(in_equal)} → {mean(in_unwaiting)} → {mean(in_slow)} "
+            f"| {'—' if ratio is None else f'**{ratio:.2f}**'} ({'met' if met else 'not met'}) "
+            f"| {len(reached)}/{len(fast)} | {within}/{len(pairs)} "
+            f"| {local_mean:.1f} → {slow_mean:.1f} "
+            f"({'met' if slow_mean >= local_mean + LOCAL_MARGIN_POINTS else 'not met'}) |"
+        )
+    return [
+        *rows,
+        "",
+        'The async schedule (`[algorithm].schedule = "async"`: gathers of 50 ms at most, the latest payload of '
+        "each neighbour weighted λ^age with λ 0.5, none older than 10 rounds), on the same nodes and clock; Local: "
+        "the `local` algorithm (no communication) on the same data.",
+    ]
 
 
 if __name__ == "__main__":

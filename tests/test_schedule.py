@@ -1,0 +1,256 @@
+"""How rounds wait for each other (#29 items 4-5), on simulated time only: the adaptive deadline's
+median/MAD rule and its bounds, the async schedule's staleness rule (λ^age, renormalised, nothing
+past max_staleness) in the one place algorithms mix, and the simulator's timeline under async: a
+fast node never waits for a slow neighbour beyond its short gather, and runs repeat exactly."""
+
+import dataclasses
+
+import pytest
+
+from algorithms.collaboration import InNeighbourhood, UniformGraph
+from algorithms.seam import NeighbourView, Staleness
+from p2pnode.config import AlgorithmSettings
+from p2pnode.engine import RoundEngine
+from p2pnode.rounds import ASYNC, AdaptiveDeadline, RoundState, Schedule
+from protocol import MessageType
+from protocol.messages import Prototypes
+from testnet.engines import INLINE, open_hosts
+from testnet.exchange import simulation_identity
+from testnet.simulator import SimulationSpec, run_simulation, timeline
+from testnet.spec import Slow
+
+PROTOTYPES = MessageType.PROTOTYPES
+ASYNC_SCHEDULE = Schedule(schedule=ASYNC, async_gather_s=0.05, staleness_decay=0.5, max_staleness=4)
+# Every node expects every other (MAPL's graph fixed all-to-all); node 0 is the one drawn slow.
+SPEC = SimulationSpec(
+    algorithm="mapl-nocgl",
+    dataset="digits",
+    nodes=3,
+    rounds=8,
+    samples_per_class=5,
+    test_per_class=3,
+    backbones=("mlp",),
+    step_s=1.0,
+    latency_s=0.01,
+    slow=Slow(1 / 3, 5),
+    schedule=ASYNC_SCHEDULE,
+)
+
+
+# --- the adaptive deadline ------------------------------------------------------------------------
+
+
+def test_the_adaptive_deadline_is_the_largest_median_plus_mads_times_mad_over_the_expected_peers():
+    deadlines = AdaptiveDeadline(window=5, mads=2.0, floor_s=0.1)
+    for delay in (1.0, 1.2, 0.8, 1.0, 5.0):  # median 1.0, MAD 0.2: one outlier moves neither
+        deadlines.observe("b", delay)
+    for delay in (0.2, 0.3, 0.3):  # median 0.3, MAD 0
+        deadlines.observe("c", delay)
+    assert deadlines.expected_delay_s("b") == pytest.approx(1.4)
+    assert deadlines.expected_delay_s("c") == pytest.approx(0.3)
+    assert deadlines.deadline_s({"b", "c"}, fixed_s=30) == pytest.approx(1.4)
+    assert deadlines.deadline_s({"c"}, fixed_s=30) == pytest.approx(0.3)
+
+
+def test_the_adaptive_deadline_keeps_its_bounds():
+    deadlines = AdaptiveDeadline(window=3, mads=4.0, floor_s=0.5, max_peers=2)
+    for delay in (0.01, 0.01, 0.01):
+        deadlines.observe("b", delay)
+    assert deadlines.deadline_s({"b"}, fixed_s=30) == 0.5  # the floor
+    for delay in (50.0, 60.0, 70.0):  # the window: only these three count now
+        deadlines.observe("b", delay)
+    assert deadlines.expected_delay_s("b") == pytest.approx(60 + 4 * 10)
+    assert deadlines.deadline_s({"b"}, fixed_s=30) == 30  # never past the fixed deadline
+    deadlines.observe("c", 1.0)
+    assert deadlines.deadline_s({"c"}, fixed_s=30) == 30  # too few delays of c's yet: the fixed one
+    assert deadlines.deadline_s(set(), fixed_s=30) == 0.5  # nobody to wait for
+    deadlines.observe("d", 1.0)  # a third peer: the least recently observed one is forgotten
+    assert deadlines.expected_delay_s("b") is None and deadlines.deadline_s({"b"}, fixed_s=30) == 30
+
+
+def test_an_adaptive_engine_learns_each_peers_delay_from_its_gathers():
+    engine = RoundEngine(round_state(), Schedule(deadline="adaptive", deadline_mads=1.0, deadline_min_s=0.1))
+    engine.attach(Listener())
+    for round, delay in enumerate([2.0, 2.0, 2.0, 3.0]):
+        engine.begin(round)
+        engine.expect(round)
+        gather = engine.gather(100.0 * round, quorum=1.0, deadline_s=30, grace_s=2)
+        # three rounds of delays before it: the fixed deadline, then median 2 + 1 × MAD 0
+        assert gather.deadline - 100.0 * round == (30 if round < 3 else 2.0)
+        engine.offer("b", round, Envelope(PROTOTYPES))
+        assert engine.gather_finished(gather, 100.0 * round + delay)
+        engine.close_gather()
+        engine.state.completed = round + 1
+    assert list(engine.deadlines._delays["b"]) == [2.0, 2.0, 2.0, 3.0]
+
+
+def test_an_async_engine_gathers_briefly_takes_any_round_and_never_catches_up():
+    engine = RoundEngine(round_state(), ASYNC_SCHEDULE)
+    engine.attach(Listener())
+    engine.begin(0)
+    engine.expect(0)
+    assert engine.gather(10.0, quorum=1.0, deadline_s=30, grace_s=2).deadline == pytest.approx(10.05)
+    for peer in ("b", "c"):
+        assert engine.offer(peer, 9, Envelope(PROTOTYPES)) is None  # far ahead: taken all the same
+    assert engine.offer("b", 0, Envelope(PROTOTYPES)) is None
+    engine.deliver()
+    assert engine.algorithm.received == [("b", 9), ("c", 9), ("b", 0)] and engine.state.queued == 0
+    engine.state.completed = 1
+    assert engine.next_round({"b", "c"}) == 1  # both peers far ahead: sync would jump to round 9
+
+
+def test_the_schedule_is_bounded_and_read_from_the_algorithm_settings():
+    for wrong in ({"staleness_decay": 0.0}, {"schedule": "eventually"}, {"deadline_window": 2}, {"max_staleness": -1}):
+        with pytest.raises(ValueError):
+            Schedule(**wrong)
+    settings = AlgorithmSettings(schedule=ASYNC, staleness_decay=0.8, max_staleness=3, deadline="adaptive")
+    assert Schedule.of(settings) == Schedule(schedule=ASYNC, staleness_decay=0.8, max_staleness=3, deadline="adaptive")
+    assert Schedule.of(AlgorithmSettings()) == Schedule()  # the daemon's defaults are the engine's: sync, fixed
+
+
+# --- staleness: the one place payloads are weighed ------------------------------------------------
+
+
+def test_a_neighbours_latest_payload_counts_lambda_to_its_age_renormalised_and_not_past_max_staleness():
+    node = Mixer(Staleness(decay=0.5, max_staleness=4))
+    node.view.put("b", 10, prototypes())  # this round: age 0
+    node.view.put("c", 8, prototypes())  # age 2
+    node.view.put("d", 5, prototypes())  # age 5: too old
+    node.view.put("e", 12, prototypes())  # ahead: age 0
+    assert node.view.ages(PROTOTYPES, 10) == {"b": 0, "c": 2, "e": 0}
+    payloads, mix = node.mixing(PROTOTYPES, 10)
+    assert set(payloads) == {"b", "c", "e"}
+    total = 0.2 * (1 + 1 + 0.25 + 1)  # w_ij = 1/5 each (the node and 4 peers), times λ^age
+    assert mix == pytest.approx({"a": 0.2 / total, "b": 0.2 / total, "c": 0.05 / total, "e": 0.2 / total})
+
+
+def test_the_sync_default_keeps_the_algorithms_own_bound_and_weights():
+    node = Mixer(Staleness())
+    node.view.put("b", 10, prototypes())
+    node.view.put("c", 9, prototypes())  # age 1: within the algorithm's own bound (1)
+    node.view.put("d", 8, prototypes())
+    payloads, mix = node.mixing(PROTOTYPES, 10)
+    assert set(payloads) == {"b", "c"} and mix == pytest.approx({"a": 1 / 3, "b": 1 / 3, "c": 1 / 3})
+
+
+# --- the async schedule on the simulated clock ----------------------------------------------------
+
+
+def test_under_async_a_fast_node_never_waits_for_a_five_times_slower_neighbour():
+    (slow,) = SPEC.slow_nodes()
+    report = run_simulation(SPEC)
+    ended = report["time_to_accuracy"]["ended_at_per_node"]
+    # The slow node steps 5 s a round and finds the fast ones' payloads waiting: its own pace.
+    assert ended[slow] == pytest.approx([5.0 * (r + 1) for r in range(7)] + [40.05])
+    for fast in set(range(3)) - {slow}:
+        # Round 0 waits for everyone, up to the short gather (1 s step + 0.05 s); afterwards only
+        # for the other fast node, whose payload takes 10 ms: never for the slow one.
+        assert ended[fast] == pytest.approx([1.05 + 1.01 * r for r in range(8)])
+        assert all(b - a <= 1.0 + 0.05 + 1e-9 for a, b in zip([0.0, *ended[fast]], ended[fast], strict=False))
+    assert max(max(ended[fast]) for fast in set(range(3)) - {slow}) < ended[slow][1]  # done before its 2nd round
+
+
+def test_under_async_the_fast_nodes_mix_the_slow_ones_payloads_by_their_age():
+    (slow,) = SPEC.slow_nodes()
+    fast = min(set(range(3)) - {slow})
+    ids = [simulation_identity(SPEC.seed, i).node_id for i in range(SPEC.nodes)]
+    seen = {}  # a fast node's round → the slow node's weight in its prototypes' mix, and its age
+    with open_hosts(SPEC, INLINE) as hosts:
+        nodes = hosts.shards[0].nodes
+        for together in timeline(SPEC, hosts, ids).run():
+            for record in together:
+                if record.node == ids[fast]:
+                    node = nodes[fast]
+                    ages = node.view.ages(PROTOTYPES, record.round)
+                    weight = node.mixing(PROTOTYPES, record.round)[1].get(ids[slow])
+                    seen[record.round] = (ages.get(ids[slow]), weight)
+    # The slow node's round-0 payload comes at 5.01 s, during the fast node's round 4: age 4,
+    # used at 1/3 · 0.5^4 renormalised over the node and the other fast peer (1/3 each); too old
+    # afterwards (max_staleness 4), and its round-1 payload comes after the fast node is done.
+    assert seen[3] == (None, None)
+    age4 = (1 / 3) * 0.5**4
+    assert seen[4] == (4, pytest.approx(age4 / (2 / 3 + age4)))
+    assert all(seen[r] == (None, None) for r in range(5, 8))
+
+
+def test_under_async_scool_takes_a_slow_neighbours_model_as_old_as_the_schedule_allows():
+    """SCooL keeps its models apart from the shared mixing part: the schedule's bound reaches it
+    too, so the slow node's round-0 model, 4 rounds old at a fast node, is scored, not refused."""
+    asynchronous = run_simulation(dataclasses.replace(SPEC, algorithm="scool-dirac", rounds=5))
+    assert "stale" not in asynchronous["rejections"]
+    own_bound = dataclasses.replace(ASYNC_SCHEDULE, max_staleness=1)
+    refused = run_simulation(dataclasses.replace(SPEC, algorithm="scool-dirac", rounds=5, schedule=own_bound))
+    assert refused["rejections"].get("stale", 0) > 0
+
+
+def test_async_runs_repeat_exactly():
+    spec = dataclasses.replace(SPEC, rounds=4)
+    first, second = run_simulation(spec), run_simulation(spec)
+    for key in ("accuracy", "graph", "comm", "time_to_accuracy", "rejections", "timing"):
+        assert first[key] == second[key], key
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+
+def round_state() -> RoundState:
+    return RoundState(
+        waits_for=frozenset({PROTOTYPES}),
+        rounds=20,
+        max_rounds_ahead=2,
+        inbox_frames=16,
+        peer_inbox_frames=8,
+        catch_up_quorum=0.5,
+        history_rounds=5,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Envelope:
+    """What the engine reads of a verified envelope."""
+
+    type: MessageType
+    body: str = "payload"
+    seq: int = 1
+    sender: bytes = b"key"
+
+
+class Listener:
+    """An algorithm as the engine sees it: it expects b and records what it is handed."""
+
+    node_id, waits_for, sends = "a", frozenset({PROTOTYPES}), (PROTOTYPES,)
+
+    def __init__(self) -> None:
+        self.received: list[tuple[str, int]] = []
+
+    def set_staleness(self, staleness):
+        self.staleness = staleness
+
+    def expected(self, round):
+        return ("b",)
+
+    def receive(self, peer, round, body, frame):
+        self.received.append((peer, round))
+
+    def weights(self):
+        return {"a": 1.0}
+
+
+class Mixer(InNeighbourhood):
+    """The shared neighbourhood part alone: a uniform row over "a" and its peers b-e."""
+
+    node_id = "a"
+    heard_by = PROTOTYPES
+
+    def __init__(self, staleness: Staleness) -> None:
+        self.view, self.graph = NeighbourView(max_staleness=1), UniformGraph("a")
+        self.view.staleness = staleness
+        self.peers = ("b", "c", "d", "e")
+        self.view.set_peers(self.peers)
+        self.graph.set_peers(self.peers)
+
+
+def prototypes() -> Prototypes:
+    import numpy as np
+
+    return Prototypes(classes=(0, 1), counts=np.ones(2, np.int64), prototypes=np.zeros((2, 2), np.float32))
