@@ -118,10 +118,10 @@ LEARNING = Quick(
     "python -m tools.bench.learning --rounds 1 --scenarios 1 --seeds 1 --methods local --workers 1 --out DIR"
 )
 HETEROGENEOUS = Quick(
-    "python -m tools.bench.heterogeneous --methods local --scenarios 1 --samples 1 --seeds 0 --rounds 1 "
+    "python -m tools.bench.heterogeneous --methods local --scenarios 1 --samples 1 --seeds 3 --rounds 1 "
     "--test-per-class 1 --workers 1 --out DIR"
 )
-SCOOL = Quick("python -m tools.bench.scool --rounds 1 --nodes 4 --seeds 1 --methods scool-local --workers 1 --out DIR")
+SCOOL = Quick("python -m tools.bench.scool --rounds 1 --nodes 4 --seeds 3 --methods scool-local --workers 1 --out DIR")
 POISONING = Quick(
     "python -m tools.bench.poisoning --methods mapl --attacks random --rounds 1 --workers 2 --out DIR", heavy=True
 )
