@@ -169,9 +169,10 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "python -m tools.bench.learning": LEARNING,
     "python -m tools.bench.learning --out bench-out/learning --save learning": LEARNING,
     "python -m tools.bench.learning --scenarios 1 --save learning": LEARNING,
-    "python -m tools.bench.heterogeneous": HETEROGENEOUS,
-    "python -m tools.bench.heterogeneous --out bench-out/heterogeneous": HETEROGENEOUS,
-    "python -m tools.bench.scool --out bench-out/scool": SCOOL,
+    "python -m tools.bench.heterogeneous --out bench-out/heterogeneous "
+    "--methods local mapl-dual --save heterogeneous": HETEROGENEOUS,
+    "python -m tools.bench.heterogeneous --methods local mapl-dual --samples 10 --save heterogeneous": HETEROGENEOUS,
+    "python -m tools.bench.scool --out bench-out/scool --save scool": SCOOL,
     "python -m tools.bench.poisoning --out bench-out/poisoning": POISONING,
     "python -m tools.bench.memory --out bench-out/memory": MEMORY,
     "python -m tools.bench.memory --stages": STAGES,
