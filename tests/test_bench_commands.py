@@ -117,10 +117,10 @@ LEARNING = Quick(
     "python -m tools.bench.learning --rounds 1 --scenarios 1 --seeds 1 --methods local --workers 1 --out DIR"
 )
 HETEROGENEOUS = Quick(
-    "python -m tools.bench.heterogeneous --methods local --scenarios 1 --samples 1 --seeds 0 --rounds 1 "
+    "python -m tools.bench.heterogeneous --methods local --scenarios 1 --samples 1 --seeds 3 --rounds 1 "
     "--test-per-class 1 --workers 1 --out DIR"
 )
-SCOOL = Quick("python -m tools.bench.scool --rounds 1 --nodes 4 --seeds 1 --methods scool-local --workers 1 --out DIR")
+SCOOL = Quick("python -m tools.bench.scool --rounds 1 --nodes 4 --seeds 3 --methods scool-local --workers 1 --out DIR")
 POISONING = Quick(
     "python -m tools.bench.poisoning --methods mapl --attacks random --rounds 1 --workers 2 --out DIR", heavy=True
 )
@@ -167,9 +167,10 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "python -m tools.bench.learning": LEARNING,
     "python -m tools.bench.learning --out bench-out/learning --save learning": LEARNING,
     "python -m tools.bench.learning --scenarios 1 --save learning": LEARNING,
-    "python -m tools.bench.heterogeneous": HETEROGENEOUS,
-    "python -m tools.bench.heterogeneous --out bench-out/heterogeneous": HETEROGENEOUS,
-    "python -m tools.bench.scool --out bench-out/scool": SCOOL,
+    "python -m tools.bench.heterogeneous --out bench-out/heterogeneous "
+    "--methods local mapl-dual --save heterogeneous": HETEROGENEOUS,
+    "python -m tools.bench.heterogeneous --methods local mapl-dual --samples 10 --save heterogeneous": HETEROGENEOUS,
+    "python -m tools.bench.scool --out bench-out/scool --save scool": SCOOL,
     "python -m tools.bench.poisoning --out bench-out/poisoning": POISONING,
     "python -m tools.bench.memory --out bench-out/memory": MEMORY,
     "python -m tools.bench.memory --stages": STAGES,
