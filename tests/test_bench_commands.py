@@ -122,7 +122,8 @@ HETEROGENEOUS = Quick(
 )
 SCOOL = Quick("python -m tools.bench.scool --rounds 1 --nodes 4 --seeds 3 --methods scool-local --workers 1 --out DIR")
 POISONING = Quick(
-    "python -m tools.bench.poisoning --methods mapl --attacks random --rounds 1 --workers 2 --out DIR", heavy=True
+    "python -m tools.bench.poisoning --methods mapl --attacks random --rounds 1 --seeds 1 --workers 2 --out DIR",
+    heavy=True,
 )
 MEMORY = Quick("python -m tools.bench.memory --algorithms local --nodes 2 --rounds 1 --out DIR", 120, heavy=True)
 STAGES = Quick("python -m tools.bench.memory --stages --algorithm local --rounds 1")

@@ -2,14 +2,15 @@
 (tools/attack.py), and the target's CPU, RSS and honest round-trip time, before, during and
 after, all measured in one run.
 
-    python -m tools.bench.attacks [--seconds 5] [--out FILE]
+    python -m tools.bench.attacks [--seconds 5] [--out FILE] [--save attacks]
 
 Each attack runs against a fresh pair of daemons. CPU is the target's user + system time (the
 daemon's and its ingress processes', which take the attack's bytes) over the attack's duration,
 as a fraction of one core, next to the same measured while idle; RSS is theirs too.
 With two cores or more the attacker runs on a core of its own and the daemons on the others, as
 if it flooded from another machine: otherwise the honest RTT would also measure the attacker's
-own CPU (a full-rate flood keeps a core busy) taken from the daemons.
+own CPU (a full-rate flood keeps a core busy) taken from the daemons. `--save NAME` writes the
+rows as result NAME (tools/bench/results.py) for BENCHMARKS.md to draw the table from.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from pathlib import Path
 
 from p2pnode.memory import resident_bytes
 from testnet.cluster import Cluster, NodeSpec
+
+from .results import capture, save
 
 __all__ = ["ATTACKS", "run_attack", "main"]
 
@@ -46,6 +49,14 @@ ATTACKS = {
     "multipart never finished, 200 MB (plaintext)": ["--kind", "unfinished", "--bytes", str(200 << 20)],
 }
 PLAINTEXT = "(plaintext)"
+# Every daemon's settings that differ from a user's defaults (testnet/cluster.py's caps for a
+# testnet on one host; pings fast enough for an RTT every sample); CURVE, on in a testnet and off
+# by default, is in each row.
+FAST_PINGS = {"ping_interval_s": 0.2, "peer_timeout_s": 2.0}
+SETTINGS = {
+    **{f"discovery.{key}": value for key, value in FAST_PINGS.items()},
+    "security.max_connections_per_address": 64,
+}
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -101,12 +112,11 @@ class _Watch:
 
 
 def run_attack(name: str, args: list[str], seconds: float) -> dict:
-    fast_pings = {"ping_interval_s": 0.2, "peer_timeout_s": 2.0}
     # The launcher's connection caps fit a testnet on one host; 50 attacking connections too.
     plaintext = {"security": {"curve": False, "max_connections_per_address": 64}} if PLAINTEXT in name else None
     with (
         tempfile.TemporaryDirectory() as root,
-        Cluster.prepare(Path(root), 2, discovery=fast_pings, extra=plaintext) as cluster,
+        Cluster.prepare(Path(root), 2, discovery=FAST_PINGS, extra=plaintext) as cluster,
     ):
         cluster.start_all()
         daemons_cpus, attacker_cpus = _split_cpus()
@@ -141,6 +151,7 @@ def run_attack(name: str, args: list[str], seconds: float) -> dict:
         counted = _taken_in(after["traffic"]) - _taken_in(before)
         return {
             "attack": name,
+            "curve": target.settings["security"]["curve"],
             "sent": result["sent"],
             "blocked": result.get("blocked", 0),  # sends that waited a second: the target held back
             "counted": counted,
@@ -198,15 +209,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--out", type=Path, help="also write the rows as JSON here")
     parser.add_argument("--attacks", nargs="+", choices=list(ATTACKS), default=list(ATTACKS))
+    parser.add_argument("--save", metavar="NAME", help="write the rows to tools/bench/results/NAME.json")
     args = parser.parse_args(argv)
     rows = []
-    for name in args.attacks:
-        rows.append(run_attack(name, ATTACKS[name], args.seconds))
-        print(json.dumps(rows[-1]), flush=True)
+    words = ["python", "-m", "tools.bench.attacks", *(sys.argv[1:] if argv is None else argv)]
+    with capture(words, settings=SETTINGS, runs=len(args.attacks)) as provenance:
+        for name in args.attacks:
+            rows.append(run_attack(name, ATTACKS[name], args.seconds))
+            print(json.dumps(rows[-1]), flush=True)
     print(format_table(rows))
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1))
+    if args.save:
+        print(f"wrote {save(args.save, 'tools.bench.attacks', provenance, {'seconds': args.seconds, 'rows': rows})}")
     return 0
+
+
+def render(result: dict) -> str:
+    """The table, then what each attack was given."""
+    data = result["data"]
+    return (
+        f"{format_table(data['rows'])}\n\nEach attack {data['seconds']:g} s against a fresh pair of daemons, "
+        f"after {data['seconds']:g} s idle; CURVE on in every row but those marked plaintext."
+    )
 
 
 if __name__ == "__main__":

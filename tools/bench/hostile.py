@@ -4,7 +4,8 @@ time is the attacked socket reachable? CURVE on and off, bans of the suspects of
 (`[security].abort_ban_s`) on and off, from a stranger (public socket) and, with CURVE, from an
 admitted peer's key (peers' socket).
 
-    python -m tools.bench.hostile [--seconds 60] [--learning] [--out FILE] [--quick]
+    python -m tools.bench.hostile [--seconds 60] [--learning] [--out FILE] [--quick] [--save NAME]
+    python -m tools.bench.hostile --admitted-peer [--out FILE] [--save NAME]
 
 While an attack runs, the target's `status` is asked every 0.2 s (its latency, peer count and
 ingress restarts) and the attacked port is probed with a TCP connect every 0.05 s (refused: the
@@ -14,6 +15,12 @@ an mlp, 10 images per class, as many rounds as the attacks last) and each row ad
 rounds: how many it completed during the attack, and the longest wait for its round counter to
 move, during the attack and in as long a stretch just before it. `--quick` runs the first row
 only (CURVE and bans off, stall-reset at the public socket): a smoke test, not for numbers.
+
+`--admitted-peer` measures one admitted learning peer instead (issue #27, "Done when" 2): the
+4-daemon MAPL testnet of tests/adversarial/test_hostile_learning.py, node 3 a Byzantine daemon
+(testnet/byzantine.py) whose payloads are rescaled ×10⁴, alone and with each round's barrage,
+beside its control twin (node 3 honest), each run judged by `--check`. `--save NAME` writes the
+rows as result NAME (tools/bench/results.py) for BENCHMARKS.md to draw the table from.
 """
 
 from __future__ import annotations
@@ -31,14 +38,30 @@ from itertools import pairwise
 from pathlib import Path
 
 from testnet.cluster import Cluster, NodeSpec
-from testnet.learning import DISCOVERY, node_settings
+from testnet.learning import DISCOVERY, node_settings, run_learning_testnet
+from testnet.report import CheckThresholds
 from testnet.simulator import SimulationSpec
+
+from .results import capture, save
 
 __all__ = ["main"]
 
 NODES = 4
 STATUS_EVERY_S = 0.2
 PROBE_EVERY_S = 0.05
+# Every daemon's settings that differ from a user's defaults: testnet/cluster.py's cap for a
+# testnet on one host. CURVE (off by default, on in a testnet) and bans (`abort_ban_s` 0 where
+# off) are in each row.
+SETTINGS = {"security.max_connections_per_address": 64}
+# With learning, also the launcher's quick discovery and its round settings (testnet/learning.py).
+LEARNING_SETTINGS = {
+    **SETTINGS,
+    **{f"discovery.{key}": value for key, value in DISCOVERY.items()},
+    "algorithm.round_deadline_s": 5.0,
+    "algorithm.start_peers": NODES - 1,
+    "algorithm.start_timeout_s": 120.0,
+    "model.threads": 1,
+}
 
 
 def _reachable(endpoint: str) -> bool:
@@ -221,18 +244,133 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# One admitted learning peer (--admitted-peer): the spec of tests/adversarial/test_hostile_learning.py.
+ADMITTED_POISONER = 3  # cluster 1 is nodes 2 and 3: node 2's only cluster-mate poisons
+ADMITTED_SEED = 1  # not 0, which tuned MAPL's hyper-parameters (tools/bench/learning.py)
+ADMITTED_SETTINGS = {**LEARNING_SETTINGS, "security.curve": True}  # the testnet's, in every run
+ADMITTED_RUNS = (("none", False), ("rescale", False), ("rescale", True))  # (attack, barrage): the twin first
+
+
+def _admitted_spec(attack: str) -> SimulationSpec:
+    return SimulationSpec(
+        algorithm="mapl",
+        dataset="digits",
+        nodes=NODES,
+        rounds=8,
+        seed=ADMITTED_SEED,
+        samples_per_class=10,
+        backbones=("mlp",),
+        overrides={"warmup_rounds": "3"},
+        poisoners=(ADMITTED_POISONER,),
+        attack=attack,
+        attack_factor=1e4,
+    )
+
+
+def admitted_peer_runs(quick: bool = False) -> list[dict]:
+    """The twin, the rescale alone and the rescale with the barrage (`quick`: the first only),
+    each a fresh testnet judged as `p2pnode testnet --check` does (default thresholds)."""
+    rows = []
+    for attack, barrage in ADMITTED_RUNS[:1] if quick else ADMITTED_RUNS:
+        with tempfile.TemporaryDirectory() as root:
+            check = CheckThresholds(accuracy=0.6, within_cluster_mass=0.9)
+            code, report = run_learning_testnet(_admitted_spec(attack), Path(root), check=check, barrage=barrage)
+        rows.append(_admitted_row(attack, barrage, code, report))
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def _admitted_row(attack: str, barrage: bool, code: int, report: dict) -> dict:
+    poisoning, processes = report["poisoning"], report["processes"]
+    honest = poisoning["honest"]
+    return {
+        "attack": attack,
+        "barrage": barrage,
+        "check": {"passed": code == 0, "failures": report["check"]["failures"]},
+        "honest_accuracy": poisoning["honest_accuracy"]["mean"],
+        "honest_mass": poisoning["honest_within_cluster_mass"]["final"],
+        "within_cluster_mass": report["graph"]["within_cluster_mass"],
+        "poisoner_weight": poisoning["poisoner_weight"]["max"],
+        "honest_l1": {key: poisoning["honest_l1_to_truth"][key] for key in ("mean", "max")},
+        "last_round": [report["last_round_per_node"][i] for i in honest],
+        "catch_ups": [processes["catch_ups"][i] for i in honest],
+        "exit_codes": processes["exit_codes"],
+        "ingress_restarts": processes["ingress_restarts"],
+        "peak_rss_mb": {"honest": [processes["peak_rss_mb"][i] for i in honest], "poisoner": _poisoner_rss(report)},
+        "sent": poisoning.get("sent", {}),
+        "refused_by_honest": poisoning.get("refused_by_honest", {}),
+        "wall_s": report["wall_s"],
+    }
+
+
+def _poisoner_rss(report: dict) -> float | None:
+    return report["processes"]["peak_rss_mb"][report["poisoning"]["nodes"][0]]
+
+
+def format_admitted(rows: list[dict]) -> str:
+    lines = [
+        "| run | `--check` | honest accuracy | poisoner's weight in honest rows | honest L1, mean (max) "
+        "| honest rows' last round / catch-ups | exits / ingress restarts | peak RSS per daemon, MB "
+        "| refused by the honest nodes | wall, s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        twin = r["attack"] == "none"
+        run = "twin (`none`)" if twin else f"`{r['attack']}`" + (" + barrage" if r["barrage"] else " alone")
+        mass = r["within_cluster_mass"] if twin else r["honest_mass"]
+        verdict = "passed" if r["check"]["passed"] else "**failed**: " + "; ".join(r["check"]["failures"])
+        l1 = "—" if twin else f"{r['honest_l1']['mean']:.3f} ({r['honest_l1']['max']:.3f})"
+        exits = sum(1 for code in r["exit_codes"] if code != 0)
+        honest_rss, poisoner_rss = r["peak_rss_mb"]["honest"], r["peak_rss_mb"]["poisoner"]
+        refused = ", ".join(f"{n:,} `{reason}`" for reason, n in r["refused_by_honest"].items()) or "—"
+        lines.append(
+            f"| {run} | {verdict} (mass {mass:.3f}) | {r['honest_accuracy']:.3f} "
+            f"| {r['poisoner_weight']:.3f}{' (its mate’s)' if twin else ''} | {l1} "
+            f"| {', '.join(map(str, r['last_round']))} / {sum(r['catch_ups'])} "
+            f"| {exits} / {sum(n or 0 for n in r['ingress_restarts'])} "
+            f"| {min(honest_rss):.0f}–{max(honest_rss):.0f} (the poisoner {poisoner_rss:.0f}) | {refused} "
+            f"| {r['wall_s']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.bench.hostile", description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--learning", action="store_true", help="the daemons learn; rows add the target's rounds")
     parser.add_argument("--out", type=Path, help="also write the rows as JSON here")
     parser.add_argument("--quick", action="store_true", help="the first row only: a smoke test, not for numbers")
+    parser.add_argument(
+        "--admitted-peer", action="store_true", help="instead: one admitted learning peer poisons, with a barrage"
+    )
+    parser.add_argument("--save", metavar="NAME", help="write the rows to tools/bench/results/NAME.json")
     args = parser.parse_args(argv)
-    rows = run_all(args.seconds, args.learning, args.quick)
-    print(format_table(rows))
+    words = ["python", "-m", "tools.bench.hostile", *(sys.argv[1:] if argv is None else argv)]
+    if args.admitted_peer:
+        with capture(words, settings=ADMITTED_SETTINGS, seeds=[ADMITTED_SEED], threads=1) as provenance:
+            data = {"kind": "admitted-peer", "rows": admitted_peer_runs(args.quick)}
+        table = format_admitted(data["rows"])
+    else:
+        settings, seeds = (LEARNING_SETTINGS, [0]) if args.learning else (SETTINGS, [])
+        with capture(words, settings=settings, seeds=seeds, threads=1 if args.learning else None) as provenance:
+            rows = run_all(args.seconds, args.learning, args.quick)
+        data = {"kind": "aborts", "seconds": args.seconds, "learning": args.learning, "rows": rows}
+        table = format_table(rows)
+    provenance["runs"] = len(data["rows"])  # one fresh testnet each
+    print(table)
     if args.out:
-        args.out.write_text(json.dumps(rows, indent=1))
+        args.out.write_text(json.dumps(data["rows"], indent=1))
+    if args.save:
+        print(f"wrote {save(args.save, 'tools.bench.hostile', provenance, data)}")
     return 0
+
+
+def render(result: dict) -> str:
+    data = result["data"]
+    if data["kind"] == "admitted-peer":
+        return format_admitted(data["rows"])
+    learning = ", the daemons learning (MAPL on digits)" if data["learning"] else ""
+    return f"{format_table(data['rows'])}\n\nEach attack {data['seconds']:g} s against a fresh testnet{learning}."
 
 
 if __name__ == "__main__":
