@@ -172,7 +172,7 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "--methods local mapl-dual --save heterogeneous": HETEROGENEOUS,
     "python -m tools.bench.heterogeneous --methods local mapl-dual --samples 10 --save heterogeneous": HETEROGENEOUS,
     "python -m tools.bench.scool --out bench-out/scool --save scool": SCOOL,
-    "python -m tools.bench.poisoning --out bench-out/poisoning": POISONING,
+    "python -m tools.bench.poisoning --out bench-out/poisoning --seeds 1 2 --save poisoning": POISONING,
     "python -m tools.bench.memory --out bench-out/memory": MEMORY,
     "python -m tools.bench.memory --stages": STAGES,
     "python -m tools.bench.scale --out bench-out/scale --nodes 10 30 100": SCALE,
