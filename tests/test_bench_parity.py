@@ -38,7 +38,10 @@ def test_parity_draws_each_run_its_difference_and_the_verdicts(tmp_path):
     assert "| 1 | mapl | 1 | **Δ** | -0.6 | -0.6 | +0.000 | +0.000 | +0 | +0.0 | +37 | +9 |" in drawn
     assert "| 2 | mapl | 2 | **Δ** | +1.4 |" in drawn
     assert "over the 2 runs: mean +0.40 points, mean |Δ| 1.00, largest |Δ| 1.40" in drawn
-    assert "`--check`: failed for mapl 2 seed 2." in drawn
+    assert (
+        "`--check`: failed for mapl 2 seed 2. Testnets: envelope overhead (bytes on the wire ÷ tensor bytes) " in drawn
+    )
+    assert "1.040–1.040, mean round 0.60–0.60 s." in drawn
     assert "hyper-parameters tuned on seed 0, left out" in drawn and "seeds 1, 2" in drawn
 
 

@@ -194,6 +194,18 @@ def _delta(run: dict, key: str, form: str) -> str:
     return form.format(round((testnet - simulator) * SCALE.get(key, 1), 6) + 0.0)  # + 0.0: no "-0"
 
 
+def _spans(runs: list[dict]) -> str:
+    """The testnets' envelope overhead and round time, lowest to highest over the runs."""
+    overheads = [run["testnet"]["envelope_overhead"] for run in runs if run["testnet"]["envelope_overhead"]]
+    rounds = [run["testnet"]["round_s"] for run in runs if run["testnet"]["round_s"]]
+    parts = []
+    if overheads:
+        parts.append(f"envelope overhead (bytes on the wire ÷ tensor bytes) {min(overheads):.3f}–{max(overheads):.3f}")
+    if rounds:
+        parts.append(f"mean round {min(rounds):.2f}–{max(rounds):.2f} s")
+    return f"Testnets: {', '.join(parts)}." if parts else ""
+
+
 def render(result: dict) -> str:
     """Per run, the simulator's row, the testnet's and their difference (testnet − simulator);
     then the mean and largest difference in accuracy, and the testnets' `--check` verdicts."""
@@ -220,7 +232,8 @@ def render(result: dict) -> str:
         f"Δ accuracy, testnet − simulator, over the {len(deltas)} runs: mean {statistics.fmean(deltas):+.2f} points, "
         f"mean |Δ| {statistics.fmean(map(abs, deltas)):.2f}, largest |Δ| {max(map(abs, deltas)):.2f}. "
         + "Testnets' `--check`: "
-        + (f"failed for {', '.join(failed)}." if failed else "every one passed."),
+        + (f"failed for {', '.join(failed)}. " if failed else "every one passed. ")
+        + _spans(data["runs"]),
         f"Each testnet: `{data['command']}`; {data['rounds']} rounds, {data['samples_per_class']} training samples "
         f"per class and node{tuned}. The simulator ran the same spec.",
     ]
