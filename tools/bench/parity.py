@@ -229,7 +229,8 @@ def render(result: dict) -> str:
     )
     rows += [
         "",
-        f"Δ accuracy, testnet − simulator, over the {len(deltas)} runs: mean {statistics.fmean(deltas):+.2f} points, "
+        f"Δ accuracy, testnet − simulator, over the {len(deltas)} run{'s' if len(deltas) > 1 else ''}: "
+        f"mean {statistics.fmean(deltas):+.2f} points, "
         f"mean |Δ| {statistics.fmean(map(abs, deltas)):.2f}, largest |Δ| {max(map(abs, deltas)):.2f}. "
         + "Testnets' `--check`: "
         + (f"failed for {', '.join(failed)}. " if failed else "every one passed. ")
