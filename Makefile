@@ -65,6 +65,14 @@ bench-memory: venv
 bench-scale: venv
 	$(BIN)/python -m tools.bench.scale --out bench-out/scale --nodes 10 30 100 --save scale
 
+# The testnet-against-simulator table of BENCHMARKS.md (issue #5): 10 daemons launched with
+# `p2pnode testnet --check` beside the simulator on the same spec, MAPL in Scenarios 1 and 2 and
+# mapl-nocgl in Scenario 1, seeds 1 and 2: the simulations first, 2 at a time, then the 6 testnets
+# one after the other (each 70 s on a quiet 2-core machine, over 3 minutes on a busy one).
+.PHONY: bench-parity
+bench-parity: venv
+	$(BIN)/python -m tools.bench.parity --preset learning --seeds 1 2 --out bench-out/parity --save parity-learning
+
 # Redraw BENCHMARKS.md's tables from their result files (tools/bench/results/); a test fails
 # when a table and its file disagree.
 bench-report: venv
