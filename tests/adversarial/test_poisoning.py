@@ -279,7 +279,10 @@ def test_a_rescaled_cluster_mate_is_refused_and_its_cluster_mate_falls_back_on_i
     }
     twin = run_simulation(SimulationSpec(**spec, attack="none"))
     poisoned = run_simulation(SimulationSpec(**spec, attack="rescale", attack_factor=1e4))
-    assert set(poisoned["rejections"]) == {"out_of_scale"}  # legal frames, refused by the algorithm
+    # Legal frames, refused by the algorithm. A refused payload does not end its round's gather,
+    # so its addressee waits out the deadline while the others run on (the simulator has a clock
+    # now): some of their payloads come too far ahead, as a daemon's would (`round_ahead`).
+    assert set(poisoned["rejections"]) - {"round_ahead"} == {"out_of_scale"}, poisoned["rejections"]
     assert max(_off_the_honest_cluster(poisoned)) <= 0.05, poisoned["graph"]["W"]
 
     def late(report):
