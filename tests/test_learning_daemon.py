@@ -190,22 +190,29 @@ def test_testnet_learns_and_matches_the_simulator(tmp_path):
     same_records(spec, [read_history(tmp_path / "net" / f"node{i:02d}" / "data" / HISTORY_NAME) for i in range(4)])
 
 
+def three_digits_daemons_one_slow(rounds: int, factor: float, **spec):
+    """3 mapl-nocgl nodes on digits (the `mlp`, 10 images per class), one drawn `factor`× slower."""
+    from testnet.simulator import SimulationSpec
+    from testnet.spec import Slow
+
+    return SimulationSpec(
+        algorithm="mapl-nocgl",
+        dataset="digits",
+        nodes=3,
+        rounds=rounds,
+        samples_per_class=10,
+        backbones=("mlp",),
+        slow=Slow(0.3, factor),
+        **spec,
+    )
+
+
 def test_a_slow_daemon_stretches_its_local_step_and_the_report_names_it(tmp_path):
     """`testnet --slow`: the daemon drawn slow (`[node].step_slowdown`) takes its factor times as
     long per local step; report.json says which node it was, and when each node's rounds ended."""
     from testnet.learning import run_learning_testnet
-    from testnet.simulator import SimulationSpec
-    from testnet.spec import Slow
 
-    spec = SimulationSpec(
-        algorithm="mapl-nocgl",
-        dataset="digits",
-        nodes=3,
-        rounds=4,
-        samples_per_class=10,
-        backbones=("mlp",),
-        slow=Slow(0.3, 10),
-    )
+    spec = three_digits_daemons_one_slow(rounds=4, factor=10)
     (slow,) = spec.slow_nodes()
     code, report = run_learning_testnet(spec, tmp_path / "net", round_deadline_s=10)
     assert code == 0, report["check"]
@@ -223,19 +230,8 @@ def test_async_daemons_finish_at_their_own_pace(tmp_path):
     which wait for the slow one only in round 0 (every node's first payloads), are done first."""
     from p2pnode.rounds import Schedule
     from testnet.learning import run_learning_testnet
-    from testnet.simulator import SimulationSpec
-    from testnet.spec import Slow
 
-    spec = SimulationSpec(
-        algorithm="mapl-nocgl",
-        dataset="digits",
-        nodes=3,
-        rounds=5,
-        samples_per_class=10,
-        backbones=("mlp",),
-        slow=Slow(0.3, 20),
-        schedule=Schedule(schedule="async", async_gather_s=0.05),
-    )
+    spec = three_digits_daemons_one_slow(rounds=5, factor=20, schedule=Schedule(schedule="async", async_gather_s=0.05))
     (slow,) = spec.slow_nodes()
     code, report = run_learning_testnet(spec, tmp_path / "net", round_deadline_s=10)
     assert code == 0, report["check"]
