@@ -19,6 +19,7 @@ COPY algorithms algorithms
 COPY p2pnode p2pnode
 COPY testnet testnet
 COPY tools tools
+COPY p2pnode_cli p2pnode_cli
 RUN /opt/p2pnode/bin/pip install -c constraints.txt . \
     && /opt/p2pnode/bin/python -c "import torch; from algorithms.torchvision_compat import torchvision; \
 print('torch', torch.__version__, 'torchvision', torchvision.__version__)" \

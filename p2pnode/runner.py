@@ -9,12 +9,11 @@ from collections.abc import Callable
 import trio
 
 from .config import Config
+from .exits import EXIT_FAILED, EXIT_USAGE
 from .memory import limit_arenas
 from .node import Node, NodeStartError
 
 __all__ = ["run_until_signalled", "start", "StartFailed"]
-
-EXIT_FAILED, EXIT_USAGE = 1, 2  # as the CLI's (docs/config.md, exit codes)
 
 
 class StartFailed(Exception):

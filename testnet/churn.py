@@ -28,15 +28,16 @@ from collections.abc import Collection
 from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
+from p2pnode.exits import EXIT_OK, EXIT_USAGE
+
 from .cluster import Cluster, NodeSpec
 
 __all__ = ["ChurnSpec", "RestartPolicy", "Supervisor"]
 
 SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM}
 
-# Exit statuses of `p2pnode start` that a restart cannot change (p2pnode/cli.py's EXIT_OK and
-# EXIT_USAGE, which the launcher may not import): why the daemon is not started again.
-NOT_RESTARTED = {0: "it stopped cleanly", 2: "its configuration is invalid"}
+# Exit statuses of `p2pnode start` that a restart cannot change: why the daemon is not started again.
+NOT_RESTARTED = {EXIT_OK: "it stopped cleanly", EXIT_USAGE: "its configuration is invalid"}
 
 
 def _seconds(key: str, text: str) -> float:

@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 _PR_SET_PDEATHSIG = 1
-DAEMON = ("p2pnode", "start")  # what `python -m` runs for a node: the daemon
+DAEMON = ("p2pnode_cli", "start")  # what `python -m` runs for a node: the daemon
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec

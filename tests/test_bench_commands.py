@@ -10,7 +10,7 @@ once), or in NOT_RUN, with why not. A command added to BENCHMARKS.md and listed 
 shows. Before anything runs, each command's module and Makefile target must exist and every
 `p2pnode` command must parse, its placeholders (A, S, DIR, [...]) filled in.
 
-The quick variants run in this process (`p2pnode.cli.main`, the tool's `main(argv)`), in an
+The quick variants run in this process (`p2pnode_cli.main`, the tool's `main(argv)`), in an
 empty directory that receives what they write (`--save` included); each has its own timeout,
 and a hang fails the variant it is the test id of. Six heavy ones (see ALL) run only with
 P2PNODE_BENCH_COMMANDS=all. Measured 2026-11-26 under `nice -n 10` on the 2-core machine while
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from p2pnode.cli import build_parser, main
+from p2pnode_cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = (ROOT / "BENCHMARKS.md").read_text()

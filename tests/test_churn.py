@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from p2pnode.cli import EXIT_OK, EXIT_USAGE, main
+from p2pnode_cli import EXIT_OK, EXIT_USAGE, main
 from testnet.churn import NOT_RESTARTED, ChurnSpec, RestartPolicy, Supervisor
 from testnet.discovery import run_discovery_testnet
 from testnet.placement import LocalPlacement, NodeSpec, read_status

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from p2pnode.cli import main
+from p2pnode_cli import main
 from protocol.identity import NODE_ID_LENGTH
 
 

@@ -126,7 +126,7 @@ def test_runs_repeat_exactly_and_time_to_accuracy_reads_the_curves():
 
 
 def test_simulate_refuses_a_slow_option_it_cannot_read(tmp_path, capsys):
-    from p2pnode.cli import main
+    from p2pnode_cli import main
 
     argv = ["simulate", "--algorithm", "mapl", "--dataset", "digits", "--out", str(tmp_path)]
     assert main([*argv, "--slow", "0.3"]) == 2

@@ -8,9 +8,9 @@ import pytest
 import trio
 import zmq
 
-from p2pnode.cli import main as cli
 from p2pnode.config import load_config
 from p2pnode.node import Node, NodeStartError
+from p2pnode_cli import main as cli
 from protocol import Identity
 
 from .daemon import ANY_PORT, free_udp_port, full_mesh, start_chain, start_node, wait_until, write_config

@@ -58,7 +58,10 @@ def test_p2pnode_start_refuses_a_data_directory_of_another_user(tmp_path):
     data.mkdir(mode=0o755)
     os.chown(data, NOBODY, NOBODY)
     done = subprocess.run(
-        [sys.executable, "-m", "p2pnode", "start", "--config", str(path)], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "p2pnode_cli", "start", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr, done.stderr

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import tomli_w
 
-from p2pnode.cli import EXIT_USAGE, build_parser
 from p2pnode.config import ConfigError, load_config
 from p2pnode.keystore import write_key
+from p2pnode_cli import EXIT_USAGE, build_parser
 from protocol import Identity
 
 from .daemon import write_config
@@ -125,7 +125,7 @@ def test_the_dockerfile_copies_what_exists_and_runs_commands_the_cli_has():
     assert dict(instructions)["STOPSIGNAL"] == "SIGTERM"
     # The entry point is the console script; the command and the health check parse.
     assert dict(instructions)["ENTRYPOINT"] == '["p2pnode"]'
-    assert 'p2pnode = "p2pnode.cli:main"' in (ROOT / "pyproject.toml").read_text()
+    assert 'p2pnode = "p2pnode_cli:main"' in (ROOT / "pyproject.toml").read_text()
     command = tomllib.loads(f"c = {dict(instructions)['CMD']}")["c"]
     assert command == ["start", "--config", "/etc/p2pnode/node.toml"]
     build_parser().parse_args(command)
@@ -141,7 +141,7 @@ def test_status_of_a_learning_node_loads_no_torch(tmp_path):
     learning = {"data": {"dataset": "digits", "nodes": 2}, "algorithm": {"name": "mapl"}}
     path = write_config(tmp_path, "tcp://127.0.0.1:0", **learning)
     probe = (
-        "import sys\nfrom p2pnode.cli import main\ncode = main(['status', '--config', sys.argv[1]])\n"
+        "import sys\nfrom p2pnode_cli import main\ncode = main(['status', '--config', sys.argv[1]])\n"
         "sys.exit(99 if 'torch' in sys.modules else code)"
     )
     result = subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True, text=True, timeout=60)

@@ -130,7 +130,10 @@ def test_a_node_whose_device_is_missing_exits_1_naming_the_setting_without_a_tra
     }
     path = write_config(tmp_path / "n", ANY_PORT, model={"device": "cuda:9999"}, **learning)  # no machine has it
     done = subprocess.run(
-        [sys.executable, "-m", "p2pnode", "start", "--config", str(path)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "p2pnode_cli", "start", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr, done.stderr

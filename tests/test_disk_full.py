@@ -28,12 +28,12 @@ import trio
 import p2pnode.node
 from p2pnode import files
 from p2pnode.checkpoint import CHECKPOINT_NAME, Checkpoint
-from p2pnode.cli import main as cli
 from p2pnode.config import load_config
 from p2pnode.logs import LogFile
 from p2pnode.node import Node, NodeStartError
 from p2pnode.state import DataDir, DataDirError
 from p2pnode.status import format_status
+from p2pnode_cli import main as cli
 from protocol import Ping, SequenceCounter
 
 from .daemon import ANY_PORT, start_node, wait_until, write_config
@@ -164,7 +164,10 @@ def test_p2pnode_start_on_a_full_disk_exits_1_with_the_message_and_no_traceback(
     path = write_config(tmp_path / "n", ANY_PORT, node={"data_dir": str(disk.path / "data")})
     disk.fill()
     done = subprocess.run(
-        [sys.executable, "-m", "p2pnode", "start", "--config", str(path)], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "p2pnode_cli", "start", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
@@ -307,7 +310,10 @@ def test_p2pnode_start_with_a_log_file_it_cannot_open_exits_1_naming_the_setting
     log = disk.path / "node.log"
     path = write_config(tmp_path / "n", ANY_PORT, log={"file": str(log)})
     done = subprocess.run(
-        [sys.executable, "-m", "p2pnode", "start", "--config", str(path)], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "p2pnode_cli", "start", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr == (

@@ -96,7 +96,7 @@ def test_baselines_run_on_the_engine_of_the_run():
 
 
 def test_a_node_that_raises_stops_the_run_naming_it(tmp_path, capsys):
-    from p2pnode.cli import main
+    from p2pnode_cli import main
 
     # A scale of 1e300 overflows float32: the poisoner's payload is not finite and cannot be signed.
     args = ["simulate", "--algorithm", "mapl", "--dataset", "digits", "--nodes", "4", "--rounds", "2"]
@@ -152,7 +152,7 @@ def test_engine_choices_are_checked():
 def test_the_ray_engine_without_ray_is_a_usage_error_naming_the_extra(tmp_path):
     # `import ray` fails as it does where Ray is not installed.
     args = ["simulate", "--algorithm", "local", "--dataset", "digits", "--engine", "ray", "--out", str(tmp_path)]
-    code = f"import sys; sys.modules['ray'] = None; from p2pnode.cli import main; sys.exit(main({args!r}))"
+    code = f"import sys; sys.modules['ray'] = None; from p2pnode_cli import main; sys.exit(main({args!r}))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 2, done.stderr
     assert (

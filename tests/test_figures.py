@@ -349,7 +349,7 @@ FIGURES: tuple[Figure, ...] = (
         (
             Place(README, r"\(view (?P<active>\d+), at most (?P<max>\d+) peers, liveness every (?P<ping>\d+) s"),
             Place(README, r"e\.g\. (?P<active>\d+) and (?P<max>\d+) for\s+many nodes"),
-            Place("p2pnode/cli.py", r"e\.g\. (?P<active>\d+) and (?P<max>\d+) \(docs/daemon\.md\)"),
+            Place("p2pnode_cli/testnet.py", r"e\.g\. (?P<active>\d+) and (?P<max>\d+) \(docs/daemon\.md\)"),
             Place("p2pnode/config.py", r"e\.g\. (?P<active>\d+) and (?P<max>\d+): docs/daemon\.md"),
             Place("docs/config.md", r"e\.g\. (?P<active>\d+) and (?P<max>\d+): docs/daemon\.md"),
             Place("docs/daemon.md", r"e\.g\. `active_view = (?P<active>\d+)`, `max_peers = (?P<max>\d+)`"),

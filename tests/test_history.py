@@ -11,8 +11,8 @@ import pytest
 import trio
 
 from p2pnode.checkpoint import CHECKPOINT_NAME, Checkpoint
-from p2pnode.cli import main
 from p2pnode.history import HISTORY_NAME, HistoryFile, history_paths, read_history
+from p2pnode_cli import main
 
 from .daemon import start_node, wait_until
 from .test_init import _free_ports, init, run_fleet

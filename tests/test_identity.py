@@ -7,8 +7,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from p2pnode.cli import main
 from p2pnode.keystore import KeyFileError, load_key, write_key
+from p2pnode_cli import main
 from protocol import NODE_ID_LENGTH, Identity, node_id
 
 pytestmark = pytest.mark.quick  # no daemons, no training: make test-quick runs it

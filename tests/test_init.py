@@ -7,9 +7,9 @@ import stat
 import time
 import tomllib
 
-from p2pnode.cli import main
 from p2pnode.config import load_config
 from p2pnode.keystore import load_key
+from p2pnode_cli import main
 from testnet.placement import NodeSpec, read_status, spawn_daemon
 
 from .test_own_data import write_digit_pngs

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("protocol", "algorithms", "p2pnode", "testnet", "tools")
+PACKAGES = ("protocol", "algorithms", "p2pnode", "testnet", "tools", "p2pnode_cli")
 IO_AND_CLOCKS = {"socket", "asyncio", "selectors", "subprocess", "time", "datetime", "trio", "zmq"}
 
 
@@ -46,29 +46,25 @@ def test_algorithms_do_no_io():
         assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
 
 
-def test_daemon_never_imports_testnet_and_nothing_imports_the_cli():
-    for package in PACKAGES:
-        for path in files(package):
-            names = imports(path)
-            relative = path.relative_to(ROOT)
-            is_cli = relative.parts[:2] in {("p2pnode", "cli.py"), ("p2pnode", "cli")}
-            if package == "p2pnode" and not is_cli:
-                assert not any(top(n) == "testnet" for n in names), f"{relative} imports testnet"
-            if not is_cli and relative != Path("p2pnode/__main__.py"):
-                assert not any(n.startswith("p2pnode.cli") for n in names), f"{relative} imports the CLI"
+# Who may import whom (docs/architecture.md): a package imports only those below it. tools/ (the
+# benchmarks and demos) sits under the command line only; nothing imports the command line.
+LAYERS = {
+    "protocol": set(),
+    "algorithms": {"protocol"},
+    "p2pnode": {"protocol", "algorithms"},
+    "testnet": {"protocol", "algorithms", "p2pnode"},
+    "tools": {"protocol", "algorithms", "p2pnode", "testnet"},
+    "p2pnode_cli": {"protocol", "algorithms", "p2pnode", "testnet", "tools"},
+}
 
 
-def test_only_the_cli_imports_tools_and_tools_imports_anything_but_the_cli():
-    """Benchmarks and demos (tools/) may use every package; the daemon, the launcher, the
-    algorithms and the protocol never depend on them, only the CLI runs them."""
-    for package in PACKAGES:
+def test_no_package_imports_one_above_it():
+    assert set(LAYERS) == set(PACKAGES)
+    for package, below in LAYERS.items():
+        above = set(PACKAGES) - below - {package}
         for path in files(package):
-            relative = path.relative_to(ROOT)
-            names = imports(path)
-            if package == "tools":
-                assert not any(n.startswith("p2pnode.cli") for n in names), f"{relative} imports the CLI"
-            elif relative.parts[:2] not in {("p2pnode", "cli.py"), ("p2pnode", "cli")}:
-                assert not any(top(n) == "tools" for n in names), f"{relative} imports tools"
+            bad = {name for name in imports(path) if top(name) in above}
+            assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}, a layer above {package}"
 
 
 @pytest.mark.parametrize("package", ["protocol", "p2pnode"])

@@ -190,7 +190,7 @@ def test_homogeneous_algorithms_refuse_mixed_backbones():
 
 
 def test_simulate_on_digits_learns_and_recovers_two_clusters(tmp_path):
-    from p2pnode.cli import main
+    from p2pnode_cli import main
 
     out = tmp_path / "sim"
     code = main(

@@ -156,7 +156,7 @@ def test_the_deploy_walkthrough_on_three_hosts(tmp_path, three_hosts):
         cluster.start_all()
         wait_for(lambda: all(peer_ids(cluster, s) == ids - {s.node_id} for s in specs), timeout=30)
         for spec in specs:
-            command = [*spec.prefix, sys.executable, "-m", "p2pnode", "status", "--config", str(spec.config_path)]
+            command = [*spec.prefix, sys.executable, "-m", "p2pnode_cli", "status", "--config", str(spec.config_path)]
             result = subprocess.run(command, capture_output=True, text=True, timeout=60)
             assert result.returncode == 0, result.stderr
             assert "peers 2/64" in result.stdout and "rejections: none" in result.stdout, result.stdout

@@ -14,8 +14,8 @@ from PIL import Image
 
 from algorithms.datasets import load_dataset
 from algorithms.own_data import OwnDataSpec, held_out_count, load_own_data
-from p2pnode.cli import main
 from p2pnode.config import load_config
+from p2pnode_cli import main
 
 from .daemon import ANY_PORT, write_config
 from .test_own_data import DIGITS, write_digit_pngs

@@ -13,9 +13,9 @@ import trio
 
 from algorithms.own_data import held_out_split, inspect_own_data
 from p2pnode.checkpoint import CHECKPOINT_NAME, Checkpoint
-from p2pnode.cli import main
 from p2pnode.config import load_config
 from p2pnode.predict import PREDICT
+from p2pnode_cli import main
 
 from .daemon import start_node, wait_until
 from .test_own_data import DIGITS, own_data_sections, write_digit_pngs

@@ -14,7 +14,7 @@ from testnet.cluster import Cluster
 
 from .daemon import FAST_DISCOVERY, write_config
 
-P2PNODE = [sys.executable, "-m", "p2pnode"]
+P2PNODE = [sys.executable, "-m", "p2pnode_cli"]
 
 
 def wait_for(condition, timeout: float, interval: float = 0.1):

@@ -32,14 +32,14 @@ try:
 except ImportError:
     ray = None
 
-P2PNODE_TESTNET = [sys.executable, "-m", "p2pnode", "testnet"]
+P2PNODE_TESTNET = [sys.executable, "-m", "p2pnode_cli", "testnet"]
 RAY = shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray"  # the CLI beside this Python
 needs_ray = pytest.mark.skipif(ray is None, reason="needs Ray: pip install '.[ray]'")
 
 
 def test_importing_the_daemon_and_the_testnet_loads_no_ray():
     code = (
-        "import sys, p2pnode.cli, testnet.cluster, testnet.discovery, testnet.learning, testnet.choose_placement; "
+        "import sys, p2pnode_cli, testnet.cluster, testnet.discovery, testnet.learning, testnet.choose_placement; "
         "print('ray' in sys.modules)"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
@@ -51,7 +51,7 @@ def test_engine_ray_without_ray_is_a_usage_error_naming_the_extra(tmp_path):
     """Ray made unimportable (as where it is not installed): exit 2 before anything starts."""
     out = tmp_path / "net"
     code = (
-        "import sys; sys.modules['ray'] = None; from p2pnode.cli import main; "
+        "import sys; sys.modules['ray'] = None; from p2pnode_cli import main; "
         f"sys.exit(main(['testnet', '--nodes', '2', '--duration', '5', '--out', {str(out)!r}, '--engine', 'ray']))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from p2pnode.cli import build_parser, main
+from p2pnode_cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()

@@ -65,7 +65,7 @@ def test_provenance_outside_a_git_checkout(tmp_path):
 
 
 def test_a_tiny_simulation_writes_the_plots_and_a_page_with_the_table(tmp_path):
-    from p2pnode.cli import main
+    from p2pnode_cli import main
 
     out = tmp_path / "sim"
     arguments = ["simulate", "--algorithm", "mapl", "--dataset", "digits", "--nodes", "4", "--rounds", "3"]

@@ -134,7 +134,7 @@ def _pair(spec: SimulationSpec, simulated: dict, out: Path, check: list[str]) ->
     simulation of the same spec."""
     words = _testnet_words(spec, str(out)) + check
     print(" ".join(words), file=sys.stderr, flush=True)
-    code = subprocess.run([sys.executable, "-m", "p2pnode", *words[1:]], check=False).returncode
+    code = subprocess.run([sys.executable, "-m", "p2pnode_cli", *words[1:]], check=False).returncode
     testnet = json.loads((out / "report.json").read_text())
     return {
         "algorithm": spec.algorithm,

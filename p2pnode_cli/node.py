@@ -1,0 +1,287 @@
+"""`start`, `status`, `stop`, `predict` and `export` one node; `init` a fleet's keys and configs;
+`report` on deployed nodes from their history files."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from p2pnode.exits import EXIT_OK
+
+from .arguments import positive_float, positive_int
+from .errors import EXIT_USAGE, CommandError
+from .scenario import write_report
+
+
+def _config(path: str, *, load_identity: bool = True, check_learning: bool = True):
+    from p2pnode.config import ConfigError, load_config
+
+    try:
+        return load_config(path, load_identity=load_identity, check_learning=check_learning)
+    except ConfigError as exc:
+        raise CommandError(str(exc), EXIT_USAGE) from None
+
+
+def _start(args: argparse.Namespace) -> int:
+    from p2pnode.runner import StartFailed, start
+
+    try:
+        start(args.config)
+    except StartFailed as exc:
+        raise CommandError(str(exc), exc.exit_code) from None
+    return EXIT_OK
+
+
+def _ask(config_path: str, command: str):
+    """Send one command to the node of `config_path`; returns (config, answer)."""
+    from p2pnode.control import ControlError, request
+
+    config = _config(config_path, load_identity=False, check_learning=False)  # quick: a health check runs it
+    try:
+        answer = request(config.control_socket, command)
+    except ControlError as exc:
+        raise CommandError(str(exc)) from None
+    if not answer.get("ok"):
+        raise CommandError(f"the node refused: {answer.get('error')}")
+    return config, answer
+
+
+def _status(args: argparse.Namespace) -> int:
+    from p2pnode.status import format_status
+
+    _, answer = _ask(args.config, "status")
+    print(json.dumps(answer["status"], indent=2) if args.json else format_status(answer["status"]))
+    return EXIT_OK
+
+
+def _stop(args: argparse.Namespace) -> int:
+    import time
+
+    config, _ = _ask(args.config, "stop")
+    deadline = time.monotonic() + args.timeout
+    while config.control_socket.exists():  # removed by the node as it exits
+        if time.monotonic() > deadline:
+            raise CommandError(f"the node accepted the stop but is still running after {args.timeout:g} s")
+        time.sleep(0.05)
+    print("stopped", file=sys.stderr)
+    return EXIT_OK
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from p2pnode.predict import PredictError, predict_files
+
+    config = _config(args.config, load_identity=False, check_learning=False)  # enough to ask a running node
+    try:
+        report = predict_files(config, args.files, lambda: _config(args.config))
+    except PredictError as exc:
+        raise CommandError(str(exc)) from None
+    predictions = report["predictions"]
+    if args.json:
+        print(json.dumps(report, indent=2))
+    for entry in predictions:
+        if "error" in entry:
+            print(f"p2pnode: skipped {entry['file']}: {entry['error']}", file=sys.stderr)
+        elif not args.json:
+            print(f"{entry['file']}\t{entry['class_name']}\t{entry['probability']:.4f}")
+    failed = sum("error" in entry for entry in predictions)
+    if failed:
+        raise CommandError(f"{failed} of {len(predictions)} files could not be classified")
+    return EXIT_OK
+
+
+def _export(args: argparse.Namespace) -> int:
+    from p2pnode.predict import PredictError, export_model
+
+    out = Path(args.out)
+    try:
+        metadata = export_model(_config(args.config), out)
+    except PredictError as exc:
+        raise CommandError(str(exc)) from None
+    print(
+        f"wrote {out} and {out}.json: {metadata['algorithm']} ({metadata['predictor']}) of round "
+        f"{metadata['round']}, {len(metadata['class_names'])} classes",
+        file=sys.stderr,
+    )
+    return EXIT_OK
+
+
+def _init(args: argparse.Namespace) -> int:
+    """Keys and ready-to-run configs for a fleet (fleet.py), each checked as `start` would."""
+    from p2pnode.fleet import FleetError, FleetSpec, check_fleet, write_fleet
+
+    spec = FleetSpec(
+        nodes=args.nodes,
+        out=Path(args.out),
+        hosts=tuple(host.strip() for host in args.hosts.split(",")),
+        port=args.port,
+        network=args.network,
+        algorithm=args.algorithm,
+        rounds=args.rounds,
+        backbone=args.backbone,
+        settings=_toml_settings(args.set or ()),
+        data_per_node=None if args.data_per_node is None else Path(args.data_per_node),
+        class_names=tuple(args.class_names or ()),
+        image_size=args.image_size,
+        force=args.force,
+    )
+    try:
+        paths = write_fleet(spec)
+    except FleetError as exc:
+        raise CommandError(str(exc), EXIT_USAGE) from None
+    problems = check_fleet(paths)
+    if problems:  # e.g. a data folder the config check refuses: the files stay, to be fixed or redone
+        raise CommandError("the configs written do not load:\n  " + "\n  ".join(problems), EXIT_USAGE)
+    for path in paths:
+        print(path)  # stdout: the configs, one a line, for scripts
+    print(
+        f"wrote {len(paths)} keys (mode 0600) and configs under {spec.out}; start each on its host: "
+        f"p2pnode start --config {paths[0]}"
+        + ("" if args.data_per_node else " (edit [data] first to learn from your own images)"),
+        file=sys.stderr,
+    )
+    return EXIT_OK
+
+
+def _toml_settings(items) -> dict:
+    """`--set KEY=VALUE` items as a table, each VALUE read as a TOML value (a bare word: a string)."""
+    import tomllib
+
+    settings = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise CommandError(f"--set wants KEY=VALUE, got {item!r}", EXIT_USAGE)
+        try:
+            settings[key.strip()] = tomllib.loads(f"value = {value.strip()}")["value"]
+        except tomllib.TOMLDecodeError:
+            settings[key.strip()] = value.strip()
+    return settings
+
+
+def _report(args: argparse.Namespace) -> int:
+    """report.md and the plots of deployed nodes, from their history files (testnet/deployment.py)."""
+    from testnet.deployment import DeploymentReportError, deployment_report, load_histories
+
+    configs = [_config(path, check_learning=False) for path in args.config]
+    try:
+        report = deployment_report(load_histories(configs))
+    except DeploymentReportError as exc:
+        raise CommandError(str(exc)) from None
+    if not any(entry["records"] for entry in report["histories"]):
+        raise CommandError("no node has recorded a round yet: nothing to report")
+    write_report(report, Path(args.out))
+    difference = (report["local_baseline_gain"] or {}).get("difference")
+    if difference is not None:
+        print(
+            f"collaboration gained {difference['mean'] * 100:+.1f} points over the local baseline "
+            f"[{difference['low'] * 100:+.1f}, {difference['high'] * 100:+.1f}] (95 % paired bootstrap over "
+            f"{difference['nodes']} nodes)"
+        )
+    return EXIT_OK
+
+
+def add_parsers(commands) -> None:
+    start = commands.add_parser("start", help="run a node in the foreground until SIGINT/SIGTERM or `p2pnode stop`")
+    start.add_argument("--config", required=True, metavar="TOML", help="node configuration (docs/config.md)")
+    start.set_defaults(run=_start)
+
+    status = commands.add_parser("status", help="ask a running node for its status")
+    status.add_argument("--config", required=True, metavar="TOML")
+    status.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    status.set_defaults(run=_status)
+
+    stop = commands.add_parser("stop", help="ask a running node to shut down, and wait until it has")
+    stop.add_argument("--config", required=True, metavar="TOML")
+    stop.add_argument(
+        "--timeout", type=positive_float, default=10.0, help="seconds to wait for the node to exit (default 10)"
+    )
+    stop.set_defaults(run=_stop)
+
+    predict = commands.add_parser(
+        "predict",
+        help="classify image files with a node's model: the running node's, else its checkpoint's (docs/usage.md)",
+    )
+    predict.add_argument("--config", required=True, metavar="TOML")
+    predict.add_argument("files", nargs="+", metavar="FILE", help="image files (any format PIL reads)")
+    predict.add_argument("--json", action="store_true", help="print JSON instead of FILE, CLASS, PROBABILITY lines")
+    predict.set_defaults(run=_predict)
+
+    export = commands.add_parser(
+        "export",
+        help="write a node's model from its checkpoint as a torch.export program plain torch loads (docs/usage.md)",
+    )
+    export.add_argument("--config", required=True, metavar="TOML")
+    export.add_argument(
+        "--out", required=True, metavar="FILE", help="the program (.pt2); its metadata goes to FILE.json"
+    )
+    export.set_defaults(run=_export)
+
+    _add_init_parser(commands)
+    _add_report_parser(commands)
+
+
+def _add_init_parser(commands) -> None:
+    from algorithms.catalog import ALGORITHM_NAMES, BACKBONES
+
+    init = commands.add_parser(
+        "init", help="write a key and a ready-to-run config per node of a small fleet (CURVE keys in the bootstrap)"
+    )
+    init.add_argument("--nodes", type=positive_int, required=True, help="nodes in the fleet")
+    init.add_argument("--out", required=True, metavar="DIR", help="DIR/node<i>/ gets key.pem and node.toml")
+    init.add_argument(
+        "--hosts",
+        default="127.0.0.1",
+        metavar="H1,H2,...",
+        help="hosts the nodes run on, dealt round-robin (IPv4 addresses or host names; default 127.0.0.1)",
+    )
+    init.add_argument(
+        "--port",
+        type=positive_int,
+        default=7000,
+        help="public port of the first node on each host, its peers' port one above; the next node on the "
+        "same host takes the next two (default 7000)",
+    )
+    init.add_argument("--network", default="p2pnode", help="[node].network of every node (default p2pnode)")
+    init.add_argument(
+        "--algorithm",
+        choices=[a for a in ALGORITHM_NAMES if a != "oracle"],
+        default="mapl-dual",
+        help="[algorithm].name (default mapl-dual)",
+    )
+    init.add_argument("--rounds", type=positive_int, default=60, help="[algorithm].rounds (default 60)")
+    init.add_argument("--backbone", choices=BACKBONES, default="convnet", help="[model].backbone (default convnet)")
+    init.add_argument(
+        "--set", action="append", metavar="KEY=VALUE", help="[algorithm.settings], e.g. --set warmup_rounds=10"
+    )
+    init.add_argument(
+        "--data-per-node",
+        metavar="DIR",
+        help="one folder of class sub-folders (or one .npz) per node in DIR, dealt in name order, as "
+        "[data].path; without it [data] is a placeholder: each node's shard of mnist5k",
+    )
+    init.add_argument(
+        "--class-names",
+        nargs="+",
+        metavar="NAME",
+        help="[data].class_names (default: the class folders found under --data-per-node, sorted)",
+    )
+    init.add_argument("--image-size", type=positive_int, metavar="N", help="[data].image_size of image folders")
+    init.add_argument("--force", action="store_true", help="replace the node directories of a non-empty DIR")
+    init.set_defaults(run=_init)
+
+
+def _add_report_parser(commands) -> None:
+    report = commands.add_parser(
+        "report", help="report.md and the plots of deployed nodes, from the history files in their data directories"
+    )
+    report.add_argument(
+        "--config",
+        action="append",
+        required=True,
+        metavar="TOML",
+        help="a node's configuration (its key names it, its [node].data_dir holds history.jsonl); repeat per node",
+    )
+    report.add_argument("--out", required=True, metavar="DIR", help="report.json, report.md and PNGs go here")
+    report.set_defaults(run=_report)

@@ -1,0 +1,126 @@
+"""The learning scenario of `simulate` and `testnet`, checked as a daemon checks its config, and
+the report both write."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .errors import EXIT_USAGE, CommandError
+
+
+def learning_spec(args: argparse.Namespace):
+    """The scenario of `simulate` and `testnet`, checked (hyper-parameters included)."""
+    from algorithms.datasets import missing_files
+    from algorithms.registry import ConfigOverrideError, checked_config
+    from p2pnode.rounds import Schedule
+    from testnet.simulator import SimulationSpec
+    from testnet.spec import parse_slow
+
+    overrides = {}
+    for item in args.set or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CommandError(f"--set wants KEY=VALUE, got {item!r}", EXIT_USAGE)
+        overrides[key.strip()] = value.strip()
+    data, data_per_node = _own_data(args)
+    try:
+        spec = SimulationSpec(
+            algorithm=args.algorithm,
+            dataset=args.dataset or "mnist5k",
+            scenario=args.scenario,
+            nodes=args.nodes,
+            rounds=args.rounds,
+            seed=args.seed,
+            clusters=args.clusters,
+            samples_per_class=args.samples_per_class,
+            test_per_class=args.test_per_class,
+            backbones=tuple(args.backbones) if args.backbones else None,
+            dataset_root=args.data_root,
+            overrides=overrides,
+            poisoners=tuple(getattr(args, "poisoners", ())),
+            attack=getattr(args, "attack", "sign-flip"),
+            attack_factor=getattr(args, "attack_factor", 10.0),
+            device=args.device,
+            mixed_precision=args.mixed_precision,
+            data=data,
+            data_per_node=data_per_node,
+            slow=None if args.slow is None else parse_slow(args.slow),
+            schedule=Schedule(schedule=args.schedule),
+        )
+        spec.node_backbones()
+        checked_config(spec.algorithm, overrides, spec.rounds, "--rounds")
+    except (ValueError, ConfigOverrideError) as exc:
+        raise CommandError(str(exc), EXIT_USAGE) from None
+    missing = None if data or data_per_node else missing_files(spec.dataset, spec.dataset_root)
+    if missing is not None:
+        raise CommandError(f"--data-root: {missing}", EXIT_USAGE)
+    return spec
+
+
+def _own_data(args: argparse.Namespace):
+    """--data or --data-per-node (testnet/own_data.py), checked as a daemon checks [data].path."""
+    from testnet.own_data import DataArgumentError, OwnDataArguments, own_data_specs
+
+    if (args.data or args.data_per_node) and (args.dataset or args.data_root):
+        flag = "--dataset" if args.dataset else "--data-root"
+        raise CommandError(f"{flag}: names a benchmark, but --data gives the run its own data: remove one", EXIT_USAGE)
+    arguments = OwnDataArguments(
+        args.data,
+        args.data_per_node,
+        tuple(args.class_names or ()),
+        args.image_size,
+        args.channels,
+        args.test_fraction,
+        args.max_memory_mb,
+    )
+    try:
+        return own_data_specs(arguments, args.nodes, args.seed)
+    except DataArgumentError as exc:
+        raise CommandError(str(exc), EXIT_USAGE) from None
+
+
+def device_present(spec) -> None:
+    """Stop now (exit 1) if the run's device is not on this machine; say so if it has no mixed
+    precision to give."""
+    from algorithms.device import DeviceError, placement
+
+    try:
+        device, mixed_precision = placement(spec.device, spec.mixed_precision)
+    except DeviceError as exc:
+        raise CommandError(f"--device: {exc}") from None
+    if spec.mixed_precision and not mixed_precision:
+        print(f"note: --mixed-precision: {device} has none; training in float32", file=sys.stderr)
+
+
+def thresholds(args: argparse.Namespace):
+    from testnet.report import CheckThresholds
+
+    return CheckThresholds(accuracy=args.check_accuracy, within_cluster_mass=args.check_mass) if args.check else None
+
+
+def add_baselines(report: dict, spec, names: list[str], engine=None) -> None:
+    """Simulate the baselines on the run's nodes (on `engine`; default inline) and put them
+    beside it in the report."""
+    if not names:
+        return
+    from testnet.engines import INLINE
+    from testnet.progress import RoundProgress
+    from testnet.report import attach_baselines
+    from testnet.simulator import run_baselines
+
+    attach_baselines(report, run_baselines(spec, names, progress=RoundProgress, engine=engine or INLINE))
+
+
+def write_report(report: dict, out: Path) -> None:
+    """Write report.json and the plots; say how it went and what failed its check."""
+    from testnet.report import summary_line, write_report
+
+    written = write_report(report, out)
+    for note in report["partition_notes"]:
+        print(f"note: {note}", file=sys.stderr)
+    print(summary_line(report))
+    for failure in (report["check"] or {}).get("failures", []):
+        print(f"check failed: {failure}", file=sys.stderr)
+    print(f"wrote {', '.join(str(p) for p in written)}", file=sys.stderr)
