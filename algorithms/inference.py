@@ -1,6 +1,6 @@
 """A node's model put to use on new images: the preprocessing its own images had, and its
 predictors frozen for use outside training (`p2pnode predict` runs them, `p2pnode export`
-writes them; p2pnode/predict.py does the I/O)."""
+writes them; p2pnode/learning/predict.py does the I/O)."""
 
 from __future__ import annotations
 

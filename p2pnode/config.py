@@ -32,7 +32,7 @@ from algorithms.catalog import (
 from protocol import DEFAULT_LIMITS, Identity, Limits, MessageType, check_network_id
 from protocol.curve import curve_public_from_ed25519
 
-from .keystore import KeyFileError, load_key
+from .wire.keystore import KeyFileError, load_key
 
 if TYPE_CHECKING:
     from algorithms.own_data import OwnDataSpec

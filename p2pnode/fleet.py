@@ -26,7 +26,7 @@ import tomli_w
 from protocol import Identity
 
 from .config import ConfigError, load_config
-from .keystore import write_key
+from .wire.keystore import write_key
 
 __all__ = ["FleetSpec", "FleetError", "write_fleet", "check_fleet", "node_directory", "MAX_FLEET"]
 

@@ -44,17 +44,23 @@ from protocol import (
 )
 from protocol.curve import curve_public_from_ed25519
 
-from . import signing
-from .beacon import run_beacon
-from .checkpoint import CHECKPOINT_NAME
 from .config import Config
-from .control import serve_control
+from .discovery.beacon import run_beacon
+from .discovery.peers import (
+    Action,
+    Admitted,
+    Dial,
+    DialPeers,
+    Evicted,
+    Hangup,
+    Membership,
+    Send,
+    SendHello,
+    Unreachable,
+)
 from .files import describe_os_error
-from .gate import Gate
-from .history import HISTORY_NAME
-from .inbound import Inbound, decode_all
-from .ingress import BindError, Ingress
-from .learning import (
+from .learning.checkpoint import CHECKPOINT_NAME
+from .learning.driver import (
     LearningSetupError,
     Network,
     RoundDriver,
@@ -64,14 +70,19 @@ from .learning import (
     learning_capability,
     learning_verdict,
 )
-from .memory import process_memory, trim_now
-from .metrics import NOT_LEARNING, UNKNOWN_PEER, Metrics
-from .peers import Action, Admitted, Dial, DialPeers, Evicted, Hangup, Membership, Send, SendHello, Unreachable
-from .predict import PREDICT, answer_predict, control_request_bytes
+from .learning.history import HISTORY_NAME
+from .learning.predict import PREDICT, answer_predict, control_request_bytes
+from .operations.control import serve_control
+from .operations.memory import process_memory, trim_now
+from .operations.metrics import NOT_LEARNING, UNKNOWN_PEER, Metrics
 from .state import DataDir, DataDirError
-from .transport import DROPPED, SENT, MissingKey, Transport, TransportError
-from .zap import PEERS, PUBLIC, Connections
-from .zygote import Zygote
+from .wire import signing
+from .wire.gate import Gate
+from .wire.inbound import Inbound, decode_all
+from .wire.ingress import BindError, Ingress
+from .wire.transport import DROPPED, SENT, MissingKey, Transport, TransportError
+from .wire.zap import PEERS, PUBLIC, Connections
+from .wire.zygote import Zygote
 
 if TYPE_CHECKING:
     from algorithms.seam import Algorithm
@@ -292,7 +303,7 @@ class Node:
             self._cannot_start(problem + ", or point [node].data_dir elsewhere")
             started = False
         if config.metrics.host_port is not None:
-            from .prometheus import render_for, serve_prometheus  # 3 MB of imports that only this needs
+            from .operations.prometheus import render_for, serve_prometheus  # 3 MB of imports that only this needs
 
             render = render_for(self.metrics, self._peer_count, lambda: self.driver)
             try:

@@ -10,8 +10,8 @@ import trio
 
 from .config import Config
 from .exits import EXIT_FAILED, EXIT_USAGE
-from .memory import limit_arenas
 from .node import Node, NodeStartError
+from .operations.memory import limit_arenas
 
 __all__ = ["run_until_signalled", "start", "StartFailed"]
 
@@ -29,7 +29,7 @@ def start(config_path: str, make_node: Callable[[Config], Node] = Node) -> None:
     signalled. Raises StartFailed."""
     from .config import ConfigError, load_config
     from .files import describe_os_error
-    from .logs import configure_logging
+    from .operations.logs import configure_logging
 
     try:
         config = load_config(config_path)

@@ -12,7 +12,7 @@ from .errors import EXIT_USAGE, CommandError
 
 
 def _keygen(args: argparse.Namespace) -> int:
-    from p2pnode.keystore import KeyFileError, write_key
+    from p2pnode.wire.keystore import KeyFileError, write_key
     from protocol import Identity
 
     identity = Identity.generate()
@@ -26,7 +26,7 @@ def _keygen(args: argparse.Namespace) -> int:
 
 
 def _keyinfo(args: argparse.Namespace) -> int:
-    from p2pnode.keystore import KeyFileError, load_key
+    from p2pnode.wire.keystore import KeyFileError, load_key
 
     try:
         identity = load_key(args.key)

@@ -36,7 +36,7 @@ def _start(args: argparse.Namespace) -> int:
 
 def _ask(config_path: str, command: str):
     """Send one command to the node of `config_path`; returns (config, answer)."""
-    from p2pnode.control import ControlError, request
+    from p2pnode.operations.control import ControlError, request
 
     config = _config(config_path, load_identity=False, check_learning=False)  # quick: a health check runs it
     try:
@@ -49,7 +49,7 @@ def _ask(config_path: str, command: str):
 
 
 def _status(args: argparse.Namespace) -> int:
-    from p2pnode.status import format_status
+    from p2pnode.operations.status import format_status
 
     _, answer = _ask(args.config, "status")
     print(json.dumps(answer["status"], indent=2) if args.json else format_status(answer["status"]))
@@ -70,7 +70,7 @@ def _stop(args: argparse.Namespace) -> int:
 
 
 def _predict(args: argparse.Namespace) -> int:
-    from p2pnode.predict import PredictError, predict_files
+    from p2pnode.learning.predict import PredictError, predict_files
 
     config = _config(args.config, load_identity=False, check_learning=False)  # enough to ask a running node
     try:
@@ -92,7 +92,7 @@ def _predict(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from p2pnode.predict import PredictError, export_model
+    from p2pnode.learning.predict import PredictError, export_model
 
     out = Path(args.out)
     try:

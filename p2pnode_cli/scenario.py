@@ -14,7 +14,7 @@ def learning_spec(args: argparse.Namespace):
     """The scenario of `simulate` and `testnet`, checked (hyper-parameters included)."""
     from algorithms.datasets import missing_files
     from algorithms.registry import ConfigOverrideError, checked_config
-    from p2pnode.rounds import Schedule
+    from p2pnode.learning.rounds import Schedule
     from testnet.simulator import SimulationSpec
     from testnet.spec import parse_slow
 

@@ -1,7 +1,7 @@
 """Node identity: an Ed25519 key pair, and the node id derived from its public key.
 
 The node id is a short, human-friendly name for logs and status tables; the full 32-byte public
-key is what the protocol authenticates. Files are the daemon's business (p2pnode/keystore.py):
+key is what the protocol authenticates. Files are the daemon's business (p2pnode/wire/keystore.py):
 this module only turns PEM bytes into keys and back.
 """
 

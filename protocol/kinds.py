@@ -34,5 +34,5 @@ DISCOVERY_TYPES = frozenset({MessageType.HELLO, MessageType.PEERS, MessageType.P
 # A new algorithm's payload type is one more member above, listed here, with its body below.
 LEARNING_TYPES = frozenset(MessageType) - DISCOVERY_TYPES
 # The refusal counted for a learning payload of a type the receiving algorithm never takes:
-# the daemon refuses it on arrival (p2pnode/rounds.py), the algorithm once more when handed one.
+# the daemon refuses it on arrival (p2pnode/learning/rounds.py), the algorithm once more when handed one.
 UNEXPECTED_TYPE = "unexpected_type"

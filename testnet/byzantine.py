@@ -36,7 +36,7 @@ from p2pnode.config import Config
 from p2pnode.node import Node
 from p2pnode.runner import StartFailed, start
 from p2pnode.state import DataDir
-from p2pnode.transport import DROPPED
+from p2pnode.wire.transport import DROPPED
 from protocol import LEARNING_TYPES, PROTOCOL_VERSION, Body, Envelope, MessageType, seal_raw
 from protocol.limits import Limits
 from protocol.messages import Model, Score

@@ -2,7 +2,7 @@
 
 No wall clock enters a decision: a node's local step takes `step_costs` (its backbone's fixed
 cost per training sample × its samples × its speed factor), a frame takes `latency_s` from its
-sender to its addressees, and a node's gather ends by the daemon's own rule (p2pnode/rounds.py's
+sender to its addressees, and a node's gather ends by the daemon's own rule (p2pnode/learning/rounds.py's
 `Gather`: quorum, grace, deadline) read at simulated times. Events are ordered by (time, kind,
 sender, sequence), so a run repeats exactly, whatever the engine and however long the real
 computation took. testnet/exchange.py runs the nodes on this clock.

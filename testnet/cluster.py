@@ -25,7 +25,7 @@ from pathlib import Path
 
 import tomli_w
 
-from p2pnode.keystore import write_key
+from p2pnode.wire.keystore import write_key
 from protocol import Identity
 
 from .placement import LocalPlacement, NodeSpec, Placement

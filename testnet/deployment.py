@@ -1,5 +1,5 @@
 """`p2pnode report`: the report of a real deployment, from its nodes' history files
-(p2pnode/history.py), drawn by the renderer of `simulate` and `testnet` (report.py).
+(p2pnode/learning/history.py), drawn by the renderer of `simulate` and `testnet` (report.py).
 
     configs ─► node ids (their keys), data directories ─► history.jsonl of each
             ─► assemble(header, records, truth=None)   (+ the local baseline, if the nodes trained one)
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from p2pnode.config import Config
-from p2pnode.history import HISTORY_NAME, History, read_history
-from p2pnode.rounds import RoundRecord
+from p2pnode.learning.history import HISTORY_NAME, History, read_history
+from p2pnode.learning.rounds import RoundRecord
 
 from .provenance import provenance
 from .report import assemble, attach_baselines

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from algorithms.seam import Algorithm
 from p2pnode.config import AlgorithmSettings
-from p2pnode.rounds import RoundRecord, Schedule
+from p2pnode.learning.rounds import RoundRecord, Schedule
 from protocol import Identity, Limits
 
 from .clock import ARRIVAL, CLOSE, STEP, EventQueue

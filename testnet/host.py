@@ -16,7 +16,7 @@ from algorithms.device import placement
 from algorithms.poison import Attack, PoisoningNode
 from algorithms.registry import ALGORITHMS, make_algorithm
 from algorithms.setup import build_setup, forget_scenarios
-from p2pnode.memory import process_memory, trim_now
+from p2pnode.operations.memory import process_memory, trim_now
 from protocol import Limits
 
 from .shard import Shard, simulation_identity
@@ -31,7 +31,7 @@ class Host(Shard):
     ) -> None:
         """Nodes `block` of `spec`; `threads`: torch's CPU threads in this process (None: as
         they are); `worker`: this process is the host's alone, so the dataset the shards were
-        cut from is dropped once they are (as a daemon does: p2pnode/memory.py)."""
+        cut from is dropped once they are (as a daemon does: p2pnode/operations/memory.py)."""
         self._cpu_started = time.process_time()
         if threads is not None:
             import torch

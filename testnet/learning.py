@@ -27,7 +27,7 @@ from algorithms.device import placement as device_placement
 from algorithms.own_data import OwnDataSpec
 from algorithms.setup import load_scenario
 from p2pnode.config import DiscoverySettings
-from p2pnode.rounds import RoundRecord, Schedule
+from p2pnode.learning.rounds import RoundRecord, Schedule
 from protocol import LEARNING_TYPES
 
 from .churn import ChurnSpec, RestartPolicy, Supervisor
@@ -109,7 +109,7 @@ def node_settings(
             **{name: value for name, value in asdict(spec.schedule).items() if value != getattr(Schedule(), name)},
         },
         "log": {"format": "json"},
-        # `--slow`: this daemon emulates a slower device (p2pnode/learning.py, RoundDriver._step)
+        # `--slow`: this daemon emulates a slower device (p2pnode/learning/driver.py, RoundDriver._step)
         **({"node": {"step_slowdown": spec.slow.factor}} if index in spec.slow_nodes() else {}),
     }
 
@@ -330,7 +330,7 @@ def testnet_report(header: dict[str, Any], partition, statuses: list[dict | None
         # Resident memory (MiB) at each daemon's last status: after its last round.
         "rss_mb": [(s or {}).get("rss_mb") for s in statuses],
         "peak_rss_mb": [(s or {}).get("peak_rss_mb") for s in statuses],
-        # Its inbound sockets' processes (p2pnode/ingress.py), now, and how often they restarted.
+        # Its inbound sockets' processes (p2pnode/wire/ingress.py), now, and how often they restarted.
         "ingress_rss_mb": [ingress_rss_mb(s) for s in statuses],
         "ingress_restarts": [ingress_restarts(s) for s in statuses],
     }

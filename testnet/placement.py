@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from p2pnode.control import ControlError, request
+from p2pnode.operations.control import ControlError, request
 
 __all__ = [
     "NodeSpec",

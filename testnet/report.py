@@ -25,7 +25,7 @@ import numpy as np
 from algorithms.catalog import GRAPH_LEARNING
 from algorithms.graph import adjusted_rand_index, communities, l1_to_truth, within_cluster_mass
 from p2pnode.files import write_atomically
-from p2pnode.rounds import RoundRecord
+from p2pnode.learning.rounds import RoundRecord
 
 from .intervals import paired_difference, wilson
 from .plots import write_plots
@@ -140,7 +140,7 @@ def run_header(
         "mixed_precision": mixed_precision,
         "poisoners": list(getattr(spec, "poisoners", ())),
         "slow": _slow(spec),
-        # `[algorithm].schedule` and what goes with it (p2pnode/rounds.py `Schedule`)
+        # `[algorithm].schedule` and what goes with it (p2pnode/learning/rounds.py `Schedule`)
         "schedule": asdict(spec.schedule) if hasattr(spec, "schedule") else None,
         "attack": {"kind": spec.attack, "factor": spec.attack_factor} if getattr(spec, "poisoners", ()) else None,
         "provenance": dict(provenance),

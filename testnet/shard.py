@@ -1,7 +1,7 @@
 """The nodes one host of a simulation owns, and what they do on the simulated clock
 (testnet/exchange.py routes between hosts and keeps the clock, testnet/clock.py).
 
-Each node runs the daemon's round engine (p2pnode/engine.py: what is published and accepted,
+Each node runs the daemon's round engine (p2pnode/learning/engine.py: what is published and accepted,
 who arrived, when the gather ends, the round's `RoundRecord`); a shard only routes. It answers
 the exchange's commands for whichever of its nodes they name, at the simulated time they give:
 `step` (local steps; the payloads that came meanwhile delivered and answered, as the daemon does
@@ -36,9 +36,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from algorithms.seam import Algorithm, Outbound
 from p2pnode.config import AlgorithmSettings
-from p2pnode.engine import RoundEngine, Timings, round_state
-from p2pnode.metrics import SentTraffic
-from p2pnode.rounds import Gather, RoundRecord, Schedule
+from p2pnode.learning.engine import RoundEngine, Timings, round_state
+from p2pnode.learning.rounds import Gather, RoundRecord, Schedule
+from p2pnode.operations.metrics import SentTraffic
 from protocol import DEFAULT_LIMITS, LEARNING_TYPES, Decoder, Encoder, Identity, Limits, ProtocolError
 
 __all__ = ["Shard", "Sent", "GatherRule", "Closed", "SimulationError", "NodeFailed", "simulation_identity", "NETWORK"]

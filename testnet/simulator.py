@@ -25,7 +25,7 @@ from algorithms.catalog import BASELINES
 from algorithms.graph import within_cluster_mass
 from algorithms.registry import applicable_overrides
 from algorithms.setup import load_scenario
-from p2pnode.rounds import RoundRecord
+from p2pnode.learning.rounds import RoundRecord
 
 from .clock import step_costs
 from .engines import INLINE, Engine, open_hosts

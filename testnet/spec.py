@@ -19,7 +19,7 @@ from algorithms.poison import ATTACKS, Attack
 from algorithms.registry import ALGORITHMS, apply_overrides, config_as_dict, default_config
 from algorithms.setup import ScenarioSpec
 from p2pnode.config import AlgorithmSettings
-from p2pnode.rounds import Schedule
+from p2pnode.learning.rounds import Schedule
 
 __all__ = ["SimulationSpec", "HOMOGENEOUS_DEFAULT", "Slow", "parse_slow"]
 
@@ -88,7 +88,7 @@ class SimulationSpec:
     quorum: float = _GATHER.quorum  # `[algorithm].quorum`, `round_deadline_s`, `straggler_grace_s`
     round_deadline_s: float = _GATHER.round_deadline_s
     straggler_grace_s: float = _GATHER.straggler_grace_s
-    # `[algorithm].schedule` and what goes with it (p2pnode/rounds.py): sync or async, the deadline
+    # `[algorithm].schedule` and what goes with it (p2pnode/learning/rounds.py): sync or async, the deadline
     schedule: Schedule = field(default_factory=Schedule)
 
     def __post_init__(self) -> None:

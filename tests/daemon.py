@@ -12,8 +12,8 @@ import tomli_w
 import trio
 
 from p2pnode.config import load_config
-from p2pnode.keystore import write_key
 from p2pnode.node import Node
+from p2pnode.wire.keystore import write_key
 from protocol import Identity
 
 FAST_DISCOVERY = {"ping_interval_s": 0.2, "peer_timeout_s": 1.0, "exchange_interval_s": 0.5, "dial_retry_max_s": 0.5}

@@ -1,11 +1,11 @@
-"""The bound on what ZeroMQ holds (p2pnode/buffers.py): the bookkeeping, and the kernel's counters."""
+"""The bound on what ZeroMQ holds (p2pnode/wire/buffers.py): the bookkeeping, and the kernel's counters."""
 
 import socket
 import sys
 
 import pytest
 
-from p2pnode.buffers import FRAME_OVERHEAD, BufferEstimate, bytes_received, shut_down
+from p2pnode.wire.buffers import FRAME_OVERHEAD, BufferEstimate, bytes_received, shut_down
 
 pytestmark = pytest.mark.quick  # no daemons, no training: make test-quick runs it
 

@@ -117,7 +117,7 @@ def test_bench_transport_presigned_measures_the_receive_path_and_claims_no_goal(
 def test_a_key_others_can_read_exits_2_for_keyinfo_and_start_alike(tmp_path, capsys):
     """The documented convention: a setting or an argument that cannot be used is exit 2, found
     before anything starts; `start` reports the key as `[node].key`, keyinfo as itself."""
-    from p2pnode.keystore import write_key
+    from p2pnode.wire.keystore import write_key
     from protocol import Identity
 
     key = write_key(tmp_path / "node.pem", Identity.generate())

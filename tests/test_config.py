@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from p2pnode.config import ConfigError, load_config, reference_markdown
-from p2pnode.keystore import write_key
+from p2pnode.wire.keystore import write_key
 from protocol import Identity, MessageType
 
 pytestmark = pytest.mark.quick  # no daemons, no training: make test-quick runs it

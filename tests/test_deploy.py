@@ -14,7 +14,7 @@ import pytest
 import tomli_w
 
 from p2pnode.config import ConfigError, load_config
-from p2pnode.keystore import write_key
+from p2pnode.wire.keystore import write_key
 from p2pnode_cli import EXIT_USAGE, build_parser
 from protocol import Identity
 

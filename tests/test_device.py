@@ -22,8 +22,8 @@ from algorithms.device import CPU, DeviceError, placement, resolve_device
 from algorithms.partitions import PartitionSpec
 from algorithms.registry import ALGORITHMS, apply_overrides, default_config, make_algorithm
 from algorithms.setup import ScenarioSpec, build_setup
-from p2pnode.checkpoint import Checkpoint
 from p2pnode.config import ConfigError, load_config
+from p2pnode.learning.checkpoint import Checkpoint
 from testnet.exchange import Exchange, simulation_identity
 from testnet.simulator import SimulationSpec, run_simulation
 

@@ -1,5 +1,5 @@
 """A deployed node's result (issue #28, item 2): the history file each daemon appends a record to
-per round (p2pnode/history.py), the local baseline beside the collaborative model, and
+per round (p2pnode/learning/history.py), the local baseline beside the collaborative model, and
 `p2pnode report` over the histories of a fleet (testnet/deployment.py)."""
 
 import json
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from p2pnode.checkpoint import CHECKPOINT_NAME, Checkpoint
-from p2pnode.history import HISTORY_NAME, HistoryFile, history_paths, read_history
+from p2pnode.learning.checkpoint import CHECKPOINT_NAME, Checkpoint
+from p2pnode.learning.history import HISTORY_NAME, HistoryFile, history_paths, read_history
 from p2pnode_cli import main
 
 from .daemon import start_node, wait_until

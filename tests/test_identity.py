@@ -7,7 +7,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from p2pnode.keystore import KeyFileError, load_key, write_key
+from p2pnode.wire.keystore import KeyFileError, load_key, write_key
 from p2pnode_cli import main
 from protocol import NODE_ID_LENGTH, Identity, node_id
 

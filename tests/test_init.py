@@ -8,7 +8,7 @@ import time
 import tomllib
 
 from p2pnode.config import load_config
-from p2pnode.keystore import load_key
+from p2pnode.wire.keystore import load_key
 from p2pnode_cli import main
 from testnet.placement import NodeSpec, read_status, spawn_daemon
 

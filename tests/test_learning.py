@@ -375,7 +375,7 @@ def test_a_node_can_name_its_own_classes():
 
 @pytest.mark.parametrize("algorithm", ["mapl", "fedproto", "dfedavgm", "mapl-dual", "fedmrl"])
 def test_a_checkpoint_restores_the_node_exactly(digits_nodes, tmp_path, algorithm):
-    from p2pnode.checkpoint import Checkpoint, CheckpointError
+    from p2pnode.learning.checkpoint import Checkpoint, CheckpointError
 
     node = make_node(algorithm, digits_nodes)
     node.local_step(0)

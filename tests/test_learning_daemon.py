@@ -9,11 +9,11 @@ import pytest
 import trio
 
 from algorithms.catalog import ALGORITHM_NAMES, GRAPH_LEARNING
-from p2pnode.checkpoint import CHECKPOINT_NAME
 from p2pnode.config import ConfigError, load_config
-from p2pnode.history import HISTORY_NAME, read_history
-from p2pnode.learning import learning_capability
-from p2pnode.rounds import DUPLICATE_PAYLOAD
+from p2pnode.learning.checkpoint import CHECKPOINT_NAME
+from p2pnode.learning.driver import learning_capability
+from p2pnode.learning.history import HISTORY_NAME, read_history
+from p2pnode.learning.rounds import DUPLICATE_PAYLOAD
 from protocol import Prototypes, seal_raw
 
 from .daemon import ANY_PORT, full_mesh, start_node, wait_until, write_config
@@ -228,7 +228,7 @@ def test_a_slow_daemon_stretches_its_local_step_and_the_report_names_it(tmp_path
 def test_async_daemons_finish_at_their_own_pace(tmp_path):
     """`[algorithm].schedule = "async"` on real daemons: the run completes, and the fast nodes,
     which wait for the slow one only in round 0 (every node's first payloads), are done first."""
-    from p2pnode.rounds import Schedule
+    from p2pnode.learning.rounds import Schedule
     from testnet.learning import run_learning_testnet
 
     spec = three_digits_daemons_one_slow(rounds=5, factor=20, schedule=Schedule(schedule="async", async_gather_s=0.05))
@@ -248,7 +248,7 @@ def test_async_daemons_finish_at_their_own_pace(tmp_path):
 
 
 def same_records(spec, histories) -> None:
-    """One round engine (p2pnode/engine.py) builds every record: the daemons' and the simulator's
+    """One round engine (p2pnode/learning/engine.py) builds every record: the daemons' and the simulator's
     have the same fields, all filled in, and agree on what the round was (node i of the testnet
     against node i of the simulation, round by round)."""
     from testnet.engines import INLINE, open_hosts
@@ -348,9 +348,9 @@ async def test_a_node_alone_says_so_logs_its_checkpoints_and_shows_its_neighbour
     import logging
     import re
 
-    from p2pnode.learning import ALONE_ROUNDS, CHECKPOINT_LOG_EVERY
-    from p2pnode.prometheus import render_for
-    from p2pnode.status import format_status
+    from p2pnode.learning.driver import ALONE_ROUNDS, CHECKPOINT_LOG_EVERY
+    from p2pnode.operations.prometheus import render_for
+    from p2pnode.operations.status import format_status
 
     caplog.set_level(logging.DEBUG, logger="p2pnode")
     steady = {"name": "mapl-nocgl", "history_rounds": 20, "round_deadline_s": 0.5}  # uniform weights

@@ -10,7 +10,7 @@ from collections import Counter
 
 import trio
 
-from p2pnode.prometheus import BUSY, EVICTED, ConnectionSlots
+from p2pnode.operations.prometheus import BUSY, EVICTED, ConnectionSlots
 
 from .daemon import start_node, wait_until
 from .test_learning_daemon import scrape

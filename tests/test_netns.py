@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from p2pnode.keystore import write_key
+from p2pnode.wire.keystore import write_key
 from protocol import Identity
 from testnet.cluster import Cluster, NodeSpec
 

@@ -12,9 +12,9 @@ import numpy as np
 import trio
 
 from algorithms.own_data import held_out_split, inspect_own_data
-from p2pnode.checkpoint import CHECKPOINT_NAME, Checkpoint
 from p2pnode.config import load_config
-from p2pnode.predict import PREDICT
+from p2pnode.learning.checkpoint import CHECKPOINT_NAME, Checkpoint
+from p2pnode.learning.predict import PREDICT
 from p2pnode_cli import main
 
 from .daemon import start_node, wait_until
@@ -103,7 +103,7 @@ async def test_predict_and_export_agree_with_the_nodes_own_evaluation(tmp_path, 
 
 async def test_predict_refusals_are_clear(tmp_path, capsys):
     """No node and no checkpoint yet; a request past the control command's bounds."""
-    from p2pnode.control import request
+    from p2pnode.operations.control import request
 
     write_digit_pngs(tmp_path / "images", (0, 1), per_class=5)
     sections = own_data_sections(tmp_path / "images", rounds=1, start_peers=0)

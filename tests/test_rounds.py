@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from p2pnode.engine import RoundEngine, Timings
-from p2pnode.rounds import (
+from p2pnode.learning.engine import RoundEngine, Timings
+from p2pnode.learning.rounds import (
     DUPLICATE_PAYLOAD,
     INBOX_FULL,
     PEER_INBOX_FULL,

@@ -183,7 +183,7 @@ def test_settings_are_validated_by_name():
 
 
 def test_a_checkpoint_restores_the_node_exactly(digits_nodes, tmp_path):
-    from p2pnode.checkpoint import Checkpoint
+    from p2pnode.learning.checkpoint import Checkpoint
 
     def trained():
         node, peer = make_node(digits_nodes, 0), make_node(digits_nodes, 1)

@@ -7,7 +7,7 @@ import pytest
 import zmq
 
 from p2pnode.config import TransportSettings
-from p2pnode.transport import DROPPED, SENT, WAITING, Transport
+from p2pnode.wire.transport import DROPPED, SENT, WAITING, Transport
 
 pytestmark = pytest.mark.quick  # no daemons, no training: make test-quick runs it
 

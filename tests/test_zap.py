@@ -1,4 +1,4 @@
-"""Who may connect (p2pnode/zap.py), on simulated time: the connection caps and the bans of the
+"""Who may connect (p2pnode/wire/zap.py), on simulated time: the connection caps and the bans of the
 suspects of aborts, without sockets."""
 
 from collections import Counter
@@ -7,8 +7,8 @@ import pytest
 import zmq
 
 from p2pnode.config import SecuritySettings
-from p2pnode.zap import PEERS_DOMAIN, ZAP_DOMAIN, Connections
-from p2pnode.zmqsetup import PEERS, PUBLIC
+from p2pnode.wire.zap import PEERS_DOMAIN, ZAP_DOMAIN, Connections
+from p2pnode.wire.zmqsetup import PEERS, PUBLIC
 
 pytestmark = pytest.mark.quick  # no daemons, no training: make test-quick runs it
 

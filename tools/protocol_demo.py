@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from p2pnode.keystore import KeyFileError, load_key, write_key
+from p2pnode.wire.keystore import KeyFileError, load_key, write_key
 from protocol import (
     PROTOCOL_VERSION,
     Bye,

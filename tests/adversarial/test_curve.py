@@ -6,7 +6,7 @@ import pytest
 import trio
 
 from p2pnode.config import TransportSettings
-from p2pnode.transport import MissingKey, Transport
+from p2pnode.wire.transport import MissingKey, Transport
 from protocol import Identity, Ping
 
 from ..daemon import bootstrap_entry, full_mesh, start_chain, start_node, wait_until

@@ -8,8 +8,8 @@ import time
 
 import trio
 
-from p2pnode.control import request
-from p2pnode.zap import PUBLIC
+from p2pnode.operations.control import request
+from p2pnode.wire.zap import PUBLIC
 from testnet.cluster import Cluster
 
 from ..daemon import full_mesh, start_chain, wait_until
@@ -73,7 +73,7 @@ async def test_a_garbage_flood_at_full_rate_leaves_status_answering_and_every_fr
         assert max(latencies) < 1.0, f"status took up to {max(latencies):.2f} s during the flood"
         assert full_mesh([a, b]) and not any(key.startswith("evicted") for key in a.membership.counts)
         assert peak - rss_before < 50, f"RSS grew {peak - rss_before:.0f} MB during the flood"
-        # The node gives freed heap pages back after a burst (p2pnode/memory.py).
+        # The node gives freed heap pages back after a burst (p2pnode/operations/memory.py).
         await wait_until(lambda: node_rss_mb(a) - rss_before < 20, timeout=10, interval=0.5)
         a.request_stop()
         b.request_stop()

@@ -1,4 +1,4 @@
-"""Two inbound sockets (p2pnode/transport.py): strangers meet a node on its public socket, which
+"""Two inbound sockets (p2pnode/wire/transport.py): strangers meet a node on its public socket, which
 takes small frames only; frames larger than that travel between admitted peers on the peers'
 socket, which, with CURVE, only admitted peers (and keys being verified) may connect to."""
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import trio
 
-from p2pnode.zap import PEERS, PEERS_DOMAIN, PUBLIC
+from p2pnode.wire.zap import PEERS, PEERS_DOMAIN, PUBLIC
 from protocol import Identity, Model
 
 from ..daemon import bootstrap_entry, full_mesh, start_chain, start_node, wait_until
@@ -46,7 +46,7 @@ async def test_frames_over_the_public_bound_travel_on_the_peers_socket(tmp_path)
 
 async def test_admitted_peers_send_everything_but_hello_on_the_peers_socket(tmp_path):
     """So that the public socket carries strangers' frames only, and can be read no faster
-    than their budget (p2pnode/inbound.py) without delaying a peer."""
+    than their budget (p2pnode/wire/inbound.py) without delaying a peer."""
     async with trio.open_nursery() as nursery:
         a, b = await start_chain(nursery, tmp_path, 2, security=CURVE)
         await wait_until(lambda: full_mesh([a, b]), timeout=10)

@@ -17,7 +17,7 @@ import trio
 import zmq
 
 from p2pnode.config import TransportSettings
-from p2pnode.zmqtrio import receive_batch
+from p2pnode.wire.zmqtrio import receive_batch
 
 DEFAULT_SIZES = (1024, 20 * 1024, 200 * 1024)
 _HWM = 1000

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from p2pnode.memory import resident_bytes
+from p2pnode.operations.memory import resident_bytes
 from testnet.cluster import Cluster, NodeSpec
 
 from .results import capture, save
@@ -62,7 +62,7 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 def _family(pid: int) -> list[int]:
     """A daemon and its descendants: its zygote and the ingress processes that forks, where
-    libzmq reads and holds what arrives (p2pnode/ingress.py); a daemon's cost is theirs too."""
+    libzmq reads and holds what arrives (p2pnode/wire/ingress.py); a daemon's cost is theirs too."""
     children = []
     for task in Path(f"/proc/{pid}/task").glob("*"):  # any thread may have started one (trio: a worker)
         try:

@@ -116,7 +116,7 @@ def _stages(algorithm: str, rounds: int) -> list[dict]:
     (what is imported is part of what is measured); what it found, stage by stage."""
     import tomli_w
 
-    from p2pnode.keystore import write_key
+    from p2pnode.wire.keystore import write_key
     from protocol import Identity
     from testnet.learning import node_settings
     from testnet.simulator import SimulationSpec
@@ -134,7 +134,7 @@ def _stages(algorithm: str, rounds: int) -> list[dict]:
 
 def _measure_stages(config_path: Path, rounds: int) -> int:
     """The --stages child: one JSON line per stage on stdout."""
-    from p2pnode.memory import limit_arenas, process_memory, trim_now
+    from p2pnode.operations.memory import limit_arenas, process_memory, trim_now
 
     def stage(name: str) -> None:
         print(json.dumps({"stage": name, **process_memory()}), flush=True)
@@ -152,7 +152,7 @@ def _measure_stages(config_path: Path, rounds: int) -> int:
     import torch._dynamo  # noqa: F401  (torch.optim imports it on an optimiser's first use: made visible here)
 
     stage("torch._dynamo imported (sympy, torch.distributed, ...)")
-    from p2pnode.learning import build_algorithm
+    from p2pnode.learning.driver import build_algorithm
 
     algorithm = build_algorithm(config, "bench")
     stage("shard cut, model and optimiser built")

@@ -10,7 +10,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
-from p2pnode.rounds import Schedule
+from p2pnode.learning.rounds import Schedule
 from testnet.provenance import CODE_ROOT, git_state
 from testnet.simulator import SimulationSpec
 

@@ -28,7 +28,7 @@ import dataclasses
 import statistics
 import sys
 
-from p2pnode.rounds import ASYNC, SYNC, Schedule
+from p2pnode.learning.rounds import ASYNC, SYNC, Schedule
 from testnet.report import time_to_accuracy
 from testnet.simulator import SimulationSpec
 from testnet.spec import parse_slow

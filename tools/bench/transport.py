@@ -53,15 +53,15 @@ import trio
 import zmq
 
 from p2pnode.config import SecuritySettings, TransportSettings
-from p2pnode.gate import Gate
-from p2pnode.inbound import Inbound
-from p2pnode.ingress import Ingress
-from p2pnode.metrics import Metrics
-from p2pnode.signing import encode
-from p2pnode.transport import Transport
-from p2pnode.zap import PEERS, PUBLIC, Connections
-from p2pnode.zmqtrio import send_waiting
-from p2pnode.zygote import Zygote
+from p2pnode.operations.metrics import Metrics
+from p2pnode.wire.gate import Gate
+from p2pnode.wire.inbound import Inbound
+from p2pnode.wire.ingress import Ingress
+from p2pnode.wire.signing import encode
+from p2pnode.wire.transport import Transport
+from p2pnode.wire.zap import PEERS, PUBLIC, Connections
+from p2pnode.wire.zmqtrio import send_waiting
+from p2pnode.wire.zygote import Zygote
 from protocol import Decoder, Encoder, Identity, Model, ReplayGuard, SequenceCounter
 from protocol.curve import curve_public_from_ed25519
 

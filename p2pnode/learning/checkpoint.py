@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .files import write_atomically
+from ..files import write_atomically
 from .rounds import RoundRecord
 
 __all__ = [

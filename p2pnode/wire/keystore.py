@@ -12,7 +12,7 @@ from pathlib import Path
 
 from protocol import Identity
 
-from .files import write_atomically
+from ..files import write_atomically
 
 __all__ = ["KeyFileError", "write_key", "load_key", "KEY_FILE_MODE"]
 

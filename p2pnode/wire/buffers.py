@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from .memory import PAGE_BYTES, resident_bytes, trim_now
+from ..operations.memory import PAGE_BYTES, resident_bytes, trim_now
 
 __all__ = ["BufferEstimate", "GrowthAlarm", "bytes_received", "tcp_info", "shut_down", "watch_buffers", "SHED", "ENDED"]
 

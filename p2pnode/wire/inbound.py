@@ -22,10 +22,10 @@ import trio
 
 from protocol import Decoder, Envelope, ProtocolError, Reason, ReplayGuard, node_id
 
-from .config import TransportSettings
+from ..config import TransportSettings
+from ..operations.metrics import HANDSHAKE_FIRST, MULTIPART, UNKNOWN_PEER, Metrics
 from .gate import CHALLENGE_TYPES, PARK, Gate
 from .ingress import Ingress
-from .metrics import HANDSHAKE_FIRST, MULTIPART, UNKNOWN_PEER, Metrics
 from .zmqsetup import PEERS, PUBLIC
 
 __all__ = ["Inbound", "decode_all"]

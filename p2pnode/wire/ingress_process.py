@@ -2,7 +2,7 @@
 ZAP hook, monitor and buffer bound, in a process of its own (ingress.py explains why). Run by
 the node, never by hand:
 
-    python -m p2pnode.ingress_process NODE_FD
+    python -m p2pnode.wire.ingress_process NODE_FD
 
 starts the node's zygote (`zygote`), which forks one ingress process per socket, and again when
 one ends. Each ingress process gets two descriptors, each one end of a socket pair (pipes.py)

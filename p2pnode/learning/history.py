@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .files import describe_os_error
+from ..files import describe_os_error
 from .rounds import RoundRecord
 
 __all__ = ["HISTORY_NAME", "HistoryFile", "History", "read_history", "history_paths"]

@@ -61,9 +61,9 @@ from protocol import (
     node_id,
 )
 
-from .config import DiscoverySettings
-from .gate import subnet_of
-from .metrics import UNKNOWN_PEER
+from ..config import DiscoverySettings
+from ..operations.metrics import UNKNOWN_PEER
+from ..wire.gate import subnet_of
 
 __all__ = [
     "Peer",

@@ -59,7 +59,7 @@ class Zygote:
         ours, theirs = socket_pair()
         try:
             self.process = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "p2pnode.ingress_process", str(theirs.fileno())], pass_fds=[theirs.fileno()]
+                [sys.executable, "-m", "p2pnode.wire.ingress_process", str(theirs.fileno())], pass_fds=[theirs.fileno()]
             )
         except OSError as exc:
             ours.close()

@@ -31,11 +31,11 @@ import trio
 
 from protocol import Body, Envelope, MessageType
 
+from ..files import describe_os_error
+from ..operations.memory import trim_now
 from .checkpoint import Checkpoint, CheckpointError, HeldOut
 from .engine import RoundEngine, Timings, round_state, seconds
-from .files import describe_os_error
 from .history import HistoryFile
-from .memory import trim_now
 from .rounds import RoundRecord, Schedule
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from algorithms.inference import EvaluatedModel
     from algorithms.seam import Algorithm, Evaluation, NodeSetup, Outbound
 
-    from .config import AlgorithmSettings, Config, ModelSettings
+    from ..config import AlgorithmSettings, Config, ModelSettings
 
 __all__ = [
     "Network",

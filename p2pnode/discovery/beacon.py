@@ -14,8 +14,8 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from .config import BeaconSettings
-from .gate import TokenBuckets
+from ..config import BeaconSettings
+from ..wire.gate import TokenBuckets
 
 __all__ = ["run_beacon"]
 

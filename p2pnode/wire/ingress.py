@@ -14,7 +14,7 @@ back to a flooder. docs/security.md has the measurements.
 
 So each ROUTER (the public socket, where strangers connect; the peers' socket, which with CURVE
 only admitted peers reach), with its monitor, ZAP domain and bound on what libzmq holds
-(buffers.py), runs in a `python -m p2pnode.ingress_process` of its own; everything that decides
+(buffers.py), runs in a `python -m p2pnode.wire.ingress_process` of its own; everything that decides
 stays here. The node asks it for batches of frames (pipes.py), paced as before (gate.py),
 answers its ZAP requests (zap.py `Connections`) and follows its connection events. Processes
 are forked by the node's zygote (zygote.py), in milliseconds. When one ends for any reason other
@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 
 import trio
 
-from .config import TransportSettings
-from .memory import process_memory
+from ..config import TransportSettings
+from ..operations.memory import process_memory
 from .pipes import MessagePipe, PipeError, socket_pair
 from .transport import CURVE_SLACK, TransportError
 from .zap import PUBLIC, Connections

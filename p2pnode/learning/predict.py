@@ -27,16 +27,16 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from ..files import describe_os_error, write_atomically
+from ..operations.control import MAX_REQUEST_BYTES, NotRunning, request
 from .checkpoint import CHECKPOINT_NAME, Checkpoint, CheckpointError
-from .control import MAX_REQUEST_BYTES, NotRunning, request
-from .files import describe_os_error, write_atomically
 
 if TYPE_CHECKING:
     from algorithms.inference import Preprocessing
     from algorithms.seam import Predictors
 
-    from .config import Config, NodeSettings
-    from .learning import RoundDriver
+    from ..config import Config, NodeSettings
+    from .driver import RoundDriver
 
 __all__ = [
     "PREDICT",
@@ -216,7 +216,7 @@ def predict_files(config: Config, paths: Sequence[str], full_config: Callable[[]
 
 
 def _ask_node(config: Config, blobs: list[bytes]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    from .control import ControlError
+    from ..operations.control import ControlError
 
     per_request = config.node.predict_max_images
     about: dict[str, Any] = {"source": "node"}
@@ -243,7 +243,7 @@ def checkpoint_model(config: Config) -> tuple[UsableModel, Checkpoint]:
     (its data is loaded: the model's input shape comes from it)."""
     from algorithms.inference import Preprocessing, frozen
 
-    from .learning import LearningSetupError, build_algorithm
+    from .driver import LearningSetupError, build_algorithm
 
     if config.algorithm.name == "none":
         raise PredictError("this node does not learn ([algorithm].name is none): it has no model")

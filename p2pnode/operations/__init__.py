@@ -1,0 +1,1 @@
+"""Operations: the control socket, status, metrics (counters and Prometheus), logs and memory."""
