@@ -29,8 +29,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 from algorithms.seam import Algorithm
-from p2pnode.config import AlgorithmSettings
 from p2pnode.learning.rounds import RoundRecord, Schedule
+from p2pnode.learning.settings import AlgorithmSettings
 from protocol import Identity, Limits
 
 from .clock import ARRIVAL, CLOSE, STEP, EventQueue

@@ -26,7 +26,7 @@ from algorithms.catalog import DATASET_FROM_PATH
 from algorithms.device import placement as device_placement
 from algorithms.own_data import OwnDataSpec
 from algorithms.setup import load_scenario
-from p2pnode.config import DiscoverySettings
+from p2pnode.discovery.settings import DiscoverySettings
 from p2pnode.learning.rounds import RoundRecord, Schedule
 from protocol import LEARNING_TYPES
 

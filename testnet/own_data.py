@@ -41,7 +41,7 @@ class OwnDataArguments:
     max_memory_mb: int | None = None
 
     def out_of_bounds(self) -> str | None:
-        """The first setting outside the bounds `[data]` gives it (p2pnode/config.py), said so."""
+        """The first setting outside the bounds `[data]` gives it (p2pnode/learning/settings.py), said so."""
         bounds = {
             "image_size": (MIN_SIDE, MAX_SIDE),
             "test_fraction": (0.01, 0.9),

@@ -18,8 +18,8 @@ from algorithms.partitions import PartitionSpec
 from algorithms.poison import ATTACKS, Attack
 from algorithms.registry import ALGORITHMS, apply_overrides, config_as_dict, default_config
 from algorithms.setup import ScenarioSpec
-from p2pnode.config import AlgorithmSettings
 from p2pnode.learning.rounds import Schedule
+from p2pnode.learning.settings import AlgorithmSettings
 
 __all__ = ["SimulationSpec", "HOMOGENEOUS_DEFAULT", "Slow", "parse_slow"]
 

@@ -350,7 +350,7 @@ FIGURES: tuple[Figure, ...] = (
             Place(README, r"\(view (?P<active>\d+), at most (?P<max>\d+) peers, liveness every (?P<ping>\d+) s"),
             Place(README, r"e\.g\. (?P<active>\d+) and (?P<max>\d+) for\s+many nodes"),
             Place("p2pnode_cli/testnet.py", r"e\.g\. (?P<active>\d+) and (?P<max>\d+) \(docs/daemon\.md\)"),
-            Place("p2pnode/config.py", r"e\.g\. (?P<active>\d+) and (?P<max>\d+): docs/daemon\.md"),
+            Place("p2pnode/discovery/settings.py", r"e\.g\. (?P<active>\d+) and (?P<max>\d+): docs/daemon\.md"),
             Place("docs/config.md", r"e\.g\. (?P<active>\d+) and (?P<max>\d+): docs/daemon\.md"),
             Place("docs/daemon.md", r"e\.g\. `active_view = (?P<active>\d+)`, `max_peers = (?P<max>\d+)`"),
             Place(
@@ -384,7 +384,10 @@ FIGURES: tuple[Figure, ...] = (
     ),
     Figure(
         "the largest frame on the public socket",
-        Place("p2pnode/config.py", r"max_public_frame_bytes: int = option\(\s*Integer\([^)]*\),\s*(?P<kib>\d+) << 10,"),
+        Place(
+            "p2pnode/wire/settings.py",
+            r"max_public_frame_bytes: int = option\(\s*Integer\([^)]*\),\s*(?P<kib>\d+) << 10,",
+        ),
         (
             Place(README, r"a public one that takes frames up to (?P<kib>\d+) KiB"),
             Place("docs/daemon.md", r"`\[limits\]\.max_public_frame_bytes` \((?P<kib>\d+) KiB\)"),

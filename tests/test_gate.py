@@ -4,8 +4,8 @@ from dataclasses import replace
 
 import pytest
 
-from p2pnode.config import TransportSettings
 from p2pnode.wire.gate import PARK, PARK_S, Gate, subnet_of
+from p2pnode.wire.settings import TransportSettings
 from protocol import Header, MessageType
 
 pytestmark = pytest.mark.quick  # no daemons, no training: make test-quick runs it

@@ -202,8 +202,8 @@ def test_a_challenge_is_not_answered_on_a_connection_where_our_hello_was_dropped
     opening the connection would be refused there (handshake_first). It waits for our next HELLO."""
     import random
 
-    from p2pnode.config import DiscoverySettings
     from p2pnode.discovery.peers import Membership, Send, SendHello
+    from p2pnode.discovery.settings import DiscoverySettings
     from protocol import Decoder, Identity, Pong
 
     own, other = Identity.generate(), Identity.generate()

@@ -9,9 +9,9 @@ import pytest
 
 from algorithms.collaboration import InNeighbourhood, UniformGraph
 from algorithms.seam import NeighbourView, Staleness
-from p2pnode.config import AlgorithmSettings
 from p2pnode.learning.engine import RoundEngine
 from p2pnode.learning.rounds import ASYNC, AdaptiveDeadline, RoundState, Schedule
+from p2pnode.learning.settings import AlgorithmSettings
 from protocol import MessageType
 from protocol.messages import Prototypes
 from testnet.engines import INLINE, open_hosts

@@ -6,7 +6,7 @@ import time
 import pytest
 import zmq
 
-from p2pnode.config import TransportSettings
+from p2pnode.wire.settings import TransportSettings
 from p2pnode.wire.transport import DROPPED, SENT, WAITING, Transport
 
 pytestmark = pytest.mark.quick  # no daemons, no training: make test-quick runs it

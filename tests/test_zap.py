@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 import zmq
 
-from p2pnode.config import SecuritySettings
+from p2pnode.wire.settings import SecuritySettings
 from p2pnode.wire.zap import PEERS_DOMAIN, ZAP_DOMAIN, Connections
 from p2pnode.wire.zmqsetup import PEERS, PUBLIC
 

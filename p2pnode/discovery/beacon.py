@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from ..config import BeaconSettings
+from ..discovery.settings import BeaconSettings
 from ..wire.gate import TokenBuckets
 
 __all__ = ["run_beacon"]

@@ -61,7 +61,7 @@ from protocol import (
     node_id,
 )
 
-from ..config import DiscoverySettings
+from ..discovery.settings import DiscoverySettings
 from ..operations.metrics import UNKNOWN_PEER
 from ..wire.gate import subnet_of
 

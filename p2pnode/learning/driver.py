@@ -44,7 +44,8 @@ if TYPE_CHECKING:
     from algorithms.inference import EvaluatedModel
     from algorithms.seam import Algorithm, Evaluation, NodeSetup, Outbound
 
-    from ..config import AlgorithmSettings, Config, ModelSettings
+    from ..config import Config
+    from ..learning.settings import AlgorithmSettings, ModelSettings
 
 __all__ = [
     "Network",

@@ -30,7 +30,7 @@ from .rounds import ADAPTIVE, AdaptiveDeadline, Gather, RoundRecord, RoundState,
 if TYPE_CHECKING:
     from algorithms.seam import Algorithm, Evaluation, LocalReport, Outbound, PayloadRejected
 
-    from ..config import AlgorithmSettings
+    from ..learning.settings import AlgorithmSettings
 
 __all__ = ["RoundEngine", "Timings", "round_state", "seconds"]
 

@@ -86,7 +86,7 @@ class Schedule:
 
     @classmethod
     def of(cls, settings: Any) -> Schedule:
-        """The schedule `[algorithm]` (p2pnode/config.py's `AlgorithmSettings`) sets."""
+        """The schedule `[algorithm]` (p2pnode/learning/settings.py's `AlgorithmSettings`) sets."""
         return cls(**{name: getattr(settings, name) for name in cls.__dataclass_fields__})
 
     @property

@@ -7,8 +7,8 @@ import logging
 import sys
 import time
 
-from ..config import LogSettings
 from ..files import describe_os_error
+from ..operations.settings import LogSettings
 
 __all__ = ["configure_logging", "JsonFormatter", "LogFile"]
 

@@ -18,8 +18,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
-    from ..config import MetricsSettings
     from ..learning.driver import RoundDriver
+    from ..operations.settings import MetricsSettings
     from .metrics import Metrics
 
 __all__ = ["NodeCollector", "serve_prometheus", "registry_for"]

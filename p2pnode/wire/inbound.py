@@ -22,8 +22,8 @@ import trio
 
 from protocol import Decoder, Envelope, ProtocolError, Reason, ReplayGuard, node_id
 
-from ..config import TransportSettings
 from ..operations.metrics import HANDSHAKE_FIRST, MULTIPART, UNKNOWN_PEER, Metrics
+from ..wire.settings import TransportSettings
 from .gate import CHALLENGE_TYPES, PARK, Gate
 from .ingress import Ingress
 from .zmqsetup import PEERS, PUBLIC

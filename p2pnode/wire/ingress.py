@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 
 import trio
 
-from ..config import TransportSettings
 from ..operations.memory import process_memory
+from ..wire.settings import TransportSettings
 from .pipes import MessagePipe, PipeError, socket_pair
 from .transport import CURVE_SLACK, TransportError
 from .zap import PUBLIC, Connections

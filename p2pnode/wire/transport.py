@@ -45,7 +45,7 @@ import zmq
 
 from protocol.curve import curve_public_from_ed25519
 
-from ..config import TransportSettings
+from ..wire.settings import TransportSettings
 from .zmqsetup import read_events, set_liveness, unwatch, watch_handshakes
 
 __all__ = ["Transport", "TransportError", "MissingKey", "SENT", "WAITING", "DROPPED"]

@@ -37,7 +37,7 @@ import zmq
 
 from protocol.curve import curve_public_from_ed25519
 
-from ..config import SecuritySettings
+from ..wire.settings import SecuritySettings
 from .zmqsetup import DOMAINS, FAILED_EVENTS, PEERS, PEERS_DOMAIN, PUBLIC, ZAP_DOMAIN
 
 __all__ = [

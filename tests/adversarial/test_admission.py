@@ -4,8 +4,8 @@ exhaustion and reflection (issue #14), on the simulated network of tests/simnet.
 
 import random
 
-from p2pnode.config import DiscoverySettings
 from p2pnode.discovery.peers import Dial, Evicted, Membership
+from p2pnode.discovery.settings import DiscoverySettings
 from protocol import PROTOCOL_VERSION, Decoder, Encoder, Envelope, Hello, Identity, Peers
 
 from ..simnet import NETWORK, SimNet

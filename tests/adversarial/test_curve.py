@@ -5,7 +5,7 @@ of its sender, so a captured frame cannot be replayed to another node."""
 import pytest
 import trio
 
-from p2pnode.config import TransportSettings
+from p2pnode.wire.settings import TransportSettings
 from p2pnode.wire.transport import MissingKey, Transport
 from protocol import Identity, Ping
 

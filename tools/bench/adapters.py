@@ -16,7 +16,7 @@ import time
 import trio
 import zmq
 
-from p2pnode.config import TransportSettings
+from p2pnode.wire.settings import TransportSettings
 from p2pnode.wire.zmqtrio import receive_batch
 
 DEFAULT_SIZES = (1024, 20 * 1024, 200 * 1024)

@@ -52,11 +52,11 @@ import numpy as np
 import trio
 import zmq
 
-from p2pnode.config import SecuritySettings, TransportSettings
 from p2pnode.operations.metrics import Metrics
 from p2pnode.wire.gate import Gate
 from p2pnode.wire.inbound import Inbound
 from p2pnode.wire.ingress import Ingress
+from p2pnode.wire.settings import SecuritySettings, TransportSettings
 from p2pnode.wire.signing import encode
 from p2pnode.wire.transport import Transport
 from p2pnode.wire.zap import PEERS, PUBLIC, Connections

@@ -1,0 +1,132 @@
+"""The sections of a configuration put together: `[node]`, declared here, and the others from the
+parts they configure; `Config`, what a loaded file gives."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from protocol import Identity
+
+from ..discovery.settings import BeaconSettings, DiscoverySettings
+from ..learning.settings import AlgorithmSettings, DataSettings, ModelSettings
+from ..operations.settings import LogSettings, MetricsSettings
+from ..options import (
+    Endpoint,
+    FilePath,
+    Integer,
+    ListOf,
+    Number,
+    Text,
+    option,
+)
+from ..wire.settings import LimitSettings, SecuritySettings, TransportSettings
+
+CONTROL_SOCKET_NAME = "control.sock"
+
+
+# --- sections -------------------------------------------------------------------------------
+
+_TOKEN = r"[a-z0-9][a-z0-9._:-]{0,63}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeSettings:
+    key: Path = option(FilePath(), doc="Ed25519 key file of this node (`p2pnode keygen --out PATH`), mode 0600")
+    data_dir: Path = option(
+        FilePath(),
+        Path("data"),
+        "state, lock, checkpoint and control socket; mode 0700 and this user's: a looser "
+        "mode is tightened at start, another owner stops it",
+    )
+    network: str = option(
+        Text(r"[a-z0-9][a-z0-9._-]{0,63}", what="a network id ([a-z0-9._-], 1-64 characters)"),
+        "p2pnode",
+        "network id; frames of other networks are refused",
+    )
+    listen: str = option(Endpoint(bind=True), doc="address the inbound socket binds")
+    advertise: str | None = option(
+        Endpoint(bind=False),
+        None,
+        "address peers dial, sent in HELLO; default: the address "
+        "`listen` bound (required when `listen` binds all interfaces)",
+    )
+    peer_listen: str | None = option(
+        Endpoint(bind=True),
+        None,
+        "address the peers' socket binds: frames larger than `[limits].max_public_frame_bytes` "
+        "arrive there, from admitted peers only; default: the host of `listen`, any port (give a "
+        "fixed port where a firewall must let it through)",
+    )
+    peer_advertise_port: int | None = option(
+        Integer(1, 65535),
+        None,
+        "the peers' port announced in HELLO (peers dial it on the host where they verified this "
+        "node); default: the port `peer_listen` bound (set it behind a port-mapping NAT)",
+    )
+    capabilities: tuple[str, ...] = option(
+        ListOf(Text(_TOKEN, what="a capability token"), 31),
+        (),
+        "capability tokens announced in HELLO; a learning node adds `algorithm:<name>` itself",
+    )
+    malloc_arenas: int = option(
+        Integer(0, 1024),
+        1,
+        "glibc heap arenas the daemon's threads share; each keeps the pages its threads freed, so "
+        "1 holds the least (12-39 MiB less on a learning node of a testnet); 0: glibc's default, 8 per core",
+    )
+    predict_max_images: int = option(
+        Integer(1, 4096),
+        8,
+        "most images in one `predict` request on the control socket (`p2pnode predict` sends more in several)",
+    )
+    step_slowdown: float = option(
+        Number(1, 1000),
+        1.0,
+        "emulate a slower device: each local step takes this many times as long (the daemon sleeps "
+        "(slowdown − 1) × the step's time after it); 1 runs at the machine's own speed (`--slow` sets it in a testnet)",
+    )
+    predict_max_image_mb: float = option(
+        Number(0.001, 1024),
+        4.0,
+        "largest image file `predict` takes (MB); `p2pnode predict` names a larger one and skips it",
+    )
+
+
+SECTIONS: dict[str, type] = {
+    "node": NodeSettings,
+    "discovery": DiscoverySettings,
+    "beacon": BeaconSettings,
+    "security": SecuritySettings,
+    "transport": TransportSettings,
+    "limits": LimitSettings,
+    "log": LogSettings,
+    "data": DataSettings,
+    "model": ModelSettings,
+    "algorithm": AlgorithmSettings,
+    "metrics": MetricsSettings,
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    source: Path
+    node: NodeSettings
+    discovery: DiscoverySettings
+    beacon: BeaconSettings
+    security: SecuritySettings
+    transport: TransportSettings
+    limits: LimitSettings
+    log: LogSettings
+    data: DataSettings = DataSettings()
+    model: ModelSettings = ModelSettings()
+    algorithm: AlgorithmSettings = AlgorithmSettings()
+    metrics: MetricsSettings = MetricsSettings()
+    identity: Identity | None = None  # loaded from node.key by load_config
+
+    @property
+    def control_socket(self) -> Path:
+        return self.node.data_dir / CONTROL_SOCKET_NAME
+
+
+# --- loading --------------------------------------------------------------------------------

@@ -1,0 +1,100 @@
+"""[discovery] and [beacon]: how the node finds, admits and keeps its peers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..options import BootstrapEntry, Flag, Integer, ListOf, Network, Number, Text, option, split_bootstrap
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiscoverySettings:
+    bootstrap: tuple[str, ...] = option(
+        ListOf(BootstrapEntry(), 256),
+        (),
+        "peers to contact at start; retried with backoff until they answer, and again whenever they are "
+        "lost; with `[security].curve` each entry names the peer's key (`p2pnode keyinfo`)",
+    )
+    max_peers: int = option(
+        Integer(1, 4096),
+        64,
+        "peer table bound (the active view: connected and pinged peers); a verified newcomer beyond it "
+        "is sent a sample of the peers and a BYE (`full`) instead",
+    )
+    active_view: int = option(
+        Integer(1, 4096),
+        64,
+        "peers this node seeks: while it has fewer, it verifies addresses from its passive view "
+        "(at most max_peers; for a large network set it below max_peers, e.g. 8 and 10: docs/daemon.md)",
+    )
+    passive_view: int = option(
+        Integer(1, 4096),
+        64,
+        "signed HELLOs of nodes that are not peers, learned by peer exchange, kept to replace peers that leave",
+    )
+    ping_interval_s: float = option(
+        Number(0.05, 3600), 1.0, "PING each peer this often; PONG gives the round-trip time"
+    )
+    peer_timeout_s: float = option(
+        Number(0.2, 86400), 5.0, "a peer silent this long is evicted; must exceed 2 × ping_interval_s"
+    )
+    exchange_interval_s: float = option(
+        Number(0.05, 3600), 2.0, "send PEERS (peer exchange) to `gossip_fanout` random peers this often"
+    )
+    gossip_fanout: int = option(Integer(1, 64), 2, "peers that get each periodic PEERS")
+    hello_refresh_s: float = option(
+        Number(1, 86400), 300.0, "re-sign this node's HELLO this often, so relayed copies stay fresh"
+    )
+    hello_max_age_s: float = option(
+        Number(2, 86400 * 7), 900.0, "ignore relayed HELLOs older than this; must exceed hello_refresh_s"
+    )
+    dial_retry_initial_s: float = option(
+        Number(0.01, 60), 0.05, "first retry of an unanswered HELLO; doubles per attempt"
+    )
+    dial_retry_max_s: float = option(Number(0.1, 3600), 5.0, "longest wait between HELLO retries")
+    dial_attempts: int = option(
+        Integer(1, 10_000),
+        8,
+        "give up verifying an address learned from a HELLO after this many unanswered "
+        "challenges (bootstrap addresses are retried forever)",
+    )
+    max_dialing: int = option(
+        Integer(1, 4096), 16, "addresses being verified at once (bootstrap addresses not counted)"
+    )
+    dialing_per_informant: int = option(
+        Integer(1, 4096), 4, "addresses relayed by one peer that are being verified at once"
+    )
+    dialing_per_subnet: int = option(Integer(1, 4096), 4, "addresses in one subnet (/24 or /64) being verified at once")
+    settled_after_s: float = option(
+        Number(0, 86400 * 7),
+        300.0,
+        "a peer admitted this long ago is never displaced for a newcomer: neither from a full table "
+        "by a newcomer from a less crowded subnet, nor, with a bounded view, for a newcomer that comes "
+        "back after a redirect (the slack that lets the last nodes in: docs/daemon.md); 0: none ever is",
+    )
+    max_peers_per_subnet: int = option(
+        Integer(1, 4096), 16, "peers admitted from one subnet (/24 for IPv4, /64 for IPv6)"
+    )
+    subnet_limits_exempt: tuple[str, ...] = option(
+        ListOf(Network(), 256),
+        ("127.0.0.0/8", "::1/128"),
+        "networks the two subnet limits do not apply to (loopback: every node there is this host)",
+    )
+
+    def bootstrap_peers(self) -> tuple[tuple[str, bytes | None], ...]:
+        """Each bootstrap entry's address, and its peer's Ed25519 key where the entry names one."""
+        return tuple(split_bootstrap(entry) for entry in self.bootstrap)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BeaconSettings:
+    enabled: bool = option(
+        Flag(), False, "announce and discover nodes on the LAN by UDP multicast (for nodes without bootstrap peers)"
+    )
+    group: str = option(Text(what="an IPv4 multicast address"), "239.255.70.70", "multicast group")
+    port: int = option(Integer(1, 65535), 47474, "UDP port of the beacon")
+    interface: str = option(
+        Text(what="an IPv4 address"), "0.0.0.0", "local interface address for multicast (0.0.0.0: the system's choice)"
+    )
+    interval_s: float = option(Number(0.1, 3600), 5.0, "send a beacon this often")
+    ttl: int = option(Integer(0, 255), 1, "multicast TTL; 1 keeps beacons on the local network")

@@ -1,0 +1,242 @@
+"""[data], [model] and [algorithm]: what a node learns from, with which model, and how.
+
+Their names come from modules that import no torch, so a config loads fast; the hyper-parameters
+are checked against the algorithm's own dataclass, and that one import of torch happens only for
+a node that learns (config/checks.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+# Names only: the data modules import numpy (15 MB), which a node that learns nothing never needs.
+from algorithms.catalog import (
+    ALGORITHM_NAMES,
+    BACKBONES,
+    DATASET_FROM_PATH,
+    DATASETS,
+    DEVICE_FORMS,
+    DEVICE_PATTERN,
+    SCENARIOS,
+)
+
+from ..options import FilePath, Flag, Integer, IntegerChoice, ListOf, Number, Overrides, Text, option
+
+if TYPE_CHECKING:
+    from algorithms.own_data import OwnDataSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataSettings:
+    dataset: str = option(
+        Text(choices=(*DATASETS, DATASET_FROM_PATH)),
+        "mnist5k",
+        "dataset; `mnist5k` and `digits` ship with Python packages, the others are read from `root`; "
+        '`"path"`: the images at `path`, dealt out by the partition like a benchmark\'s (every node '
+        "holds them all under the same folder or file name, which keys the partition's draws)",
+    )
+    root: Path | None = option(
+        FilePath(),
+        None,
+        "local root of the torchvision datasets (never downloaded: the config check wants its files there)",
+    )
+    scenario: str = option(Text(choices=SCENARIOS), "1", "non-IID partition of the network (docs/learning.md)")
+    nodes: int = option(
+        Integer(1, 100_000), 1, "nodes the partition is cut for; every node of one network uses the same value"
+    )
+    node_index: int | None = option(
+        Integer(0, 99_999),
+        None,
+        "this node's shard of the partition, 0 ≤ node_index < nodes (unset: 0); with `path` alone: the "
+        "device's number, which seeds its model as that node of a simulation (unset: its node id does)",
+    )
+    classes: tuple[int, ...] = option(
+        ListOf(Integer(0, 4095), 4096),
+        (),
+        "instead of a shard: train on these classes (`samples_per_class` images of "
+        "each, drawn with `seed` and the node index); such nodes may share images",
+    )
+    clusters: int = option(Integer(0, 100_000), 0, "ground-truth clusters (0: the scenario's default), at most `nodes`")
+    samples_per_class: int = option(Integer(1, 1_000_000), 25, "training samples per class of this node")
+    test_per_class: int = option(Integer(1, 1_000_000), 15, "test samples per own class of this node")
+    seed: int = option(
+        Integer(0, 2**31 - 1), 0, "seed of the partition and of the models; the same on every node of a network"
+    )
+    # A device's own data ("Your own data" in docs/config.md) instead of a benchmark's shard.
+    path: Path | None = option(
+        FilePath(),
+        None,
+        "this device's own data: a folder with one sub-folder of images per class, or a `.npz` "
+        '(x, y, optionally x_test, y_test); replaces `dataset` and its partition, unless `dataset = "path"`',
+    )
+    class_names: tuple[str, ...] = option(
+        ListOf(Text(r"[^./\x00][^/\x00]{0,254}", what="a class name (no '/', not starting with '.')"), 4096),
+        (),
+        "with `path`, required: the network's classes, the same list on every node; a class's id is "
+        "its position (folders are named after classes; .npz labels are ids)",
+    )
+    image_size: int | None = option(
+        Integer(8, 1024), None, "with an image folder: images are resized to this side (default 28)"
+    )
+    channels: int | None = option(
+        IntegerChoice(1, 3), None, "with an image folder: 1 (grayscale, the default) or 3 (RGB)"
+    )
+    test_fraction: float | None = option(
+        Number(0.01, 0.9),
+        None,
+        "with `path`: the share of each class held out for testing, chosen with `seed` "
+        "(default 0.2; not with a .npz that has x_test)",
+    )
+    max_memory_mb: int = option(
+        Integer(1, 1 << 20), 1024, "with `path`: bound on the images in memory (float32); more is a config error"
+    )
+    skip_damaged: bool = option(
+        Flag(),
+        False,
+        "with an image folder: an image that cannot be read or decoded is skipped, and the skipped ones "
+        "counted and named in the log, instead of stopping the node",
+    )
+
+    def own_data(self) -> OwnDataSpec | None:
+        """The own-data settings, defaults filled in; None for a benchmark dataset."""
+        if self.path is None:
+            return None
+        from algorithms.own_data import OwnDataSpec
+
+        given = {"image_size": self.image_size, "channels": self.channels}
+        return OwnDataSpec(
+            path=self.path,
+            class_names=self.class_names,
+            test_fraction=self.test_fraction,
+            max_memory_mb=self.max_memory_mb,
+            skip_damaged=self.skip_damaged,
+            seed=self.seed,
+            node=None if self.dataset == DATASET_FROM_PATH else self.node_index,
+            **{key: value for key, value in given.items() if value is not None},
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSettings:
+    backbone: str = option(
+        Text(choices=BACKBONES),
+        "convnet",
+        "this node's backbone; nodes may differ, except under mapl+, dfedavgm, scool-* and sfmtl",
+    )
+    device: str = option(
+        Text(DEVICE_PATTERN, what=DEVICE_FORMS),
+        "auto",
+        "where the model trains: `auto` is CUDA if torch sees a GPU, else Apple's MPS, else the CPU; "
+        "a named device that this machine lacks stops the node at start (exit 1)",
+    )
+    mixed_precision: bool = option(
+        Flag(),
+        False,
+        "CUDA only: local steps under float16 autocast with a gradient scaler; refused with `cpu` or `mps`, "
+        "ignored with a warning where `auto` finds no GPU",
+    )
+    threads: int = option(
+        Integer(0, 1024), 1, "torch CPU threads (0: torch's default); several daemons on one machine want 1"
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlgorithmSettings:
+    name: str = option(
+        Text(choices=("none", *ALGORITHM_NAMES)), "none", "learning algorithm; `none` runs discovery only"
+    )
+    rounds: int = option(Integer(1, 10_000_000), 60, "rounds to run; afterwards the node keeps serving until stopped")
+    start_peers: int = option(
+        Integer(0, 4096), 0, "wait for this many admitted peers (at most `[discovery].max_peers`) before round 0 ..."
+    )
+    start_timeout_s: float = option(
+        Number(0, 86400),
+        60.0,
+        "... or this long, whichever comes first; until then the first round waits for its peers' payloads "
+        "(they may still be loading), even past `round_deadline_s`",
+    )
+    round_deadline_s: float = option(
+        Number(0.01, 86400), 30.0, "after publishing, wait at most this long for the neighbours' payloads of the round"
+    )
+    quorum: float = option(Number(0, 1), 1.0, "once this fraction of the expected neighbours' payloads has arrived ...")
+    straggler_grace_s: float = option(
+        Number(0, 86400),
+        2.0,
+        "... wait at most this much longer for the rest (late payloads "
+        "still count next round); 1.0 waits for all, up to the deadline",
+    )
+    deadline: str = option(
+        Text(choices=("fixed", "adaptive")),
+        "fixed",
+        "sync: `fixed` waits up to `round_deadline_s`; `adaptive` up to the largest, over the expected neighbours, "
+        "of median + `deadline_mads` × MAD of each one's arrival delays in its last `deadline_window` rounds "
+        "(at least `deadline_min_s`, at most `round_deadline_s`; fixed until a neighbour has 3)",
+    )
+    deadline_mads: float = option(Number(0, 100), 4.0, "`deadline = adaptive`: MADs above the median delay")
+    deadline_window: int = option(Integer(3, 10_000), 20, "`deadline = adaptive`: rounds of delays kept per neighbour")
+    deadline_min_s: float = option(Number(0.001, 86400), 0.5, "`deadline = adaptive`: the shortest deadline")
+    schedule: str = option(
+        Text(choices=("sync", "async")),
+        "sync",
+        "`sync`: each round waits for the neighbours' payloads of that round (quorum, grace, deadline); "
+        "`async`: a round waits at most `async_gather_s`, then mixes the latest payload of each neighbour, "
+        "of any round, weighted by its age (docs/learning.md); no catch-up, every node at its own pace",
+    )
+    async_gather_s: float = option(
+        Number(0.001, 60), 0.05, "`schedule = async`: the longest a round waits for its neighbours' payloads"
+    )
+    staleness_decay: float = option(
+        Number(0.001, 1),
+        0.5,
+        "`schedule = async`: λ; a neighbour's weight w_ij is multiplied by λ^age (age: this round − the "
+        "payload's round, 0 if ahead), then the row is renormalised",
+    )
+    max_staleness: int = option(
+        Integer(0, 1000), 10, "`schedule = async`: payloads more than this many rounds old are not used"
+    )
+    max_rounds_ahead: int = option(
+        Integer(0, 1000),
+        2,
+        "payloads for up to this many rounds ahead of ours are buffered; "
+        "further ones count as `round_ahead` and may make a lagging node catch up ...",
+    )
+    catch_up_quorum: float = option(
+        Number(0, 1),
+        0.5,
+        "... once this fraction of the peers it learns from, and at least 2 of them, are further ahead; "
+        "it then goes as far as that many have all reached (one peer never moves it)",
+    )
+    inbox_frames: int = option(
+        Integer(1, 1_000_000),
+        4096,
+        "payloads held between rounds; beyond it they are dropped and counted (`inbox_full`) ...",
+    )
+    peer_inbox_frames: int = option(
+        Integer(1, 1_000_000),
+        64,
+        "... and at most this many for any one peer (`peer_inbox_full`), so no peer crowds out the others' "
+        "(at most `inbox_frames`; with `[discovery].max_peers` × this within it, every peer always has room)",
+    )
+    checkpoint: bool = option(
+        Flag(), True, "save the learning state after every round (atomically) and resume from it on start"
+    )
+    history_rounds: int = option(
+        Integer(1, 1_000_000), 10_000, "per-round records kept for `status` (accuracy, weights, traffic)"
+    )
+    history_max_bytes: int = option(
+        Integer(4096, 1 << 40),
+        64 << 20,
+        "`[node].data_dir`/history.jsonl, one line per round for `p2pnode report`, grows to this size; "
+        "then it is renamed history.jsonl.1 (replacing the older one) and a new one begins, so the "
+        "latest rounds are always kept in at most twice this",
+    )
+    local_baseline: bool = option(
+        Flag(),
+        False,
+        "also train the `local` algorithm's model (no communication) on the same data and split, "
+        "evaluated every round and checkpointed: the report says what collaboration gained over it "
+        "(about doubles the local training time)",
+    )
+    settings: Mapping[str, str] = option(Overrides(), {}, "hyper-parameters overriding the algorithm's defaults")

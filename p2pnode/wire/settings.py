@@ -1,0 +1,208 @@
+"""[security], [transport] and [limits]: who may connect, the sockets, and the bounds on frames."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from protocol import DEFAULT_LIMITS, Limits, MessageType
+
+from ..options import Flag, FrameSizes, Integer, ListOf, Number, PublicKey, option
+
+# What a stranger may send (gate.py); the public socket must take the largest of them.
+HANDSHAKE_KINDS = (MessageType.HELLO, MessageType.PING, MessageType.PONG)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SecuritySettings:
+    allowlist: tuple[bytes, ...] | None = option(
+        ListOf(PublicKey(), 4096),
+        None,
+        "if set, only frames signed by these keys are accepted (others: `not_allowed`); omit to accept any key",
+    )
+    curve: bool = option(
+        Flag(),
+        False,
+        "encrypt and authenticate every connection with ZeroMQ CURVE, under keys derived from the "
+        "node keys; every `[discovery].bootstrap` entry must then name its peer's key",
+    )
+    max_connections: int = option(
+        Integer(1, 1_000_000),
+        1024,
+        "inbound connections held at once; beyond it new ones are refused in their handshake "
+        "(`zap_denied_total_cap`), except, with `curve`, those of admitted peers",
+    )
+    max_connections_per_address: int = option(
+        Integer(1, 1_000_000),
+        32,
+        "inbound connections held at once from one source IP address (`zap_denied_address_cap`); "
+        "a testnet on one host needs more than its node count",
+    )
+    abort_strikes: int = option(
+        Integer(1, 1000),
+        2,
+        "a source address with a connection accepted within `abort_suspect_s` before an inbound "
+        "socket's process aborted, this many aborts in a row (each within `abort_ban_s` of the "
+        "last), is refused on both inbound sockets for `abort_ban_s` (`zap_denied_aborts`), except, "
+        "with `curve`, admitted peers' keys",
+    )
+    abort_suspect_s: float = option(
+        Number(0.1, 60),
+        2.0,
+        "how recent a connection must be, when an inbound socket's process aborts, to be suspected "
+        "of the abort (the attack takes a fresh connection each time; honest peers hold theirs)",
+    )
+    abort_ban_s: float = option(
+        Number(0, 86_400), 300.0, "how long a source address suspected of `abort_strikes` aborts is refused (0: never)"
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransportSettings:
+    send_hwm: int = option(
+        Integer(1, 1_000_000), 100, "frames queued per outbound peer socket; beyond it sends are dropped and counted"
+    )
+    recv_hwm: int = option(
+        Integer(1, 1_000_000), 1000, "frames queued per connection on the peers' socket before ZeroMQ pushes back"
+    )
+    public_recv_hwm: int = option(
+        Integer(1, 1_000_000),
+        4,
+        "the same on the public socket, which is read no faster than `stranger_rate`: a stranger "
+        "sending faster fills this queue, then TCP's buffers, and then waits. Small, for ZeroMQ "
+        "may hold a whole receive buffer (8 KiB) for each queued frame, however small",
+    )
+    max_public_buffered_bytes: int = option(
+        Integer(1 << 16, 1 << 40),
+        16 << 20,
+        "bytes ZeroMQ may hold for the public socket's connections (frames arriving or unread, and "
+        "parts of a multipart message never finished); above it the connection that sent the most "
+        "lately is shut down (`shed_buffered`). Linux only",
+    )
+    max_peers_buffered_bytes: int = option(
+        Integer(1 << 20, 1 << 40),
+        256 << 20,
+        "the same for the peers' socket (models arrive there: at least max_frame_bytes, and room "
+        "for several neighbours sending at once)",
+    )
+    buffer_check_ms: int = option(
+        Integer(10, 60_000), 250, "how often the bytes ZeroMQ holds are estimated (`max_public_buffered_bytes`, ...)"
+    )
+    growth_check_ms: int = option(
+        Integer(1, 60_000),
+        20,
+        "how often the process's size is looked at, to estimate at once when it grows fast; longer "
+        "costs less CPU (20 ms: about 1 % of a core on a busy 2-core machine) and lets a pump get further",
+    )
+    linger_ms: int = option(
+        Integer(0, 60_000), 500, "on shutdown, wait at most this long to flush BYE and other queued frames"
+    )
+    keepalive_s: int = option(
+        Integer(0, 86_400),
+        10,
+        "TCP keepalive: a connection idle this long is probed, and cut after 3 probes "
+        "`keepalive_s` / 3 apart go unanswered (a dead host or a lost route; 0: the system's default)",
+    )
+    connect_wait_s: float = option(
+        Number(0, 3600),
+        5.0,
+        "a frame too large for the public socket, for a peer whose peers' connection is still opening "
+        "(just admitted, or reopened), waits up to this long for it instead of being dropped "
+        "(at most `send_hwm` frames a peer; 0: dropped at once)",
+    )
+    reconnect_ivl_ms: int = option(Integer(1, 3_600_000), 100, "first reconnect delay of an outbound socket")
+    reconnect_ivl_max_ms: int = option(
+        Integer(0, 3_600_000), 5000, "reconnect delay cap (exponential backoff); 0 or at least reconnect_ivl_ms"
+    )
+    handshake_ivl_ms: int = option(Integer(0, 3_600_000), 5000, "abandon a ZMTP handshake after this long")
+    verify_threads: int = option(Integer(1, 64), 2, "worker threads that check signatures (Ed25519 releases the GIL)")
+    sign_in_thread_bytes: int = option(
+        Integer(0, 1 << 40),
+        65536,
+        "payloads at least this large are signed in a worker thread; smaller ones "
+        "on the event loop, where a thread hand-off would cost more than it saves",
+    )
+    verify_batch: int = option(Integer(1, 4096), 64, "frames handed to a verify thread at once")
+    verify_batch_bytes: int = option(
+        Integer(1024, 1 << 31),
+        262144,
+        "a batch closes once it holds this many bytes (a single larger frame "
+        "still forms a batch); bounds memory and keeps large frames fast",
+    )
+    verify_queue: int = option(
+        Integer(1, 4096),
+        16,
+        "batches waiting for a verify thread; when full, the node stops reading and ZeroMQ pushes back",
+    )
+    rate_per_connection: float = option(
+        Number(1, 1e9),
+        5000.0,
+        "inbound frames per second allowed per connection; excess is dropped and counted (`rate_limited`)",
+    )
+    burst_per_connection: int = option(Integer(1, 1_000_000), 1000, "token-bucket burst for the rate above")
+    stranger_rate: float = option(
+        Number(1, 1e9),
+        500.0,
+        "frames per second, node-wide, that connections no admitted peer proved may send to be "
+        "verified (handshakes, reconnections); excess is dropped and counted (`stranger_rate_limited`). "
+        "The public socket is read no faster than this (bursts of `stranger_burst` aside)",
+    )
+    stranger_rate_per_subnet: float = option(
+        Number(1, 1e9), 100.0, "the same, per source subnet (/24 for IPv4, /64 for IPv6)"
+    )
+    stranger_burst: int = option(Integer(1, 1_000_000), 200, "token-bucket burst for `stranger_rate`")
+    stranger_burst_per_subnet: int = option(
+        Integer(1, 1_000_000), 50, "token-bucket burst for `stranger_rate_per_subnet`"
+    )
+    max_stranger_connections: int = option(
+        Integer(1, 1_000_000),
+        1024,
+        "connections without a proven admitted peer whose handshake claim is remembered; the least "
+        "recently used beyond it must start over with a HELLO",
+    )
+    max_clock_skew_s: float = option(
+        Number(0.1, 86400), 60.0, "frames whose timestamp is further from this node's clock are `stale`"
+    )
+    replay_window: int = option(
+        Integer(1, 1 << 20), 1024, "sequence numbers remembered per sender for replay detection"
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class LimitSettings:
+    max_frame_bytes: int = option(
+        Integer(1024, 1 << 31), DEFAULT_LIMITS.max_frame_bytes, "largest frame of any type (also ZMQ_MAXMSGSIZE)"
+    )
+    max_public_frame_bytes: int = option(
+        Integer(1024, 1 << 31),
+        64 << 10,
+        "largest frame accepted on the public socket (`[node].listen`, where strangers connect; "
+        "ZMQ_MAXMSGSIZE); larger frames travel between admitted peers on the peers' socket",
+    )
+    frame_bytes: Mapping[MessageType, int] = option(
+        FrameSizes(), {}, "per-type bounds overriding the defaults of docs/protocol.md §6"
+    )
+    max_str_len: int = option(Integer(1, 1 << 20), DEFAULT_LIMITS.max_str_len, "longest msgpack string")
+    max_array_len: int = option(Integer(1, 1 << 24), DEFAULT_LIMITS.max_array_len, "longest msgpack array")
+    max_map_len: int = option(Integer(1, 1 << 24), DEFAULT_LIMITS.max_map_len, "largest msgpack map")
+    max_tensor_rank: int = option(Integer(1, 32), DEFAULT_LIMITS.max_tensor_rank, "most tensor dimensions")
+    max_tensor_elements: int = option(
+        Integer(1, 1 << 34), DEFAULT_LIMITS.max_tensor_elements, "most elements in one tensor"
+    )
+    max_tensor_norm: float = option(
+        Number(1e-9, 1e300), DEFAULT_LIMITS.max_tensor_norm, "largest L2 norm of one received tensor"
+    )
+
+    def limits(self) -> Limits:
+        by_type = dict(DEFAULT_LIMITS.frame_bytes_by_type)
+        by_type.update(self.frame_bytes)
+        return Limits(
+            max_frame_bytes=self.max_frame_bytes,
+            frame_bytes_by_type=by_type,
+            max_str_len=self.max_str_len,
+            max_array_len=self.max_array_len,
+            max_map_len=self.max_map_len,
+            max_tensor_rank=self.max_tensor_rank,
+            max_tensor_elements=self.max_tensor_elements,
+            max_tensor_norm=self.max_tensor_norm,
+        )
