@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .baselines import DFedAvgM, FedProto
+from . import catalog
 from .catalog import GRAPH_LEARNING
-from .dual import MaplDual
-from .fedmrl import FedMrl
-from .mapl import Local, Mapl, MaplNoCgl, MaplPlus, Oracle
-from .scool import ScoolAttention, ScoolDirac, ScoolLocal, ScoolSbm
 from .seam import Algorithm, NodeSetup
-from .sfmtl import Sfmtl
 
 __all__ = [
     "ALGORITHMS",
@@ -42,33 +38,15 @@ class AlgorithmInfo:
         return self.cls.homogeneous
 
 
+def _load(path: str) -> type[Algorithm]:
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(f"{__package__}.{module}"), name)
+
+
+# The catalog's list, with each class loaded.
 ALGORITHMS: Mapping[str, AlgorithmInfo] = {
-    "local": AlgorithmInfo(Local, "PML on the node's own data, no communication (the floor)"),
-    "oracle": AlgorithmInfo(
-        Oracle,
-        "PML on the pooled data of the node's true cluster (the ceiling; not a P2P method)",
-        pooled_training_data=True,
-    ),
-    "fedproto": AlgorithmInfo(FedProto, "FedProto-style: class-mean prototypes averaged over all peers"),
-    "mapl": AlgorithmInfo(Mapl, "MAPL: PML + learned collaboration graph (CGL) + prototype aggregation"),
-    "mapl-nocgl": AlgorithmInfo(MaplNoCgl, "MAPL with the graph fixed all-to-all uniform"),
-    "mapl+": AlgorithmInfo(MaplPlus, "MAPL+: MAPL that also averages backbones (one backbone everywhere)"),
-    "mapl-dual": AlgorithmInfo(
-        MaplDual, "MAPL-Dual: MAPL + a small shared model mixed over a graph learned from its heads"
-    ),
-    "fedmrl": AlgorithmInfo(
-        FedMrl, "FedMRL: own + small shared model fused into nested heads; the small one mixed over CGL"
-    ),
-    "dfedavgm": AlgorithmInfo(DFedAvgM, "DFedAvgM: momentum SGD + uniform model averaging (one backbone)"),
-    "scool-local": AlgorithmInfo(ScoolLocal, "SCooL's model and optimiser, no communication (its floor)"),
-    "scool-dirac": AlgorithmInfo(ScoolDirac, "SCooL with the Dirac prior = D-PSGD: fixed uniform graph, model mixing"),
-    "scool-sbm": AlgorithmInfo(ScoolSbm, "SCooL, stochastic-block-model prior: W from cross-client scores (EM)"),
-    "scool-attention": AlgorithmInfo(
-        ScoolAttention, "SCooL, attention prior over model updates: W from cross-client scores (EM)"
-    ),
-    "sfmtl": AlgorithmInfo(
-        Sfmtl, "SFMTL-Graph: feature anchors + heads, Louvain communities, per-community aggregation (one backbone)"
-    ),
+    name: AlgorithmInfo(_load(entry.cls), entry.summary, entry.pooled_training_data)
+    for name, entry in catalog.ALGORITHMS.items()
 }
 
 

@@ -33,7 +33,7 @@ from torch import nn
 from protocol.kinds import UNEXPECTED_TYPE
 from protocol.messages import Body, MessageType
 
-from .device import CPU
+from .models.device import CPU
 
 __all__ = [
     "LocalData",
@@ -93,7 +93,7 @@ class LocalData:
 class NodeSetup:
     """Everything an algorithm instance is built from.
 
-    `device` is where its models, optimiser state and tensors live (algorithms/device.py
+    `device` is where its models, optimiser state and tensors live (algorithms/models/device.py
     resolves it from a name); `data` must already be there (`on` moves both). Models are
     initialised on the CPU and then moved, so a node starts from the same weights on any device.
     `mixed_precision` (CUDA only) runs the local steps' forward passes under float16 autocast

@@ -12,7 +12,7 @@ from .errors import EXIT_USAGE, CommandError
 
 def learning_spec(args: argparse.Namespace):
     """The scenario of `simulate` and `testnet`, checked (hyper-parameters included)."""
-    from algorithms.datasets import missing_files
+    from algorithms.data.datasets import missing_files
     from algorithms.registry import ConfigOverrideError, checked_config
     from p2pnode.learning.rounds import Schedule
     from testnet.simulator import SimulationSpec
@@ -84,7 +84,7 @@ def _own_data(args: argparse.Namespace):
 def device_present(spec) -> None:
     """Stop now (exit 1) if the run's device is not on this machine; say so if it has no mixed
     precision to give."""
-    from algorithms.device import DeviceError, placement
+    from algorithms.models.device import DeviceError, placement
 
     try:
         device, mixed_precision = placement(spec.device, spec.mixed_precision)

@@ -13,8 +13,8 @@ from .scenario import add_baselines, device_present, learning_spec, thresholds, 
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from algorithms.datasets import DatasetError
-    from algorithms.partitions import PartitionError
+    from algorithms.data.datasets import DatasetError
+    from algorithms.data.partitions import PartitionError
     from algorithms.registry import ConfigOverrideError
     from testnet.progress import RoundProgress
     from testnet.shard import SimulationError

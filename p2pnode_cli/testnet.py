@@ -115,8 +115,8 @@ def _discovery_testnet(args: argparse.Namespace, churn, restart, placement) -> i
 
 
 def _learning_testnet(args: argparse.Namespace, spec, churn, restart, placement):
-    from algorithms.datasets import DatasetError
-    from algorithms.partitions import PartitionError
+    from algorithms.data.datasets import DatasetError
+    from algorithms.data.partitions import PartitionError
     from testnet.learning import run_learning_testnet
 
     try:

@@ -5,7 +5,7 @@ learns as its algorithm does but attacks its learning peers every round.
 
 It is `p2pnode start` with two changes, so that what it attacks is the real daemon's path
 (transport, ingress, decoder, replay guard, rounds, the algorithm's checks), not a model of it:
-- every learning payload it sends is poisoned by `--attack` (algorithms/poison.py, as the
+- every learning payload it sends is poisoned by `--attack` (algorithms/methods/poison.py, as the
   simulator's poisoning nodes: `rescale` keeps each frame legal whatever the factor);
 - with `--barrage`, each time a learning peer's round advances to r (every frame says it), to
   that peer, for the latest payload of each type it published: that payload tagged r−2, r,
@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import trio
 
-from algorithms.poison import ATTACKS, Attack, PoisoningNode
+from algorithms.methods.poison import ATTACKS, Attack, PoisoningNode
 from algorithms.seam import Algorithm
 from p2pnode.config import Config
 from p2pnode.node import Node

@@ -12,10 +12,10 @@ import math
 import time
 from collections.abc import Sequence
 
-from algorithms.device import placement
-from algorithms.poison import Attack, PoisoningNode
+from algorithms.data.setup import build_setup, forget_scenarios
+from algorithms.methods.poison import Attack, PoisoningNode
+from algorithms.models.device import placement
 from algorithms.registry import ALGORITHMS, make_algorithm
-from algorithms.setup import build_setup, forget_scenarios
 from p2pnode.operations.memory import process_memory, trim_now
 from protocol import Limits
 

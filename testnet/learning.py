@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 
 from algorithms.catalog import DATASET_FROM_PATH
-from algorithms.device import placement as device_placement
-from algorithms.own_data import OwnDataSpec
-from algorithms.setup import load_scenario
+from algorithms.data.own_data import OwnDataSpec
+from algorithms.data.setup import load_scenario
+from algorithms.models.device import placement as device_placement
 from p2pnode.discovery.settings import DiscoverySettings
 from p2pnode.learning.rounds import RoundRecord, Schedule
 from protocol import LEARNING_TYPES

@@ -3,7 +3,7 @@ dealt out by the scenario like a benchmark) or `--data-per-node DIR` (one folder
 node, each node's own data, split as its daemon would split it).
 
 Both take exactly what a daemon's `[data].path` takes and are checked by the same code
-(algorithms/own_data.py), so they fail with the daemon's messages, naming the command line's
+(algorithms/data/own_data.py), so they fail with the daemon's messages, naming the command line's
 flags where the daemon names its settings.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from algorithms.own_data import MAX_SIDE, MIN_SIDE, OwnDataError, OwnDataSpec, folder_class_names, inspect_own_data
+from algorithms.data.own_data import MAX_SIDE, MIN_SIDE, OwnDataError, OwnDataSpec, folder_class_names, inspect_own_data
 
 __all__ = ["DataArgumentError", "OwnDataArguments", "own_data_specs"]
 

@@ -36,7 +36,7 @@ GIT_TIMEOUT_S = 5.0
 
 def provenance(seed: int, device: str = "cpu", *, root: Path = CODE_ROOT) -> dict[str, Any]:
     """What to record at the start of a run; `device`: where the models train, as resolved on
-    this machine (algorithms/device.py)."""
+    this machine (algorithms/models/device.py)."""
     return {
         "started_utc": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": list(sys.argv),

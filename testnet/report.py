@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from algorithms.catalog import GRAPH_LEARNING
-from algorithms.graph import adjusted_rand_index, communities, l1_to_truth, within_cluster_mass
+from algorithms.graphs.graph import adjusted_rand_index, communities, l1_to_truth, within_cluster_mass
 from p2pnode.files import write_atomically
 from p2pnode.learning.rounds import RoundRecord
 
@@ -117,7 +117,7 @@ def run_header(
 ) -> dict[str, Any]:
     """The fields that say what was run, and where and with what (testnet/provenance.py);
     `placement` is (device, mixed precision) as the nodes resolved `spec.device`
-    (algorithms/device.py)."""
+    (algorithms/models/device.py)."""
     device, mixed_precision = placement
     clusters = sorted({shard.cluster for shard in partition.shards})
     return {

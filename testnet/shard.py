@@ -19,7 +19,7 @@ depend on how the nodes are spread over hosts.
 A record's `step_s`, `gather_s`, `round_s` and `ended_at` are simulated seconds (`ended_at`
 since the run began); `discovery_sent` is empty, as there is no discovery.
 
-A poisoning node (algorithms/poison.py) may sign with looser limits (`sender_limits`), as an
+A poisoning node (algorithms/methods/poison.py) may sign with looser limits (`sender_limits`), as an
 attacker would; the decoders keep the real ones, and a frame one refuses is counted as a
 rejection by its reason for each addressee, as a daemon counts it.
 """

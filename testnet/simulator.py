@@ -7,7 +7,7 @@ learning testnet (testnet/report.py). `p2pnode simulate` is its command line. Th
 an engine (testnet/engines.py): all in this process (`inline`, the default), spread over worker
 processes, or over Ray actors; the report is the same on each.
 
-`poisoners` turns some nodes Byzantine (algorithms/poison.py): they learn as the others do but
+`poisoners` turns some nodes Byzantine (algorithms/methods/poison.py): they learn as the others do but
 poison every learning payload they send, and the report measures their weight in the honest
 rows of W and the honest nodes' accuracy.
 """
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from algorithms.catalog import BASELINES
-from algorithms.graph import within_cluster_mass
+from algorithms.data.setup import load_scenario
+from algorithms.graphs.graph import within_cluster_mass
 from algorithms.registry import applicable_overrides
-from algorithms.setup import load_scenario
 from p2pnode.learning.rounds import RoundRecord
 
 from .clock import step_costs

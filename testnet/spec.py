@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from algorithms.catalog import DEVICE_FORMS, DEVICE_PATTERN, FLOAT32_ONLY_DEVICES
-from algorithms.models import CPU_BACKBONES
-from algorithms.own_data import OwnDataSpec
-from algorithms.partitions import PartitionSpec
-from algorithms.poison import ATTACKS, Attack
+from algorithms.data.own_data import OwnDataSpec
+from algorithms.data.partitions import PartitionSpec
+from algorithms.data.setup import ScenarioSpec
+from algorithms.methods.poison import ATTACKS, Attack
+from algorithms.models.personal import CPU_BACKBONES
 from algorithms.registry import ALGORITHMS, apply_overrides, config_as_dict, default_config
-from algorithms.setup import ScenarioSpec
 from p2pnode.learning.rounds import Schedule
 from p2pnode.learning.settings import AlgorithmSettings
 
@@ -75,9 +75,9 @@ class SimulationSpec:
     dataset_root: str | None = None
     overrides: Mapping[str, str] = field(default_factory=dict)
     poisoners: tuple[int, ...] = ()  # indices of the nodes that poison what they send
-    attack: str = "sign-flip"  # algorithms/poison.py: scale, sign-flip, random, none (the control)
+    attack: str = "sign-flip"  # algorithms/methods/poison.py: scale, sign-flip, random, none (the control)
     attack_factor: float = 10.0  # the factor of `scale` and `rescale`
-    device: str = "auto"  # where every node trains (algorithms/device.py resolves it)
+    device: str = "auto"  # where every node trains (algorithms/models/device.py resolves it)
     mixed_precision: bool = False  # CUDA only
     data: OwnDataSpec | None = None  # the user's own data instead of `dataset`, dealt out by the scenario
     data_per_node: tuple[OwnDataSpec, ...] = ()  # instead of a scenario: node i's own data is the i-th
@@ -124,7 +124,7 @@ class SimulationSpec:
 
     @property
     def scenario_spec(self) -> ScenarioSpec:
-        """The data of the run, as every node builds its share of it (algorithms/setup.py)."""
+        """The data of the run, as every node builds its share of it (algorithms/data/setup.py)."""
         partition = PartitionSpec(
             scenario=self.scenario,
             nodes=self.nodes,

@@ -233,7 +233,7 @@ def test_a_warm_up_longer_than_the_run_is_fine_where_no_graph_is_learned(home, a
 
 
 def test_a_dataset_root_holding_the_files_passes(home):
-    from algorithms.datasets import _LAYOUT
+    from algorithms.data.datasets import _LAYOUT
 
     for file in _LAYOUT["mnist"]:
         (home / "roots" / file).parent.mkdir(parents=True, exist_ok=True)

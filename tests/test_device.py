@@ -1,4 +1,4 @@
-"""Where the model runs (algorithms/device.py, [model].device, `--device`): device names and
+"""Where the model runs (algorithms/models/device.py, [model].device, `--device`): device names and
 their resolution, every algorithm driven through an explicit device, checkpoints read onto
 another device, no tensor of the training path created off the node's device, and MAPL on a
 real GPU where there is one.
@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from algorithms.catalog import ALGORITHM_NAMES
-from algorithms.device import CPU, DeviceError, placement, resolve_device
-from algorithms.partitions import PartitionSpec
+from algorithms.data.partitions import PartitionSpec
+from algorithms.data.setup import ScenarioSpec, build_setup
+from algorithms.models.device import CPU, DeviceError, placement, resolve_device
 from algorithms.registry import ALGORITHMS, apply_overrides, default_config, make_algorithm
-from algorithms.setup import ScenarioSpec, build_setup
 from p2pnode.config import ConfigError, load_config
 from p2pnode.learning.checkpoint import Checkpoint
 from testnet.exchange import Exchange, simulation_identity
@@ -271,24 +271,36 @@ FACTORIES = {
 }
 # Tensors created on the CPU on purpose: (file, function, torch factory) → why.
 ALLOWED = {
-    ("algorithms/inference.py", "Preprocessing.batch", "from_numpy"): "images to classify are decoded on the "
+    ("algorithms/models/inference.py", "Preprocessing.batch", "from_numpy"): "images to classify are decoded on the "
     "CPU; `classify` moves them to the model's device",
-    ("algorithms/models.py", "_flattened_size", "zeros"): "models are built on the CPU, then moved",
-    ("algorithms/models.py", "PersonalModel.__init__", "randn"): "the prototypes' initialisation, before the move",
-    ("algorithms/setup.py", "node_data", "tensor"): "the shard is read on the CPU; NodeSetup.on moves it",
-    ("algorithms/setup.py", "class_list_data", "tensor"): "the same, for a node that names its classes",
+    ("algorithms/models/personal.py", "_flattened_size", "zeros"): "models are built on the CPU, then moved",
     (
-        "algorithms/setup.py",
+        "algorithms/models/personal.py",
+        "PersonalModel.__init__",
+        "randn",
+    ): "the prototypes' initialisation, before the move",
+    ("algorithms/data/setup.py", "node_data", "tensor"): "the shard is read on the CPU; NodeSetup.on moves it",
+    ("algorithms/data/setup.py", "class_list_data", "tensor"): "the same, for a node that names its classes",
+    (
+        "algorithms/data/setup.py",
         "own_data_setup",
         "tensor",
     ): "a device's own files are read on the CPU; NodeSetup.on moves them",
-    ("algorithms/training.py", "seeded_generator", "Generator"): "generators stay on the CPU: the same draws anywhere",
     (
-        "algorithms/attention.py",
+        "algorithms/models/training.py",
+        "seeded_generator",
+        "Generator",
+    ): "generators stay on the CPU: the same draws anywhere",
+    (
+        "algorithms/graphs/attention.py",
         "UpdateSketch.__init__",
         "Generator",
     ): "the sketch's hash, drawn on the CPU, then moved",
-    ("algorithms/priors.py", "SbmPrior.state_dict", "tensor"): "numpy state, for the checkpoint (read on the CPU)",
+    (
+        "algorithms/graphs/priors.py",
+        "SbmPrior.state_dict",
+        "tensor",
+    ): "numpy state, for the checkpoint (read on the CPU)",
 }
 
 

@@ -7,16 +7,16 @@ import numpy as np
 import pytest
 import torch
 
-from algorithms.datasets import load_dataset
-from algorithms.dual import DualConfig
-from algorithms.fedmrl import Matryoshka
-from algorithms.losses import distillation, ensemble_logits
-from algorithms.models import SmallModel
-from algorithms.partitions import PartitionSpec, make_partition
+from algorithms.data.datasets import load_dataset
+from algorithms.data.partitions import PartitionSpec, make_partition
+from algorithms.data.setup import node_data
+from algorithms.methods.dual import DualConfig
+from algorithms.methods.fedmrl import Matryoshka
+from algorithms.models.losses import distillation, ensemble_logits
+from algorithms.models.personal import SmallModel
+from algorithms.models.small import HEAD_KEY, SmallShare, encode_state
 from algorithms.registry import make_algorithm
 from algorithms.seam import NodeSetup, PayloadRejected
-from algorithms.setup import node_data
-from algorithms.small import HEAD_KEY, SmallShare, encode_state
 from protocol.messages import MessageType, Model
 from testnet.simulator import SimulationSpec, run_simulation
 

@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from algorithms.graph import (
+from algorithms.graphs.graph import (
     GraphConfig,
     GraphOptimizer,
     cgl_gradient,
@@ -15,7 +15,7 @@ from algorithms.graph import (
     normalise_similarities,
     within_cluster_mass,
 )
-from algorithms.simplex import project_to_simplex
+from algorithms.graphs.simplex import project_to_simplex
 
 pytestmark = pytest.mark.quick  # no daemons, no training: make test-quick runs it
 

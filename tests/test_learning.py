@@ -8,13 +8,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from algorithms import catalog, models
-from algorithms.datasets import load_dataset
-from algorithms.losses import prototype_alignment, prototype_uniformity, supervised_contrastive
-from algorithms.partitions import PartitionSpec, make_partition
+from algorithms import catalog
+from algorithms.data.datasets import load_dataset
+from algorithms.data.partitions import PartitionSpec, make_partition
+from algorithms.data.setup import node_data
+from algorithms.models import personal as models
+from algorithms.models.losses import prototype_alignment, prototype_uniformity, supervised_contrastive
 from algorithms.registry import ALGORITHMS, ConfigOverrideError, apply_overrides, default_config, make_algorithm
 from algorithms.seam import NeighbourView, NodeSetup, PayloadRejected
-from algorithms.setup import node_data
 from protocol.messages import Head, MessageType, Model, Ping, Prototypes
 from testnet.simulator import SimulationSpec, run_simulation
 
@@ -53,7 +54,11 @@ def test_prototype_losses_on_hand_computed_cases():
 
 
 def test_catalog_matches_the_registries():
+    # The catalog is the one list of algorithms; the registry loads each entry's class from it.
     assert tuple(ALGORITHMS) == catalog.ALGORITHM_NAMES
+    for name, entry in catalog.ALGORITHMS.items():
+        assert entry.cls.endswith(f":{ALGORITHMS[name].cls.__name__}")
+        assert ALGORITHMS[name].summary == entry.summary
     assert catalog.CPU_BACKBONES == models.CPU_BACKBONES
     assert catalog.BACKBONES == models.BACKBONES
 
@@ -298,7 +303,7 @@ def _own_scale(node) -> np.ndarray:
 
 
 def test_mapl_bundles_heads_sparsely_and_re_admits_an_explored_peer(digits_nodes):
-    from algorithms.mapl import Mapl, MaplConfig
+    from algorithms.methods.mapl import Mapl, MaplConfig
 
     dataset, partition = digits_nodes
     setup = NodeSetup(node_id="n0", data=node_data(dataset, partition, 0, pooled=False), backbone="convnet", seed=0)
@@ -358,7 +363,7 @@ def test_model_averaging_algorithms_learn(algorithm):
 
 
 def test_a_node_can_name_its_own_classes():
-    from algorithms.setup import class_list_data
+    from algorithms.data.setup import class_list_data
 
     dataset = load_dataset("digits")
     data = class_list_data(dataset, (3, 7), samples_per_class=12, test_per_class=5, seed=4)

@@ -52,8 +52,8 @@ def test_another_process_s_size_by_its_pid():
 
 def test_a_built_node_keeps_its_shard_not_the_dataset(tmp_path):
     """The daemon's build drops the cached dataset and partition once its shard is cut."""
-    from algorithms.datasets import _load_cached
-    from algorithms.setup import load_scenario
+    from algorithms.data.datasets import _load_cached
+    from algorithms.data.setup import load_scenario
     from p2pnode.config import load_config
     from p2pnode.learning.driver import build_algorithm
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from algorithms.augment import AugmentSpec, augment, default_augment, two_views
-from algorithms.models import (
+from algorithms.data.augment import AugmentSpec, augment, default_augment, two_views
+from algorithms.models.personal import (
     BACKBONES,
     CPU_BACKBONES,
     GPU_BACKBONES,
@@ -94,7 +94,7 @@ def test_cpu_backbones_are_architecturally_different():
 
 
 def test_residual_blocks_add_their_input():
-    from algorithms.models import BasicBlock, InvertedResidual
+    from algorithms.models.personal import BasicBlock, InvertedResidual
 
     block = BasicBlock(8, 8).eval()
     for layer in (block.conv2,):

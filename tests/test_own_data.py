@@ -10,8 +10,8 @@ import pytest
 import trio
 from PIL import Image
 
-from algorithms.datasets import load_dataset
-from algorithms.own_data import OwnDataError, OwnDataSpec, held_out_count, held_out_split, load_own_data
+from algorithms.data.datasets import load_dataset
+from algorithms.data.own_data import OwnDataError, OwnDataSpec, held_out_count, held_out_split, load_own_data
 from p2pnode.config import ConfigError, load_config
 from p2pnode.learning.driver import announced_labels, labels_capability
 

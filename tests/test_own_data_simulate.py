@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from algorithms.datasets import load_dataset
-from algorithms.own_data import OwnDataSpec, held_out_count, load_own_data
+from algorithms.data.datasets import load_dataset
+from algorithms.data.own_data import OwnDataSpec, held_out_count, load_own_data
 from p2pnode.config import load_config
 from p2pnode_cli import main
 

@@ -9,8 +9,8 @@ import socket
 import numpy as np
 import pytest
 
-from algorithms.datasets import DATASETS, ArrayDataset, Dataset, DatasetError, load_dataset
-from algorithms.partitions import SCENARIOS, Partition, PartitionError, PartitionSpec, make_partition
+from algorithms.data.datasets import DATASETS, ArrayDataset, Dataset, DatasetError, load_dataset
+from algorithms.data.partitions import SCENARIOS, Partition, PartitionError, PartitionSpec, make_partition
 from algorithms.torchvision_compat import torchvision
 
 pytestmark = pytest.mark.quick  # no daemons, no training: make test-quick runs it

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import trio
 
-from algorithms.own_data import held_out_split, inspect_own_data
+from algorithms.data.own_data import held_out_split, inspect_own_data
 from p2pnode.config import load_config
 from p2pnode.learning.checkpoint import CHECKPOINT_NAME, Checkpoint
 from p2pnode.learning.predict import PREDICT
@@ -137,10 +137,10 @@ def test_every_algorithm_evaluates_what_it_predicts_with_and_training_leaves_the
     the copy the node answers `predict` with is the evaluated model, whatever training does next."""
     import torch
 
-    from algorithms.inference import EvaluatedModel
-    from algorithms.partitions import PartitionSpec
+    from algorithms.data.partitions import PartitionSpec
+    from algorithms.data.setup import ScenarioSpec, build_setup
+    from algorithms.models.inference import EvaluatedModel
     from algorithms.registry import ALGORITHMS, make_algorithm
-    from algorithms.setup import ScenarioSpec, build_setup
 
     scenario = ScenarioSpec("digits", PartitionSpec(scenario="1", nodes=2, samples_per_class=10, test_per_class=5))
     for name in ALGORITHMS:

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from algorithms.graph import adjusted_rand_index, communities
+from algorithms.graphs.graph import adjusted_rand_index, communities
 from testnet.intervals import wilson
 from testnet.report import CheckThresholds, Truth, assemble, attach_baselines, check
 

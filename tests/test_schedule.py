@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from algorithms.collaboration import InNeighbourhood, UniformGraph
+from algorithms.graphs.collaboration import InNeighbourhood, UniformGraph
 from algorithms.seam import NeighbourView, Staleness
 from p2pnode.learning.engine import RoundEngine
 from p2pnode.learning.rounds import ASYNC, AdaptiveDeadline, RoundState, Schedule

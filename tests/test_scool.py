@@ -7,7 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from algorithms.cooperation import (
+from algorithms.data.datasets import load_dataset
+from algorithms.data.partitions import PartitionSpec, make_partition
+from algorithms.data.setup import node_data
+from algorithms.graphs.cooperation import (
     attention_weights,
     block_matrix,
     keep_top,
@@ -18,11 +21,8 @@ from algorithms.cooperation import (
     sigmoid,
     softmax,
 )
-from algorithms.datasets import load_dataset
-from algorithms.partitions import PartitionSpec, make_partition
 from algorithms.registry import make_algorithm
 from algorithms.seam import Frame, NodeSetup, PayloadRejected
-from algorithms.setup import node_data
 from protocol.identity import Identity
 from protocol.messages import Model, Score
 from testnet.simulator import SimulationSpec, run_simulation

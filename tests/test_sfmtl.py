@@ -1,4 +1,4 @@
-"""SFMTL-Graph (`algorithms/sfmtl.py`): the similarity, aggregation and head pull on hand-computed
+"""SFMTL-Graph (`algorithms/methods/sfmtl.py`): the similarity, aggregation and head pull on hand-computed
 cases, its payload checks and checkpoint, a simulation on digits, and a testnet against it."""
 
 import math
@@ -7,12 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from algorithms.datasets import load_dataset
-from algorithms.partitions import PartitionSpec, make_partition
-from algorithms.registry import ConfigOverrideError, apply_overrides, default_config
-from algorithms.seam import NodeSetup, PayloadRejected
-from algorithms.setup import node_data
-from algorithms.sfmtl import (
+from algorithms.data.datasets import load_dataset
+from algorithms.data.partitions import PartitionSpec, make_partition
+from algorithms.data.setup import node_data
+from algorithms.methods.sfmtl import (
     Sfmtl,
     SfmtlConfig,
     TaskSummary,
@@ -24,6 +22,8 @@ from algorithms.sfmtl import (
     similarity_matrix,
     task_similarity,
 )
+from algorithms.registry import ConfigOverrideError, apply_overrides, default_config
+from algorithms.seam import NodeSetup, PayloadRejected
 from protocol.messages import Head, Model, Prototypes
 from testnet.simulator import SimulationSpec, run_simulation
 

@@ -158,7 +158,7 @@ def _learning_checks(config: Config) -> list[str]:
         )
     if data.clusters > data.nodes:
         problems.append(f"[data].clusters: cannot exceed [data].nodes ({data.nodes}), got {data.clusters}")
-    from algorithms.datasets import missing_files
+    from algorithms.data.datasets import missing_files
 
     missing = missing_files(data.dataset, data.root)
     if missing is not None:
@@ -207,7 +207,7 @@ _NOT_WITH_PATH_DATASET = ("root", "classes", "test_fraction")
 
 def own_data_checks(config: Config, given: Mapping[str, Any], inspect: bool) -> list[str]:
     """`[data].path` against the benchmark options (by the keys the file gives), then the data
-    itself as far as it can be checked without decoding it (algorithms/own_data.py)."""
+    itself as far as it can be checked without decoding it (algorithms/data/own_data.py)."""
     data = config.data
     if data.path is None:
         problems = [
@@ -253,7 +253,7 @@ def _own_data_problems(config: Config, given: Mapping[str, Any], inspect: bool) 
         problems.append("[node].capabilities: at most 30 with [data].path (HELLO carries 32, two are the node's own)")
     if len(data.class_names) < 2 or not inspect or config.algorithm.name == "none":
         return problems
-    from algorithms.own_data import OwnDataError, inspect_own_data
+    from algorithms.data.own_data import OwnDataError, inspect_own_data
 
     try:
         inspect_own_data(data.own_data())

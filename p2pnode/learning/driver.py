@@ -41,7 +41,7 @@ from .rounds import RoundRecord, Schedule
 if TYPE_CHECKING:
     import torch
 
-    from algorithms.inference import EvaluatedModel
+    from algorithms.models.inference import EvaluatedModel
     from algorithms.seam import Algorithm, Evaluation, NodeSetup, Outbound
 
     from ..config import Config
@@ -107,8 +107,8 @@ def build_algorithm(config: Config, node_id: str) -> Algorithm:
     and builds the model; run it in a worker thread)."""
     import torch
 
+    from algorithms.data.setup import forget_scenarios
     from algorithms.registry import apply_overrides, default_config, make_algorithm
-    from algorithms.setup import forget_scenarios
 
     model, algorithm = config.model, config.algorithm
     if model.threads:
@@ -139,9 +139,9 @@ def _node_setup(config: Config, node_id: str) -> NodeSetup:
     """The node's data (its own files, its shard of them, or its shard of the configured
     dataset) on its device."""
     from algorithms.catalog import DATASET_FROM_PATH
-    from algorithms.own_data import OwnDataError
-    from algorithms.partitions import PartitionSpec
-    from algorithms.setup import ScenarioSpec, build_setup, own_data_setup
+    from algorithms.data.own_data import OwnDataError
+    from algorithms.data.partitions import PartitionSpec
+    from algorithms.data.setup import ScenarioSpec, build_setup, own_data_setup
 
     data, model = config.data, config.model
     device, mixed_precision = _placement(model)
@@ -191,7 +191,7 @@ def _node_setup(config: Config, node_id: str) -> NodeSetup:
 def _placement(model: ModelSettings) -> tuple[torch.device, bool]:
     """The device `[model].device` names on this machine, and whether to train there with mixed
     precision. Raises LearningSetupError if that device is not here."""
-    from algorithms.device import DeviceError, placement
+    from algorithms.models.device import DeviceError, placement
 
     try:
         device, mixed_precision = placement(model.device, model.mixed_precision)
@@ -299,7 +299,7 @@ class RoundDriver:
         self.checkpoint_round: int | None = None  # the round of the checkpoint on disk
         self.checkpoint_failures = 0  # saves that failed (a full disk): the older checkpoint stays
         self.checkpoint_error: str | None = None  # why the last save failed; None once one succeeds
-        # What the last evaluation scored (algorithms/inference.py): `predict` answers with it
+        # What the last evaluation scored (algorithms/models/inference.py): `predict` answers with it
         # while training goes on; and its prediction for each held-out image.
         self.evaluated: EvaluatedModel | None = None
         self.held_out: HeldOut | None = None
@@ -369,7 +369,7 @@ class RoundDriver:
         if self.settings.local_baseline:
             self.local_baseline = await self._in_thread(build_local_baseline, self.algorithm, self.settings.settings)
         self.engine.attach(self.algorithm)  # what was queued before, of a type it does not take: refused when due
-        from algorithms.inference import EvaluatedModel
+        from algorithms.models.inference import EvaluatedModel
 
         self.evaluated = EvaluatedModel()
         self._resume()

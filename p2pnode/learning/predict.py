@@ -3,7 +3,7 @@ the control socket's `predict` command (docs/usage.md).
 
 `predict` reads each image file here (at most `[node].predict_max_image_mb`) and sends the files
 to the running node, `[node].predict_max_images` per request. The node decodes them exactly as
-it decoded its own images (algorithms/inference.py) and classifies them with a frozen copy of
+it decoded its own images (algorithms/models/inference.py) and classifies them with a frozen copy of
 what its last evaluation scored, so its training goes on meanwhile and its answers agree with
 its reported accuracy. With no node running, the node's checkpoint is loaded into the model its
 configuration describes, and the same is done here.
@@ -32,7 +32,7 @@ from ..operations.control import MAX_REQUEST_BYTES, NotRunning, request
 from .checkpoint import CHECKPOINT_NAME, Checkpoint, CheckpointError
 
 if TYPE_CHECKING:
-    from algorithms.inference import Preprocessing
+    from algorithms.models.inference import Preprocessing
     from algorithms.seam import Predictors
 
     from ..config import Config, NodeSettings
@@ -78,7 +78,7 @@ def control_request_bytes(settings: NodeSettings) -> int:
 
 def class_names(config: Config) -> tuple[str, ...]:
     """What each class id of the node means: its `[data].class_names`, or its dataset's."""
-    from algorithms.datasets import class_names as dataset_class_names
+    from algorithms.data.datasets import class_names as dataset_class_names
 
     return config.data.class_names or dataset_class_names(config.data.dataset)
 
@@ -96,8 +96,8 @@ class UsableModel:
     def classify(self, blobs: Sequence[bytes]) -> list[dict[str, Any]]:
         """For each image file's bytes: its class, the class's name and probability, or an
         error for a file that cannot be decoded."""
-        from algorithms.inference import classify
-        from algorithms.own_data import OwnDataError
+        from algorithms.data.own_data import OwnDataError
+        from algorithms.models.inference import classify
 
         decoded, answers = [], []
         for blob in blobs:
@@ -155,7 +155,7 @@ def _request_images(request: dict, settings: NodeSettings) -> list[bytes]:
 
 def _live_model(driver: RoundDriver | None, config: Config) -> UsableModel:
     """What the node's last evaluation scored; PredictError while there is none."""
-    from algorithms.inference import Preprocessing
+    from algorithms.models.inference import Preprocessing
 
     if driver is None:
         raise PredictError("this node does not learn ([algorithm].name is none): it has no model")
@@ -241,7 +241,7 @@ def _ask_node(config: Config, blobs: list[bytes]) -> tuple[dict[str, Any], list[
 def checkpoint_model(config: Config) -> tuple[UsableModel, Checkpoint]:
     """The node's model as its checkpoint holds it, rebuilt as its configuration describes
     (its data is loaded: the model's input shape comes from it)."""
-    from algorithms.inference import Preprocessing, frozen
+    from algorithms.models.inference import Preprocessing, frozen
 
     from .driver import LearningSetupError, build_algorithm
 

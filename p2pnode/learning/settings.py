@@ -25,7 +25,7 @@ from algorithms.catalog import (
 from ..options import FilePath, Flag, Integer, IntegerChoice, ListOf, Number, Overrides, Text, option
 
 if TYPE_CHECKING:
-    from algorithms.own_data import OwnDataSpec
+    from algorithms.data.own_data import OwnDataSpec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,7 +103,7 @@ class DataSettings:
         """The own-data settings, defaults filled in; None for a benchmark dataset."""
         if self.path is None:
             return None
-        from algorithms.own_data import OwnDataSpec
+        from algorithms.data.own_data import OwnDataSpec
 
         given = {"image_size": self.image_size, "channels": self.channels}
         return OwnDataSpec(

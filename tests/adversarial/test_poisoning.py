@@ -8,10 +8,10 @@ import math
 import numpy as np
 import pytest
 
-from algorithms.collaboration import LearnedGraph, UniformGraph
-from algorithms.graph import GraphConfig
+from algorithms.graphs.collaboration import LearnedGraph, UniformGraph
+from algorithms.graphs.graph import GraphConfig
+from algorithms.methods.poison import LEGAL_NORM, Attack, corrupt, corrupt_tensor
 from algorithms.outliers import OutlierConfig, ScaleGuard, fold_into_self, row_scale, scale_outlier, state_scale
-from algorithms.poison import LEGAL_NORM, Attack, corrupt, corrupt_tensor
 from algorithms.seam import PayloadRejected
 from protocol.messages import Head, Model, Prototypes, Score
 from testnet.simulator import SimulationSpec, run_simulation

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..models.device import CPU
+from ..seam import LocalData, NodeSetup
 from .datasets import ArrayDataset, Dataset, forget_datasets, load_dataset
-from .device import CPU
 from .own_data import OwnDataError, OwnDataSpec, load_own_data, own_dataset
 from .partitions import Partition, PartitionSpec, make_partition, parts_partition
-from .seam import LocalData, NodeSetup
 
 __all__ = [
     "ScenarioSpec",
@@ -105,7 +105,7 @@ def build_setup(
 ) -> NodeSetup:
     """Node `node` of the scenario: its shard (its cluster's pooled shard if `pooled`: the
     oracle), or, if `classes` are named, draws of those classes instead (`class_list_data`);
-    its data on `device`, where its algorithm will train (algorithms/device.py)."""
+    its data on `device`, where its algorithm will train (algorithms/models/device.py)."""
     return _cpu_setup(spec, node, node_id, backbone=backbone, pooled=pooled, classes=classes).on(
         device, mixed_precision
     )

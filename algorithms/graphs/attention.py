@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .device import CPU
+from ..models.device import CPU
 
 __all__ = ["UpdateSketch", "UpdateEncoder", "attention_prior"]
 

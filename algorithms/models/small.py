@@ -22,10 +22,10 @@ import torch
 
 from protocol.messages import Model
 
-from .graph import head_similarity
-from .models import SmallModel
-from .payloads import SharedModules, check_model, state_norm, to_numpy
-from .seam import NodeSetup
+from ..graphs.graph import head_similarity
+from ..payloads import SharedModules, check_model, state_norm, to_numpy
+from ..seam import NodeSetup
+from .personal import SmallModel
 
 __all__ = ["ENCODINGS", "HEAD_KEY", "SmallShare", "encode_state", "shared_small_model"]
 

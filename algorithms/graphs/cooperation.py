@@ -8,7 +8,7 @@ for the SBM prior, the block memberships its neighbours published.
   the block model gives the edge; Ω_i is then re-estimated from the edges (mean field), and the
   two alternate for a few sweeps. W's row is q normalised.
 - Attention prior: w = normalise(softmax(y / T) ⊙ p) with p the attention over the neighbours'
-  update embeddings (algorithms/attention.py).
+  update embeddings (algorithms/graphs/attention.py).
 """
 
 from __future__ import annotations

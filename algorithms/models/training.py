@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .models import ModelSpec, PersonalModel, make_model
-from .seam import Evaluation, LocalData, LocalReport, NodeSetup, Predictors
+from ..seam import Evaluation, LocalData, LocalReport, NodeSetup, Predictors
+from .personal import ModelSpec, PersonalModel, make_model
 
 __all__ = [
     "TrainingConfig",

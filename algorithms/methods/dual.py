@@ -3,7 +3,7 @@
 MAPL's prototypes give heterogeneous nodes the right graph but little knowledge (BENCHMARKS.md);
 parameters carry knowledge but need one architecture. FedMRL's answer, carried over to MAPL:
 node i keeps its own heterogeneous model H_i, trained with MAPL's PML loss, and also trains a
-small homogeneous model S_i (algorithms/small.py: the same architecture and initial weights on
+small homogeneous model S_i (algorithms/models/small.py: the same architecture and initial weights on
 every node).
 
 - Local step, on the same two augmented views: PML(H_i) + cross-entropy(S_i), and after warm-up
@@ -29,13 +29,13 @@ from torch import nn
 
 from protocol.messages import Body, MessageType, Model
 
-from .graph import GraphConfig
-from .losses import distillation, ensemble_logits
+from ..graphs.graph import GraphConfig
+from ..models.losses import distillation, ensemble_logits
+from ..models.small import ENCODINGS, SmallShare, shared_small_model
+from ..models.training import LocalTrainer, evaluate_predictors
+from ..outliers import state_scale
+from ..seam import Evaluation, Frame, LocalReport, NodeSetup, Outbound, Predictors
 from .mapl import Mapl, MaplConfig
-from .outliers import state_scale
-from .seam import Evaluation, Frame, LocalReport, NodeSetup, Outbound, Predictors
-from .small import ENCODINGS, SmallShare, shared_small_model
-from .training import LocalTrainer, evaluate_predictors
 
 __all__ = ["DualConfig", "DualPredictors", "MaplDual", "PREDICTORS"]
 

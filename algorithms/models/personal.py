@@ -254,7 +254,7 @@ class MLP(nn.Module):
 def _torchvision_models():
     """Imported on first use: torchvision costs a daemon about 2.6 s of CPU at start, which a
     node on a CPU backbone does not need."""
-    from algorithms.torchvision_compat import torchvision
+    from ..torchvision_compat import torchvision
 
     return torchvision.models
 

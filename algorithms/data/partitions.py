@@ -40,7 +40,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from .catalog import SCENARIOS  # named there, for the daemon's config check
+from ..catalog import SCENARIOS  # named there, for the daemon's config check
 from .datasets import Dataset
 
 __all__ = ["SCENARIOS", "Partition", "PartitionError", "PartitionSpec", "Shard", "make_partition", "parts_partition"]

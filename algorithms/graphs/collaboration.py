@@ -4,7 +4,7 @@ Two neighbourhoods, one interface, so an algorithm is composed with either:
 
 - `UniformGraph`: every peer is a neighbour and everyone (the node too) weighs the same.
 - `LearnedGraph`: MAPL's CGL. Uniform until warm-up ends; then the row is learned from how
-  similar the peers' classifier heads are (algorithms/graph.py), zero weights drop peers, and
+  similar the peers' classifier heads are (algorithms/graphs/graph.py), zero weights drop peers, and
   every few rounds a few non-neighbours are tried again (exploration), so a zero is not final.
 
 Either way, a peer the node distrusts (its payloads refused: algorithms/outliers.py) is absent
@@ -22,9 +22,9 @@ import numpy as np
 
 from protocol.messages import MessageType
 
+from ..outliers import ScaleGuard, fold_into_self
+from ..seam import NeighbourView, uniform_row
 from .graph import GraphConfig, GraphOptimizer
-from .outliers import ScaleGuard, fold_into_self
-from .seam import NeighbourView, uniform_row
 
 __all__ = ["UniformGraph", "LearnedGraph", "InNeighbourhood"]
 

@@ -13,9 +13,9 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 
-from .datasets import _scaled
-from .own_data import decode_image
-from .seam import LocalData, Predictors
+from ..data.datasets import _scaled
+from ..data.own_data import decode_image
+from ..seam import LocalData, Predictors
 
 __all__ = ["Preprocessing", "EvaluatedModel", "frozen", "classify"]
 

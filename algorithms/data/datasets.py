@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .catalog import DATASETS  # named there, for the daemon's config check
+from ..catalog import DATASETS  # named there, for the daemon's config check
 
 __all__ = [
     "DATASETS",
@@ -194,7 +194,7 @@ def _load_torchvision(name: str, root: str | None) -> Dataset:
         raise DatasetError(problem)
 
     # Imported here, not at the top: loading the built-in datasets should not pay for torchvision.
-    from algorithms.torchvision_compat import torchvision
+    from ..torchvision_compat import torchvision
 
     datasets = torchvision.datasets
     try:

@@ -6,7 +6,7 @@ peer's payload (`check`), and runs the node's E-step (`weights`) from the log-li
 
 - `SbmPrior`: a stochastic block model. K blocks, the node's membership Ω (published with the
   model), the block matrix B (fixed, or learned from the node's own edges).
-- `AttentionPrior`: an encoder of each model's update since θ_0 (algorithms/attention.py),
+- `AttentionPrior`: an encoder of each model's update since θ_0 (algorithms/graphs/attention.py),
   trained towards the likelihood's verdict and gossiped with the model.
 """
 
@@ -20,10 +20,10 @@ import torch
 
 from protocol.messages import Model
 
+from ..payloads import average_states, to_numpy
+from ..seam import PayloadRejected
 from .attention import UpdateEncoder, UpdateSketch, attention_prior
 from .cooperation import attention_weights, block_matrix, row_normalise, sbm_blocks_m_step, sbm_e_step, softmax
-from .payloads import average_states, to_numpy
-from .seam import PayloadRejected
 
 __all__ = ["SbmPrior", "AttentionPrior", "MEMBERSHIP", "ENCODER"]
 

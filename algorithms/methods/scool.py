@@ -18,8 +18,8 @@ and the models are mixed: θ_i ← Σ_j w_ij θ_j. With a common start, that equ
 (tests/test_scool.py checks it). SCooL-Local trains the same model alone: the floor.
 
 Composed from parts: `ScoolNode` trains (SCooL-Local); `ModelGossip` adds the models to and
-from peers (SCooL-Dirac mixes them); `ScoolEm` adds the score exchange (algorithms/scores.py)
-and the EM over the graph with a prior (algorithms/priors.py: SBM or attention).
+from peers (SCooL-Dirac mixes them); `ScoolEm` adds the score exchange (algorithms/graphs/scores.py)
+and the EM over the graph with a prior (algorithms/graphs/priors.py: SBM or attention).
 """
 
 from __future__ import annotations
@@ -34,14 +34,14 @@ import torch.nn.functional as F
 
 from protocol.messages import Body, MessageType, Model, Score
 
-from .cooperation import keep_top
-from .models import make_model
-from .outliers import OutlierConfig, ScaleGuard, fold_into_self, state_scale
-from .payloads import SharedModules, average_states, check_model, shared_state, state_norm, to_numpy
-from .priors import AttentionPrior, SbmPrior
-from .scores import ScoreExchange
-from .seam import Algorithm, Frame, LocalReport, NodeSetup, Outbound, PayloadRejected, Staleness, uniform_row
-from .training import LocalTrainer, TrainedLocally, TrainingConfig, node_model, seeded_generator
+from ..graphs.cooperation import keep_top
+from ..graphs.priors import AttentionPrior, SbmPrior
+from ..graphs.scores import ScoreExchange
+from ..models.personal import make_model
+from ..models.training import LocalTrainer, TrainedLocally, TrainingConfig, node_model, seeded_generator
+from ..outliers import OutlierConfig, ScaleGuard, fold_into_self, state_scale
+from ..payloads import SharedModules, average_states, check_model, shared_state, state_norm, to_numpy
+from ..seam import Algorithm, Frame, LocalReport, NodeSetup, Outbound, PayloadRejected, Staleness, uniform_row
 
 __all__ = [
     "ScoolConfig",

@@ -59,12 +59,12 @@ from torch import nn
 
 from protocol.messages import Body, Head, MessageType, Prototypes
 
-from .augment import augment, default_augment
-from .graph import communities
-from .outliers import OutlierConfig, ScaleGuard, row_scale, state_scale
-from .payloads import check_head, check_prototypes, to_numpy
-from .seam import Algorithm, Frame, LocalReport, NeighbourView, NodeSetup, Outbound, PayloadRejected
-from .training import LocalTrainer, TrainedLocally, TrainingConfig, node_model
+from ..data.augment import augment, default_augment
+from ..graphs.graph import communities
+from ..models.training import LocalTrainer, TrainedLocally, TrainingConfig, node_model
+from ..outliers import OutlierConfig, ScaleGuard, row_scale, state_scale
+from ..payloads import check_head, check_prototypes, to_numpy
+from ..seam import Algorithm, Frame, LocalReport, NeighbourView, NodeSetup, Outbound, PayloadRejected
 
 __all__ = [
     "SfmtlConfig",

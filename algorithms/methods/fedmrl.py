@@ -13,7 +13,7 @@ reported beside it.
 Where it deviates from the paper, and why:
 - No server. G_ex is averaged over the node's learned neighbourhood, G_i ← Σ_j w_ij G_j, with
   MAPL's CGL (all-to-all uniform during warm-up, then the row learned from head similarity).
-- G's header stays on the node, as MAPL-Dual's small head does (algorithms/small.py): it is the
+- G's header stays on the node, as MAPL-Dual's small head does (algorithms/models/small.py): it is the
   graph's evidence, and averaging it would make a neighbourhood's heads agree because they were
   averaged. In the paper the server averages it too. Its input is the node's personal fused
   representation anyway.
@@ -31,14 +31,14 @@ from torch import nn
 
 from protocol.messages import Body, MessageType, Model
 
-from .augment import augment, default_augment
-from .collaboration import InNeighbourhood, LearnedGraph
-from .graph import GraphConfig
-from .models import SmallModel, make_backbone
-from .outliers import OutlierConfig, ScaleGuard, state_scale
-from .seam import Algorithm, Evaluation, Frame, LocalReport, NeighbourView, NodeSetup, Outbound, Predictors
-from .small import ENCODINGS, SmallShare, shared_small_model
-from .training import LocalTrainer, TrainedLocally, TrainingConfig, evaluate_predictors
+from ..data.augment import augment, default_augment
+from ..graphs.collaboration import InNeighbourhood, LearnedGraph
+from ..graphs.graph import GraphConfig
+from ..models.personal import SmallModel, make_backbone
+from ..models.small import ENCODINGS, SmallShare, shared_small_model
+from ..models.training import LocalTrainer, TrainedLocally, TrainingConfig, evaluate_predictors
+from ..outliers import OutlierConfig, ScaleGuard, state_scale
+from ..seam import Algorithm, Evaluation, Frame, LocalReport, NeighbourView, NodeSetup, Outbound, Predictors
 
 __all__ = ["FedMrlConfig", "FedMrl", "Matryoshka", "MatryoshkaPredictors"]
 

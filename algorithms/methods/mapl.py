@@ -22,15 +22,15 @@ import torch.nn.functional as F
 
 from protocol.messages import Body, Head, MessageType, Model, Prototypes
 
-from .augment import default_augment, two_views
-from .collaboration import InNeighbourhood, LearnedGraph, UniformGraph
-from .graph import GraphConfig, head_similarity
-from .losses import prototype_alignment, prototype_uniformity, supervised_contrastive
-from .models import ModelOutput
-from .outliers import OutlierConfig, ScaleGuard, norm, row_scale, state_scale
-from .payloads import SharedModules, check_head, check_prototypes, to_numpy
-from .seam import Algorithm, Frame, LocalReport, NeighbourView, NodeSetup, Outbound
-from .training import LocalTrainer, TrainedLocally, TrainingConfig, node_model
+from ..data.augment import default_augment, two_views
+from ..graphs.collaboration import InNeighbourhood, LearnedGraph, UniformGraph
+from ..graphs.graph import GraphConfig, head_similarity
+from ..models.losses import prototype_alignment, prototype_uniformity, supervised_contrastive
+from ..models.personal import ModelOutput
+from ..models.training import LocalTrainer, TrainedLocally, TrainingConfig, node_model
+from ..outliers import OutlierConfig, ScaleGuard, norm, row_scale, state_scale
+from ..payloads import SharedModules, check_head, check_prototypes, to_numpy
+from ..seam import Algorithm, Frame, LocalReport, NeighbourView, NodeSetup, Outbound
 
 __all__ = ["MaplConfig", "PmlNode", "Mapl", "MaplNoCgl", "MaplPlus", "Local", "Oracle"]
 

@@ -13,7 +13,7 @@ import re
 
 import torch
 
-from .catalog import DEVICE_FORMS, DEVICE_PATTERN
+from ..catalog import DEVICE_FORMS, DEVICE_PATTERN
 
 __all__ = ["CPU", "DeviceError", "resolve_device", "supports_mixed_precision", "placement"]
 

@@ -18,10 +18,10 @@ import torch.nn.functional as F
 
 from protocol.messages import Body, MessageType, Model, Prototypes
 
-from .outliers import OutlierConfig, ScaleGuard, fold_into_self, row_scale, state_scale
-from .payloads import SharedModules, check_prototypes, to_numpy
-from .seam import Algorithm, Frame, LocalReport, NeighbourView, NodeSetup, Outbound, uniform_row
-from .training import LocalTrainer, TrainedLocally, TrainingConfig, node_model
+from ..models.training import LocalTrainer, TrainedLocally, TrainingConfig, node_model
+from ..outliers import OutlierConfig, ScaleGuard, fold_into_self, row_scale, state_scale
+from ..payloads import SharedModules, check_prototypes, to_numpy
+from ..seam import Algorithm, Frame, LocalReport, NeighbourView, NodeSetup, Outbound, uniform_row
 
 __all__ = ["FedProtoConfig", "FedProto", "DFedAvgMConfig", "DFedAvgM"]
 
