@@ -354,7 +354,7 @@ def test_the_placement_check_tells_placed_from_unplaced_calls(tmp_path):
 
 def test_no_tensor_of_the_training_path_is_created_off_the_nodes_device():
     unplaced, used = [], set()
-    for path in sorted((ROOT / "algorithms").glob("*.py")):
+    for path in sorted((ROOT / "algorithms").rglob("*.py")):
         name = path.relative_to(ROOT).as_posix()
         for function, factory, line in unplaced_factories(path):
             if (name, function, factory) in ALLOWED:
