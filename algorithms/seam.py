@@ -280,8 +280,10 @@ def uniform_row(node_id: str, peers: Iterable[str]) -> dict[str, float]:
 class Algorithm(abc.ABC):
     """One node's side of a decentralised learning algorithm.
 
-    Subclasses implement `accept` for the payload types they declare in `sends`; the driver
-    calls `receive`, which refuses every other type before the algorithm sees it.
+    The driver hands every payload to `receive`, which refuses the types not in `sends` and
+    runs the checks every algorithm shares; an algorithm says only what is its own (`screen`,
+    `inspect`, `keep`; `receive` lists the steps). One that judges its peers' payloads keeps a
+    `ScaleGuard` (outliers.py) as `guard`.
     """
 
     name: ClassVar[str]
@@ -292,11 +294,17 @@ class Algorithm(abc.ABC):
     # The payload types an expected peer sends each round; a peer has "arrived" for a round
     # once all of them have. Empty: any one payload will do.
     waits_for: ClassVar[frozenset[MessageType]] = frozenset()
+    # The payload types whose content is judged (`inspect`, then `guard.check`), each with the
+    # part its sender is distrusted for when one is refused. Types not named here (SCooL's
+    # scores) go from `screen` straight to `keep`.
+    judged_parts: ClassVar[Mapping[MessageType, str]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if not cls.waits_for <= cls.sends:
             raise TypeError(f"{cls.__name__} waits for {set(cls.waits_for - cls.sends)}, which it never sends")
+        if not cls.judged_parts.keys() <= cls.sends:
+            raise TypeError(f"{cls.__name__} judges {set(cls.judged_parts) - cls.sends}, which it never sends")
 
     def __init__(self, setup: NodeSetup) -> None:
         self.node_id = setup.node_id
@@ -326,14 +334,48 @@ class Algorithm(abc.ABC):
         numbered `seq`."""
 
     def receive(self, peer: str, round: int, body: Body, frame: Frame | None = None) -> None:
-        """A peer's payload for `round`; raises PayloadRejected if it will not be used."""
+        """A peer's payload for `round`; raises PayloadRejected if it will not be used.
+
+        Every algorithm takes a payload the same way, and only these steps are its own:
+
+        1. a type it does not send is refused (`unexpected_type`);
+        2. `screen`: checks of who sent it and when, not of what it holds (SCooL: a stale
+           or duplicate model); a refusal here distrusts nobody;
+        3. for a type in `judged_parts`, under `guard.judging` (a refusal distrusts the
+           sender for that part): `inspect` checks its form and returns the scales of its
+           parts, which `guard.check` compares with the node's own and its neighbours';
+           `after_judging` then runs, refused or not;
+        4. `keep`: what is left of taking it (by default, into the `view`).
+        """
         if body.TYPE not in self.sends:
             raise PayloadRejected(UNEXPECTED_TYPE, f"{self.name} takes no {body.TYPE} payloads")
-        self.accept(peer, round, body, frame)
+        self.screen(peer, round, body)
+        part = self.judged_parts.get(body.TYPE)
+        if part is not None:
+            try:
+                with self.guard.judging(peer, part):
+                    self.guard.check(peer, round, self.inspect(peer, round, body))
+            finally:
+                self.after_judging()
+        self.keep(peer, round, body, frame)
 
-    def accept(self, peer: str, round: int, body: Body, frame: Frame | None) -> None:
-        """A payload of one of the `sends` types (the driver never calls this directly)."""
-        raise NotImplementedError(f"{self.name} sends {set(self.sends)} but accepts none of them")
+    def screen(self, peer: str, round: int, body: Body) -> None:  # noqa: B027 (optional hook)
+        """Checks of a payload's sender and round, before its content is judged; may raise
+        PayloadRejected, which distrusts nobody."""
+
+    def inspect(self, peer: str, round: int, body: Body) -> Mapping[str, tuple[float, float]]:
+        """Checks of the form of a payload of a `judged_parts` type (raise PayloadRejected);
+        returns the parts whose scale `guard.check` compares: name → (the peer's scale, this
+        node's)."""
+        raise NotImplementedError(f"{self.name} judges {body.TYPE} payloads but does not inspect them")
+
+    def after_judging(self) -> None:  # noqa: B027 (optional hook)
+        """A payload was judged, refused or not: whom `guard` distrusts may have changed."""
+
+    def keep(self, peer: str, round: int, body: Body, frame: Frame | None) -> None:
+        """Take a payload that passed: by default the freshest of each type from each peer, in
+        the algorithm's `NeighbourView` (`view`)."""
+        self.view.put(peer, round, body)
 
     def respond(self) -> list[Outbound]:
         """Answers owed for payloads received since the last call (may be heavy: a driver runs it

@@ -14,8 +14,7 @@ stand-in for the node: a candidate as similar as the node itself, whose weight t
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -199,15 +198,10 @@ class InNeighbourhood:
         self.graph.set_peers(self.peers)
         self.graph.distrust(self.guard.distrusted())
 
-    @contextmanager
-    def judging(self, peer: str, part: str) -> Iterator[None]:
-        """Checks of a peer's payload (its form, then its scale: `guard.check`): a refusal
-        inside distrusts the peer, and the graph is told whom the node distrusts now."""
-        try:
-            with self.guard.judging(peer, part):
-                yield
-        finally:
-            self.graph.distrust(self.guard.distrusted())
+    def after_judging(self) -> None:
+        """A peer's payload was judged (Algorithm.receive): the graph is told whom the node
+        distrusts now."""
+        self.graph.distrust(self.guard.distrusted())
 
     def weights(self) -> dict[str, float]:
         return self.graph.weights()

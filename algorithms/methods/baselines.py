@@ -9,8 +9,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -21,7 +22,7 @@ from protocol.messages import Body, MessageType, Model, Prototypes
 from ..models.training import LocalTrainer, TrainedLocally, TrainingConfig, node_model
 from ..outliers import OutlierConfig, ScaleGuard, fold_into_self, row_scale, state_scale
 from ..payloads import SharedModules, check_prototypes, to_numpy
-from ..seam import Algorithm, Frame, LocalReport, NeighbourView, NodeSetup, Outbound, uniform_row
+from ..seam import Algorithm, LocalReport, NeighbourView, NodeSetup, Outbound, uniform_row
 
 __all__ = ["FedProtoConfig", "FedProto", "DFedAvgMConfig", "DFedAvgM"]
 
@@ -61,6 +62,7 @@ class FedProtoConfig:
 class FedProto(_AllPeersUniform):
     name = "fedproto"
     sends = frozenset({MessageType.PROTOTYPES})
+    judged_parts: ClassVar[Mapping[MessageType, str]] = {MessageType.PROTOTYPES: "prototypes"}
     config_type = FedProtoConfig
 
     def __init__(self, setup: NodeSetup, config: FedProtoConfig | None = None) -> None:
@@ -104,13 +106,11 @@ class FedProto(_AllPeersUniform):
         self._own = Prototypes(classes=classes, counts=counts, prototypes=means)
         return [Outbound(to=self.peers, body=self._own)] if self.peers else []
 
-    def accept(self, peer: str, round: int, body: Body, frame: Frame | None) -> None:
+    def inspect(self, peer: str, round: int, body: Body) -> dict[str, tuple[float, float]]:
         assert isinstance(body, Prototypes)
+        check_prototypes(body, self.spec.num_classes, self.spec.latent_dim, all_classes=False)
         own = 0.0 if self._own is None else row_scale(self._own.prototypes)
-        with self.guard.judging(peer, "prototypes"):
-            check_prototypes(body, self.spec.num_classes, self.spec.latent_dim, all_classes=False)
-            self.guard.check(peer, round, {"prototypes": (row_scale(body.prototypes), own)})
-        self.view.put(peer, round, body)
+        return {"prototypes": (row_scale(body.prototypes), own)}
 
     def end_round(self, round: int) -> None:
         sums: dict[int, np.ndarray] = {}
@@ -147,6 +147,7 @@ class DFedAvgM(_AllPeersUniform):
     name = "dfedavgm"
     homogeneous = True
     sends = frozenset({MessageType.MODEL})
+    judged_parts: ClassVar[Mapping[MessageType, str]] = {MessageType.MODEL: "model"}
     config_type = DFedAvgMConfig
 
     def __init__(self, setup: NodeSetup, config: DFedAvgMConfig | None = None) -> None:
@@ -166,12 +167,10 @@ class DFedAvgM(_AllPeersUniform):
     def publish(self, round: int) -> list[Outbound]:
         return [Outbound(to=self.peers, body=self.shared.body())] if self.peers else []
 
-    def accept(self, peer: str, round: int, body: Body, frame: Frame | None) -> None:
+    def inspect(self, peer: str, round: int, body: Body) -> dict[str, tuple[float, float]]:
         assert isinstance(body, Model)
-        with self.guard.judging(peer, "model"):
-            self.shared.check(body)
-            self.guard.check(peer, round, {"model": (state_scale(body.tensors), self.shared.scale())})
-        self.view.put(peer, round, body)
+        self.shared.check(body)
+        return {"model": (state_scale(body.tensors), self.shared.scale())}
 
     def end_round(self, round: int) -> None:
         distrusted = self.guard.distrusted()

@@ -21,7 +21,9 @@ every node).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +36,7 @@ from ..models.losses import distillation, ensemble_logits
 from ..models.small import ENCODINGS, SmallShare, shared_small_model
 from ..models.training import LocalTrainer, evaluate_predictors
 from ..outliers import state_scale
-from ..seam import Evaluation, Frame, LocalReport, NodeSetup, Outbound, Predictors
+from ..seam import Evaluation, LocalReport, NodeSetup, Outbound, Predictors
 from .mapl import Mapl, MaplConfig
 
 __all__ = ["DualConfig", "DualPredictors", "MaplDual", "PREDICTORS"]
@@ -101,6 +103,7 @@ class MaplDual(Mapl):
     config_type = DualConfig
     sends = frozenset({MessageType.PROTOTYPES, MessageType.MODEL})
     waits_for = frozenset({MessageType.PROTOTYPES, MessageType.MODEL})
+    judged_parts: ClassVar[Mapping[MessageType, str]] = {**Mapl.judged_parts, MessageType.MODEL: "model"}
 
     def __init__(self, setup: NodeSetup, config: DualConfig | None = None) -> None:
         super().__init__(setup, config or DualConfig())
@@ -151,14 +154,11 @@ class MaplDual(Mapl):
             return []
         return [Outbound(to=to, body=self._prototypes(with_head=False)), Outbound(to=to, body=self.share.body())]
 
-    def accept(self, peer: str, round: int, body: Body, frame: Frame | None) -> None:
-        if isinstance(body, Model):
-            with self.judging(peer, "model"):
-                self.share.check(body)
-                self.guard.check(peer, round, {"model": (state_scale(body.tensors), self.share.scale())})
-            self.view.put(peer, round, body)
-        else:
-            super().accept(peer, round, body, frame)
+    def inspect(self, peer: str, round: int, body: Body) -> dict[str, tuple[float, float]]:
+        if not isinstance(body, Model):
+            return super().inspect(peer, round, body)
+        self.share.check(body)
+        return {"model": (state_scale(body.tensors), self.share.scale())}
 
     # -- graph step and aggregation ---------------------------------------------------------
 

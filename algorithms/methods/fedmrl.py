@@ -23,7 +23,9 @@ Where it deviates from the paper, and why:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -38,7 +40,7 @@ from ..models.personal import SmallModel, make_backbone
 from ..models.small import ENCODINGS, SmallShare, shared_small_model
 from ..models.training import LocalTrainer, TrainedLocally, TrainingConfig, evaluate_predictors
 from ..outliers import OutlierConfig, ScaleGuard, state_scale
-from ..seam import Algorithm, Evaluation, Frame, LocalReport, NeighbourView, NodeSetup, Outbound, Predictors
+from ..seam import Algorithm, Evaluation, LocalReport, NeighbourView, NodeSetup, Outbound, Predictors
 
 __all__ = ["FedMrlConfig", "FedMrl", "Matryoshka", "MatryoshkaPredictors"]
 
@@ -107,6 +109,7 @@ class FedMrl(InNeighbourhood, TrainedLocally, Algorithm):
     config_type = FedMrlConfig
     sends = frozenset({MessageType.MODEL})
     waits_for = frozenset({MessageType.MODEL})
+    judged_parts: ClassVar[Mapping[MessageType, str]] = {MessageType.MODEL: "model"}
     heard_by = MessageType.MODEL
 
     def __init__(self, setup: NodeSetup, config: FedMrlConfig | None = None) -> None:
@@ -156,12 +159,10 @@ class FedMrl(InNeighbourhood, TrainedLocally, Algorithm):
         to = tuple(sorted({*neighbours, *explored}))
         return [Outbound(to=to, body=self.share.body())] if to else []
 
-    def accept(self, peer: str, round: int, body: Body, frame: Frame | None) -> None:
+    def inspect(self, peer: str, round: int, body: Body) -> dict[str, tuple[float, float]]:
         assert isinstance(body, Model)
-        with self.judging(peer, "model"):
-            self.share.check(body)
-            self.guard.check(peer, round, {"model": (state_scale(body.tensors), self.share.scale())})
-        self.view.put(peer, round, body)
+        self.share.check(body)
+        return {"model": (state_scale(body.tensors), self.share.scale())}
 
     def end_round(self, round: int) -> None:
         models = self.view.fresh(MessageType.MODEL, round)

@@ -15,7 +15,9 @@ the learned weights.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -150,6 +152,8 @@ class Mapl(InNeighbourhood, PmlNode):
 
     name = "mapl"
     sends = frozenset({MessageType.PROTOTYPES})
+    # A refused head riding on the prototypes distrusts the peer for them too.
+    judged_parts: ClassVar[Mapping[MessageType, str]] = {MessageType.PROTOTYPES: "prototypes"}
     heard_by = MessageType.PROTOTYPES
 
     def __init__(self, setup: NodeSetup, config: MaplConfig | None = None) -> None:
@@ -193,21 +197,21 @@ class Mapl(InNeighbourhood, PmlNode):
             head=to_numpy(self.model.head.weight) if with_head else None,
         )
 
-    def accept(self, peer: str, round: int, body: Body, frame: Frame | None) -> None:
+    def inspect(self, peer: str, round: int, body: Body) -> dict[str, tuple[float, float]]:
         assert isinstance(body, Prototypes)
-        head = None if body.head is None else Head(weight=body.head, bias=None)
-        with self.judging(peer, "prototypes"):
-            check_prototypes(body, self.spec.num_classes, self.spec.projection_dim, all_classes=True)
-            if head is not None:
-                check_head(head, self.model.head, with_bias=False)
-            # Shapes first, then scale: a payload of the wrong form is refused as such.
-            scales = {"prototypes": (row_scale(body.prototypes), row_scale(to_numpy(self.model.prototypes)))}
-            if head is not None:
-                scales["head"] = (norm(body.head), norm(to_numpy(self.model.head.weight)))
-            self.guard.check(peer, round, scales)
-        if head is not None:
+        check_prototypes(body, self.spec.num_classes, self.spec.projection_dim, all_classes=True)
+        if body.head is not None:
+            check_head(Head(weight=body.head, bias=None), self.model.head, with_bias=False)
+        # Shapes first, then scale: a payload of the wrong form is refused as such.
+        scales = {"prototypes": (row_scale(body.prototypes), row_scale(to_numpy(self.model.prototypes)))}
+        if body.head is not None:
+            scales["head"] = (norm(body.head), norm(to_numpy(self.model.head.weight)))
+        return scales
+
+    def keep(self, peer: str, round: int, body: Body, frame: Frame | None) -> None:
+        if isinstance(body, Prototypes) and body.head is not None:
             # Kept apart from the prototypes: a later head-less message must not hide it.
-            self.view.put(peer, round, head)
+            self.view.put(peer, round, Head(weight=body.head, bias=None))
         self.view.put(peer, round, body)
 
     # -- graph step and aggregation ---------------------------------------------------------
@@ -257,6 +261,7 @@ class MaplPlus(Mapl):
     name = "mapl+"
     homogeneous = True
     sends = frozenset({MessageType.PROTOTYPES, MessageType.MODEL})
+    judged_parts: ClassVar[Mapping[MessageType, str]] = {**Mapl.judged_parts, MessageType.MODEL: "model"}
 
     def __init__(self, setup: NodeSetup, config: MaplConfig | None = None) -> None:
         super().__init__(setup, config)
@@ -267,14 +272,11 @@ class MaplPlus(Mapl):
         recipients = tuple(sorted({peer for each in out for peer in each.to}))
         return [*out, Outbound(to=recipients, body=self.shared.body())] if recipients else out
 
-    def accept(self, peer: str, round: int, body: Body, frame: Frame | None) -> None:
-        if isinstance(body, Model):
-            with self.judging(peer, "model"):
-                self.shared.check(body)
-                self.guard.check(peer, round, {"model": (state_scale(body.tensors), self.shared.scale())})
-            self.view.put(peer, round, body)
-        else:
-            super().accept(peer, round, body, frame)
+    def inspect(self, peer: str, round: int, body: Body) -> dict[str, tuple[float, float]]:
+        if not isinstance(body, Model):
+            return super().inspect(peer, round, body)
+        self.shared.check(body)
+        return {"model": (state_scale(body.tensors), self.shared.scale())}
 
     def end_round(self, round: int) -> None:
         super().end_round(round)

@@ -25,8 +25,9 @@ and the EM over the graph with a prior (algorithms/graphs/priors.py: SBM or atte
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -165,6 +166,8 @@ class ModelGossip(ScoolNode):
 
     sends = frozenset({MessageType.MODEL})
     waits_for = frozenset({MessageType.MODEL})
+    # A refused update (ScoolEm's models carry one) distrusts the peer for the model too.
+    judged_parts: ClassVar[Mapping[MessageType, str]] = {MessageType.MODEL: "model"}
 
     def __init__(self, setup: NodeSetup, config: ScoolConfig | None = None) -> None:
         super().__init__(setup, config)
@@ -200,11 +203,10 @@ class ModelGossip(ScoolNode):
         if round < self.round - self.max_staleness:
             raise PayloadRejected("stale", f"{body.TYPE} for round {round}, this node is at {self.round}")
 
-    def _check_model(self, body: Model) -> None:
+    def inspect(self, peer: str, round: int, body: Body) -> dict[str, tuple[float, float]]:
+        """A model of our form; the parts whose scale is checked: (theirs, ours) of each."""
+        assert isinstance(body, Model)
         self.shared.check(body)
-
-    def _scales(self, body: Model) -> dict[str, tuple[float, float]]:
-        """The parts of a model payload whose scale is checked: (theirs, ours) of each."""
         return {"model": (state_scale(body.tensors), self.shared.scale())}
 
     def _distrusted(self) -> frozenset[str]:
@@ -213,15 +215,16 @@ class ModelGossip(ScoolNode):
         allowed = set(self.peers) if self.neighbours is None else set(self.neighbours)
         return self.guard.distrusted() & allowed
 
-    def accept(self, peer: str, round: int, body: Body, frame: Frame | None) -> None:
-        assert isinstance(body, Model)
+    def screen(self, peer: str, round: int, body: Body) -> None:
+        """A peer's model for a round not too old, and not one held already: before its content
+        is judged, and no cause to distrust the peer."""
         self._check_fresh(peer, round, body)
         held = self.models.get(peer)
         if held is not None and held[0] >= round:
             raise PayloadRejected("duplicate_model", f"a model for round {round} from {peer} is already held")
-        with self.guard.judging(peer, "model"):
-            self._check_model(body)
-            self.guard.check(peer, round, self._scales(body))
+
+    def keep(self, peer: str, round: int, body: Body, frame: Frame | None) -> None:
+        assert isinstance(body, Model)
         self.models[peer] = (round, body, False)
 
     def expected(self, round: int) -> tuple[str, ...]:
@@ -327,28 +330,32 @@ class ScoolEm(ModelGossip):
 
     # --- what arrives ----------------------------------------------------------------------
 
-    def _check_model(self, body: Model) -> None:
+    def screen(self, peer: str, round: int, body: Body) -> None:
+        if isinstance(body, Model) and self._kept_by(peer, round):
+            self.audience.add(peer)  # answered with our model from now on, even if this one is late
+        if isinstance(body, Score):
+            self._check_fresh(peer, round, body)
+        else:
+            super().screen(peer, round, body)
+
+    def inspect(self, peer: str, round: int, body: Body) -> dict[str, tuple[float, float]]:
+        """A model with its update and the prior's extras, of our form; the scale of both."""
+        assert isinstance(body, Model)
         check_model(body, {**self.shared.state(), **self.prior.extras()})
         if body.update is None or body.update.keys() != self.parameter_names:
             raise PayloadRejected("bad_shape", "the model's update must cover every parameter, and only those")
         self.prior.check(body)
-
-    def _scales(self, body: Model) -> dict[str, tuple[float, float]]:
         own = math.hypot(self.shared.scale(), state_scale(self.prior.extras()))
-        assert body.update is not None  # _check_model requires it
         return {
             "model": (state_scale(body.tensors), own),
             "update": (state_scale(body.update), state_norm(self.update)),
         }
 
-    def accept(self, peer: str, round: int, body: Body, frame: Frame | None) -> None:
-        if isinstance(body, Model) and self._kept_by(peer, round):
-            self.audience.add(peer)  # answered with our model from now on, even if this one is late
+    def keep(self, peer: str, round: int, body: Body, frame: Frame | None) -> None:
         if isinstance(body, Score):
-            self._check_fresh(peer, round, body)
             self.exchange.take_score(peer, round, body)
             return
-        super().accept(peer, round, body, frame)
+        super().keep(peer, round, body, frame)
         if frame is not None:
             self.exchange.owe(peer, round, frame, body)
 

@@ -50,7 +50,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -64,7 +64,7 @@ from ..graphs.graph import communities
 from ..models.training import LocalTrainer, TrainedLocally, TrainingConfig, node_model
 from ..outliers import OutlierConfig, ScaleGuard, row_scale, state_scale
 from ..payloads import check_head, check_prototypes, to_numpy
-from ..seam import Algorithm, Frame, LocalReport, NeighbourView, NodeSetup, Outbound, PayloadRejected
+from ..seam import Algorithm, LocalReport, NeighbourView, NodeSetup, Outbound, PayloadRejected
 
 __all__ = [
     "SfmtlConfig",
@@ -246,6 +246,7 @@ class Sfmtl(TrainedLocally, Algorithm):
     config_type = SfmtlConfig
     sends = frozenset({MessageType.PROTOTYPES, MessageType.HEAD})
     waits_for = sends  # the graph needs both of a peer's payloads
+    judged_parts: ClassVar[Mapping[MessageType, str]] = {MessageType.PROTOTYPES: "anchors", MessageType.HEAD: "head"}
 
     def __init__(self, setup: NodeSetup, config: SfmtlConfig | None = None) -> None:
         super().__init__(setup)
@@ -328,7 +329,7 @@ class Sfmtl(TrainedLocally, Algorithm):
         _, bodies = self.own_payloads(round)
         return [Outbound(to=self.peers, body=body) for body in bodies] if self.peers else []
 
-    def accept(self, peer: str, round: int, body: Body, frame: Frame | None) -> None:
+    def inspect(self, peer: str, round: int, body: Body) -> dict[str, tuple[float, float]]:
         """Anchors must be one row of the latent width per known class, each from ≥ 1 sample;
         a head must have our head's shape, bias included. A head riding on PROTOTYPES is not
         used: the HEAD frame carries it with its bias."""
@@ -336,19 +337,15 @@ class Sfmtl(TrainedLocally, Algorithm):
         # before the local step): scales move little from one round to the next.
         own = None if self._published is None else self._published[1]
         if isinstance(body, Prototypes):
-            with self.guard.judging(peer, "anchors"):
-                check_prototypes(body, self.spec.num_classes, self.spec.latent_dim, all_classes=False)
-                if any(count < 1 for count in body.counts):
-                    raise PayloadRejected("bad_count", f"an anchor from {min(body.counts)} samples")
-                own_scale = 0.0 if own is None else row_scale(np.stack(list(own.anchors.values())))
-                self.guard.check(peer, round, {"anchors": (row_scale(body.prototypes), own_scale)})
-        else:
-            assert isinstance(body, Head)
-            with self.guard.judging(peer, "head"):
-                check_head(body, self.model.head, with_bias=True)
-                own_scale = 0.0 if own is None else state_scale([own.weight, own.bias])
-                self.guard.check(peer, round, {"head": (state_scale([body.weight, body.bias]), own_scale)})
-        self.view.put(peer, round, body)
+            check_prototypes(body, self.spec.num_classes, self.spec.latent_dim, all_classes=False)
+            if any(count < 1 for count in body.counts):
+                raise PayloadRejected("bad_count", f"an anchor from {min(body.counts)} samples")
+            own_scale = 0.0 if own is None else row_scale(np.stack(list(own.anchors.values())))
+            return {"anchors": (row_scale(body.prototypes), own_scale)}
+        assert isinstance(body, Head)
+        check_head(body, self.model.head, with_bias=True)
+        own_scale = 0.0 if own is None else state_scale([own.weight, own.bias])
+        return {"head": (state_scale([body.weight, body.bias]), own_scale)}
 
     # -- graph step and aggregation ---------------------------------------------------------
 
