@@ -98,7 +98,7 @@ class ByzantineNode(Node):
             if not self._published:
                 continue
             due: dict[int, list[str]] = {}  # round → the addresses of the peers that reached it
-            for peer, address in self._learning_peers().items():
+            for peer, address in self.learning_peers.chosen().items():
                 round = self._rounds.get(peer, 0)
                 if round > done.get(peer, -1):
                     done[peer] = round
@@ -148,7 +148,7 @@ class ByzantineNode(Node):
 
     def _send_raw(self, kind: str, addresses: tuple[str, ...], like: Body, wire: dict, round: int) -> None:
         """Sign `wire` as a body of `like`'s type without the encoder's checks, and send it."""
-        seq = self._next_seq(like)
+        seq = self._sequence.next(like)
         if seq is None:
             return
         envelope = [PROTOCOL_VERSION, self.config.node.network, like.TYPE.value, self.identity.public_key]

@@ -8,9 +8,9 @@ import re
 import numpy as np
 import trio
 
-from p2pnode.learning.driver import (
+from p2pnode.learning.algorithm import data_summary
+from p2pnode.learning.capabilities import (
     announced_algorithm,
-    data_summary,
     labels_capability,
     learning_capability,
     learning_verdict,
@@ -139,7 +139,7 @@ def test_the_status_table_names_excluded_peers_and_failed_connections_by_reason(
 
 def test_the_images_per_class_found_and_held_out_are_logged_at_start(tmp_path, caplog):
     from p2pnode.config import load_config
-    from p2pnode.learning.driver import _node_setup
+    from p2pnode.learning.algorithm import _node_setup
 
     from .daemon import ANY_PORT, write_config
     from .test_own_data import DIGITS, own_data_sections, write_digit_pngs

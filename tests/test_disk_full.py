@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import trio
 
-import p2pnode.node
+import p2pnode.wire.sequence
 from p2pnode import files
 from p2pnode.config import load_config
 from p2pnode.learning.checkpoint import CHECKPOINT_NAME, Checkpoint
@@ -203,8 +203,8 @@ async def test_a_reservation_that_cannot_be_saved_stops_sends_without_reusing_a_
     """Blocks of 16 numbers, so the reservation runs out after a few sends. On a full disk the
     node signs with what is reserved, then refuses (counted, logged once) and keeps serving;
     with room again it saves a new reservation and sends with numbers never used before."""
-    monkeypatch.setattr(p2pnode.node, "SequenceCounter", functools.partial(SequenceCounter, block=16))
-    monkeypatch.setattr(p2pnode.node, "RESERVATION_RETRY_S", 0.1)
+    monkeypatch.setattr(p2pnode.wire.sequence, "SequenceCounter", functools.partial(SequenceCounter, block=16))
+    monkeypatch.setattr(p2pnode.wire.sequence, "RESERVATION_RETRY_S", 0.1)
     state = disk.path / "data" / "state.json"
     async with trio.open_nursery() as nursery:
         node = await start_node(nursery, tmp_path / "n", node={"data_dir": str(disk.path / "data")})

@@ -55,7 +55,7 @@ def test_a_built_node_keeps_its_shard_not_the_dataset(tmp_path):
     from algorithms.data.datasets import _load_cached
     from algorithms.data.setup import load_scenario
     from p2pnode.config import load_config
-    from p2pnode.learning.driver import build_algorithm
+    from p2pnode.learning.algorithm import build_algorithm
 
     config = load_config(write_config(tmp_path / "n", ANY_PORT, **learning_sections(1, 4)))
     algorithm = build_algorithm(config, "n1")

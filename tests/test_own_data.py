@@ -13,7 +13,7 @@ from PIL import Image
 from algorithms.data.datasets import load_dataset
 from algorithms.data.own_data import OwnDataError, OwnDataSpec, held_out_count, held_out_split, load_own_data
 from p2pnode.config import ConfigError, load_config
-from p2pnode.learning.driver import announced_labels, labels_capability
+from p2pnode.learning.capabilities import announced_labels, labels_capability
 
 from .daemon import ANY_PORT, full_mesh, start_node, wait_until, write_config
 
@@ -286,7 +286,9 @@ async def test_nodes_whose_class_lists_differ_are_not_learning_peers(tmp_path, c
         assert c.identity.node_id not in a.status()["learning"]["neighbours"]
         assert f"peer {c.identity.node_id} is not a learning peer: it learns over other classes" in caplog.text
         assert "this node's [data].class_names: ['0', '1', '2'," in caplog.text  # names the list that differs
-        assert a.status()["learning"]["excluded"] == {c.identity.node_id: a._excluded_peers()[c.identity.node_id]}
+        assert a.status()["learning"]["excluded"] == {
+            c.identity.node_id: a.learning_peers.excluded()[c.identity.node_id]
+        }
         for node in (a, b, c):
             node.request_stop()
 

@@ -12,14 +12,12 @@ next, what the round's record says) is made by the I/O-free round engine (engine
 rounds.py's `RoundState`), the one the simulator drives too; this module only moves payloads,
 keeps time, checkpoints, and runs the engine's heavy calls in a worker thread, one at a time, so
 algorithm state is never touched by two threads at once. It talks to the node through the
-narrow `Network` handles and imports nothing of node.py. docs/architecture.md shows where it
-sits.
+narrow `Network` handles and imports nothing of node.py; the node builds the algorithm it runs
+(algorithm.py). docs/architecture.md shows where it sits.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping
@@ -33,39 +31,22 @@ from protocol import Body, Envelope, MessageType
 
 from ..files import describe_os_error
 from ..operations.memory import trim_now
+from .algorithm import LearningSetupError, build_local_baseline
+from .capabilities import learning_capability
 from .checkpoint import Checkpoint, CheckpointError, HeldOut
 from .engine import RoundEngine, Timings, round_state, seconds
 from .history import HistoryFile
 from .rounds import RoundRecord, Schedule
 
 if TYPE_CHECKING:
-    import torch
-
     from algorithms.models.inference import EvaluatedModel
-    from algorithms.seam import Algorithm, Evaluation, NodeSetup, Outbound
+    from algorithms.seam import Algorithm, Evaluation, Outbound
 
-    from ..config import Config
-    from ..learning.settings import AlgorithmSettings, ModelSettings
+    from ..learning.settings import AlgorithmSettings
 
-__all__ = [
-    "Network",
-    "RoundDriver",
-    "LearningSetupError",
-    "announced_labels",
-    "announced_algorithm",
-    "learning_verdict",
-    "class_list_text",
-    "data_summary",
-    "build_algorithm",
-    "build_local_baseline",
-    "labels_capability",
-    "learning_capability",
-    "ALONE_ROUNDS",
-]
+__all__ = ["Network", "RoundDriver", "ALONE_ROUNDS", "CHECKPOINT_LOG_EVERY"]
 
 log = logging.getLogger("p2pnode.learning")
-
-DAMAGED_SHOWN = 5  # skipped images named in the log line that counts them
 
 # A saved checkpoint is logged at INFO every this many rounds and at the last, at DEBUG otherwise:
 # one line per round was most of a long run's log.
@@ -74,10 +55,6 @@ CHECKPOINT_LOG_EVERY = 10
 # A node that communicates but has had no learning peer for this many rounds in a row says so
 # in its log, once per such streak: it is training alone, which is rarely what was meant.
 ALONE_ROUNDS = 3
-
-
-class LearningSetupError(Exception):
-    """Learning cannot start (data, model, algorithm or checkpoint); the message names the part."""
 
 
 @dataclass(frozen=True)
@@ -89,184 +66,6 @@ class Network:
     rejected: Callable[[str, int], None]  # count a refused payload: reason, frame size
     sent: Callable[[], Mapping[MessageType, tuple[int, int, int]]]  # learning frames sent so far, by type
     discovery_sent: Callable[[], Mapping[MessageType, tuple[int, int, int]]]  # discovery frames so far, by type
-
-
-LABELS_PREFIX = "labels:"
-ALGORITHM_PREFIX = "algorithm:"
-
-
-def learning_capability(algorithm: str) -> str:
-    """The HELLO capability of a node that learns with `algorithm`: its learning peers are the
-    peers that announce the same one (a node that only relays, or runs something else, is
-    neither sent payloads nor waited for). Capability tokens have no '+': mapl+ is mapl.plus."""
-    return ALGORITHM_PREFIX + algorithm.replace("+", ".plus")
-
-
-def build_algorithm(config: Config, node_id: str) -> Algorithm:
-    """The node's algorithm, its share of the configured data and its model (slow: loads data
-    and builds the model; run it in a worker thread)."""
-    import torch
-
-    from algorithms.data.setup import forget_scenarios
-    from algorithms.registry import apply_overrides, default_config, make_algorithm
-
-    model, algorithm = config.model, config.algorithm
-    if model.threads:
-        torch.set_num_threads(model.threads)
-    settings = apply_overrides(default_config(algorithm.name), dict(algorithm.settings))
-    setup = _node_setup(config, node_id)
-    # The node keeps its own tensors only: the dataset they were cut from, and what loading
-    # it left in the heap, go back to the system (docs/daemon.md, "Memory").
-    forget_scenarios()
-    built = make_algorithm(algorithm.name, setup, settings)
-    trim_now()
-    return built
-
-
-def build_local_baseline(algorithm: Algorithm, overrides: Mapping[str, str]) -> Algorithm:
-    """`[algorithm].local_baseline`: the `local` algorithm (no communication) on `algorithm`'s
-    own setup, so on the same data, split, backbone and device, configured with those of the
-    node's `[algorithm].settings` that Local has (its `training.*`), as `simulate --baselines`
-    configures it."""
-    from algorithms.registry import applicable_overrides, apply_overrides, default_config, make_algorithm
-
-    return make_algorithm(
-        "local", algorithm.setup, apply_overrides(default_config("local"), applicable_overrides("local", overrides))
-    )
-
-
-def _node_setup(config: Config, node_id: str) -> NodeSetup:
-    """The node's data (its own files, its shard of them, or its shard of the configured
-    dataset) on its device."""
-    from algorithms.catalog import DATASET_FROM_PATH
-    from algorithms.data.own_data import OwnDataError
-    from algorithms.data.partitions import PartitionSpec
-    from algorithms.data.setup import ScenarioSpec, build_setup, own_data_setup
-
-    data, model = config.data, config.model
-    device, mixed_precision = _placement(model)
-    own = data.own_data()
-    partition = PartitionSpec(
-        scenario=data.scenario,
-        nodes=data.nodes,
-        clusters=data.clusters or None,
-        samples_per_class=data.samples_per_class,
-        test_per_class=data.test_per_class,
-        seed=data.seed,
-    )
-    dealt = own if data.dataset == DATASET_FROM_PATH else None
-    scenario = ScenarioSpec(data.dataset, partition, None if data.root is None else str(data.root), dealt)
-    try:
-        if own is None or dealt is not None:
-            return build_setup(
-                scenario,
-                data.node_index or 0,
-                node_id,
-                backbone=model.backbone,
-                classes=data.classes,
-                device=device,
-                mixed_precision=mixed_precision,
-            )
-        damaged: list[str] = []
-        setup = own_data_setup(
-            node_id, own, backbone=model.backbone, device=device, mixed_precision=mixed_precision, damaged=damaged
-        )
-    except OwnDataError as exc:  # found only when decoding: a damaged image, a NaN pixel
-        hint = "" if own.skip_damaged else " ([data].skip_damaged = true skips such images)"
-        raise LearningSetupError(f"[data].{exc.field}: {exc}{hint}") from None
-    if damaged:
-        log.warning(
-            "[data].skip_damaged: %d image(s) skipped, unreadable: %s%s",
-            len(damaged),
-            "; ".join(damaged[:DAMAGED_SHOWN]),
-            "; ..." if len(damaged) > DAMAGED_SHOWN else "",
-            extra={"damaged_images": len(damaged)},
-        )
-    summary = data_summary(own.class_names, setup.data.train_labels.cpu(), setup.data.test_labels.cpu())
-    # The class list's fingerprint is what peers name when theirs differs (`learning_verdict`).
-    log.info("[data].path %s: %s; class list %s", own.path, summary, labels_capability(own.class_names)[0])
-    return setup
-
-
-def _placement(model: ModelSettings) -> tuple[torch.device, bool]:
-    """The device `[model].device` names on this machine, and whether to train there with mixed
-    precision. Raises LearningSetupError if that device is not here."""
-    from algorithms.models.device import DeviceError, placement
-
-    try:
-        device, mixed_precision = placement(model.device, model.mixed_precision)
-    except DeviceError as exc:
-        raise LearningSetupError(f"[model].device: {exc}") from None
-    if model.mixed_precision and not mixed_precision:
-        log.warning("[model].mixed_precision: %s has none; training in float32", device)
-    log.info("the model trains on %s%s", device, " with mixed precision" if mixed_precision else "")
-    return device, mixed_precision
-
-
-def labels_capability(class_names: tuple[str, ...]) -> tuple[str, ...]:
-    """The HELLO capability of a node with its own data: a fingerprint of the network's class
-    list, since payloads are indexed by class id. Learning peers announce the same one (or,
-    on benchmark data, none), so nodes whose `[data].class_names` differ never mix classes."""
-    if not class_names:
-        return ()
-    return (LABELS_PREFIX + hashlib.sha256(json.dumps(class_names).encode()).hexdigest()[:16],)
-
-
-def announced_labels(capabilities: tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(token for token in capabilities if token.startswith(LABELS_PREFIX))
-
-
-def announced_algorithm(capabilities: tuple[str, ...]) -> str | None:
-    """The algorithm a peer's HELLO says it learns with (`learning_capability` reversed)."""
-    for token in capabilities:
-        if token.startswith(ALGORITHM_PREFIX):
-            return token.removeprefix(ALGORITHM_PREFIX).replace(".plus", "+")
-    return None
-
-
-def learning_verdict(algorithm: str, labels: tuple[str, ...], capabilities: tuple[str, ...]) -> str | None:
-    """Why a peer announcing `capabilities` is not a learning peer of a node that learns with
-    `algorithm` over `labels` (its `labels_capability`); None if it is one."""
-    theirs = announced_algorithm(capabilities)
-    if theirs is None:
-        return "runs no learning algorithm"
-    if learning_capability(algorithm) not in capabilities:
-        return f"learns with {theirs}, this node with {algorithm}"
-    other = announced_labels(capabilities)
-    if other == labels:
-        return None
-    if not other:
-        return "learns on a benchmark dataset, this node on its own data ([data].path)"
-    if not labels:
-        return "learns on its own data ([data].path), this node on a benchmark dataset"
-    return f"learns over other classes: it announces {', '.join(other)}, this node {', '.join(labels)}"
-
-
-CLASSES_SHOWN = 12  # class names a log line lists before it counts the rest
-
-
-def class_list_text(class_names: tuple[str, ...]) -> str:
-    """`[data].class_names` for a log line, long lists cut short."""
-    shown = ", ".join(repr(name) for name in class_names[:CLASSES_SHOWN])
-    more = f", ... ({len(class_names)} in all)" if len(class_names) > CLASSES_SHOWN else ""
-    return f"[{shown}{more}]"
-
-
-def data_summary(class_names: tuple[str, ...], train_labels, test_labels) -> str:
-    """One line on a node's own data: images per class found, and of them held out for testing
-    (class ids are positions in `class_names`; a class the node lacks is left out)."""
-    import numpy as np
-
-    size = len(class_names)
-    train = np.bincount(np.asarray(train_labels), minlength=size)
-    test = np.bincount(np.asarray(test_labels), minlength=size)
-    held = [k for k in range(size) if train[k] + test[k]]
-    per_class = ", ".join(f"{class_names[k]!r} {train[k] + test[k]} ({test[k]})" for k in held[:CLASSES_SHOWN])
-    more = f", ... ({len(held)} classes in all)" if len(held) > CLASSES_SHOWN else ""
-    return (
-        f"{int(train.sum() + test.sum())} images of {len(held)}/{size} classes, {int(test.sum())} held out "
-        f"for testing; per class, found (held out): {per_class}{more}"
-    )
 
 
 class RoundDriver:

@@ -243,7 +243,7 @@ def checkpoint_model(config: Config) -> tuple[UsableModel, Checkpoint]:
     (its data is loaded: the model's input shape comes from it)."""
     from algorithms.models.inference import Preprocessing, frozen
 
-    from .driver import LearningSetupError, build_algorithm
+    from .algorithm import LearningSetupError, build_algorithm
 
     if config.algorithm.name == "none":
         raise PredictError("this node does not learn ([algorithm].name is none): it has no model")

@@ -74,9 +74,9 @@ def _peer_lines(status: dict) -> list[str]:
 
 
 def _is_failure(reason: str) -> bool:
-    """A connection counter (zap.py, node.py) that says something went wrong: inbound handshakes
-    that failed, the ZAP handler's refusals, and the failed or refused handshakes of this node's
-    own dials to its bootstrap entries."""
+    """A connection counter (zap.py, discovery/carry_out.py) that says something went wrong:
+    inbound handshakes that failed, the ZAP handler's refusals, and the failed or refused
+    handshakes of this node's own dials to its bootstrap entries."""
     return any(word in reason for word in ("failed", "denied", "refused"))
 
 

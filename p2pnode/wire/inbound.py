@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from protocol import Decoder, Envelope, ProtocolError, Reason, ReplayGuard, node_id
+from protocol import Decoder, Envelope, MessageType, ProtocolError, Reason, ReplayGuard, node_id
 
 from ..operations.metrics import HANDSHAKE_FIRST, MULTIPART, UNKNOWN_PEER, Metrics
 from ..wire.settings import TransportSettings
@@ -83,6 +83,23 @@ class Inbound:
         for delivery, or parked by the gate. Every frame the ingress read (its `messages_read`)
         is counted once it leaves here."""
         return self._pending + self.gate.parked_frames
+
+    async def verify_relayed(self, hellos: tuple[bytes, ...], known: set[bytes]) -> list[tuple[Envelope, bytes]]:
+        """Check the HELLO frames a PEERS relays in a worker thread, skipping the `known` ones
+        (the same bytes were checked when they came); refused ones are counted as `relayed_*`."""
+        fresh = [frame for frame in dict.fromkeys(hellos) if frame not in known]
+        if not fresh:
+            return []
+        results = await trio.to_thread.run_sync(decode_all, self.decoder, fresh, limiter=self.verify_limiter)
+        relayed = []
+        for frame, result in zip(fresh, results, strict=True):
+            if isinstance(result, ProtocolError):
+                self.metrics.rejected(f"relayed_{result.reason.value}", len(frame))
+            elif result.type is not MessageType.HELLO:
+                self.metrics.rejected("relayed_not_hello", len(frame))
+            else:
+                relayed.append((result, frame))
+        return relayed
 
     async def run(self, handle: Handler) -> None:
         """Receive until cancelled, calling `handle(envelope, frame, source)` for every frame that passes."""

@@ -42,12 +42,38 @@ from .zmqsetup import DOMAINS, FAILED_EVENTS, PEERS, PEERS_DOMAIN, PUBLIC, ZAP_D
 
 __all__ = [
     "Connections",
+    "PeerTransportKeys",
     "ZAP_DOMAIN",
     "PEERS_DOMAIN",
     "PUBLIC",
     "PEERS",
     "DOMAINS",
 ]
+
+
+class PeerTransportKeys:
+    """With CURVE, the transport keys of the admitted peers: they pass the connection caps and
+    may hold a connection to the peers' socket (`Connections.is_peer`)."""
+
+    def __init__(self, curve: bool) -> None:
+        self.curve = curve
+        self.keys: set[bytes] = set()
+
+    def __contains__(self, transport_key: bytes) -> bool:
+        return transport_key in self.keys
+
+    def track(self, key: bytes, *, admitted: bool) -> None:
+        """Membership admitted the peer of Ed25519 `key`, or evicted it."""
+        if not self.curve:
+            return
+        try:
+            transport_key = curve_public_from_ed25519(key)
+        except ValueError:
+            return  # no transport key: it cannot connect over CURVE anyway
+        if admitted:
+            self.keys.add(transport_key)
+        else:
+            self.keys.discard(transport_key)
 
 
 class Connections:

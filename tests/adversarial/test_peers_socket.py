@@ -140,7 +140,8 @@ async def test_a_peer_that_dropped_us_unnoticed_answers_its_challenge_on_the_pee
         await wait_until(lambda: full_mesh([a, b]) and a.ingress[PEERS].messages_read > 0, timeout=10)
         key = b.identity.public_key
         now = trio.current_time()
-        a._execute(a.membership._evict(a.membership.peers[key], now, "timeout"))  # silent for a while, no BYE
+        evicted = a.membership._evict(a.membership.peers[key], now, "timeout")  # silent for a while, no BYE
+        a.membership_actions.carry_out(evicted)
         assert key not in a.membership.peers and a.identity.public_key in b.membership.peers
         a.membership._dial_later(b.address, permanent=False, key=key, informant="bootstrap", now=now)
         a._wake_maintain.set()

@@ -152,7 +152,7 @@ def _measure_stages(config_path: Path, rounds: int) -> int:
     import torch._dynamo  # noqa: F401  (torch.optim imports it on an optimiser's first use: made visible here)
 
     stage("torch._dynamo imported (sympy, torch.distributed, ...)")
-    from p2pnode.learning.driver import build_algorithm
+    from p2pnode.learning.algorithm import build_algorithm
 
     algorithm = build_algorithm(config, "bench")
     stage("shard cut, model and optimiser built")
