@@ -12,8 +12,8 @@ from algorithms import catalog
 from algorithms.data.datasets import load_dataset
 from algorithms.data.partitions import PartitionSpec, make_partition
 from algorithms.data.setup import node_data
+from algorithms.models import personal as models
 from algorithms.models.losses import prototype_alignment, prototype_uniformity, supervised_contrastive
-from algorithms.models.personal import personal as models
 from algorithms.registry import ALGORITHMS, ConfigOverrideError, apply_overrides, default_config, make_algorithm
 from algorithms.seam import NeighbourView, NodeSetup, PayloadRejected
 from protocol.messages import Head, MessageType, Model, Ping, Prototypes
