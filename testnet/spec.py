@@ -13,8 +13,7 @@ from typing import Any
 
 from algorithms.catalog import DEVICE_FORMS, DEVICE_PATTERN, FLOAT32_ONLY_DEVICES
 from algorithms.data.own_data import OwnDataSpec
-from algorithms.data.partitions import PartitionSpec
-from algorithms.data.setup import ScenarioSpec
+from algorithms.data.setup import ScenarioSpec, scenario_of
 from algorithms.methods.poison import ATTACKS, Attack
 from algorithms.models.personal import CPU_BACKBONES
 from algorithms.registry import ALGORITHMS, apply_overrides, config_as_dict, default_config
@@ -125,15 +124,7 @@ class SimulationSpec:
     @property
     def scenario_spec(self) -> ScenarioSpec:
         """The data of the run, as every node builds its share of it (algorithms/data/setup.py)."""
-        partition = PartitionSpec(
-            scenario=self.scenario,
-            nodes=self.nodes,
-            clusters=self.clusters,
-            samples_per_class=self.samples_per_class,
-            test_per_class=self.test_per_class,
-            seed=self.seed,
-        )
-        return ScenarioSpec(self.dataset, partition, self.dataset_root, self.data, self.data_per_node)
+        return scenario_of(self, self.dataset, self.dataset_root, self.data, self.data_per_node)
 
     @property
     def dataset_label(self) -> str:

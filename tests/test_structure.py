@@ -67,3 +67,32 @@ def test_no_function_is_longer_than_sixty_lines():
                 if lines > MAX_FUNCTION_LINES and (relative, node.name) not in LONG_ALLOWED:
                     long.append(f"{relative}:{node.lineno} {node.name} ({lines} lines)")
     assert long == [], long
+
+
+def calls_of(name: str) -> list[str]:
+    """Where the project's code outside tests calls `name(...)` (a plain or dotted name)."""
+    found = []
+    for path in modules().values():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call):
+                called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+                if called == name:
+                    found.append(path.relative_to(ROOT).as_posix())
+    return found
+
+
+def test_a_runs_partition_is_put_together_in_one_place():
+    """The daemon's `[data]` and the simulator's spec name the partition with the same keys;
+    algorithms/data/setup.py:scenario_of builds it from either, so daemon i and simulated node i
+    are dealt the same data."""
+    assert set(calls_of("PartitionSpec")) == {"algorithms/data/setup.py"}
+    assert set(calls_of("scenario_of")) == {"p2pnode/learning/algorithm.py", "testnet/spec.py"}
+
+
+def test_the_algorithms_are_listed_once():
+    """algorithms/catalog.py lists them (importable without torch); the registry loads each
+    entry's class from there and names none itself."""
+    registry = ast.parse((ROOT / "algorithms" / "registry.py").read_text())
+    imported = {node.module for node in ast.walk(registry) if isinstance(node, ast.ImportFrom)}
+    assert not any(module and "methods" in module for module in imported), imported
+    assert "mapl-dual" not in (ROOT / "algorithms" / "registry.py").read_text()

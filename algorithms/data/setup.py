@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -46,6 +47,25 @@ class ScenarioSpec:
     root: str | None = None
     own: OwnDataSpec | None = None  # instead of `dataset`: these files, dealt out by `partition`
     per_node: tuple[OwnDataSpec, ...] = ()  # instead of a partition: node i's data is per_node[i]
+
+
+# What names a partition, under the same keys in a daemon's `[data]` and a simulation's spec.
+PARTITION_KEYS = ("scenario", "nodes", "clusters", "samples_per_class", "test_per_class", "seed")
+
+
+def scenario_of(
+    settings: Any,
+    dataset: str,
+    root: str | None = None,
+    own: OwnDataSpec | None = None,
+    per_node: tuple[OwnDataSpec, ...] = (),
+) -> ScenarioSpec:
+    """The scenario that `settings` (anything with the PARTITION_KEYS: a daemon's `[data]`, a
+    `SimulationSpec`) describes: the one place a run's partition is put together, so daemon i and
+    the simulator's node i are dealt the same data."""
+    values = {key: getattr(settings, key) for key in PARTITION_KEYS}
+    values["clusters"] = values["clusters"] or None  # `[data].clusters = 0`: the scenario's default
+    return ScenarioSpec(dataset, PartitionSpec(**values), root, own, per_node)
 
 
 @functools.lru_cache(maxsize=4)

@@ -67,22 +67,13 @@ def _node_setup(config: Config, node_id: str) -> NodeSetup:
     dataset) on its device."""
     from algorithms.catalog import DATASET_FROM_PATH
     from algorithms.data.own_data import OwnDataError
-    from algorithms.data.partitions import PartitionSpec
-    from algorithms.data.setup import ScenarioSpec, build_setup, own_data_setup
+    from algorithms.data.setup import build_setup, own_data_setup, scenario_of
 
     data, model = config.data, config.model
     device, mixed_precision = _placement(model)
     own = data.own_data()
-    partition = PartitionSpec(
-        scenario=data.scenario,
-        nodes=data.nodes,
-        clusters=data.clusters or None,
-        samples_per_class=data.samples_per_class,
-        test_per_class=data.test_per_class,
-        seed=data.seed,
-    )
     dealt = own if data.dataset == DATASET_FROM_PATH else None
-    scenario = ScenarioSpec(data.dataset, partition, None if data.root is None else str(data.root), dealt)
+    scenario = scenario_of(data, data.dataset, None if data.root is None else str(data.root), dealt)
     try:
         if own is None or dealt is not None:
             return build_setup(
