@@ -45,19 +45,9 @@ from protocol import (
 from protocol.curve import curve_public_from_ed25519
 
 from .config import Config
+from .discovery.actions import Action, Admitted, Dial, DialPeers, Evicted, Hangup, Send, SendHello, Unreachable
 from .discovery.beacon import run_beacon
-from .discovery.peers import (
-    Action,
-    Admitted,
-    Dial,
-    DialPeers,
-    Evicted,
-    Hangup,
-    Membership,
-    Send,
-    SendHello,
-    Unreachable,
-)
+from .discovery.peers import Membership
 from .files import describe_os_error
 from .learning.checkpoint import CHECKPOINT_NAME
 from .learning.driver import (
