@@ -112,7 +112,7 @@ def test_an_unreachable_bootstrap_is_reported_once_per_streak():
     """After `dial_attempts` unanswered challenges a bootstrap address is reported unreachable
     (the node logs it), once; it is still retried, and reported again only after it answered
     and was lost."""
-    from p2pnode.discovery.peers import Unreachable
+    from p2pnode.discovery.actions import Unreachable
 
     net = SimNet()
     bootstrap = "tcp://10.0.0.1:7000"
@@ -179,7 +179,7 @@ def test_pong_gives_rtt_and_repeated_hellos_are_answered_sparingly():
             round=0,
         )
     )
-    from p2pnode.discovery.peers import SendHello
+    from p2pnode.discovery.actions import SendHello
 
     # Long enough after the handshake's HELLOs that the next one is answered, then four more at once.
     later = max(a.membership.peers[b.key].last_hello_at, net.now) + a.membership.settings.dial_retry_initial_s
@@ -202,7 +202,8 @@ def test_a_challenge_is_not_answered_on_a_connection_where_our_hello_was_dropped
     opening the connection would be refused there (handshake_first). It waits for our next HELLO."""
     import random
 
-    from p2pnode.discovery.peers import Membership, Send, SendHello
+    from p2pnode.discovery.actions import Send, SendHello
+    from p2pnode.discovery.peers import Membership
     from p2pnode.discovery.settings import DiscoverySettings
     from protocol import Decoder, Identity, Pong
 

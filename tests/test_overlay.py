@@ -6,7 +6,7 @@ from collections import Counter
 import networkx as nx
 import pytest
 
-from p2pnode.discovery.peers import Send
+from p2pnode.discovery.actions import Send
 from protocol import Ping
 
 from .simnet import SimNet, SimNode, address, overlay

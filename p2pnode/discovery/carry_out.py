@@ -14,7 +14,8 @@ from protocol import Body, Hello, ReplayGuard, node_id
 
 from ..wire.transport import MissingKey, Transport, TransportError
 from ..wire.zap import PeerTransportKeys
-from .peers import Action, Admitted, Dial, DialPeers, Evicted, Hangup, Membership, Send, SendHello, Unreachable
+from .actions import Action, Admitted, Dial, DialPeers, Evicted, Hangup, Send, SendHello, Unreachable
+from .peers import Membership
 
 __all__ = ["MembershipActions"]
 

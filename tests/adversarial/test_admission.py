@@ -4,7 +4,8 @@ exhaustion and reflection (issue #14), on the simulated network of tests/simnet.
 
 import random
 
-from p2pnode.discovery.peers import Dial, Evicted, Membership
+from p2pnode.discovery.actions import Dial, Evicted
+from p2pnode.discovery.peers import Membership
 from p2pnode.discovery.settings import DiscoverySettings
 from protocol import PROTOCOL_VERSION, Decoder, Encoder, Envelope, Hello, Identity, Peers
 

@@ -1,0 +1,36 @@
+"""Which subnet an address counts in, for the limits on peers and dials per subnet."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from ..wire.gate import subnet_of
+
+
+def host_of(address: str) -> str:
+    """The host of a tcp:// address, without IPv6 brackets."""
+    return address.removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
+
+
+class Subnets:
+    """The subnet of a host (a /24 or /64, `subnet_of`), except in the networks `exempt` from the
+    limits (`subnet_limits_exempt`)."""
+
+    def __init__(self, exempt: tuple[str, ...]) -> None:
+        self._exempt = tuple(ipaddress.ip_network(cidr) for cidr in exempt)
+
+    def of(self, address: str) -> str | None:
+        """The subnet of an address's host, or None where the limits do not apply (loopback by
+        default: all of it is this very host) or the host is a name."""
+        return self.of_host(host_of(address))
+
+    def of_host(self, host: str | None) -> str | None:
+        if host is None:
+            return None
+        try:
+            ip = ipaddress.ip_address(host)
+        except ValueError:
+            return f"name:{host}"
+        if any(ip in network for network in self._exempt):
+            return None
+        return subnet_of(host)
