@@ -11,6 +11,8 @@ pytestmark = pytest.mark.quick  # no daemons, no training: make test-quick runs 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("protocol", "algorithms", "p2pnode", "testnet", "tools", "p2pnode_cli")
 MAX_FUNCTION_LINES = 60
+MAX_MODULE_LINES = 600  # issue #30: a module one reads in a sitting
+MAX_CLASS_METHODS = 25  # ... and a class with one job
 # Long by nature: a flat list of declarations, and the decoder that checks a frame field by field.
 LONG_ALLOWED = {("p2pnode_cli/testnet.py", "add_parser"), ("protocol/envelope.py", "decode")}
 
@@ -96,3 +98,23 @@ def test_the_algorithms_are_listed_once():
     imported = {node.module for node in ast.walk(registry) if isinstance(node, ast.ImportFrom)}
     assert not any(module and "methods" in module for module in imported), imported
     assert "mapl-dual" not in (ROOT / "algorithms" / "registry.py").read_text()
+
+
+def test_no_module_is_longer_than_six_hundred_lines():
+    long = {}
+    for path in modules().values():
+        lines = len(path.read_text().splitlines())
+        if lines > MAX_MODULE_LINES:
+            long[path.relative_to(ROOT).as_posix()] = lines
+    assert long == {}, f"split these by job: {long}"
+
+
+def test_no_class_has_more_than_twenty_five_methods():
+    big = []
+    for path in modules().values():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                methods = sum(isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) for item in node.body)
+                if methods > MAX_CLASS_METHODS:
+                    big.append(f"{path.relative_to(ROOT).as_posix()} {node.name} ({methods} methods)")
+    assert big == [], big
