@@ -120,6 +120,11 @@ HETEROGENEOUS = Quick(
     "python -m tools.bench.heterogeneous --methods local --scenarios 1 --samples 1 --seeds 3 --rounds 1 "
     "--test-per-class 1 --workers 1 --out DIR"
 )
+STRAGGLERS = Quick(
+    "python -m tools.bench.stragglers --rounds 1 --nodes 2 --samples 1 --test 1 --seeds 1 --workers 1 "
+    "--schedule async --out DIR",
+    heavy=True,
+)
 SCOOL = Quick("python -m tools.bench.scool --rounds 1 --nodes 4 --seeds 3 --methods scool-local --workers 1 --out DIR")
 POISONING = Quick(
     "python -m tools.bench.poisoning --methods mapl --attacks random --rounds 1 --seeds 1 --workers 2 --out DIR",
@@ -172,6 +177,9 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "--methods local mapl-dual --save heterogeneous": HETEROGENEOUS,
     "python -m tools.bench.heterogeneous --methods local mapl-dual --samples 10 --save heterogeneous": HETEROGENEOUS,
     "python -m tools.bench.scool --out bench-out/scool --save scool": SCOOL,
+    "python -m tools.bench.stragglers --out DIR --seeds 1 2 --workers 2 --schedule async --save stragglers-async": (
+        STRAGGLERS
+    ),
     "python -m tools.bench.poisoning --out bench-out/poisoning --seeds 1 2 --save poisoning": POISONING,
     "python -m tools.bench.memory --out bench-out/memory": MEMORY,
     "python -m tools.bench.memory --stages": STAGES,

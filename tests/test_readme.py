@@ -182,7 +182,9 @@ def test_running_a_node(tmp_path, monkeypatch, capsys):
                 subprocess.run(["bash", "-c", line], check=True)
             elif words[1] == "start":  # in the foreground until stopped: a process of its own
                 env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout, wherever the test runs
-                node = subprocess.Popen([sys.executable, "-m", *words], stderr=subprocess.PIPE, text=True, env=env)
+                node = subprocess.Popen(
+                    [sys.executable, "-m", "p2pnode_cli", *words[1:]], stderr=subprocess.PIPE, text=True, env=env
+                )
                 deadline = time.monotonic() + 60
                 while main(["status", *words[2:]]) != 0:  # until its control socket answers
                     assert node.poll() is None and time.monotonic() < deadline, "start failed"
