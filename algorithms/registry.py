@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import catalog
-from .catalog import GRAPH_LEARNING
 from .seam import Algorithm, NodeSetup
 
 __all__ = [
@@ -150,7 +149,7 @@ def checked_config(name: str, overrides: Mapping[str, str], rounds: int, rounds_
     config check and `simulate` / `testnet` all come here; ConfigOverrideError says what is wrong."""
     config = apply_overrides(default_config(name), overrides)
     problems = []
-    if name in GRAPH_LEARNING:
+    if name in catalog.GRAPH_LEARNING:
         for key, otherwise in _FROM_ROUND:
             value = getattr(config, key, None)
             if value is not None and value >= rounds and not (key == "prune_round" and value == 0):

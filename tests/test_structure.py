@@ -6,10 +6,11 @@ from pathlib import Path
 import networkx as nx
 import pytest
 
+from .test_layering import PACKAGES
+
 pytestmark = pytest.mark.quick  # no daemons, no training: make test-quick runs it
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("protocol", "algorithms", "p2pnode", "testnet", "tools", "p2pnode_cli")
 MAX_FUNCTION_LINES = 60
 MAX_MODULE_LINES = 600  # issue #30: a module one reads in a sitting
 MAX_CLASS_METHODS = 25  # ... and a class with one job
