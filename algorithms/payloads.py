@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -16,6 +17,7 @@ from torch import nn
 
 from protocol.messages import Head, Model, Prototypes
 
+from .outliers import state_scale
 from .seam import PayloadRejected
 
 __all__ = [
@@ -23,6 +25,7 @@ __all__ = [
     "check_prototypes",
     "check_head",
     "shared_state",
+    "statistic_names",
     "state_norm",
     "check_model",
     "average_states",
@@ -62,6 +65,17 @@ def shared_state(modules: Mapping[str, nn.Module]) -> dict[str, torch.Tensor]:
             if tensor.is_floating_point():
                 state[f"{prefix}.{name}"] = tensor
     return state
+
+
+def statistic_names(modules: Mapping[str, nn.Module]) -> frozenset[str]:
+    """The names, as `shared_state` gives them, of the modules' floating-point buffers:
+    BatchNorm's running statistics."""
+    names: set[str] = set()
+    for prefix, module in modules.items():
+        parameters = {name for name, _ in module.named_parameters()}
+        floats = (name for name, tensor in module.state_dict().items() if tensor.is_floating_point())
+        names.update(f"{prefix}.{name}" for name in floats if name not in parameters)
+    return frozenset(names)
 
 
 @torch.no_grad()
@@ -106,6 +120,7 @@ class SharedModules:
 
     def __init__(self, modules: Mapping[str, nn.Module]) -> None:
         self.modules = dict(modules)
+        self.statistics = statistic_names(self.modules)
 
     def state(self) -> dict[str, torch.Tensor]:
         return shared_state(self.modules)
@@ -116,8 +131,20 @@ class SharedModules:
     def check(self, body: Model) -> None:
         check_model(body, self.state())
 
+    # A model's scale (outliers.py) is its parameters' norm. BatchNorm statistics follow the
+    # data, not the training: an honest node's running variances stood 35× above its
+    # neighbours' (SCooL, mnist5k, seed 3), and judging them refused it all run.
     def scale(self) -> float:
-        return state_norm(self.state())
+        """The norm of this node's parameters, against which a peer's `scale_of` is judged."""
+        return state_norm(self.parameters(self.state()))
+
+    def scale_of(self, tensors: Mapping[str, np.ndarray]) -> float:
+        """The norm of a peer's parameters (and of anything else it sends but statistics)."""
+        return state_scale(self.parameters(tensors))
+
+    def parameters(self, tensors: Mapping[str, Any]) -> dict[str, Any]:
+        """`tensors` without the statistics."""
+        return {name: tensor for name, tensor in tensors.items() if name not in self.statistics}
 
     def mix(self, own_weight: float, others: list[tuple[float, Model]]) -> None:
         """state ← own_weight · state + Σ weight · other's, in place."""

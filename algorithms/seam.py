@@ -24,7 +24,7 @@ import abc
 import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import torch
@@ -44,6 +44,7 @@ __all__ = [
     "Evaluation",
     "Predictors",
     "PayloadRejected",
+    "Scale",
     "NeighbourView",
     "Staleness",
     "Algorithm",
@@ -192,6 +193,15 @@ class PayloadRejected(Exception):
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
+
+
+class Scale(NamedTuple):
+    """A part of a payload as `inspect` gives it to the guard (outliers.py): the peer's scale and
+    this node's."""
+
+    theirs: float
+    own: float
+    step: bool = False  # a step (an update): refused above the bound only, by max_step_ratio
 
 
 @dataclass(frozen=True)
@@ -363,10 +373,9 @@ class Algorithm(abc.ABC):
         """Checks of a payload's sender and round, before its content is judged; may raise
         PayloadRejected, which distrusts nobody."""
 
-    def inspect(self, peer: str, round: int, body: Body) -> Mapping[str, tuple[float, float]]:
+    def inspect(self, peer: str, round: int, body: Body) -> Mapping[str, Scale]:
         """Checks of the form of a payload of a `judged_parts` type (raise PayloadRejected);
-        returns the parts whose scale `guard.check` compares: name → (the peer's scale, this
-        node's)."""
+        returns the parts whose scale `guard.check` compares: name → Scale."""
         raise NotImplementedError(f"{self.name} judges {body.TYPE} payloads but does not inspect them")
 
     def after_judging(self) -> None:  # noqa: B027 (optional hook)

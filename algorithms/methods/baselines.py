@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from protocol.messages import Body, MessageType, Model, Prototypes
 
 from ..models.training import LocalTrainer, TrainedLocally, TrainingConfig, node_model
-from ..outliers import OutlierConfig, ScaleGuard, fold_into_self, row_scale, state_scale
+from ..outliers import OutlierConfig, Scale, ScaleGuard, fold_into_self, row_scale
 from ..payloads import SharedModules, check_prototypes, to_numpy
 from ..seam import Algorithm, LocalReport, NeighbourView, NodeSetup, Outbound, uniform_row
 
@@ -106,11 +106,11 @@ class FedProto(_AllPeersUniform):
         self._own = Prototypes(classes=classes, counts=counts, prototypes=means)
         return [Outbound(to=self.peers, body=self._own)] if self.peers else []
 
-    def inspect(self, peer: str, round: int, body: Body) -> dict[str, tuple[float, float]]:
+    def inspect(self, peer: str, round: int, body: Body) -> dict[str, Scale]:
         assert isinstance(body, Prototypes)
         check_prototypes(body, self.spec.num_classes, self.spec.latent_dim, all_classes=False)
         own = 0.0 if self._own is None else row_scale(self._own.prototypes)
-        return {"prototypes": (row_scale(body.prototypes), own)}
+        return {"prototypes": Scale(row_scale(body.prototypes), own)}
 
     def end_round(self, round: int) -> None:
         sums: dict[int, np.ndarray] = {}
@@ -167,10 +167,10 @@ class DFedAvgM(_AllPeersUniform):
     def publish(self, round: int) -> list[Outbound]:
         return [Outbound(to=self.peers, body=self.shared.body())] if self.peers else []
 
-    def inspect(self, peer: str, round: int, body: Body) -> dict[str, tuple[float, float]]:
+    def inspect(self, peer: str, round: int, body: Body) -> dict[str, Scale]:
         assert isinstance(body, Model)
         self.shared.check(body)
-        return {"model": (state_scale(body.tensors), self.shared.scale())}
+        return {"model": Scale(self.shared.scale_of(body.tensors), self.shared.scale())}
 
     def end_round(self, round: int) -> None:
         distrusted = self.guard.distrusted()

@@ -35,7 +35,7 @@ from ..graphs.graph import GraphConfig
 from ..models.losses import distillation, ensemble_logits
 from ..models.small import ENCODINGS, SmallShare, shared_small_model
 from ..models.training import LocalTrainer, evaluate_predictors
-from ..outliers import state_scale
+from ..outliers import Scale
 from ..seam import Evaluation, LocalReport, NodeSetup, Outbound, Predictors
 from .mapl import Mapl, MaplConfig
 
@@ -154,11 +154,11 @@ class MaplDual(Mapl):
             return []
         return [Outbound(to=to, body=self._prototypes(with_head=False)), Outbound(to=to, body=self.share.body())]
 
-    def inspect(self, peer: str, round: int, body: Body) -> dict[str, tuple[float, float]]:
+    def inspect(self, peer: str, round: int, body: Body) -> dict[str, Scale]:
         if not isinstance(body, Model):
             return super().inspect(peer, round, body)
         self.share.check(body)
-        return {"model": (state_scale(body.tensors), self.share.scale())}
+        return {"model": Scale(self.share.scale_of(body.tensors), self.share.scale())}
 
     # -- graph step and aggregation ---------------------------------------------------------
 

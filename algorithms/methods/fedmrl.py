@@ -39,7 +39,7 @@ from ..graphs.graph import GraphConfig
 from ..models.personal import SmallModel, make_backbone
 from ..models.small import ENCODINGS, SmallShare, shared_small_model
 from ..models.training import LocalTrainer, TrainedLocally, TrainingConfig, evaluate_predictors
-from ..outliers import OutlierConfig, ScaleGuard, state_scale
+from ..outliers import OutlierConfig, Scale, ScaleGuard
 from ..seam import Algorithm, Evaluation, LocalReport, NeighbourView, NodeSetup, Outbound, Predictors
 
 __all__ = ["FedMrlConfig", "FedMrl", "Matryoshka", "MatryoshkaPredictors"]
@@ -159,10 +159,10 @@ class FedMrl(InNeighbourhood, TrainedLocally, Algorithm):
         to = tuple(sorted({*neighbours, *explored}))
         return [Outbound(to=to, body=self.share.body())] if to else []
 
-    def inspect(self, peer: str, round: int, body: Body) -> dict[str, tuple[float, float]]:
+    def inspect(self, peer: str, round: int, body: Body) -> dict[str, Scale]:
         assert isinstance(body, Model)
         self.share.check(body)
-        return {"model": (state_scale(body.tensors), self.share.scale())}
+        return {"model": Scale(self.share.scale_of(body.tensors), self.share.scale())}
 
     def end_round(self, round: int) -> None:
         models = self.view.fresh(MessageType.MODEL, round)

@@ -30,7 +30,7 @@ from ..graphs.graph import GraphConfig, head_similarity
 from ..models.losses import prototype_alignment, prototype_uniformity, supervised_contrastive
 from ..models.personal import ModelOutput
 from ..models.training import LocalTrainer, TrainedLocally, TrainingConfig, node_model
-from ..outliers import OutlierConfig, ScaleGuard, norm, row_scale, state_scale
+from ..outliers import OutlierConfig, Scale, ScaleGuard, norm, row_scale
 from ..payloads import SharedModules, check_head, check_prototypes, to_numpy
 from ..seam import Algorithm, Frame, LocalReport, NeighbourView, NodeSetup, Outbound
 
@@ -197,15 +197,15 @@ class Mapl(InNeighbourhood, PmlNode):
             head=to_numpy(self.model.head.weight) if with_head else None,
         )
 
-    def inspect(self, peer: str, round: int, body: Body) -> dict[str, tuple[float, float]]:
+    def inspect(self, peer: str, round: int, body: Body) -> dict[str, Scale]:
         assert isinstance(body, Prototypes)
         check_prototypes(body, self.spec.num_classes, self.spec.projection_dim, all_classes=True)
         if body.head is not None:
             check_head(Head(weight=body.head, bias=None), self.model.head, with_bias=False)
         # Shapes first, then scale: a payload of the wrong form is refused as such.
-        scales = {"prototypes": (row_scale(body.prototypes), row_scale(to_numpy(self.model.prototypes)))}
+        scales = {"prototypes": Scale(row_scale(body.prototypes), row_scale(to_numpy(self.model.prototypes)))}
         if body.head is not None:
-            scales["head"] = (norm(body.head), norm(to_numpy(self.model.head.weight)))
+            scales["head"] = Scale(norm(body.head), norm(to_numpy(self.model.head.weight)))
         return scales
 
     def keep(self, peer: str, round: int, body: Body, frame: Frame | None) -> None:
@@ -272,11 +272,11 @@ class MaplPlus(Mapl):
         recipients = tuple(sorted({peer for each in out for peer in each.to}))
         return [*out, Outbound(to=recipients, body=self.shared.body())] if recipients else out
 
-    def inspect(self, peer: str, round: int, body: Body) -> dict[str, tuple[float, float]]:
+    def inspect(self, peer: str, round: int, body: Body) -> dict[str, Scale]:
         if not isinstance(body, Model):
             return super().inspect(peer, round, body)
         self.shared.check(body)
-        return {"model": (state_scale(body.tensors), self.shared.scale())}
+        return {"model": Scale(self.shared.scale_of(body.tensors), self.shared.scale())}
 
     def end_round(self, round: int) -> None:
         super().end_round(round)

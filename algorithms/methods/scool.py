@@ -40,7 +40,7 @@ from ..graphs.priors import AttentionPrior, SbmPrior
 from ..graphs.scores import ScoreExchange
 from ..models.personal import make_model
 from ..models.training import LocalTrainer, TrainedLocally, TrainingConfig, node_model, seeded_generator
-from ..outliers import OutlierConfig, ScaleGuard, fold_into_self, state_scale
+from ..outliers import OutlierConfig, Scale, ScaleGuard, fold_into_self, state_scale
 from ..payloads import SharedModules, average_states, check_model, shared_state, state_norm, to_numpy
 from ..seam import Algorithm, Frame, LocalReport, NodeSetup, Outbound, PayloadRejected, Staleness, uniform_row
 
@@ -203,11 +203,11 @@ class ModelGossip(ScoolNode):
         if round < self.round - self.max_staleness:
             raise PayloadRejected("stale", f"{body.TYPE} for round {round}, this node is at {self.round}")
 
-    def inspect(self, peer: str, round: int, body: Body) -> dict[str, tuple[float, float]]:
+    def inspect(self, peer: str, round: int, body: Body) -> dict[str, Scale]:
         """A model of our form; the parts whose scale is checked: (theirs, ours) of each."""
         assert isinstance(body, Model)
         self.shared.check(body)
-        return {"model": (state_scale(body.tensors), self.shared.scale())}
+        return {"model": Scale(self.shared.scale_of(body.tensors), self.shared.scale())}
 
     def _distrusted(self) -> frozenset[str]:
         """Peers listened to whose models were refused for their form or scale (outliers.py):
@@ -338,7 +338,7 @@ class ScoolEm(ModelGossip):
         else:
             super().screen(peer, round, body)
 
-    def inspect(self, peer: str, round: int, body: Body) -> dict[str, tuple[float, float]]:
+    def inspect(self, peer: str, round: int, body: Body) -> dict[str, Scale]:
         """A model with its update and the prior's extras, of our form; the scale of both."""
         assert isinstance(body, Model)
         check_model(body, {**self.shared.state(), **self.prior.extras()})
@@ -347,8 +347,8 @@ class ScoolEm(ModelGossip):
         self.prior.check(body)
         own = math.hypot(self.shared.scale(), state_scale(self.prior.extras()))
         return {
-            "model": (state_scale(body.tensors), own),
-            "update": (state_scale(body.update), state_norm(self.update)),
+            "model": Scale(self.shared.scale_of(body.tensors), own),
+            "update": Scale(state_scale(body.update), state_norm(self.update), step=True),
         }
 
     def keep(self, peer: str, round: int, body: Body, frame: Frame | None) -> None:

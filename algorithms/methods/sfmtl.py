@@ -62,7 +62,7 @@ from protocol.messages import Body, Head, MessageType, Prototypes
 from ..data.augment import augment, default_augment
 from ..graphs.graph import communities
 from ..models.training import LocalTrainer, TrainedLocally, TrainingConfig, node_model
-from ..outliers import OutlierConfig, ScaleGuard, row_scale, state_scale
+from ..outliers import OutlierConfig, Scale, ScaleGuard, row_scale, state_scale
 from ..payloads import check_head, check_prototypes, to_numpy
 from ..seam import Algorithm, LocalReport, NeighbourView, NodeSetup, Outbound, PayloadRejected
 
@@ -329,7 +329,7 @@ class Sfmtl(TrainedLocally, Algorithm):
         _, bodies = self.own_payloads(round)
         return [Outbound(to=self.peers, body=body) for body in bodies] if self.peers else []
 
-    def inspect(self, peer: str, round: int, body: Body) -> dict[str, tuple[float, float]]:
+    def inspect(self, peer: str, round: int, body: Body) -> dict[str, Scale]:
         """Anchors must be one row of the latent width per known class, each from ≥ 1 sample;
         a head must have our head's shape, bias included. A head riding on PROTOTYPES is not
         used: the HEAD frame carries it with its bias."""
@@ -341,11 +341,11 @@ class Sfmtl(TrainedLocally, Algorithm):
             if any(count < 1 for count in body.counts):
                 raise PayloadRejected("bad_count", f"an anchor from {min(body.counts)} samples")
             own_scale = 0.0 if own is None else row_scale(np.stack(list(own.anchors.values())))
-            return {"anchors": (row_scale(body.prototypes), own_scale)}
+            return {"anchors": Scale(row_scale(body.prototypes), own_scale)}
         assert isinstance(body, Head)
         check_head(body, self.model.head, with_bias=True)
         own_scale = 0.0 if own is None else state_scale([own.weight, own.bias])
-        return {"head": (state_scale([body.weight, body.bias]), own_scale)}
+        return {"head": Scale(state_scale([body.weight, body.bias]), own_scale)}
 
     # -- graph step and aggregation ---------------------------------------------------------
 

@@ -17,6 +17,8 @@ tensor with a value beyond float16's range goes as float32 instead of overflowin
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import torch
 
@@ -79,8 +81,12 @@ class SmallShare:
         check_model(body, self._state())
 
     def scale(self) -> float:
-        """The norm of what `body` sends (outliers.state_scale of it)."""
-        return state_norm(self._state())
+        """The norm of the parameters `body` sends (SharedModules.scale)."""
+        return state_norm(self.mixed.parameters(self._state()))
+
+    def scale_of(self, tensors: Mapping[str, np.ndarray]) -> float:
+        """The norm of a peer's parameters (SharedModules.scale_of)."""
+        return self.mixed.scale_of(tensors)
 
     def mix(self, own_weight: float, others: list[tuple[float, Model]]) -> None:
         """backbone ← own_weight · backbone + Σ weight · peer's backbone; the head stays."""

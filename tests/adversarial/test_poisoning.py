@@ -11,7 +11,7 @@ import pytest
 from algorithms.graphs.collaboration import LearnedGraph, UniformGraph
 from algorithms.graphs.graph import GraphConfig
 from algorithms.methods.poison import LEGAL_NORM, Attack, corrupt, corrupt_tensor
-from algorithms.outliers import OutlierConfig, ScaleGuard, fold_into_self, row_scale, scale_outlier, state_scale
+from algorithms.outliers import OutlierConfig, Scale, ScaleGuard, fold_into_self, row_scale, scale_outlier, state_scale
 from algorithms.seam import PayloadRejected
 from protocol.messages import Head, Model, Prototypes, Score
 from testnet.simulator import SimulationSpec, run_simulation
@@ -90,6 +90,26 @@ def test_an_honest_spread_of_scales_passes_and_ten_thousand_times_is_refused():
     assert scale_outlier(1e9, reference, OutlierConfig(max_norm_ratio=math.inf)) is None
 
 
+def test_a_step_is_refused_only_above_its_own_wider_bound():
+    # SCooL's updates on mnist5k, seed 0, round 4: a node whose classes are learnt already
+    # steps 0.12 beside its neighbours' 0.42-0.76; refusing it cost SCooL its graph.
+    steps = [0.21, 0.64, 0.57, 0.763, 0.745, 0.556, 0.424, 0.567, 0.585]
+    assert scale_outlier(0.123, steps, BOUNDS) is not None  # as a model's scale: refused
+    for harmless in (0.123, 1e-4, 0.0):
+        assert scale_outlier(harmless, steps, BOUNDS, step=True) is None
+    # Round 11, after pruning: a cluster-mate's step 6.7× this node's own, the only reference.
+    assert scale_outlier(0.0226, [0.00338], BOUNDS, step=True) is None
+    assert scale_outlier(15.9, [1.0], BOUNDS, step=True) is None
+    assert "median 0.57" in scale_outlier(16.1 * 0.57, steps, BOUNDS, step=True)
+    assert scale_outlier(1e9, [1.0], OutlierConfig(max_step_ratio=math.inf), step=True) is None
+    guard = ScaleGuard(BOUNDS, window=2)
+    guard.set_peers(["small", "poisoner"])
+    guard.check("small", 4, {"update": Scale(0.123, 0.57, step=True)})
+    with pytest.raises(PayloadRejected, match="out_of_scale"):
+        guard.check("poisoner", 4, {"update": Scale(57.0, 0.57, step=True)})
+    assert guard.distrusted() == {"poisoner"}
+
+
 def test_with_few_neighbours_the_nodes_own_scale_decides():
     assert scale_outlier(3.9, [1.0], BOUNDS) is None and scale_outlier(1 / 3.9, [1.0], BOUNDS) is None
     assert scale_outlier(4.1, [1.0], BOUNDS) is not None and scale_outlier(1 / 4.1, [1.0], BOUNDS) is not None
@@ -111,6 +131,8 @@ def test_the_median_outvotes_an_odd_node_and_a_wide_honest_spread_widens_the_bou
     assert scale_outlier(1e4, spread, BOUNDS) is not None
     with pytest.raises(ValueError, match="max_norm_ratio"):
         OutlierConfig(max_norm_ratio=1.0)
+    with pytest.raises(ValueError, match="max_step_ratio"):
+        OutlierConfig(max_step_ratio=0.5)
 
 
 def test_the_guard_distrusts_a_refused_peer_until_it_passes_and_never_learns_from_it():
