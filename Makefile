@@ -21,8 +21,11 @@ $(STAMP): pyproject.toml constraints.txt
 demo: venv
 	$(BIN)/python -m tools.demo --out demo-out
 
+# Test files spread over TEST_WORKERS processes, each file whole on one (its module fixtures,
+# the testnets most files share among their tests, then run once); TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 test: venv
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 # The edit-run loop: the modules marked quick (no daemons, no training; tests/conftest.py).
 test-quick: venv

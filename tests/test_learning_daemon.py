@@ -149,47 +149,6 @@ def same_keys(a: dict, b: dict, path: str = "") -> list[str]:
     return differences
 
 
-def test_testnet_learns_and_matches_the_simulator(tmp_path):
-    """4 daemons on digits: the report has the simulator's schema and the simulator's numbers."""
-    from testnet.learning import run_learning_testnet
-    from testnet.report import CheckThresholds
-    from testnet.simulator import SimulationSpec, run_simulation
-    from testnet.summary import summary_page
-
-    spec = SimulationSpec(
-        algorithm="mapl", dataset="digits", nodes=4, rounds=10, samples_per_class=20, overrides={"warmup_rounds": "4"}
-    )
-    code, report = run_learning_testnet(
-        spec, tmp_path / "net", round_deadline_s=10, check=CheckThresholds(accuracy=0.6, within_cluster_mass=0.9)
-    )
-    assert code == 0, report["check"]
-    simulated = run_simulation(spec)
-    for key in ("algorithm", "dataset", "scenario", "nodes", "rounds", "seed", "wall_s"):
-        assert key in report
-    assert abs(report["accuracy"]["mean"] - simulated["accuracy"]["mean"]) <= 0.02
-    assert len(report["accuracy"]["per_round"]) == 10
-    w = np.array(report["graph"]["W"])
-    np.testing.assert_allclose(w.sum(axis=1), 1)
-    assert w.min() >= 0 and report["graph"]["within_cluster_mass"] >= 0.9
-    assert report["comm"]["by_type"]["PROTOTYPES"]["messages"] == simulated["comm"]["by_type"]["PROTOTYPES"]["messages"]
-    assert 1.0 < report["comm"]["envelope_overhead"] < 1.1
-    assert report["processes"]["exit_codes"] == [0, 0, 0, 0]
-    # One report builder: the same keys at every level; what only processes have is null in a simulation.
-    assert simulated["processes"]["exit_codes"] is None and report["processes"]["catch_ups"] == [0, 0, 0, 0]
-    assert same_keys(report, simulated) == []
-    # Each daemon's resident memory after the run, and its peak: a learning process holds torch.
-    rss, peak = report["processes"]["rss_mb"], report["processes"]["peak_rss_mb"]
-    assert all(100 < now <= top + 1 for now, top in zip(rss, peak, strict=True)) and len(rss) == 4, (rss, peak)
-    page = summary_page(report)
-    assert (
-        f"| daemon memory, MiB (after the run · peak) | median {statistics.median(rss):.0f}, max {max(rss):.0f} · "
-        in page
-    )
-    assert "| node | backbone | classes | neighbours (w > 0) | RSS / peak MiB | mapl [95 % Wilson] |" in page
-    assert "RSS / peak MiB" not in summary_page(simulated)
-    same_records(spec, [read_history(tmp_path / "net" / f"node{i:02d}" / "data" / HISTORY_NAME) for i in range(4)])
-
-
 def three_digits_daemons_one_slow(rounds: int, factor: float, **spec):
     """3 mapl-nocgl nodes on digits (the `mlp`, 10 images per class), one drawn `factor`× slower."""
     from testnet.simulator import SimulationSpec
@@ -458,38 +417,6 @@ async def test_scores_for_models_never_sent_or_sent_twice_are_counted(tmp_path):
         assert b.metrics.messages_out["SCORE"] >= 4
         for node in (a, b, mallory):
             node.request_stop()
-
-
-def test_scool_testnet_separates_two_groups_and_matches_the_simulator(tmp_path):
-    """4 SCooL-SBM daemons on digits, two groups of two: the learned graph finds each node's
-    partner, pruning cuts the traffic to it, and the numbers are the simulator's."""
-    from testnet.learning import run_learning_testnet
-    from testnet.report import CheckThresholds
-    from testnet.simulator import SimulationSpec, run_simulation
-
-    spec = SimulationSpec(
-        algorithm="scool-sbm",
-        dataset="digits",
-        scenario="noniid-sbm",
-        clusters=2,
-        nodes=4,
-        rounds=8,
-        samples_per_class=10,
-        test_per_class=5,
-        overrides={"prune_round": "4"},
-    )
-    code, report = run_learning_testnet(
-        spec, tmp_path / "net", round_deadline_s=10, check=CheckThresholds(accuracy=0.6, within_cluster_mass=0.95)
-    )
-    assert code == 0, report["check"]
-    simulated = run_simulation(spec)
-    assert report["graph"]["l1_to_truth"] <= 0.2 and len(report["graph"]["l1_to_truth_per_round"]) == 8
-    assert report["accuracy_own_classes"]["mean"] >= 0.9
-    assert abs(report["accuracy"]["mean"] - simulated["accuracy"]["mean"]) <= 0.02
-    for kind in ("MODEL", "SCORE"):
-        assert report["comm"]["by_type"][kind]["messages"] == simulated["comm"]["by_type"][kind]["messages"], kind
-    assert report["rejections"] == {} and report["processes"]["exit_codes"] == [0, 0, 0, 0]
-    assert same_keys(report, simulated) == []
 
 
 async def test_a_finished_run_restarted_is_done_at_once_not_waiting_for_peers(tmp_path):

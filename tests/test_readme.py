@@ -8,16 +8,21 @@ here that the README no longer shows. The command synopsis ("Command line") is c
 the argument parser, and the Python example is run as it is.
 
 The README's learning commands are small on purpose (digits, 4 nodes, a few rounds, the `mlp`
-backbone) so that this module stays around a minute and a half on two idle cores.
+backbone) so that this module stays around a minute and a half on two idle cores. Each runs once
+(`ran`); its testnets also stand for the learning testnet's own tests (tests/test_learning_daemon.py:
+the testnet and the simulator on the same options agree), so no other module starts their like.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
 import shlex
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -25,8 +30,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from p2pnode.learning.history import HISTORY_NAME, read_history
 from p2pnode_cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,20 +81,32 @@ def _checked(report: dict) -> bool:
     return report["check"]["passed"] and report["rounds_completed_per_node"] == [report["rounds"]] * report["nodes"]
 
 
+MAPL_SIMULATE = (
+    "p2pnode simulate --algorithm mapl --dataset digits --nodes 4 --rounds 8 --samples-per-class 10 --backbones mlp "
+    "--set warmup_rounds=3 --out DIR --check"
+)
+MAPL_TESTNET = (
+    "p2pnode testnet --algorithm mapl --dataset digits --nodes 4 --rounds 8 --samples-per-class 10 --backbones mlp "
+    "--set warmup_rounds=3 --out DIR --check"
+)
+SCOOL_TESTNET = (
+    "p2pnode testnet --algorithm scool-sbm --dataset digits --scenario noniid-sbm --clusters 2 --nodes 4 --rounds 6 "
+    "--samples-per-class 10 --backbones mlp --set prune_round=3 --out DIR --check"
+)
+# SCooL's testnet beside the simulator on the same options (the README shows no simulate for it)
+SCOOL_SIMULATE = SCOOL_TESTNET.replace("p2pnode testnet", "p2pnode simulate", 1)
+
 RUN = {
     "p2pnode testnet --nodes 5 --algorithm none --duration 30 --exit-on-mesh --out DIR": Outcome(
         prints=r"full mesh in [\d.]+ s",
         report=lambda r: r["discovery"]["full_mesh_s"] is not None and r["discovery"]["peer_counts"] == [4] * 5,
     ),
     # README: "MAPL recovers the clusters"; the same command shows the one structure (issue #12).
-    "p2pnode simulate --algorithm mapl --dataset digits --nodes 4 --rounds 8 --samples-per-class 10 --backbones mlp "
-    "--set warmup_rounds=3 --out DIR --check": Outcome(prints=r"^mapl: accuracy", report=_checked),
-    "p2pnode testnet --algorithm mapl --dataset digits --nodes 4 --rounds 8 --samples-per-class 10 --backbones mlp "
-    "--set warmup_rounds=3 --out DIR --check": Outcome(
+    MAPL_SIMULATE: Outcome(prints=r"^mapl: accuracy", report=_checked),
+    MAPL_TESTNET: Outcome(
         prints=r"^mapl: accuracy", report=lambda r: _checked(r) and r["processes"]["exit_codes"] == [0] * 4
     ),
-    "p2pnode testnet --algorithm scool-sbm --dataset digits --scenario noniid-sbm --clusters 2 --nodes 4 --rounds 6 "
-    "--samples-per-class 10 --backbones mlp --set prune_round=3 --out DIR --check": Outcome(
+    SCOOL_TESTNET: Outcome(
         prints=r"^scool-sbm: accuracy", report=lambda r: _checked(r) and r["comm"]["by_type"]["SCORE"]["messages"] > 0
     ),
     "p2pnode simulate --algorithm mapl-dual --dataset digits --nodes 4 --rounds 8 --samples-per-class 10 "
@@ -145,19 +164,103 @@ def _name(command: str) -> str:
     return f"{words[1]}-{algorithm}" + ("-poisoned" if "--poisoners" in words else "")
 
 
+@dataclass(frozen=True)
+class Ran:
+    code: int
+    printed: str  # stdout, then stderr
+    out: Path  # its DIR
+
+    def report(self) -> dict:
+        return json.loads((self.out / "report.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory) -> Callable[[str], Ran]:
+    """`command` run once in this module, whichever test asks first."""
+    done: dict[str, Ran] = {}
+
+    def run(command: str) -> Ran:
+        if command not in done:
+            out = tmp_path_factory.mktemp(_name(command)) / "out"
+            argv = shlex.split(command.replace("DIR", str(out)))
+            assert argv[0] == "p2pnode"
+            stdout, stderr = io.StringIO(), io.StringIO()
+            with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+                code = main(argv[1:])
+            done[command] = Ran(code, stdout.getvalue() + stderr.getvalue(), out)
+        return done[command]
+
+    return run
+
+
 @pytest.mark.parametrize("command", list(RUN), ids=_name)
-def test_readme_command(command, tmp_path, capsys):
-    out = tmp_path / "out"
-    argv = shlex.split(command.replace("DIR", str(out)))
-    assert argv[0] == "p2pnode"
-    outcome = RUN[command]
-    code = main(argv[1:])
-    printed = capsys.readouterr()
-    assert code == outcome.code, printed.err[-3000:]
-    assert re.search(outcome.prints, printed.out + printed.err, flags=re.M), printed.out + printed.err[-3000:]
+def test_readme_command(command, ran):
+    outcome, result = RUN[command], ran(command)
+    assert result.code == outcome.code, result.printed[-3000:]
+    assert re.search(outcome.prints, result.printed, flags=re.M), result.printed[-3000:]
     if outcome.report is not None:
-        report = json.loads((out / "report.json").read_text())
+        report = result.report()
         assert outcome.report(report), json.dumps(report)[:3000]
+
+
+def _spec(command: str):
+    from p2pnode_cli.scenario import learning_spec
+
+    return learning_spec(build_parser().parse_args(shlex.split(command.replace("DIR", "out"))[1:]))
+
+
+def test_the_mapl_testnet_matches_the_simulator_on_the_same_options(ran):
+    """The README's 4 MAPL daemons beside its simulation of them: the report has the simulator's
+    schema and numbers, and one round engine made both sides' records."""
+    from testnet.summary import summary_page
+
+    from .test_learning_daemon import same_keys, same_records
+
+    testnet, simulated = ran(MAPL_TESTNET), ran(MAPL_SIMULATE)
+    assert testnet.code == simulated.code == 0, testnet.printed[-3000:]
+    report, simulation = testnet.report(), simulated.report()
+    assert abs(report["accuracy"]["mean"] - simulation["accuracy"]["mean"]) <= 0.02
+    assert len(report["accuracy"]["per_round"]) == 8
+    w = np.array(report["graph"]["W"])
+    np.testing.assert_allclose(w.sum(axis=1), 1)
+    assert w.min() >= 0 and report["graph"]["within_cluster_mass"] >= 0.9
+    sent = [run["comm"]["by_type"]["PROTOTYPES"]["messages"] for run in (report, simulation)]
+    assert sent[0] == sent[1] > 0
+    assert 1.0 < report["comm"]["envelope_overhead"] < 1.1
+    assert report["processes"]["exit_codes"] == [0] * 4 and report["processes"]["catch_ups"] == [0] * 4
+    # One report builder: the same keys at every level; what only processes have is null in a simulation.
+    assert simulation["processes"]["exit_codes"] is None
+    assert same_keys(report, simulation) == []
+    # Each daemon's resident memory after the run, and its peak: a learning process holds torch.
+    rss, peak = report["processes"]["rss_mb"], report["processes"]["peak_rss_mb"]
+    assert all(100 < now <= top + 1 for now, top in zip(rss, peak, strict=True)) and len(rss) == 4, (rss, peak)
+    page = summary_page(report)
+    assert (
+        f"| daemon memory, MiB (after the run · peak) | median {statistics.median(rss):.0f}, max {max(rss):.0f} · "
+        in page
+    )
+    assert "| node | backbone | classes | neighbours (w > 0) | RSS / peak MiB | mapl [95 % Wilson] |" in page
+    assert "RSS / peak MiB" not in summary_page(simulation)
+    histories = [read_history(testnet.out / f"node{i:02d}" / "data" / HISTORY_NAME) for i in range(4)]
+    same_records(_spec(MAPL_TESTNET), histories)
+
+
+def test_the_scool_testnet_separates_two_groups_and_matches_the_simulator(ran):
+    """The README's 4 SCooL-SBM daemons, two groups of two: the learned graph finds each node's
+    partner, and the numbers are the simulator's on the same options."""
+    from .test_learning_daemon import same_keys
+
+    testnet, simulated = ran(SCOOL_TESTNET), ran(SCOOL_SIMULATE)
+    assert testnet.code == simulated.code == 0, testnet.printed[-3000:]
+    report, simulation = testnet.report(), simulated.report()
+    assert report["graph"]["l1_to_truth"] <= 0.2 and len(report["graph"]["l1_to_truth_per_round"]) == 6
+    assert report["graph"]["within_cluster_mass"] >= 0.95
+    assert report["accuracy_own_classes"]["mean"] >= 0.9
+    assert abs(report["accuracy"]["mean"] - simulation["accuracy"]["mean"]) <= 0.02
+    for kind in ("MODEL", "SCORE"):
+        assert report["comm"]["by_type"][kind]["messages"] == simulation["comm"]["by_type"][kind]["messages"], kind
+    assert report["rejections"] == {} and report["processes"]["exit_codes"] == [0] * 4
+    assert same_keys(report, simulation) == []
 
 
 def _free_port() -> int:
