@@ -54,7 +54,7 @@ bench-learning: venv
 bench-heterogeneous: venv
 	$(BIN)/python -m tools.bench.heterogeneous --out bench-out/heterogeneous --methods local mapl-dual --save heterogeneous
 
-# The SCooL benchmark of BENCHMARKS.md (24 runs, 59 minutes of run time on the 2-core machine at load 4-10).
+# The SCooL benchmark of BENCHMARKS.md (24 runs, 33 minutes of run time, 23 minutes on the 2-core machine).
 bench-scool: venv
 	$(BIN)/python -m tools.bench.scool --out bench-out/scool --save scool
 
