@@ -17,7 +17,7 @@ and 17× below the median of the node's and its neighbours', where models stayed
 refusing the small ones cost SCooL its graph (BENCHMARKS.md, SCooL). A smaller step only damps
 the node's own in the M-step, so a step is refused above the bound only, and its floor is
 `max_step_ratio` (16) instead of `max_norm_ratio`. A poisoner scaling its whole model is
-refused for the model's tensors, which spread little.
+refused for the model's parameters, which spread little.
 
 The median and the MAD (median absolute deviation; × 1.4826 it estimates a standard deviation)
 ignore a minority of outliers, where a mean and a standard deviation would follow them. The

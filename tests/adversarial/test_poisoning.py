@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 from algorithms.graphs.collaboration import LearnedGraph, UniformGraph
 from algorithms.graphs.graph import GraphConfig
@@ -108,6 +109,24 @@ def test_a_step_is_refused_only_above_its_own_wider_bound():
     with pytest.raises(PayloadRejected, match="out_of_scale"):
         guard.check("poisoner", 4, {"update": Scale(57.0, 0.57, step=True)})
     assert guard.distrusted() == {"poisoner"}
+
+
+def test_a_models_scale_is_its_parameters_not_its_batchnorm_statistics():
+    from torch import nn
+
+    from algorithms.payloads import SharedModules
+
+    torch.manual_seed(0)
+    shared = SharedModules({"net": nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3))})
+    assert shared.statistics == {"net.1.running_mean", "net.1.running_var"}
+    own = shared.body()
+    # An honest node on brighter data: running variances 35× its neighbours', parameters alike.
+    brighter = {name: array * (35.0 if name in shared.statistics else 1.0) for name, array in own.tensors.items()}
+    assert shared.scale_of(brighter) == pytest.approx(shared.scale(), rel=1e-6)
+    assert scale_outlier(shared.scale_of(brighter), [shared.scale()], BOUNDS) is None
+    scaled = {name: array * 10.0 for name, array in own.tensors.items()}  # a poisoner scales it all
+    assert shared.scale_of(scaled) == pytest.approx(10 * shared.scale(), rel=1e-6)
+    assert scale_outlier(shared.scale_of(scaled), [shared.scale()], BOUNDS) is not None
 
 
 def test_with_few_neighbours_the_nodes_own_scale_decides():
