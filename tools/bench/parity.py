@@ -3,13 +3,13 @@ user launches it, `p2pnode testnet ... --check` (10 daemons on this machine), be
 simulator on the same spec, saved as one result file.
 
     python -m tools.bench.parity --preset learning --seeds 1 2 --out bench-out/parity --save parity-learning
-    python -m tools.bench.parity --preset scool --seeds 1 --out bench-out/parity-scool --save parity-scool
+    python -m tools.bench.parity --preset scool --seeds 3 --out bench-out/parity-scool --save parity-scool
 
 The testnet is the CLI itself, in a subprocess (its exit code is `--check`'s verdict); the
 simulated runs go first, `--workers` at a time with one torch thread each, and a finished one of
 the same spec and commit is reused (tools/bench/runs.py); then the testnets, one at a time, so
-that a testnet never shares the cores with a simulation. The learning preset's hyper-parameters
-(MAPL's β) were tuned on seed 0, which it refuses.
+that a testnet never shares the cores with a simulation. Each preset refuses the seeds its
+hyper-parameters were tuned on: MAPL's β on seed 0, SCooL's T and pruning round on 0, 1, 2.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from testnet.simulator import SimulationSpec
 from .learning import TUNING_SEEDS
 from .results import capture, save
 from .runs import simulate_all
+from .scool import TUNING_SEEDS as SCOOL_TUNING_SEEDS
 
 __all__ = ["PRESETS", "main", "render"]
 
@@ -44,7 +45,10 @@ class Preset:
 PRESETS = {
     "learning": Preset((("mapl", "1"), ("mapl", "2"), ("mapl-nocgl", "1")), 60, 25, TUNING_SEEDS),
     "scool": Preset(
-        (("scool-sbm", "noniid-sbm"), ("scool-attention", "noniid-sbm"), ("scool-dirac", "noniid-sbm")), 30, 10
+        (("scool-sbm", "noniid-sbm"), ("scool-attention", "noniid-sbm"), ("scool-dirac", "noniid-sbm")),
+        30,
+        10,
+        SCOOL_TUNING_SEEDS,
     ),
 }
 SIDES = ("simulator", "testnet")
