@@ -130,6 +130,13 @@ POISONING = Quick(
     "python -m tools.bench.poisoning --methods mapl --attacks random --rounds 1 --seeds 1 --workers 2 --out DIR",
     heavy=True,
 )
+# --check with thresholds at 0, as LEARNING_TESTNET: one round of two daemons and the simulator beside it.
+PARITY = Quick(
+    "python -m tools.bench.parity --preset scool --seeds 3 --methods scool-dirac --nodes 2 --rounds 1 "
+    "--samples-per-class 1 --test-per-class 1 --check-accuracy 0 --check-mass 0 --workers 1 --out DIR",
+    120,
+    heavy=True,
+)
 MEMORY = Quick("python -m tools.bench.memory --algorithms local --nodes 2 --rounds 1 --out DIR", 120, heavy=True)
 STAGES = Quick("python -m tools.bench.memory --stages --algorithm local --rounds 1")
 SCALE = Quick("python -m tools.bench.scale --nodes 3 --duration 30 --hold 0 --out DIR")
@@ -152,8 +159,6 @@ HOSTILE_LEARNING = Quick("python -m tools.bench.hostile --seconds 1 --quick --le
 
 MNIST_TESTNETS = (
     "p2pnode testnet --algorithm A --dataset mnist5k --scenario S --nodes 10 --rounds 60 --out DIR --check",
-    "p2pnode testnet --algorithm A --dataset mnist5k --scenario noniid-sbm --nodes 10 --rounds 30 "
-    "--samples-per-class 10 --out DIR --check",
     "p2pnode testnet --algorithm mapl-dual --dataset mnist5k --scenario 1 --nodes 10 --rounds 80 "
     "--samples-per-class 10 --test-per-class 80 --out DIR --check",
     "p2pnode testnet --nodes 20 --algorithm mapl --dataset mnist5k --scenario 1 --rounds 30 --out DIR --check",
@@ -181,6 +186,9 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
         STRAGGLERS
     ),
     "python -m tools.bench.poisoning --out bench-out/poisoning --seeds 1 2 --save poisoning": POISONING,
+    "python -m tools.bench.parity --preset scool --seeds 3 --out DIR --save parity-scool": PARITY,
+    "p2pnode testnet --algorithm A --dataset mnist5k --scenario S --nodes 10 --rounds 30 --seed SEED "
+    "--samples-per-class 10 --test-per-class 15 --out DIR --check": PARITY,
     "python -m tools.bench.memory --out bench-out/memory": MEMORY,
     "python -m tools.bench.memory --stages": STAGES,
     "python -m tools.bench.scale --out bench-out/scale --nodes 10 30 100": SCALE,
