@@ -254,7 +254,7 @@ def test_every_make_target_and_module_exists():
 
 # A placeholder, by the option it follows, and what stands for it when the command is parsed.
 PLACEHOLDERS = {("--algorithm", "A"): "mapl", ("--attack", "A"): "rescale", ("--scenario", "S"): "1"}
-PLACEHOLDERS |= {("--seed", "S"): "0", ("--seconds", "S"): "5"}
+PLACEHOLDERS |= {("--seed", "S"): "0", ("--seed", "SEED"): "3", ("--seconds", "S"): "5"}
 
 
 def _words(command: str) -> list[str]:
