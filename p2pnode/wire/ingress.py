@@ -261,19 +261,27 @@ class Ingress:
             await _close_pipes(child)
             return describe_exit(await self.zygote.wait(child.pid, STOP_WAIT_S))
 
+    def data_limit_bytes(self) -> int:
+        """The hard bound beyond buffers.py's soft one (ingress_process.py `DataLimit`, which
+        adds PER_CONNECTION_BYTES per live connection): room for what it lets through, and for
+        the largest frame and a batch of them in flight to the node."""
+        bound = self.buffered_bound()
+        return bound + bound // 2 + 2 * (self.max_frame_bytes + self.settings.verify_batch_bytes)
+
+    def buffered_bound(self) -> int:
+        """What ZeroMQ may hold for this socket before buffers.py sheds connections."""
+        s = self.settings
+        return s.max_public_buffered_bytes if self.name == PUBLIC else s.max_peers_buffered_bytes
+
     def _setup(self, endpoint: str) -> dict:
         s, public = self.settings, self.name == PUBLIC
-        bound = s.max_public_buffered_bytes if public else s.max_peers_buffered_bytes
         return {
             "name": self.name,
             "endpoint": endpoint,
             "max_message_bytes": self.max_frame_bytes + CURVE_SLACK,
             "recv_hwm": s.public_recv_hwm if public else s.recv_hwm,
-            "max_buffered_bytes": bound,
-            # The hard bound beyond buffers.py's soft one (ingress_process.py `DataLimit`, which
-            # adds room per live connection): room for what it lets through, and for the largest
-            # frame and a batch of them in flight to the node.
-            "data_limit_bytes": bound + bound // 2 + 2 * (self.max_frame_bytes + s.verify_batch_bytes),
+            "max_buffered_bytes": self.buffered_bound(),
+            "data_limit_bytes": self.data_limit_bytes(),
             "curve": list(self.curve) if self.curve is not None else None,
             "handshake_ivl_ms": s.handshake_ivl_ms,
             "keepalive_s": s.keepalive_s,

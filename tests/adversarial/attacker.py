@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 import trio
 import zmq
@@ -92,20 +94,27 @@ async def run_attack(*args: str) -> dict:
 def node_rss_mb(node) -> float:
     """A node run in this process: this process's resident memory and its ingress processes'
     (where libzmq holds what arrives), in MB."""
-    return rss_mb() + sum(rss_mb(ingress.pid) for ingress in node.ingress.values() if ingress.pid)
+    return rss_mb() + ingress_rss_mb(node)
 
 
-async def run_attack_measuring_rss(node, *args: str, copies: int = 1) -> tuple[dict | list[dict], float]:
+def ingress_rss_mb(node) -> float:
+    """The resident memory of a node's ingress processes, in MB."""
+    return sum(rss_mb(ingress.pid) for ingress in node.ingress.values() if ingress.pid)
+
+
+async def run_attack_measuring_rss(
+    node, *args: str, copies: int = 1, measure: Callable[[Any], float] = node_rss_mb
+) -> tuple[dict | list[dict], float]:
     """`run_attack` (`copies` of it at once: then a list of their results), and how far
-    `node_rss_mb(node)` rose above its level at the start, at its highest while the attack ran
-    (sampled every 20 ms), in MB."""
-    before, peaks = node_rss_mb(node), []
+    `measure(node)` (default: `node_rss_mb`) rose above its level at the start, at its highest
+    while the attack ran (sampled every 20 ms), in MB."""
+    before, peaks = measure(node), []
     done = trio.Event()
     results: list[dict] = []
 
     async def watch() -> None:
         while not done.is_set():
-            peaks.append(node_rss_mb(node))
+            peaks.append(measure(node))
             await trio.sleep(0.02)
 
     async def attack() -> None:
