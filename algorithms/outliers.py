@@ -138,12 +138,11 @@ class ScaleGuard:
             if name == part and peer != sender and abs(round - r) <= self.window
         ]
 
-    def check(self, peer: str, round: int, parts: Mapping[str, Scale | tuple[float, float]]) -> None:
+    def check(self, peer: str, round: int, parts: Mapping[str, Scale]) -> None:
         """`parts`: name → its Scale. Raises PayloadRejected (`out_of_scale`) at the first
         outlier; otherwise the scales join the reference, and the peer is no longer distrusted
         for these parts."""
-        for part, scale in parts.items():
-            theirs, own, step = Scale(*scale)  # a plain (theirs, own) pair is no step
+        for part, (theirs, own, step) in parts.items():
             why = scale_outlier(theirs, [own, *self._heard(part, round, peer)], self.config, step)
             if why is not None:
                 self.refuse(peer, part)
@@ -151,7 +150,7 @@ class ScaleGuard:
         if peer not in self.peers:
             return
         for part, scale in parts.items():
-            self._accepted[(peer, part)] = (round, scale[0])
+            self._accepted[(peer, part)] = (round, scale.theirs)
         left = self._refused.get(peer, set()) - parts.keys()
         if left:
             self._refused[peer] = left

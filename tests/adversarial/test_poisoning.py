@@ -158,13 +158,13 @@ def test_the_guard_distrusts_a_refused_peer_until_it_passes_and_never_learns_fro
     guard = ScaleGuard(BOUNDS, window=1)
     guard.set_peers(["a", "b", "poisoner"])
     with pytest.raises(PayloadRejected) as caught:
-        guard.check("poisoner", 0, {"head": (1e4, 1.0)})  # first to arrive: the node's own scale decides
+        guard.check("poisoner", 0, {"head": Scale(1e4, 1.0)})  # first to arrive: the node's own scale decides
     assert caught.value.reason == "out_of_scale" and guard.distrusted() == {"poisoner"}
-    guard.check("a", 0, {"head": (1.2, 1.0)})
-    guard.check("b", 0, {"head": (0.9, 1.0)})
+    guard.check("a", 0, {"head": Scale(1.2, 1.0)})
+    guard.check("b", 0, {"head": Scale(0.9, 1.0)})
     with pytest.raises(PayloadRejected):  # the refused scale is no reference for the next
-        guard.check("poisoner", 0, {"head": (1e4, 1.0)})
-    guard.check("poisoner", 1, {"head": (1.1, 1.0)})  # honest again: trusted again
+        guard.check("poisoner", 0, {"head": Scale(1e4, 1.0)})
+    guard.check("poisoner", 1, {"head": Scale(1.1, 1.0)})  # honest again: trusted again
     assert guard.distrusted() == frozenset()
     with pytest.raises(PayloadRejected), guard.judging("b", "head"):  # a refusal of its form counts too
         raise PayloadRejected("bad_shape", "wrong head")
