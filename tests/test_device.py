@@ -1,11 +1,12 @@
 """Where the model runs (algorithms/models/device.py, [model].device, `--device`): device names and
 their resolution, every algorithm driven through an explicit device, checkpoints read onto
-another device, no tensor of the training path created off the node's device, and MAPL on a
-real GPU where there is one.
+another device, no tensor of the training path created off the node's device, and every
+algorithm on a real GPU where there is one.
 
 On a machine without a GPU the device is the CPU throughout; what proves the placement on
 another device there is the static test (every tensor-creating call names its device or is
-moved) and `test_mapl_steps_on_cuda`, which runs wherever torch sees CUDA."""
+moved) and the `cuda`-marked tests, which run wherever torch sees CUDA (BENCHMARKS.md, "On a
+GPU", says where they last ran)."""
 
 import ast
 import dataclasses
@@ -211,16 +212,28 @@ def assert_trained(exchange: Exchange, before: list[dict[str, torch.Tensor]]) ->
         assert all(torch.isfinite(now[path]).all() for path in moved), node.name
 
 
-@pytest.mark.parametrize("name", ALGORITHM_NAMES)
-def test_every_algorithm_runs_every_step_through_the_device_it_is_given(name):
-    exchange = network(name, CPU)
+def two_rounds_on(name: str, device: torch.device, *, mixed_precision: bool = False) -> None:
+    exchange = network(name, device, mixed_precision=mixed_precision)
     before = snapshot(exchange)
     for round in range(2):
         records = exchange.run_round(round)
     assert all(math.isfinite(record.loss) for record in records)
     assert_trained(exchange, before)
     assert not exchange.rejections, exchange.rejections  # payloads decoded from the wire were all used
-    assert_on(exchange, CPU)
+    assert_on(exchange, device)
+
+
+@pytest.mark.parametrize("name", ALGORITHM_NAMES)
+def test_every_algorithm_runs_every_step_through_the_device_it_is_given(name):
+    two_rounds_on(name, CPU)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; torch sees none here")
+@pytest.mark.parametrize("mixed_precision", [False, True], ids=["float32", "mixed"])
+@pytest.mark.parametrize("name", ALGORITHM_NAMES)
+def test_every_algorithm_runs_every_step_on_cuda(name, mixed_precision):
+    two_rounds_on(name, resolve_device("cuda"), mixed_precision=mixed_precision)
 
 
 # --- checkpoints --------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import json
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
+from multiprocessing.context import BaseContext
 from pathlib import Path
 
 from p2pnode.learning.rounds import Schedule
@@ -30,8 +31,15 @@ def _simulate(job: tuple[SimulationSpec, str]) -> dict:
     return report
 
 
-def simulate_all(jobs: Sequence[tuple[SimulationSpec, str]], workers: int, *, reuse: bool = False) -> list[dict]:
-    """Run each (spec, output folder); returns the reports in the order of `jobs`. With `reuse`,
+def simulate_all(
+    jobs: Sequence[tuple[SimulationSpec, str]],
+    workers: int,
+    *,
+    reuse: bool = False,
+    start: BaseContext | None = None,
+) -> list[dict]:
+    """Run each (spec, output folder); returns the reports in the order of `jobs`. `start`: how
+    the workers start (default: the platform's; `spawn` where they use CUDA). With `reuse`,
     a folder that already holds the report of the same spec, run by the same committed code as
     this checkout's, is read instead of run again, so an interrupted or extended benchmark only
     runs what is missing and a table never mixes code versions."""
@@ -39,7 +47,7 @@ def simulate_all(jobs: Sequence[tuple[SimulationSpec, str]], workers: int, *, re
     reusable = reuse and code is not None and not code["dirty"]
     done = {index: _finished(spec, out, code) for index, (spec, out) in enumerate(jobs)} if reusable else {}
     todo = [job for index, job in enumerate(jobs) if done.get(index) is None]
-    with ProcessPoolExecutor(workers) as pool:
+    with ProcessPoolExecutor(workers, mp_context=start) as pool:
         fresh = iter(pool.map(_simulate, todo))
     return [done.get(index) or next(fresh) for index in range(len(jobs))]
 
