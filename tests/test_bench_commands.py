@@ -156,6 +156,8 @@ LARGE = Quick(
 ATTACKS = Quick("python -m tools.bench.attacks --seconds 0.5 --attacks 'garbage, full rate, ≤ 64 KiB'")
 HOSTILE = Quick("python -m tools.bench.hostile --seconds 1 --quick")
 HOSTILE_LEARNING = Quick("python -m tools.bench.hostile --seconds 1 --quick --learning", 120, heavy=True)
+# On the CPU alone: the CUDA runs need a GPU, and the CPU runs take the same path.
+GPU = Quick("python -m tools.bench.gpu --rounds 1 --methods local --devices cpu --out DIR")
 
 MNIST_TESTNETS = (
     "p2pnode testnet --algorithm A --dataset mnist5k --scenario S --nodes 10 --rounds 60 --out DIR --check",
@@ -204,9 +206,11 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "python -m tools.bench.attacks --seconds 5": ATTACKS,
     "python -m tools.bench.hostile --seconds S": HOSTILE,
     "python -m tools.bench.hostile --seconds 60 --learning": HOSTILE_LEARNING,
+    "python -m tools.bench.gpu": GPU,
 }
 
 _MAKE = "a Makefile target (it builds .venv first): its commands are listed here and run quick"
+_CUDA = "needs a CUDA GPU, which the machines the tests run on lack"
 _RAY = "needs Ray, an optional extra (pip install -e '.[ray]') not installed where the tests run"
 
 NOT_RUN = {
@@ -231,6 +235,11 @@ NOT_RUN = {
     "as written here; tests/adversarial/test_hostile_learning.py runs it (run_learning_testnet, the same spec, "
     "--check, with and without the barrage) and asserts more of its report, and tests/test_cli.py checks that the "
     "CLI hands those flags to it",
+    "python -m pytest tests/test_device.py": "part of the suite (`make test`), where its `cuda` tests skip with "
+    "their reason",
+    "p2pnode testnet --algorithm mapl --dataset digits --nodes 4 --rounds 8 --samples-per-class 10 --backbones mlp "
+    "--set warmup_rounds=3 --device cuda --out DIR --check": f"{_CUDA}; without `--device cuda` it is the README's "
+    "command, which tests/test_readme.py runs",
     "python -m tools.bench.simulate scaling --nodes 10 30 100 --rounds 5 --workers 1 2 --ray": f"--ray {_RAY}; "
     "without it, `scaling` is run quick",
 }
