@@ -4,12 +4,14 @@ simulator on the same spec, saved as one result file.
 
     python -m tools.bench.parity --preset learning --seeds 1 2 --out bench-out/parity --save parity-learning
     python -m tools.bench.parity --preset scool --seeds 3 --out bench-out/parity-scool --save parity-scool
+    python -m tools.bench.parity --preset dual --seeds 3 --out bench-out/parity-dual --save parity-dual
 
 The testnet is the CLI itself, in a subprocess (its exit code is `--check`'s verdict); the
 simulated runs go first, `--workers` at a time with one torch thread each, and a finished one of
 the same spec and commit is reused (tools/bench/runs.py); then the testnets, one at a time, so
 that a testnet never shares the cores with a simulation. Each preset refuses the seeds its
-hyper-parameters were tuned on: MAPL's β on seed 0, SCooL's T and pruning round on 0, 1, 2.
+hyper-parameters were tuned on: MAPL's β on seed 0, SCooL's T and pruning round on 0, 1, 2,
+MAPL-Dual's defaults on 0, 1, 2.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 
 from testnet.simulator import SimulationSpec
 
+from .heterogeneous import TUNING_SEEDS as HETEROGENEOUS_TUNING_SEEDS
 from .learning import TUNING_SEEDS
 from .results import capture, save
 from .runs import simulate_all
@@ -40,6 +43,7 @@ class Preset:
     rounds: int
     samples_per_class: int
     tuning_seeds: tuple[int, ...] = ()
+    test_per_class: int = 15
 
 
 PRESETS = {
@@ -50,6 +54,8 @@ PRESETS = {
         10,
         SCOOL_TUNING_SEEDS,
     ),
+    # make demo's setting: MAPL-Dual on the four CPU backbones, 10 training and 80 test images per class
+    "dual": Preset((("mapl-dual", "1"),), 80, 10, HETEROGENEOUS_TUNING_SEEDS, test_per_class=80),
 }
 SIDES = ("simulator", "testnet")
 
@@ -66,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=10)
     parser.add_argument("--rounds", type=int, help="default: the preset's")
     parser.add_argument("--samples-per-class", type=int, help="default: the preset's")
-    parser.add_argument("--test-per-class", type=int, default=15)
+    parser.add_argument("--test-per-class", type=int, help="default: the preset's")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a hyper-parameter, both sides")
     parser.add_argument("--check-accuracy", metavar="FRACTION", help="the testnet's (default: its own)")
     parser.add_argument("--check-mass", metavar="FRACTION", help="the testnet's (default: its own)")
@@ -84,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             rounds=args.rounds or preset.rounds,
             seed=seed,
             samples_per_class=args.samples_per_class or preset.samples_per_class,
-            test_per_class=args.test_per_class,
+            test_per_class=args.test_per_class or preset.test_per_class,
             overrides=dict(item.split("=", 1) for item in args.set),
         )
         for algorithm, scenario in preset.runs
