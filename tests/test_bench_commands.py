@@ -156,6 +156,7 @@ LARGE = Quick(
 ATTACKS = Quick("python -m tools.bench.attacks --seconds 0.5 --attacks 'garbage, full rate, ≤ 64 KiB'")
 HOSTILE = Quick("python -m tools.bench.hostile --seconds 1 --quick")
 HOSTILE_LEARNING = Quick("python -m tools.bench.hostile --seconds 1 --quick --learning", 120, heavy=True)
+HOSTILE_ADMITTED = Quick("python -m tools.bench.hostile --admitted-peer --quick", 120, heavy=True)
 # On the CPU alone: the CUDA runs need a GPU, and the CPU runs take the same path.
 GPU = Quick("python -m tools.bench.gpu --rounds 1 --methods local --devices cpu --out DIR")
 
@@ -163,7 +164,6 @@ MNIST_TESTNETS = (
     "p2pnode testnet --algorithm A --dataset mnist5k --scenario S --nodes 10 --rounds 60 --out DIR --check",
     "p2pnode testnet --algorithm mapl-dual --dataset mnist5k --scenario 1 --nodes 10 --rounds 80 "
     "--samples-per-class 10 --test-per-class 80 --out DIR --check",
-    "p2pnode testnet --nodes 20 --algorithm mapl --dataset mnist5k --scenario 1 --rounds 30 --out DIR --check",
 )
 
 RUN: dict[str, Quick | tuple[Quick, ...]] = {
@@ -194,17 +194,16 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "python -m tools.bench.memory --out bench-out/memory": MEMORY,
     "python -m tools.bench.memory --stages": STAGES,
     "python -m tools.bench.scale --out bench-out/scale --nodes 10 30 100": SCALE,
-    "python -m tools.bench.scale --out DIR --nodes 100": SCALE,
     "python -m tools.bench.memory --out bench-out/memory --save memory": MEMORY,
     "python -m tools.bench.memory --stages --save memory-stages": STAGES,
     "python -m tools.bench.scale --out bench-out/scale --nodes 10 30 100 --save scale": SCALE,
     "python -m tests.overlay_bench": OVERLAY,
     "python -m tools.bench.simulate speedup | scaling | large": (SPEEDUP, SCALING, LARGE),
     "python -m tools.bench.simulate speedup --seed S": SPEEDUP,
-    # Its default engines are ray and processes: Ray is an optional extra, not installed here.
-    "python -m tools.bench.simulate large --nodes 200 --rounds 3": LARGE,
     "python -m tools.bench.attacks --seconds 5": ATTACKS,
     "python -m tools.bench.hostile --seconds S": HOSTILE,
+    "python -m tools.bench.hostile --seconds 30 --save hostile": HOSTILE,
+    "python -m tools.bench.hostile --admitted-peer --save hostile-admitted": HOSTILE_ADMITTED,
     "python -m tools.bench.hostile --seconds 60 --learning": HOSTILE_LEARNING,
     "python -m tools.bench.gpu": GPU,
 }
@@ -240,8 +239,6 @@ NOT_RUN = {
     "p2pnode testnet --algorithm mapl --dataset digits --nodes 4 --rounds 8 --samples-per-class 10 --backbones mlp "
     "--set warmup_rounds=3 --device cuda --out DIR --check": f"{_CUDA}; without `--device cuda` it is the README's "
     "command, which tests/test_readme.py runs",
-    "python -m tools.bench.simulate scaling --nodes 10 30 100 --rounds 5 --workers 1 2 --ray": f"--ray {_RAY}; "
-    "without it, `scaling` is run quick",
 }
 
 

@@ -288,15 +288,13 @@ FIGURES: tuple[Figure, ...] = (
             Place(MAKEFILE, r"the 100 daemons' views were all at target (?P<target_s>\d+) s after the start"),
             Place(B, r"the 100 daemons take (?P<up_s>\d+) s to all answer"),
             Place(B, r"(?s)to start, 8 at a time,.{0,60}?views are all at target (?P<converge_s>\d+) s later"),
-            Place(B, r"(?P<up_s>\d+) s to start, (?P<converge_s>\d+) s more to converge"),
-            Place(B, r"\((?P<converge_s>\d+) s in the quiet run above"),
         ),
         quoted_as=scale_bring_up,
     ),
     Figure(
         "simulated joins: seconds to every view at target by how long peers stay displaceable",
         Place(
-            B,
+            HISTORY,
             r"(?s)"
             + r".*?".join(
                 rf"^\| {re.escape(row)} \| " + r" \| ".join(f"(?P<{key}_{after}>[^|]+)" for after in (300, 60, 30, 0))
@@ -315,10 +313,10 @@ FIGURES: tuple[Figure, ...] = (
     ),
     Figure(
         "the oldest peer displaced in the simulated joins",
-        Place(B, r"no simulated peer was displaced older than (?P<s>\d+) s"),
+        Place(HISTORY, r"no simulated peer was displaced older than (?P<s>\d+) s"),
         (
             Place("docs/daemon.md", r"up to (?P<s>\d+) s with 100 simulated nodes"),
-            Place(B, r"a peer admitted 4 s to (?P<s>\d+) s before"),
+            Place(HISTORY, r"a peer admitted 4 s to (?P<s>\d+) s before"),
         ),
     ),
     Figure(
