@@ -137,6 +137,18 @@ PARITY = Quick(
     120,
     heavy=True,
 )
+PARITY_LEARNING = Quick(
+    "python -m tools.bench.parity --preset learning --seeds 1 --methods mapl-nocgl --nodes 2 --rounds 1 "
+    "--samples-per-class 1 --test-per-class 1 --check-accuracy 0 --check-mass 0 --workers 1 --out DIR",
+    120,
+    heavy=True,
+)
+PARITY_DUAL = Quick(
+    "python -m tools.bench.parity --preset dual --seeds 3 --nodes 2 --rounds 1 --samples-per-class 1 "
+    "--test-per-class 1 --check-accuracy 0 --check-mass 0 --workers 1 --out DIR",
+    120,
+    heavy=True,
+)
 MEMORY = Quick("python -m tools.bench.memory --algorithms local --nodes 2 --rounds 1 --out DIR", 120, heavy=True)
 STAGES = Quick("python -m tools.bench.memory --stages --algorithm local --rounds 1")
 SCALE = Quick("python -m tools.bench.scale --nodes 3 --duration 30 --hold 0 --out DIR")
@@ -189,6 +201,9 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     ),
     "python -m tools.bench.poisoning --out bench-out/poisoning --seeds 1 2 --save poisoning": POISONING,
     "python -m tools.bench.parity --preset scool --seeds 3 --out DIR --save parity-scool": PARITY,
+    "python -m tools.bench.parity --preset learning --seeds 1 2 --out DIR --save parity-learning": PARITY_LEARNING,
+    "p2pnode testnet --algorithm A --dataset mnist5k --scenario S --nodes 10 --rounds 60 --seed SEED "
+    "--samples-per-class 25 --test-per-class 15 --out DIR --check": PARITY_LEARNING,
     "p2pnode testnet --algorithm A --dataset mnist5k --scenario S --nodes 10 --rounds 30 --seed SEED "
     "--samples-per-class 10 --test-per-class 15 --out DIR --check": PARITY,
     "python -m tools.bench.memory --out bench-out/memory": MEMORY,
