@@ -183,6 +183,7 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "p2pnode bench protocol --runs 3 --save protocol": PROTOCOL,
     "p2pnode bench transport": TRANSPORT,
     "p2pnode bench adapters": ADAPTERS,
+    "p2pnode bench adapters --runs 2 --save adapters": ADAPTERS,
     "p2pnode testnet --nodes 30 --algorithm none --duration 40 --out DIR": DISCOVERY,
     "python -m tools.bench.discovery --nodes 30 --duration 40 --runs 3 --save discovery-30": DISCOVERY_RUNS,
     "p2pnode testnet --nodes 100 --algorithm none --duration 300 --exit-on-mesh --out DIR": DISCOVERY,

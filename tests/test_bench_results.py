@@ -60,3 +60,14 @@ def test_a_cached_run_is_reused_only_for_the_same_committed_code(tmp_path):
     assert _finished(spec, str(tmp_path), code) == report
     assert _finished(spec, str(tmp_path), {**code, "commit": "0" * 40}) is None
     assert _finished(dataclasses.replace(spec, rounds=2), str(tmp_path), code) is None
+
+
+@pytest.mark.parametrize(
+    "argv0, shown",
+    [("/x/.venv/bin/p2pnode", "p2pnode"), ("/x/p2pnode_cli/__main__.py", "p2pnode"), ("-m", "python")],
+)
+def test_a_result_names_the_command_a_reader_types(monkeypatch, argv0, shown):
+    monkeypatch.setattr("sys.argv", [argv0, "bench", "adapters", "--save", "adapters"])
+    with capture() as provenance:
+        pass
+    assert provenance["command"] == f"{shown} bench adapters --save adapters"

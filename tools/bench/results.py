@@ -78,7 +78,9 @@ def capture(
     runs to get the figure (default: this process's command line); `settings`: every setting
     that differs from a user's default, as "section.key": value (none: {})."""
     if command is None:
-        command = [Path(sys.argv[0]).name if sys.argv[0].endswith("p2pnode") else "python", *sys.argv[1:]]
+        # `p2pnode ...` whether run as the script or as `python -m p2pnode_cli` (its __main__.py)
+        cli = sys.argv[0].endswith("p2pnode") or Path(sys.argv[0]).parent.name == "p2pnode_cli"
+        command = ["p2pnode" if cli else "python", *sys.argv[1:]]
     # A result file being written is not a change to the code that measured it.
     git = git_state(ROOT, ignore=(f"{RESULTS.relative_to(ROOT)}/",)) or {"commit": None, "dirty": None}
     provenance = {
