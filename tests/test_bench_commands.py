@@ -203,6 +203,9 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "python -m tools.bench.poisoning --out bench-out/poisoning --seeds 1 2 --save poisoning": POISONING,
     "python -m tools.bench.parity --preset scool --seeds 3 --out DIR --save parity-scool": PARITY,
     "python -m tools.bench.parity --preset learning --seeds 1 2 --out DIR --save parity-learning": PARITY_LEARNING,
+    "python -m tools.bench.parity --preset dual --seeds 3 --out DIR --save parity-dual": PARITY_DUAL,
+    "p2pnode testnet --algorithm A --dataset mnist5k --scenario S --nodes 10 --rounds 80 --seed SEED "
+    "--samples-per-class 10 --test-per-class 80 --out DIR --check": PARITY_DUAL,
     "p2pnode testnet --algorithm A --dataset mnist5k --scenario S --nodes 10 --rounds 60 --seed SEED "
     "--samples-per-class 25 --test-per-class 15 --out DIR --check": PARITY_LEARNING,
     "p2pnode testnet --algorithm A --dataset mnist5k --scenario S --nodes 10 --rounds 30 --seed SEED "
