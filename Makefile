@@ -64,7 +64,7 @@ bench-memory: venv
 	$(BIN)/python -m tools.bench.memory --stages --save memory-stages
 
 # The discovery scaling table of BENCHMARKS.md (issue #16): testnets of 10, 30 and 100 daemons
-# with a bounded view (on 2 cores the 100 daemons' views were all at target 197 s after the start, then held 30 s).
+# with a bounded view (on 2 cores the 100 daemons' views were all at target 249 s after the start, then held 30 s).
 bench-scale: venv
 	$(BIN)/python -m tools.bench.scale --out bench-out/scale --nodes 10 30 100 --save scale
 

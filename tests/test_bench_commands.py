@@ -186,6 +186,8 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "p2pnode bench adapters --runs 2 --save adapters": ADAPTERS,
     "p2pnode testnet --nodes 30 --algorithm none --duration 40 --out DIR": DISCOVERY,
     "python -m tools.bench.discovery --nodes 30 --duration 40 --runs 3 --save discovery-30": DISCOVERY_RUNS,
+    "python -m tools.bench.discovery --nodes 100 --duration 300 --runs 1 --exit-on-mesh --out DIR "
+    "--save discovery-100": DISCOVERY_RUNS,
     "p2pnode testnet --nodes 100 --algorithm none --duration 300 --exit-on-mesh --out DIR": DISCOVERY,
     "p2pnode simulate": SIMULATE,
     **dict.fromkeys(MNIST_TESTNETS, LEARNING_TESTNET),

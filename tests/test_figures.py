@@ -276,8 +276,8 @@ FIGURES: tuple[Figure, ...] = (
         "100 daemons with a bounded view (one run)",
         Place(
             B,
-            r"^\| 100 \| (?P<up_s>[\d.]+) \| (?P<target_s>[\d.]+) \| yes, (?P<diameter>\d+) \([\d.]+\) \|"
-            r"[^\n]*\| [\d.]+ / (?P<rss_max>[\d.]+) \|$",
+            r"^\| 100 \| \d+ / \d+ \| (?P<up_s>[\d.]+) \| (?P<target_s>[\d.]+) \| yes, (?P<diameter>\d+) \|"
+            r"[^\n]*\| [\d.]+ / (?P<rss_max>[\d.]+); [\d.]+ \|$",
         ),
         (
             Place(
