@@ -80,4 +80,4 @@ def _git(root: Path, *args: str) -> str:
     done = subprocess.run(
         ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=GIT_TIMEOUT_S, check=True
     )
-    return done.stdout.strip()
+    return done.stdout.rstrip("\n")  # not strip(): a porcelain line may begin with a space

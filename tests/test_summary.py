@@ -2,6 +2,7 @@
 
 import json
 import math
+import subprocess
 
 import pytest
 
@@ -62,6 +63,26 @@ def test_provenance_names_the_code_the_packages_and_the_machine():
 def test_provenance_outside_a_git_checkout(tmp_path):
     assert git_state(tmp_path) is None
     assert provenance(seed=0, root=tmp_path)["git"] is None
+
+
+def test_a_checkout_is_dirty_by_its_code_not_by_the_folders_it_ignores(tmp_path):
+    """The first line of `git status --porcelain` begins with a space (" M path"): read whole,
+    not stripped, or its path loses a letter and an ignored change counts as dirty."""
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "results").mkdir()
+    for name in ("code.py", "results/table.json"):
+        (tmp_path / name).write_text("1\n")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    (tmp_path / "results" / "table.json").write_text("2\n")
+    assert git_state(tmp_path, ignore=("results/",))["dirty"] is False
+    assert git_state(tmp_path)["dirty"] is True
+    (tmp_path / "code.py").write_text("2\n")
+    assert git_state(tmp_path, ignore=("results/",))["dirty"] is True
 
 
 def test_a_tiny_simulation_writes_the_plots_and_a_page_with_the_table(tmp_path):
