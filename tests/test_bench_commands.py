@@ -220,12 +220,15 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "python -m tools.bench.scale --out bench-out/scale --nodes 10 30 100 --save scale": SCALE,
     "python -m tests.overlay_bench": OVERLAY,
     "python -m tools.bench.simulate speedup | scaling | large": (SPEEDUP, SCALING, LARGE),
-    "python -m tools.bench.simulate speedup --seed S": SPEEDUP,
+    "python -m tools.bench.simulate speedup --seed 1 --save simulate-speedup": SPEEDUP,
+    "python -m tools.bench.simulate scaling --nodes 10 30 100 --rounds 5 --workers 1 2 --save simulate-scaling": (
+        SCALING
+    ),
     "python -m tools.bench.attacks --seconds 5": ATTACKS,
     "python -m tools.bench.hostile --seconds S": HOSTILE,
     "python -m tools.bench.hostile --seconds 30 --save hostile": HOSTILE,
     "python -m tools.bench.hostile --admitted-peer --save hostile-admitted": HOSTILE_ADMITTED,
-    "python -m tools.bench.hostile --seconds 60 --learning": HOSTILE_LEARNING,
+    "python -m tools.bench.hostile --seconds 30 --learning --save hostile-learning": HOSTILE_LEARNING,
     "python -m tools.bench.gpu": GPU,
 }
 

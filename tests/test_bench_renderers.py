@@ -62,7 +62,6 @@ def _simulation(label: str, kind: str, wall_s: float, results: str) -> dict:
         "engine": {"kind": kind, "hosts": hosts},
         "threads": 1,
         "wall_s": wall_s,
-        "step_s": 0.067,
         "accuracy": 0.9547,
         "results": results,
         "load": [1.5, 2.0],
@@ -76,9 +75,7 @@ def test_simulate_speedup_and_scaling(tmp_path):
         _simulation("processes, 2 × 1 thread", "processes", 25.8, "b"),
     ]
     drawn = _drawn(tmp_path, "tools.bench.simulate", {"what": "speedup", "before": True, "runs": runs})
-    assert (
-        "| processes, 2 × 1 thread | 10 | 60 | processes | 2 × 1 | 25.8 | 1.80 | 0.067 | 95.47 | 440 / 440 |" in drawn
-    )
+    assert "| processes, 2 × 1 thread | 10 | 60 | processes | 2 × 1 | 25.8 | 1.80 | 0.43 | 95.47 | 440 / 440 |" in drawn
     assert "processes against before engines: 1.32× as fast, accuracy +0.00 points" in drawn
     assert "processes against inline on 1 thread: 1.77× as fast (median of 1.77), reports identical" in drawn
     drawn = _drawn(tmp_path, "tools.bench.simulate", {"what": "scaling", "runs": [runs[1], runs[0]]})
