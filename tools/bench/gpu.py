@@ -19,7 +19,6 @@ import multiprocessing
 import statistics
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 
 from testnet.simulator import SimulationSpec
 
@@ -43,8 +42,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def job(method: str, seed: int, device: str) -> tuple[SimulationSpec, str]:
         name, mixed = DEVICES[device]
-        spec = SimulationSpec(algorithm=method, dataset="mnist5k", rounds=args.rounds, seed=seed, device=name)
-        return replace(spec, mixed_precision=mixed), f"{args.out}/{method}-seed{seed}-{device}"
+        spec = SimulationSpec(
+            algorithm=method, dataset="mnist5k", rounds=args.rounds, seed=seed, device=name, mixed_precision=mixed
+        )
+        return spec, f"{args.out}/{method}-seed{seed}-{device}"
 
     cpu = [job(m, s, "cpu") for m in args.methods for s in args.seeds if "cpu" in args.devices]
     gpu = [job(m, s, d) for m in args.methods for s in args.seeds for d in args.devices if d != "cpu"]
@@ -62,10 +63,11 @@ def main(argv: list[str] | None = None) -> int:
             import torch  # after the runs: this process never held CUDA while it forked workers
 
             provenance["machine"]["gpu"] = torch.cuda.get_device_name(0)
-    keys = ("algorithm", "seed", "device", "mixed_precision", "accuracy", "wall_s")
-    runs = [{key: report[key] for key in keys} for report in reports]
-    for run in runs:
-        run["accuracy"] = {"mean": run["accuracy"]["mean"], "per_node": run["accuracy"]["per_node"]}
+    keys = ("algorithm", "seed", "device", "mixed_precision", "wall_s")
+    runs = [
+        {**{key: report[key] for key in keys}, "accuracy": {k: report["accuracy"][k] for k in ("mean", "per_node")}}
+        for report in reports
+    ]
     data = {"rounds": args.rounds, "runs": runs}
     print(render({"data": data, "provenance": provenance}))
     if args.save:
