@@ -95,6 +95,7 @@ def test_what_waits_is_bounded_in_count_and_time_and_given_up_on_hangup():
         assert outcomes == [WAITING, WAITING, DROPPED]  # at most send_hwm wait
         assert _send_waiting_until(transport, 2, seconds=3.0) == ([], [0, 1])  # after connect_wait_s
         assert transport.send(public_address, LARGE, tag="late") is WAITING
+        assert transport.send(public_address, LARGE) is WAITING  # untracked: never reported (a raw frame)
         transport.hangup(public_address)
         assert transport.send_waiting() == ([], ["late"]) and transport.waiting == 0
         assert transport.send(public_address, LARGE) is DROPPED  # no connection at all

@@ -40,12 +40,12 @@ class UniformGraph:
     def set_peers(self, peers: Iterable[str]) -> None:
         self.peers = tuple(peers)
         self.w = uniform_row(self.node_id, self.peers)
-        self.distrusted &= set(self.peers)
 
     def distrust(self, peers: Iterable[str]) -> None:
         """The peers whose payloads the node refuses now: the weight each would hold is the
-        node's own, not shared out among the others."""
-        self.distrusted = frozenset(peers) & set(self.peers)
+        node's own, not shared out among the others. One that left holds no weight, but a
+        learned row still stands in for it (`LearnedGraph.step`)."""
+        self.distrusted = frozenset(peers) - {self.node_id}
 
     def learning(self, round: int) -> bool:
         """Whether `round` learns the row (and so needs the peers' heads)."""
@@ -114,7 +114,6 @@ class LearnedGraph(UniformGraph):
         self.peers = tuple(peers)
         known = set(self.peers)
         self.w = {node: weight for node, weight in self.w.items() if node == self.node_id or node in known}
-        self.distrusted &= known
 
     def learning(self, round: int) -> bool:
         return round >= self.warmup_rounds

@@ -219,7 +219,7 @@ class Transport:
         still goes out within `linger_ms`, from ZeroMQ's I/O thread."""
         entry = self.outbound.pop(address, None)
         if entry is not None:
-            self._given_up += [tag for _, _, tag in entry.waiting]
+            self._given_up += [tag for _, _, tag in entry.waiting if tag is not None]
             if entry.monitor is not None:
                 unwatch(entry.socket, entry.monitor)
             linger = self.settings.linger_ms if flush else 0
@@ -233,7 +233,8 @@ class Transport:
         dropped this one from its table still reads from it) or that connection refuses it
         (not up yet, or full), when a frame within the public bound goes on the public one. A
         larger frame that the peers' connection refuses because it is still opening waits for
-        it (`connect_wait_s`; `send_waiting` reports it with `tag`); one it refuses full is dropped."""
+        it (`connect_wait_s`; `send_waiting` reports it with `tag`, unless None); one it refuses
+        full is dropped."""
         entry = self.outbound.get(address)
         if entry is None:
             return DROPPED
@@ -284,9 +285,9 @@ class Transport:
 
     def _send_waiting(self, entry: _Outbound, now: float) -> None:
         while entry.waiting and self._to_peers(entry, entry.waiting[0][1]):
-            self._waited_sent.append(entry.waiting.popleft()[2])
+            _report(self._waited_sent, entry.waiting.popleft()[2])
         while entry.waiting and entry.waiting[0][0] <= now:
-            self._given_up.append(entry.waiting.popleft()[2])
+            _report(self._given_up, entry.waiting.popleft()[2])
 
     def _revive_peers(self, entry: _Outbound) -> None:
         """libzmq never reconnects a connection the other side's ZAP handler refused (it may
@@ -308,3 +309,9 @@ class Transport:
             with trio.CancelScope(shield=True):
                 # term() returns once queued frames are out or LINGER expired: bounded by linger_ms.
                 await trio.to_thread.run_sync(self.context.term)
+
+
+def _report(tags: list[object], tag: object) -> None:
+    """A held frame's tag, for `send_waiting` to report; None (an untracked frame) is not."""
+    if tag is not None:
+        tags.append(tag)

@@ -170,8 +170,24 @@ def test_the_guard_distrusts_a_refused_peer_until_it_passes_and_never_learns_fro
         raise PayloadRejected("bad_shape", "wrong head")
     assert guard.distrusted() == {"b"}
     guard.set_peers(["a"])
-    assert guard.distrusted() == frozenset()
+    assert guard.distrusted() == {"b"}  # it left distrusted: see the next test
     assert fold_into_self({"me": 0.5, "a": 0.2, "b": 0.3}, "me", {"b"}) == {"me": 0.8, "a": 0.2}
+
+
+def test_a_peer_that_leaves_distrusted_stays_so_when_it_comes_back_and_the_oldest_is_forgotten_first():
+    guard = ScaleGuard(OutlierConfig(remember_departed=2), window=1)
+    guard.set_peers(["a", "p1", "p2", "p3"])
+    for peer in ("p1", "p2", "p3"):
+        with pytest.raises(PayloadRejected):
+            guard.check(peer, 0, {"head": Scale(1e4, 1.0)})
+    guard.set_peers(["a"])  # evicted, say: no scale of theirs is kept, their distrust is
+    assert guard.distrusted() == {"p2", "p3"}  # at most 2 remembered: p1 left first
+    guard.set_peers(["a", "p3"])  # back: distrusted until its payloads pass
+    assert guard.distrusted() == {"p2", "p3"}
+    guard.check("p3", 1, {"head": Scale(1.1, 1.0)})
+    assert guard.distrusted() == {"p2"}
+    with pytest.raises(ValueError, match="remember_departed"):
+        OutlierConfig(remember_departed=-1)
 
 
 def test_scales_of_prototypes_and_models():
@@ -202,6 +218,25 @@ def test_a_node_that_distrusts_its_only_cluster_mate_falls_back_on_itself():
     # Left out instead, the mate leaves the best stranger normalised to look like the node itself.
     absent = _step(_graph(), strangers)
     assert absent["s1"] + absent["s2"] > 0.6
+
+
+def test_a_node_goes_on_standing_in_for_a_distrusted_cluster_mate_that_left():
+    """The test_hostile_learning failure under load: node 2's only cluster-mate, the poisoner,
+    was evicted (it missed its heartbeats) at round 4, and node 2 gave the strangers 0.69."""
+    strangers = {"s1": 0.79, "s2": 0.78}
+    graph = _graph()
+    _step(graph, strangers, distrusted={"mate"})
+    guard = ScaleGuard(BOUNDS, window=1)
+    guard.set_peers(["mate", "s1", "s2"])
+    guard.refuse("mate", "head")
+    guard.set_peers(["s1", "s2"])
+    graph.set_peers(["s1", "s2"])
+    graph.distrust(guard.distrusted())
+    graph.step(strangers, dict.fromkeys(["me", "s1", "s2"], 30.0))
+    assert graph.weights()["me"] > 0.9, graph.weights()
+    graph.distrust(())  # forgotten instead: the strangers take the row
+    graph.step(strangers, dict.fromkeys(["me", "s1", "s2"], 30.0))
+    assert graph.weights()["s1"] + graph.weights()["s2"] > 0.5, graph.weights()
 
 
 def test_a_node_that_distrusts_a_stranger_keeps_its_cluster_mate():
