@@ -18,14 +18,21 @@ they are owed arrive, and only then are the gathers looked at.
 Who owns which nodes is apart from who routes frames: a host (testnet/shard.py) owns a shard of
 the nodes and answers commands for the nodes they name; the `Timeline` keeps the clock, routes
 frames between hosts and does not care where they run (in this process, in worker processes, on
-Ray: testnet/engines.py). Events at one instant go to every host at once, so hosts work in
-parallel while the nodes keep pace, and the order a node sees is the one it would see with every
-node in one process.
+Ray: testnet/engines.py). Events at one instant go to every host they concern at once, and the
+order a node sees is the one it would see with every node in one process.
+
+Hosts work in parallel although the nodes' events come one at a time: a node's local step
+depends only on its state when its round begins (what arrives meanwhile is queued until after
+it, as in the daemon), so its host is told to run it then (`begin`, posted: not waited for) and
+the Timeline goes on with the events of the other hosts; only the commands whose answers it
+needs (the step's payloads, a gathering node's answers, a gather's end) wait for a host, and a
+host is called only for the events of its own nodes. A host runs its commands in the order they
+were sent, so the result does not depend on how long any of them took.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 from algorithms.seam import Algorithm
@@ -37,6 +44,7 @@ from .clock import ARRIVAL, CLOSE, STEP, EventQueue
 from .shard import NETWORK, Closed, GatherRule, Sent, Shard, simulation_identity
 
 __all__ = [
+    "Arguments",
     "Exchange",
     "Hosts",
     "InlineHosts",
@@ -50,24 +58,38 @@ __all__ = [
 MAX_ANSWER_PASSES = 4  # answers to answers to ... at one instant: a bound, so a faulty algorithm cannot loop
 
 
+Arguments = tuple[Any, ...] | None  # one host's arguments to a command; None: not this host
+
+
 class Hosts(Protocol):
-    """The hosts of a run, wherever they are: `blocks[h]` are the node indices host h owns, and
-    `call` runs one shard command on every host at once, returning their answers in host order."""
+    """The hosts of a run, wherever they are: `blocks[h]` are the node indices host h owns.
+    `call` runs one shard command on the hosts whose arguments are not None, at once, and
+    returns their answers in host order (None for a host not called); `post` sends one without
+    waiting for it: each host runs its commands in the order they were sent, and a posted one
+    that fails raises from the next `call`."""
 
     blocks: Sequence[tuple[int, ...]]
 
-    def call(self, method: str, args: Sequence[tuple[Any, ...]]) -> list[Any]: ...
+    def call(self, method: str, args: Sequence[Arguments]) -> list[Any]: ...
+
+    def post(self, method: str, args: Sequence[Arguments]) -> None: ...
 
 
 class InlineHosts:
-    """Shards in this process, called one after the other."""
+    """Shards in this process, called one after the other (a post is a call)."""
 
     def __init__(self, shards: Sequence[Shard]) -> None:
         self.shards = list(shards)
         self.blocks = [tuple(shard.nodes) for shard in self.shards]
 
-    def call(self, method: str, args: Sequence[tuple[Any, ...]]) -> list[Any]:
-        return [getattr(shard, method)(*arguments) for shard, arguments in zip(self.shards, args, strict=True)]
+    def call(self, method: str, args: Sequence[Arguments]) -> list[Any]:
+        return [
+            None if arguments is None else getattr(shard, method)(*arguments)
+            for shard, arguments in zip(self.shards, args, strict=True)
+        ]
+
+    def post(self, method: str, args: Sequence[Arguments]) -> None:
+        self.call(method, args)
 
 
 class Timeline:
@@ -92,11 +114,11 @@ class Timeline:
         self.queue = EventQueue()
         self.began = dict.fromkeys(range(len(self.ids)), 0.0)  # node → when its round in progress began
         self.running = set(self.began)  # nodes with rounds left
+        self.gathering: set[int] = set()  # nodes whose gather is open (the hosts' `Shard._gathers`)
         self.now = 0.0
         self._closing: set[float] = set()  # times a CLOSE is queued for
         self._passes = (0.0, 0)  # (time, frame batches delivered at it)
-        for i, cost in enumerate(self.step_s):
-            self.queue.push(cost, STEP, i, i)
+        self._begin(range(len(self.ids)))
 
     def run(self) -> Iterator[list[RoundRecord]]:
         """Every node's rounds, to the end; yields the records of the rounds that end together,
@@ -112,12 +134,23 @@ class Timeline:
                 if records:
                     yield records
 
+    def _begin(self, nodes: Iterable[int]) -> None:
+        """`nodes` begin a round now: their hosts run their local steps meanwhile (posted), which
+        end `step_s` later."""
+        parts: list[list[int]] = [[] for _ in self.hosts.blocks]
+        for i in nodes:
+            self.began[i] = self.now
+            self.queue.push(self.now + self.step_s[i], STEP, i, i)
+            parts[self.owner[i]].append(i)
+        self.hosts.post("begin", [(part,) if part else None for part in parts])
+
     def _step(self, nodes: list[int]) -> None:
-        """The local steps of `nodes` end now; every host is called at once, with its own."""
+        """The local steps of `nodes` end now; their hosts are called at once, each with its own."""
         began: list[dict[int, float]] = [{} for _ in self.hosts.blocks]
         for i in nodes:
             began[self.owner[i]][i] = self.began[i]
-        self._sent(self.hosts.call("step", [(self.now, part, self.rule) for part in began]))
+        self.gathering.update(nodes)
+        self._sent(self.hosts.call("step", [(self.now, part, self.rule) if part else None for part in began]))
 
     def _arrive(self, frames: list[Sent]) -> None:
         time, passes = self._passes
@@ -126,27 +159,35 @@ class Timeline:
             raise RuntimeError(f"still answering after {MAX_ANSWER_PASSES} passes at {self.now:.4f} s")
         self._passes = (self.now, passes)
         routed: list[list[Sent]] = [[] for _ in self.hosts.blocks]
+        answering = [False] * len(self.hosts.blocks)  # a node of the host gathers: it may answer
         for sent in frames:  # in sender order, a sender's frames in the order it sent them
+            for peer in sent.to:
+                answering[self.owner[self.position[peer]]] |= self.position[peer] in self.gathering
             for host in sorted({self.owner[self.position[peer]] for peer in sent.to}):
                 routed[host].append(sent)
-        self._sent(self.hosts.call("deliver", [(part,) for part in routed]))
+        # To a host none of whose addressees gathers the frames are only queued: posted.
+        self.hosts.post("deliver", [(part,) if part and not answering[h] else None for h, part in enumerate(routed)])
+        self._sent(self.hosts.call("deliver", [(part,) if answering[h] else None for h, part in enumerate(routed)]))
 
-    def _sent(self, answers: list[list[Sent]]) -> None:
-        for sent in (sent for part in answers for sent in part):
+    def _sent(self, answers: list[list[Sent] | None]) -> None:
+        for sent in (sent for part in answers if part for sent in part):
             self.queue.push(self.now + self.latency_s, ARRIVAL, sent.sender, sent)
         self._close_at(self.now)
 
     def _close(self) -> list[RoundRecord]:
         self._closing.discard(self.now)
-        closed: list[Closed] = self.hosts.call("close", [(self.now, self.rounds)] * len(self.hosts.blocks))
+        hosts = {self.owner[i] for i in self.gathering}
+        args = [(self.now, self.rounds) if h in hosts else None for h in range(len(self.hosts.blocks))]
+        closed: list[Closed] = [part for part in self.hosts.call("close", args) if part is not None]
         records = sorted((record for part in closed for record in part.records), key=lambda r: self._index(r.node))
+        ended = {self._index(record.node) for record in records}
+        going_on = [i for part in closed for i in part.going_on]
+        self.gathering -= ended
+        self._begin(going_on)
         for part in closed:
-            for i in part.going_on:
-                self.began[i] = self.now
-                self.queue.push(self.now + self.step_s[i], STEP, i, i)
             for wake in part.wakes.values():
                 self._close_at(wake)
-        self.running -= {self._index(record.node) for record in records} - {i for part in closed for i in part.going_on}
+        self.running -= ended - set(going_on)
         return records
 
     def _close_at(self, time: float) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from .exchange import Arguments
 from .host import Host, blocks
 from .optional import ray_missing
 from .shard import NodeFailed, SimulationError
@@ -41,6 +42,7 @@ class RayHosts:
         if self._started:
             ray.init(address=address, include_dashboard=False, logging_level="warning")
         self._actors: list[Any] = []
+        self._posted: list[tuple[int, Any, str]] = []  # calls sent without waiting, in order
         try:
             cpus = int(ray.cluster_resources().get("CPU", 1))
             if workers is not None and workers > cpus:
@@ -61,9 +63,22 @@ class RayHosts:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def call(self, method: str, args: Sequence[tuple[Any, ...]]) -> list[Any]:
-        refs = [actor.call.remote(method, a) for actor, a in zip(self._actors, args, strict=True)]
-        return self._gather(refs, method)
+    def call(self, method: str, args: Sequence[Arguments]) -> list[Any]:
+        posted, self._posted = self._posted, []
+        self._gather(posted)  # an actor runs its calls in order: these are done before the new ones
+        called = self._send(method, args)
+        answers = dict(zip((h for h, _, _ in called), self._gather(called), strict=True))
+        return [answers.get(h) for h in range(len(self._actors))]
+
+    def post(self, method: str, args: Sequence[Arguments]) -> None:
+        self._posted += self._send(method, args)
+
+    def _send(self, method: str, args: Sequence[Arguments]) -> list[tuple[int, Any, str]]:
+        return [
+            (h, actor.call.remote(method, arguments), method)
+            for h, (actor, arguments) in enumerate(zip(self._actors, args, strict=True))
+            if arguments is not None
+        ]
 
     def close(self) -> None:
         for actor in self._actors:
@@ -73,15 +88,19 @@ class RayHosts:
             self.ray.shutdown()
             self._started = False
 
-    def _gather(self, refs: list[Any], method: str) -> list[Any]:
-        """Every actor's answer, in host order; raises, naming the host, at the first failure."""
+    def _gather(self, calls: list[tuple[int, Any, str]]) -> list[Any]:
+        """The answers to `calls` (host, its call's ref, the method), in order; raises, naming the
+        host, at the first failure."""
         ray = self.ray
+        if not calls:
+            return []
+        refs = [ref for _, ref, _ in calls]
         _, pending = ray.wait(refs, num_returns=len(refs), timeout=self.timeout_s)
         if pending:
-            late = ", ".join(self._name(refs.index(ref)) for ref in pending)
-            raise SimulationError(f"no answer to {method} within {self.timeout_s:g} s from {late}")
+            late = ", ".join(f"{self._name(h)} ({method})" for h, ref, method in calls if ref in pending)
+            raise SimulationError(f"no answer within {self.timeout_s:g} s from {late}")
         answers = []
-        for h, ref in enumerate(refs):
+        for h, ref, method in calls:
             try:
                 answers.append(ray.get(ref))
             except ray.exceptions.RayTaskError as exc:

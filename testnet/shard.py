@@ -4,9 +4,10 @@
 Each node runs the daemon's round engine (p2pnode/learning/engine.py: what is published and accepted,
 who arrived, when the gather ends, the round's `RoundRecord`); a shard only routes. It answers
 the exchange's commands for whichever of its nodes they name, at the simulated time they give:
-`step` (local steps; the payloads that came meanwhile delivered and answered, as the daemon does
-after its step; then each node's payloads, encoded and signed exactly as the daemon would put
-them on the wire; then its gather opens), `deliver` (frames from any node of the run, decoded by
+`begin` (a round begins: its local step, run at once), `step` (local steps end: the payloads
+that came meanwhile delivered and answered, as the daemon does after its step; then each node's
+payloads, encoded and signed exactly as the daemon would put them on the wire; then its gather
+opens), `deliver` (frames from any node of the run, decoded by
 the protocol decoder and offered to their addressees' engines here, in the order given, as the
 daemon offers what comes off its sockets; a node whose gather is open takes them and answers
 what it owes at once, a node still stepping finds them queued after its step, a node that closed
@@ -123,6 +124,7 @@ class Shard:
         self.engines = {i: RoundEngine(round_state(settings, history_rounds=1), schedule) for i in self.nodes}
         self._gathers: dict[int, Gather] = {}  # the open gathers, by node
         self._began: dict[int, tuple[float, float]] = {}  # node → (round began, step ended), simulated
+        self._stepped: set[int] = set()  # nodes whose local step `begin` ran, its end not yet come
         for i, node in self.nodes.items():
             self.engines[i].attach(node)
             with self._blame(i, "set_peers"):
@@ -130,15 +132,24 @@ class Shard:
 
     # --- the exchange's commands -----------------------------------------------------------
 
-    def step(self, now: float, began: Mapping[int, float], rule: GatherRule) -> list[Sent]:
-        """The local steps of the nodes in `began` (node → when its round began), which end at
-        `now`; what came meanwhile delivered and answered, then what they publish, signed; their
-        gathers open."""
-        stepping = sorted(began)
-        for i in stepping:
+    def begin(self, nodes: Sequence[int]) -> None:
+        """`nodes` begin their round: their local steps, run now, as they depend on nothing that
+        arrives before they end (it is queued; `step` hands it over)."""
+        for i in nodes:
             self.engines[i].begin(self.engines[i].round)
             with self._blame(i, "local_step"):
                 self.engines[i].step(self.engines[i].round)
+            self._stepped.add(i)
+
+    def step(self, now: float, began: Mapping[int, float], rule: GatherRule) -> list[Sent]:
+        """The local steps of the nodes in `began` (node → when its round began) end at `now`
+        (run by `begin`, or now); what came meanwhile delivered and answered, then what they
+        publish, signed; their gathers open."""
+        stepping = sorted(began)
+        for i in stepping:
+            if i not in self._stepped:
+                self.begin([i])
+            self._stepped.discard(i)
             self._began[i] = (began[i], now)
         outbox = []
         for i in stepping:

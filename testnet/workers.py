@@ -14,10 +14,12 @@ import multiprocessing
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterable, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from .exchange import Arguments
 from .host import Host
 from .shard import NodeFailed, SimulationError
 from .spec import SimulationSpec
@@ -35,6 +37,7 @@ class ProcessHosts:
         self.blocks = list(blocks)
         self.timeout_s = timeout_s
         self._workers: list[tuple[multiprocessing.process.BaseProcess, Connection]] = []
+        self._posted: list[deque[str]] = [deque() for _ in self.blocks]  # per worker: posted, answer unread
         context = multiprocessing.get_context(start_method(threads))
         try:
             for h, block in enumerate(self.blocks):
@@ -45,7 +48,7 @@ class ProcessHosts:
                 process.start()
                 theirs.close()
                 self._workers.append((process, ours))
-            self._gather("start")  # each worker answers once it has built its nodes
+            self._gather("start", range(len(self.blocks)))  # each worker answers once it has built its nodes
         except BaseException:
             self.close()
             raise
@@ -56,13 +59,25 @@ class ProcessHosts:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def call(self, method: str, args: Sequence[tuple[Any, ...]]) -> list[Any]:
+    def call(self, method: str, args: Sequence[Arguments]) -> list[Any]:
+        return self._gather(method, self._send(method, args))
+
+    def post(self, method: str, args: Sequence[Arguments]) -> None:
+        for h in self._send(method, args):
+            self._posted[h].append(method)
+
+    def _send(self, method: str, args: Sequence[Arguments]) -> list[int]:
+        """Send `method` to the workers with arguments; returns which."""
+        sent = []
         for h, ((_, conn), arguments) in enumerate(zip(self._workers, args, strict=True)):
+            if arguments is None:
+                continue
             try:
                 conn.send((method, arguments))
             except OSError:  # its end of the pipe is closed: it died since the last command
                 raise SimulationError(f"{self._name(h)} is gone ({method}): {self._exit(h)}") from None
-        return self._gather(method)
+            sent.append(h)
+        return sent
 
     def close(self) -> None:
         """Ask every worker to stop, and end those that do not within STOP_GRACE_S."""
@@ -80,23 +95,29 @@ class ProcessHosts:
             conn.close()
         self._workers = []
 
-    def _gather(self, method: str) -> list[Any]:
-        """Every worker's answer to `method`, in worker order; raises at the first failure."""
-        answers: dict[int, Any] = {}
+    def _gather(self, method: str, called: Iterable[int]) -> list[Any]:
+        """The answers of the `called` workers to `method`, in worker order (None for the others),
+        after those to what was posted to them before; raises at the first failure."""
+        called, answers = list(called), {}
         deadline = time.monotonic() + self.timeout_s
-        while len(answers) < len(self._workers):
-            waiting = [h for h in range(len(self._workers)) if h not in answers]
+        while len(answers) < len(called):
+            waiting = [h for h in called if h not in answers]
             handles = [self._workers[h][1] for h in waiting] + [self._workers[h][0].sentinel for h in waiting]
             if not wait(handles, timeout=max(0.0, deadline - time.monotonic())):
                 late = ", ".join(self._name(h) for h in waiting)
                 raise SimulationError(f"no answer to {method} within {self.timeout_s:g} s from {late}")
             for h in waiting:
                 process, conn = self._workers[h]
-                if conn.poll():
-                    answers[h] = self._answer(h, method, conn)
-                elif not process.is_alive():
+                while h not in answers and conn.poll():
+                    posted = self._posted[h]
+                    value = self._answer(h, posted[0] if posted else method, conn)
+                    if posted:
+                        posted.popleft()
+                    else:
+                        answers[h] = value
+                if h not in answers and not process.is_alive() and not conn.poll():
                     raise SimulationError(f"{self._name(h)} died during {method}: {self._exit(h)}")
-        return [answers[h] for h in range(len(self._workers))]
+        return [answers.get(h) for h in range(len(self._workers))]
 
     def _answer(self, h: int, method: str, conn: Connection) -> Any:
         try:
