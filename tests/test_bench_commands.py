@@ -12,7 +12,7 @@ shows. Before anything runs, each command's module and Makefile target must exis
 
 The quick variants run in this process (`p2pnode_cli.main`, the tool's `main(argv)`), in an
 empty directory that receives what they write (`--save` included); each has its own timeout,
-and a hang fails the variant it is the test id of. Six heavy ones (see ALL) run only with
+and a hang fails the variant it is the test id of. The heavy ones (`heavy=True`) run only with
 P2PNODE_BENCH_COMMANDS=all. Measured 2026-11-26 under `nice -n 10` on the 2-core machine while
 other jobs kept its load average at 4–5: this module 96 s (60 s of CPU, so about a minute on
 an idle machine); the heavy variants 125 s more (120 s of CPU).
@@ -125,6 +125,13 @@ STRAGGLERS = Quick(
     "--schedule async --out DIR",
     heavy=True,
 )
+# Two daemons, two rounds: the churn may find every daemon finished (then it stops nobody); --check at 0.
+CHURN = Quick(
+    "python -m tools.bench.churn --nodes 2 --rounds 2 --samples 1 --test 1 --churn every=1,down=1,count=1 "
+    "--set warmup_rounds=1 --check-accuracy 0 --check-mass 0 --out DIR",
+    120,
+    heavy=True,
+)
 SCOOL = Quick("python -m tools.bench.scool --rounds 1 --nodes 4 --seeds 3 --methods scool-local --workers 1 --out DIR")
 POISONING = Quick(
     "python -m tools.bench.poisoning --methods mapl --attacks random --rounds 1 --seeds 1 --workers 2 --out DIR",
@@ -202,6 +209,7 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "python -m tools.bench.stragglers --out DIR --seeds 1 2 --workers 2 --schedule async --save stragglers-async": (
         STRAGGLERS
     ),
+    "python -m tools.bench.churn --save churn-async": CHURN,
     "python -m tools.bench.poisoning --out bench-out/poisoning --seeds 1 2 --save poisoning": POISONING,
     "python -m tools.bench.parity --preset scool --seeds 3 --out DIR --save parity-scool": PARITY,
     "python -m tools.bench.parity --preset learning --seeds 1 2 --out DIR --save parity-learning": PARITY_LEARNING,
