@@ -45,7 +45,7 @@ bench: venv
 	$(BIN)/p2pnode bench transport
 
 # The learning benchmark of BENCHMARKS.md: 5 methods x 2 scenarios x 3 evaluation seeds (Scenario 1's
-# 15 runs took 40 minutes on 2 cores beside the test suite, 2026-11-26; finished runs of the same commit are reused).
+# 15 runs took 38 minutes on 2 cores, other jobs beside them for part of it, 2026-11-26; finished runs of the same commit are reused).
 bench-learning: venv
 	$(BIN)/python -m tools.bench.learning --out bench-out/learning --save learning
 

@@ -405,7 +405,7 @@ FIGURES: tuple[Figure, ...] = (
     ),
     Figure(
         "the learning benchmark's duration",
-        Place(B, r"The 15 runs were computed in (?P<minutes>\d+) minutes"),
+        Place(B, r"The 15 runs took (?P<minutes>\d+) minutes"),
         (Place(MAKEFILE, r"15 runs took (?P<minutes>\d+) minutes"),),
     ),
     Figure(
