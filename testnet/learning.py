@@ -253,6 +253,7 @@ def _watch(
     status each gave, whether the user interrupted, and whether time ran out."""
     finals: list[dict | None] = [None] * len(cluster.specs)
     started = supervisor.started  # the first spawn, as the churn events' times
+    loaded: set[int] = set()  # the daemons seen with their data and model, once is enough
     try:
         last_line, last_print = "", 0.0
         while time.monotonic() < deadline:
@@ -272,8 +273,12 @@ def _watch(
             ]
             if (all(finished) and not supervisor.busy()) or not carry_on:
                 return finals, False, False
-            if all(_ready(s) for s in statuses):
-                supervisor.arm()  # churn starts once every daemon has its data and model
+            loaded.update(i for i, status in enumerate(statuses) if _ready(status))
+            if len(loaded) == len(statuses):
+                # Churn starts once every daemon has loaded its data and model, whether or not
+                # all are up at this poll: one that died since (a crash, a restart under way)
+                # must not hold the stops back until the others have finished.
+                supervisor.arm()
             time.sleep(poll_s)
     except KeyboardInterrupt:
         print("interrupted: stopping every node", file=progress)
