@@ -15,6 +15,7 @@ The exit code is the verdict's.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -22,9 +23,9 @@ from p2pnode.learning.rounds import ASYNC, SYNC, Schedule
 from testnet.churn import ChurnSpec
 from testnet.learning import run_learning_testnet
 from testnet.report import CheckThresholds
-from testnet.simulator import SimulationSpec
 
 from .results import capture, save
+from .stragglers import spec_of
 
 CHURN = "every=30,down=10,count=2"  # 2 of 10 daemons: the 20 %
 KEYS = (
@@ -58,18 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save", metavar="NAME", help="write the run to tools/bench/results/NAME.json")
     args = parser.parse_args(argv)
     overrides = dict(item.split("=", 1) for item in args.set)
-    spec = SimulationSpec(
-        algorithm="mapl-dual",
-        dataset="mnist5k",
-        scenario="1",
-        nodes=args.nodes,
-        rounds=args.rounds,
-        seed=args.seed,
-        samples_per_class=args.samples,
-        test_per_class=args.test,
-        schedule=Schedule(schedule=args.schedule),
-        overrides=overrides,
-    )
+    # The stragglers benchmark's setting (its argument names are these), under the schedule asked for.
+    spec = dataclasses.replace(spec_of(args, args.seed), schedule=Schedule(schedule=args.schedule), overrides=overrides)
     words = ["python", "-m", "tools.bench.churn", *(sys.argv[1:] if argv is None else argv)]
     settings = {"algorithm.schedule": args.schedule} if args.schedule != SYNC else {}
     settings |= {f"algorithm.settings.{key}": value for key, value in overrides.items()}
