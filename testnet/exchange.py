@@ -161,9 +161,11 @@ class Timeline:
         routed: list[list[Sent]] = [[] for _ in self.hosts.blocks]
         answering = [False] * len(self.hosts.blocks)  # a node of the host gathers: it may answer
         for sent in frames:  # in sender order, a sender's frames in the order it sent them
-            for peer in sent.to:
-                answering[self.owner[self.position[peer]]] |= self.position[peer] in self.gathering
-            for host in sorted({self.owner[self.position[peer]] for peer in sent.to}):
+            hosts = set()
+            for i in (self.position[peer] for peer in sent.to):
+                hosts.add(self.owner[i])
+                answering[self.owner[i]] |= i in self.gathering
+            for host in sorted(hosts):
                 routed[host].append(sent)
         # To a host none of whose addressees gathers the frames are only queued: posted.
         self.hosts.post("deliver", [(part,) if part and not answering[h] else None for h, part in enumerate(routed)])

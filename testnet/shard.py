@@ -142,13 +142,13 @@ class Shard:
             self._stepped.add(i)
 
     def step(self, now: float, began: Mapping[int, float], rule: GatherRule) -> list[Sent]:
-        """The local steps of the nodes in `began` (node → when its round began) end at `now`
-        (run by `begin`, or now); what came meanwhile delivered and answered, then what they
-        publish, signed; their gathers open."""
+        """The local steps of the nodes in `began` (node → when its round began), run by `begin`,
+        end at `now`; what came meanwhile delivered and answered, then what they publish, signed;
+        their gathers open."""
         stepping = sorted(began)
         for i in stepping:
             if i not in self._stepped:
-                self.begin([i])
+                raise SimulationError(f"{self._name(i)}: its step ends, but its round never began")
             self._stepped.discard(i)
             self._began[i] = (began[i], now)
         outbox = []

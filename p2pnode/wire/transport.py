@@ -219,7 +219,8 @@ class Transport:
         still goes out within `linger_ms`, from ZeroMQ's I/O thread."""
         entry = self.outbound.pop(address, None)
         if entry is not None:
-            self._given_up += [tag for _, _, tag in entry.waiting if tag is not None]
+            for _, _, tag in entry.waiting:
+                _report(self._given_up, tag)
             if entry.monitor is not None:
                 unwatch(entry.socket, entry.monitor)
             linger = self.settings.linger_ms if flush else 0

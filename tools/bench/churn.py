@@ -89,7 +89,7 @@ def render(result: dict) -> str:
     last = data["last_round_per_node"]
     finished = sum(r == data["rounds"] - 1 for r in last)
     verdict = "**passed**" if check["passed"] else f"**failed**: {'; '.join(check['failures'])}"
-    schedule = data["schedule"]["schedule"] if isinstance(data["schedule"], dict) else data["schedule"]
+    schedule = data["schedule"]["schedule"]  # a testnet's report.json: its [algorithm] schedule settings
     rows = [
         "| schedule | killed (SIGKILL) and restarted | nodes finished | accuracy, % (mean ± sd) "
         "| within-cluster mass | `--check` | wall, s |",
