@@ -329,3 +329,19 @@ def test_the_engine_runs_a_round_and_builds_its_record_from_what_the_driver_hand
     assert record.sent == {"PROTOTYPES": (1, 120, 100)} and record.discovery_sent == {} and record.local_baseline == {}
     assert algorithm.published_seqs == [(0, 7)] and record.weights == {"a": 0.5, "b": 0.5}
     assert engine.state.completed == 1 and engine.state.history[-1] is record and engine.state.missing == {"c": 1}
+
+
+def test_async_a_newer_payload_replaces_the_queued_one_of_its_peer_and_type_and_never_fills_the_share():
+    rounds = state(asynchronous=True, peer_inbox_frames=2)
+    # a fast peer sends ten rounds while this node steps: only the newest of each type is queued
+    for r in range(10):
+        assert rounds.offer("fast", r, MODEL, f"model {r}") is None
+        assert rounds.offer("fast", r, SCORE, f"score {r}") is None
+    assert rounds.offer("slow", 0, MODEL, "its model") is None
+    assert rounds.offer("fast", 3, MODEL, "late, older") is None  # arrived late: the newer one stays
+    assert rounds.superseded == 2 * 9 + 1 and rounds.queued == 3
+    assert rounds.due() == [("fast", 9, "model 9"), ("fast", 9, "score 9"), ("slow", 0, "its model")]
+    # the sync schedule keeps every round's payload and refuses past the share, as before
+    sync = state(peer_inbox_frames=2)
+    assert [sync.offer("fast", r, MODEL, r) for r in range(3)] == [None, None, PEER_INBOX_FULL]
+    assert sync.superseded == 0

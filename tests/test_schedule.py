@@ -92,9 +92,10 @@ def test_an_async_engine_gathers_briefly_takes_any_round_and_never_catches_up():
     assert engine.gather(10.0, quorum=1.0, deadline_s=30, grace_s=2).deadline == pytest.approx(10.05)
     for peer in ("b", "c"):
         assert engine.offer(peer, 9, Envelope(PROTOTYPES)) is None  # far ahead: taken all the same
-    assert engine.offer("b", 0, Envelope(PROTOTYPES)) is None
+    assert engine.offer("b", 0, Envelope(PROTOTYPES)) is None  # late: b's newer one stays queued
     engine.deliver()
-    assert engine.algorithm.received == [("b", 9), ("c", 9), ("b", 0)] and engine.state.queued == 0
+    assert engine.algorithm.received == [("b", 9), ("c", 9)] and engine.state.queued == 0
+    assert engine.state.superseded == 1
     engine.state.completed = 1
     assert engine.next_round({"b", "c"}) == 1  # both peers far ahead: sync would jump to round 9
 

@@ -428,6 +428,7 @@ class RoundDriver:
             "completed": state.completed,
             "resumed_from": state.resumed_from,
             "catch_ups": state.catch_ups,
+            "superseded": state.superseded,
             "accuracy": None if last is None else last.accuracy,
             "neighbours": {} if last is None else {k: v for k, v in last.weights.items() if v > 0},
             "last_payloads": {

@@ -243,6 +243,7 @@ class Gather:
 class _Queued(Generic[Item]):
     round: int
     peer: str
+    kind: MessageType
     item: Item
 
 
@@ -268,6 +269,9 @@ class RoundState(Generic[Item]):
     # `status` and Prometheus both show this one number.
     completed: int = 0
     catch_ups: int = 0
+    # Async: queued payloads a later one of the same peer and type replaced before they were
+    # handed on (the algorithm keeps only the latest of each), and late ones older than it.
+    superseded: int = 0
     resumed_from: int | None = None
     missing: Counter[str] = field(default_factory=Counter)  # expected payloads that did not arrive, by peer
     history: deque[RoundRecord] = field(init=False)
@@ -298,16 +302,34 @@ class RoundState(Generic[Item]):
             return ROUND_AHEAD
         if kind in self._heard.get(round, {}).get(peer, ()):
             return DUPLICATE_PAYLOAD
+        if self.asynchronous and not self._supersede(peer, round, kind):
+            self._note_reached(peer, round)
+            return None
         if self._held[peer] >= self.peer_inbox_frames:
             return PEER_INBOX_FULL
         if len(self._inbox) >= self.inbox_frames:
             return INBOX_FULL
-        self._inbox.append(_Queued(round, peer, item))
+        self._inbox.append(_Queued(round, peer, kind, item))
         self._held[peer] += 1
         if not far_ahead:  # so what is remembered of rounds ahead stays bounded, async too
             self._heard.setdefault(round, {}).setdefault(peer, set()).add(kind)
         self._note_reached(peer, round)
         return None
+
+    def _supersede(self, peer: str, round: int, kind: MessageType) -> bool:
+        """Async: a queued payload of `peer` and `kind` is replaced by one of a later (or the
+        same) round, so the newest is what the algorithm gets and a fast peer never fills its
+        share of the queue with rounds nobody will use; False if the one queued is the newer
+        (this one arrived late). Either way the older one counts as `superseded`."""
+        for index, entry in enumerate(self._inbox):
+            if entry.peer == peer and entry.kind == kind:
+                self.superseded += 1
+                if entry.round > round:
+                    return False
+                del self._inbox[index]
+                self._held[peer] -= 1
+                return True
+        return True
 
     def _note_reached(self, peer: str, round: int) -> None:
         if round > max(self.round, self._reached.get(peer, -1)):

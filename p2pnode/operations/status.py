@@ -27,6 +27,7 @@ def _learning_lines(learning: dict, own_id: str) -> list[str]:
         f"rounds completed {learning['completed']}/{learning['rounds']}  accuracy {accuracy}"
         + (f"  resumed after round {learning['resumed_from']}" if learning["resumed_from"] is not None else "")
         + (f"  catch-ups {learning['catch_ups']}" if learning["catch_ups"] else "")
+        + (f"  superseded {learning['superseded']}" if learning.get("superseded") else "")
     ]
     neighbours = sorted(learning["neighbours"].items(), key=lambda item: (-item[1], item[0]))
     if neighbours:

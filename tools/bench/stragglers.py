@@ -2,7 +2,8 @@
 under today's synchronous rounds, on the simulator's clock; prints one markdown table.
 
     python -m tools.bench.stragglers --out bench-out/stragglers [--seeds 1 2] [--workers 2]
-                                     [--slow 0.3:5] [--schedule async] [--save stragglers]
+                                     [--slow 0.3:5] [--schedule async] [--staleness-decay λ]
+                                     [--max-staleness N] [--async-gather-s S] [--save stragglers]
 
 MAPL-Dual on mnist5k Scenario 1, 10 nodes on the four CPU backbones, 10 training and 80 test
 images per class, 80 rounds; per seed two runs on the same nodes: "equal" (every node at speed 1)
@@ -41,6 +42,7 @@ KEYS = ("seed", "backbones", "slow", "accuracy", "time_to_accuracy", "missing_pa
 GOAL_RATIO = 1.25  # issue #29: the fast nodes reach their equal-run final accuracy within 1.25 × its time
 GOAL_POINTS = 1.0  # ... every node's final accuracy within 1 point of the equal run's
 LOCAL_MARGIN_POINTS = 3.0  # ... and the slow nodes at least Local + 3 points
+ASYNC_KNOBS = ("staleness_decay", "max_staleness", "async_gather_s")  # `--staleness-decay` ...
 
 
 def spec_of(args: argparse.Namespace, seed: int) -> SimulationSpec:
@@ -67,9 +69,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--slow", default="0.3:5", metavar="FRACTION:FACTOR")
     parser.add_argument("--schedule", choices=(SYNC, ASYNC), default=SYNC, help="sync: the baseline runs only")
+    default = Schedule()
+    parser.add_argument("--staleness-decay", type=float, default=default.staleness_decay, help="async: λ")
+    parser.add_argument("--max-staleness", type=int, default=default.max_staleness, help="async: rounds")
+    parser.add_argument("--async-gather-s", type=float, default=default.async_gather_s, help="async: seconds")
     parser.add_argument("--save", metavar="NAME", help="write the runs to tools/bench/results/NAME.json")
     args = parser.parse_args(argv)
     slow = parse_slow(args.slow)
+    tuned = {name: getattr(args, name) for name in ASYNC_KNOBS if getattr(args, name) != getattr(default, name)}
+    asynchronous = Schedule(schedule=ASYNC, **{name: getattr(args, name) for name in ASYNC_KNOBS})
+    # runs of other async settings go to folders of their own, beside the same sync and Local runs
+    variant = "".join(f"-{name}{value:g}" for name, value in tuned.items())
     jobs, schedules = [], []
     for seed in args.seeds:
         equal = spec_of(args, seed)
@@ -79,16 +89,17 @@ def main(argv: list[str] | None = None) -> int:
         ]
         schedules += [SYNC, SYNC]
         if args.schedule == ASYNC:
-            unwaiting = dataclasses.replace(equal, schedule=Schedule(schedule=ASYNC))
+            unwaiting = dataclasses.replace(equal, schedule=asynchronous)
             jobs += [
-                (unwaiting, f"{args.out}/async-equal-seed{seed}"),
-                (dataclasses.replace(unwaiting, slow=slow), f"{args.out}/async-slow-seed{seed}"),
+                (unwaiting, f"{args.out}/async-equal-seed{seed}{variant}"),
+                (dataclasses.replace(unwaiting, slow=slow), f"{args.out}/async-slow-seed{seed}{variant}"),
                 (dataclasses.replace(equal, algorithm="local"), f"{args.out}/local-seed{seed}"),
             ]
             schedules += [ASYNC, ASYNC, "local"]
     words = ["python", "-m", "tools.bench.stragglers", *(sys.argv[1:] if argv is None else argv)]
     settings = {"simulate.slow": args.slow} | ({} if args.rounds == 80 else {"rounds": args.rounds})
     settings |= {"algorithm.schedule": args.schedule} if args.schedule != SYNC else {}
+    settings |= {f"algorithm.{name}": value for name, value in tuned.items()} if args.schedule != SYNC else {}
     with capture(words, settings=settings, seeds=args.seeds, threads=THREADS, runs=len(jobs)) as provenance:
         reports = simulate_all(jobs, args.workers, reuse=True)
     # "schedule": sync or async, or "local" for the Local run the slow nodes are held against
@@ -103,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": args.rounds,
         "samples_per_class": args.samples,
         "test_per_class": args.test,
+        "async_schedule": {name: getattr(asynchronous, name) for name in ASYNC_KNOBS},
         "runs": runs,
     }
     print(render({"data": data}))
@@ -218,12 +230,15 @@ def render_async(data: dict) -> list[str]:
             f"| {local_mean:.1f} → {slow_mean:.1f} "
             f"({'met' if slow_mean >= local_mean + LOCAL_MARGIN_POINTS else 'not met'}) |"
         )
+    # results saved before the knobs were recorded ran Schedule's defaults of then
+    knobs = data.get("async_schedule", {"staleness_decay": 0.5, "max_staleness": 10, "async_gather_s": 0.05})
     return [
         *rows,
         "",
-        'The async schedule (`[algorithm].schedule = "async"`: gathers of 50 ms at most, the latest payload of '
-        "each neighbour weighted λ^age with λ 0.5, none older than 10 rounds), on the same nodes and clock; Local: "
-        "the `local` algorithm (no communication) on the same data.",
+        f'The async schedule (`[algorithm].schedule = "async"`: gathers of {knobs["async_gather_s"] * 1000:g} ms at '
+        f"most, the latest payload of each neighbour weighted λ^age with λ {knobs['staleness_decay']:g}, none older "
+        f"than {knobs['max_staleness']} rounds), on the same nodes and clock; Local: the `local` algorithm (no "
+        "communication) on the same data.",
     ]
 
 
