@@ -125,6 +125,13 @@ STRAGGLERS = Quick(
     "--schedule async --out DIR",
     heavy=True,
 )
+# Four testnets of two daemons and the four simulations beside them, two rounds each.
+STRAGGLERS_TESTNET = Quick(
+    "python -m tools.bench.stragglers_testnet --rounds 2 --nodes 2 --samples 1 --test 1 --workers 1 "
+    "--set warmup_rounds=1 --out DIR",
+    180,
+    heavy=True,
+)
 # Two daemons, two rounds: the churn may find every daemon finished (then it stops nobody); --check at 0.
 CHURN = Quick(
     "python -m tools.bench.churn --nodes 2 --rounds 2 --samples 1 --test 1 --churn every=1,down=1,count=1 "
@@ -210,6 +217,7 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
         STRAGGLERS
     ),
     "python -m tools.bench.churn --save churn-async": CHURN,
+    "python -m tools.bench.stragglers_testnet --save stragglers-testnet": STRAGGLERS_TESTNET,
     "python -m tools.bench.poisoning --out bench-out/poisoning --seeds 1 2 --save poisoning": POISONING,
     "python -m tools.bench.parity --preset scool --seeds 3 --out DIR --save parity-scool": PARITY,
     "python -m tools.bench.parity --preset learning --seeds 1 2 --out DIR --save parity-learning": PARITY_LEARNING,

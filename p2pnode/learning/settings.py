@@ -189,12 +189,12 @@ class AlgorithmSettings:
     )
     staleness_decay: float = option(
         Number(0.001, 1),
-        0.5,
+        0.9,
         "`schedule = async`: λ; a neighbour's weight w_ij is multiplied by λ^age (age: this round − the "
         "payload's round, 0 if ahead), then the row is renormalised",
     )
     max_staleness: int = option(
-        Integer(0, 1000), 10, "`schedule = async`: payloads more than this many rounds old are not used"
+        Integer(0, 1000), 40, "`schedule = async`: payloads more than this many rounds old are not used"
     )
     max_rounds_ahead: int = option(
         Integer(0, 1000),

@@ -198,10 +198,12 @@ def render_async(data: dict) -> list[str]:
     rows = [
         "| seed, async | time to sync equal-run final accuracy, fast nodes, s (sync equal → async equal → "
         f"async slow; mean) | async slow / sync equal (goal ≤ {GOAL_RATIO:g}) | fast nodes reaching it "
-        f"| nodes within {GOAL_POINTS:g} point of sync equal, async slow | final accuracy, %, slow nodes: "
-        f"Local → async slow (goal ≥ Local + {LOCAL_MARGIN_POINTS:g}) |",
-        "|---|---|---|---|---|---|",
+        f"| nodes within {GOAL_POINTS:g} point of sync equal, async slow (none more than {GOAL_POINTS:g} below) "
+        "| mean accuracy, %, all nodes: sync equal → async slow "
+        f"| final accuracy, %, slow nodes: Local → async slow (goal ≥ Local + {LOCAL_MARGIN_POINTS:g}) |",
+        "|---|---|---|---|---|---|---|",
     ]
+    floors = []  # per seed, the slow nodes' (Local, async slow) mean accuracy: the goal is on their mean
     for seed in seeds:
         equal, unwaiting, slowed = by.get((seed, SYNC, False)), by.get((seed, ASYNC, False)), by[(seed, ASYNC, True)]
         local = by.get((seed, "local", False))
@@ -219,17 +221,22 @@ def render_async(data: dict) -> list[str]:
         ratio = statistics.fmean(reached) / base if reached else None
         pairs = list(zip(equal["accuracy"]["per_node"], slowed["accuracy"]["per_node"], strict=True))
         within = sum(abs(a - b) * 100 <= GOAL_POINTS for a, b in pairs)
+        not_below = sum((a - b) * 100 <= GOAL_POINTS for a, b in pairs)
         met = ratio is not None and ratio <= GOAL_RATIO
         slow_nodes = slowed["slow"]["nodes"]
         local_mean = statistics.fmean(local["accuracy"]["per_node"][i] for i in slow_nodes) * 100
         slow_mean = statistics.fmean(slowed["accuracy"]["per_node"][i] for i in slow_nodes) * 100
+        floors.append((local_mean, slow_mean))
         rows.append(
             f"| {seed} | {mean(in_equal)} → {mean(in_unwaiting)} → {mean(in_slow)} "
             f"| {'—' if ratio is None else f'**{ratio:.2f}**'} ({'met' if met else 'not met'}) "
-            f"| {len(reached)}/{len(fast)} | {within}/{len(pairs)} "
-            f"| {local_mean:.1f} → {slow_mean:.1f} "
-            f"({'met' if slow_mean >= local_mean + LOCAL_MARGIN_POINTS else 'not met'}) |"
+            f"| {len(reached)}/{len(fast)} | {within}/{len(pairs)} ({not_below}/{len(pairs)}) "
+            f"| {equal['accuracy']['mean'] * 100:.1f} → {slowed['accuracy']['mean'] * 100:.1f} "
+            f"| {_floor(local_mean, slow_mean)} |"
         )
+    if len(floors) > 1:
+        local_mean, slow_mean = (statistics.fmean(column) for column in zip(*floors, strict=True))
+        rows.append(f"| mean over seeds | | | | | | {_floor(local_mean, slow_mean)} |")
     # results saved before the knobs were recorded ran Schedule's defaults of then
     knobs = data.get("async_schedule", {"staleness_decay": 0.5, "max_staleness": 10, "async_gather_s": 0.05})
     return [
@@ -240,6 +247,11 @@ def render_async(data: dict) -> list[str]:
         f"than {knobs['max_staleness']} rounds), on the same nodes and clock; Local: the `local` algorithm (no "
         "communication) on the same data.",
     ]
+
+
+def _floor(local_mean: float, slow_mean: float) -> str:
+    met = slow_mean >= local_mean + LOCAL_MARGIN_POINTS
+    return f"{local_mean:.1f} → {slow_mean:.1f}, {slow_mean - local_mean:+.2f} ({'met' if met else 'not met'})"
 
 
 if __name__ == "__main__":
