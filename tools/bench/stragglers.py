@@ -58,26 +58,12 @@ def spec_of(args: argparse.Namespace, seed: int) -> SimulationSpec:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="bench-out/stragglers")
-    parser.add_argument("--rounds", type=int, default=80)
-    parser.add_argument("--nodes", type=int, default=10)
-    parser.add_argument("--samples", type=int, default=10, help="training images per class and node")
-    parser.add_argument("--test", type=int, default=80, help="test images per own class and node")
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--slow", default="0.3:5", metavar="FRACTION:FACTOR")
-    parser.add_argument("--schedule", choices=(SYNC, ASYNC), default=SYNC, help="sync: the baseline runs only")
-    default = Schedule()
-    parser.add_argument("--staleness-decay", type=float, default=default.staleness_decay, help="async: λ")
-    parser.add_argument("--max-staleness", type=int, default=default.max_staleness, help="async: rounds")
-    parser.add_argument("--async-gather-s", type=float, default=default.async_gather_s, help="async: seconds")
-    parser.add_argument("--save", metavar="NAME", help="write the runs to tools/bench/results/NAME.json")
-    args = parser.parse_args(argv)
+def jobs_of(
+    args: argparse.Namespace, asynchronous: Schedule, tuned: dict[str, float]
+) -> tuple[list[tuple[SimulationSpec, str]], list[str]]:
+    """Per seed the sync equal and slow runs, and with `--schedule async` the async ones and
+    Local; (spec, folder) each, and what each run is ("sync", "async" or "local")."""
     slow = parse_slow(args.slow)
-    tuned = {name: getattr(args, name) for name in ASYNC_KNOBS if getattr(args, name) != getattr(default, name)}
-    asynchronous = Schedule(schedule=ASYNC, **{name: getattr(args, name) for name in ASYNC_KNOBS})
     # runs of other async settings go to folders of their own, beside the same sync and Local runs
     variant = "".join(f"-{name}{value:g}" for name, value in tuned.items())
     jobs, schedules = [], []
@@ -96,6 +82,29 @@ def main(argv: list[str] | None = None) -> int:
                 (dataclasses.replace(equal, algorithm="local"), f"{args.out}/local-seed{seed}"),
             ]
             schedules += [ASYNC, ASYNC, "local"]
+    return jobs, schedules
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="bench-out/stragglers")
+    parser.add_argument("--rounds", type=int, default=80)
+    parser.add_argument("--nodes", type=int, default=10)
+    parser.add_argument("--samples", type=int, default=10, help="training images per class and node")
+    parser.add_argument("--test", type=int, default=80, help="test images per own class and node")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--slow", default="0.3:5", metavar="FRACTION:FACTOR")
+    parser.add_argument("--schedule", choices=(SYNC, ASYNC), default=SYNC, help="sync: the baseline runs only")
+    knobs = Schedule()
+    parser.add_argument("--staleness-decay", type=float, default=knobs.staleness_decay, help="async: λ")
+    parser.add_argument("--max-staleness", type=int, default=knobs.max_staleness, help="async: rounds")
+    parser.add_argument("--async-gather-s", type=float, default=knobs.async_gather_s, help="async: seconds")
+    parser.add_argument("--save", metavar="NAME", help="write the runs to tools/bench/results/NAME.json")
+    args = parser.parse_args(argv)
+    tuned = {name: getattr(args, name) for name in ASYNC_KNOBS if getattr(args, name) != getattr(knobs, name)}
+    asynchronous = Schedule(schedule=ASYNC, **{name: getattr(args, name) for name in ASYNC_KNOBS})
+    jobs, schedules = jobs_of(args, asynchronous, tuned)
     words = ["python", "-m", "tools.bench.stragglers", *(sys.argv[1:] if argv is None else argv)]
     settings = {"simulate.slow": args.slow} | ({} if args.rounds == 80 else {"rounds": args.rounds})
     settings |= {"algorithm.schedule": args.schedule} if args.schedule != SYNC else {}
