@@ -183,7 +183,7 @@ FIGURES: tuple[Figure, ...] = (
         Place(
             B,
             r"(?s)CI of\s+(?P<date>\d{4}-\d\d-\d\d) on the 2-core machine:.{0,300}?"
-            r"\*\*(?P<minutes>\d+) min \d+ s\*\* of test time.{0,60}?about (?P<venv>\d+) minutes to build `\.venv`",
+            r"\*\*(?P<minutes>\d+) min \d+ s\*\* of test time.{0,60}?about (?P<venv>\d+)\s+minutes? to build `\.venv`",
         ),
         (
             Place(
