@@ -17,7 +17,7 @@ daemons on its cores, so absolute times differ by the machine's contention; what
 accuracy (the issue: within 1 point) and each run's time to accuracy as a multiple of its own
 side's sync equal run (within 20 %). `--sim-out` reuses finished simulations (the stragglers
 benchmark's folder, same spec and commit). The testnets run one at a time, the simulations
-`--workers` at a time before them.
+`--workers` at a time before them; the exit code is the worst testnet's (1: a daemon did not finish).
 """
 
 from __future__ import annotations
@@ -73,10 +73,11 @@ def main(argv: list[str] | None = None) -> int:
         simulated = simulate_all(
             [(spec, f"{sim_out}/{name}") for spec, name in zip(specs, names, strict=True)], args.workers, reuse=True
         )
-        testnets = []
+        testnets, codes = [], []
         for spec, name in zip(specs, names, strict=True):
-            _, report = run_learning_testnet(spec, Path(args.out, name), round_deadline_s=ROUND_DEADLINE_S)
+            code, report = run_learning_testnet(spec, Path(args.out, name), round_deadline_s=ROUND_DEADLINE_S)
             testnets.append(report)
+            codes.append(code)
     data = {
         "seed": args.seed,
         "nodes": args.nodes,
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     print(render({"data": data}))
     if args.save:
         print(f"wrote {save(args.save, 'tools.bench.stragglers_testnet', provenance, data)}")
-    return 0
+    return max(codes)  # a testnet in which a daemon did not finish fails the benchmark
 
 
 def scored(runs: list[dict]) -> dict[tuple[str, bool], dict]:
@@ -105,12 +106,13 @@ def scored(runs: list[dict]) -> dict[tuple[str, bool], dict]:
     base = statistics.fmean(t for t in fast_times(equal, {**equal, "slow": drawn})[1] if t is not None)
     out = {}
     for key, run in by.items():
-        times = [t for t in fast_times(equal, {**run, "slow": drawn})[2] if t is not None]
+        fast, _, in_run = fast_times(equal, {**run, "slow": drawn})
+        times = [t for t in in_run if t is not None]
         mean = statistics.fmean(times) if times else None
         out[key] = {
             "accuracy": run["accuracy"]["mean"] * 100,
             "reached": len(times),
-            "fast": len(fast_times(equal, {**run, "slow": drawn})[0]),
+            "fast": len(fast),
             "time_s": mean,
             "ratio": None if mean is None else mean / base,
             "ended_s": max((ends[-1] for ends in run["time_to_accuracy"]["ended_at_per_node"] if ends), default=0.0),
