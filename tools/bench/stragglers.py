@@ -58,6 +58,11 @@ def spec_of(args: argparse.Namespace, seed: int) -> SimulationSpec:
     )
 
 
+def run_folder(out: str, seed: int, schedule: str, slowed: bool, variant: str = "") -> str:
+    """Where a run of this benchmark writes its report (tools/bench/stragglers_testnet.py reuses them)."""
+    return f"{out}/{'async-' if schedule == ASYNC else ''}{'slow' if slowed else 'equal'}-seed{seed}{variant}"
+
+
 def jobs_of(
     args: argparse.Namespace, asynchronous: Schedule, tuned: dict[str, float]
 ) -> tuple[list[tuple[SimulationSpec, str]], list[str]]:
@@ -70,15 +75,15 @@ def jobs_of(
     for seed in args.seeds:
         equal = spec_of(args, seed)
         jobs += [
-            (equal, f"{args.out}/equal-seed{seed}"),
-            (dataclasses.replace(equal, slow=slow), f"{args.out}/slow-seed{seed}"),
+            (equal, run_folder(args.out, seed, SYNC, False)),
+            (dataclasses.replace(equal, slow=slow), run_folder(args.out, seed, SYNC, True)),
         ]
         schedules += [SYNC, SYNC]
         if args.schedule == ASYNC:
             unwaiting = dataclasses.replace(equal, schedule=asynchronous)
             jobs += [
-                (unwaiting, f"{args.out}/async-equal-seed{seed}{variant}"),
-                (dataclasses.replace(unwaiting, slow=slow), f"{args.out}/async-slow-seed{seed}{variant}"),
+                (unwaiting, run_folder(args.out, seed, ASYNC, False, variant)),
+                (dataclasses.replace(unwaiting, slow=slow), run_folder(args.out, seed, ASYNC, True, variant)),
                 (dataclasses.replace(equal, algorithm="local"), f"{args.out}/local-seed{seed}"),
             ]
             schedules += [ASYNC, ASYNC, "local"]

@@ -34,7 +34,7 @@ from testnet.spec import parse_slow
 
 from .results import capture, save
 from .runs import simulate_all
-from .stragglers import KEYS, fast_times, spec_of
+from .stragglers import KEYS, fast_times, run_folder, spec_of
 
 RUNS = ((SYNC, False), (SYNC, True), (ASYNC, False), (ASYNC, True))  # (schedule, slowed)
 ROUND_DEADLINE_S = 30.0  # the simulator's default: sync waits for a 5× slower step
@@ -62,20 +62,17 @@ def main(argv: list[str] | None = None) -> int:
     for schedule, slowed in RUNS:
         spec = dataclasses.replace(spec_of(args, args.seed), schedule=Schedule(schedule=schedule), overrides=overrides)
         specs.append(dataclasses.replace(spec, slow=slow) if slowed else spec)
-    # the stragglers benchmark's folder names, so its finished runs are reused
-    names = [
-        f"{'async-' if kind == ASYNC else ''}{'slow' if slowed else 'equal'}-seed{args.seed}" for kind, slowed in RUNS
-    ]
     words = ["python", "-m", "tools.bench.stragglers_testnet", *(sys.argv[1:] if argv is None else argv)]
     settings = {"simulate.slow": args.slow, "algorithm.round_deadline_s": ROUND_DEADLINE_S}
     settings |= {f"algorithm.settings.{key}": value for key, value in overrides.items()}
     with capture(words, settings=settings, seeds=[args.seed], threads=1, runs=2 * len(RUNS)) as provenance:
-        simulated = simulate_all(
-            [(spec, f"{sim_out}/{name}") for spec, name in zip(specs, names, strict=True)], args.workers, reuse=True
-        )
+        # the stragglers benchmark's folders, so its finished runs of the same specs are reused
+        sims = [run_folder(sim_out, args.seed, kind, slowed) for kind, slowed in RUNS]
+        simulated = simulate_all(list(zip(specs, sims, strict=True)), args.workers, reuse=True)
         testnets, codes = [], []
-        for spec, name in zip(specs, names, strict=True):
-            code, report = run_learning_testnet(spec, Path(args.out, name), round_deadline_s=ROUND_DEADLINE_S)
+        for spec, (kind, slowed) in zip(specs, RUNS, strict=True):
+            folder = Path(run_folder(args.out, args.seed, kind, slowed))
+            code, report = run_learning_testnet(spec, folder, round_deadline_s=ROUND_DEADLINE_S)
             testnets.append(report)
             codes.append(code)
     data = {
