@@ -159,7 +159,7 @@ PARITY_LEARNING = Quick(
 )
 PARITY_DUAL = Quick(
     "python -m tools.bench.parity --preset dual --seeds 3 --nodes 2 --rounds 1 --samples-per-class 1 "
-    "--test-per-class 1 --check-accuracy 0 --check-mass 0 --workers 1 --out DIR",
+    "--test-per-class 1 --check-accuracy 0 --check-mass 0 --workers 1 --set warmup_rounds=0 --out DIR",
     120,
     heavy=True,
 )

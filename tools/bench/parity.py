@@ -145,6 +145,8 @@ def _pair(spec: SimulationSpec, simulated: dict, out: Path, check: list[str]) ->
     words = _testnet_words(spec, str(out)) + check
     print(" ".join(words), file=sys.stderr, flush=True)
     code = subprocess.run([sys.executable, "-m", "p2pnode_cli", *words[1:]], check=False).returncode
+    if not (out / "report.json").exists():  # the command refused its arguments, or died before reporting
+        raise SystemExit(f"the testnet wrote no report (exit {code}): {' '.join(words)}")
     testnet = json.loads((out / "report.json").read_text())
     return {
         "algorithm": spec.algorithm,
