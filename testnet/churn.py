@@ -2,13 +2,14 @@
 `--keep-going`).
 
 `--churn every=20s,down=10s[,count=N][,signal=kill|term]`: once the run is under way (every
-daemon up; for learning, every daemon has loaded its data and model), every `every` seconds
-(counted from the previous stop) one running daemon, chosen at random with the run's seed, is
-stopped by the signal and started again `down` seconds later with the same key, config and data
-directory, on the same address (its peers know it by that address), so a learning daemon
-resumes from its checkpoint. At most `count` daemons are stopped in all (no bound if omitted).
-SIGKILL is the default: it is what a crash or a power cut does, and it leaves no BYE and no
-last checkpoint behind, so it tests the paths a clean stop (`signal=term`) never reaches.
+daemon up; for learning, every daemon has finished a round, so has a checkpoint, or has gone
+down since it started), every `every` seconds (counted from the previous stop) one running
+daemon, chosen at random with the run's seed, is stopped by the signal and started again
+`down` seconds later with the same key, config and data directory, on the same address (its
+peers know it by that address), so a learning daemon resumes from its checkpoint. At most
+`count` daemons are stopped in all (no bound if omitted). SIGKILL is the default: it is what
+a crash or a power cut does, and it leaves no BYE and no last checkpoint behind, so it tests
+the paths a clean stop (`signal=term`) never reaches.
 
 A daemon that exits without being told to is recorded (exit code, time). With `--restart` it
 is started again the same way as a churned one, after a backoff that doubles with each of its

@@ -253,7 +253,7 @@ def _watch(
     status each gave, whether the user interrupted, and whether time ran out."""
     finals: list[dict | None] = [None] * len(cluster.specs)
     started = supervisor.started  # the first spawn, as the churn events' times
-    loaded: set[int] = set()  # the daemons seen with their data and model, once is enough
+    under_way: set[int] = set()  # the daemons seen past their first round, or gone down: once is enough
     try:
         last_line, last_print = "", 0.0
         while time.monotonic() < deadline:
@@ -273,11 +273,13 @@ def _watch(
             ]
             if (all(finished) and not supervisor.busy()) or not carry_on:
                 return finals, False, False
-            loaded.update(i for i, status in enumerate(statuses) if _ready(status))
-            if len(loaded) == len(statuses):
-                # Churn starts once every daemon has loaded its data and model, whether or not
-                # all are up at this poll: one that died since (a crash, a restart under way)
-                # must not hold the stops back until the others have finished.
+            # Churn starts once every daemon is under way: it has finished a round (so a stopped
+            # one has a checkpoint to resume from), or has gone down since it started. One that
+            # learned and crashed between two polls (a restart under way) must not hold the stops
+            # back until it is up again, by when the others may have raced through their rounds.
+            under_way.update(i for i, status in enumerate(statuses) if _learned(status))
+            under_way.update(event["node"] for event in supervisor.downtimes())
+            if len(under_way) == len(statuses):
                 supervisor.arm()
             time.sleep(poll_s)
     except KeyboardInterrupt:
@@ -289,6 +291,10 @@ def _watch(
 def _ready(status: dict | None) -> bool:
     learning = status and status.get("learning")
     return bool(learning) and bool(learning["algorithm"])
+
+
+def _learned(status: dict | None) -> bool:
+    return _ready(status) and status["learning"]["completed"] >= 1
 
 
 def _done(status: dict | None, rounds: int) -> bool:

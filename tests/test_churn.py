@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import resource
 import signal
 import threading
@@ -87,22 +88,28 @@ LEARNING = [
     "--set", "warmup_rounds=4",
     "--round-deadline", "2",
     "--check", "--check-mass", "0",  # 3 nodes, 2 clusters: no graph to judge
-    "--churn", "every=1s,down=0.5s,count=1",  # a second in: a few rounds are checkpointed
+    # Armed once every daemon has finished a round; the stop comes at the launcher's next poll
+    # (0.5 s), long before 100 rounds of tens of milliseconds are over, on a fast machine too.
+    "--churn", "every=0.3s,down=0.5s,count=1",
     "--restart", "--restart-backoff", "0.2",
 ]  # fmt: skip
 CRASH_AFTER_ROUND = 3  # the crashed daemon's checkpoint is of this round or a later one
 
 
-def _crash_mid_run(out, crashed: dict) -> None:
-    """SIGKILL the first daemon of testnet `out` that has a checkpoint of round CRASH_AFTER_ROUND
-    and has not resumed from one (so not the one churn stopped, if it is back already); keep
-    which node it was, and the round of its checkpoint, in `crashed`."""
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        for node in range(3):
+def _crash_mid_run(out, progress: io.StringIO, crashed: dict) -> None:
+    """Once `--churn` has stopped a daemon of testnet `out` (its line in `progress`), SIGKILL
+    the first other one that has a checkpoint of round CRASH_AFTER_ROUND; keep which node it
+    was, and the round of its checkpoint, in `crashed`. After the stop, not before: the other
+    two are then still learning whatever the machine's speed."""
+    deadline, stop = time.monotonic() + 120, None
+    while stop is None and time.monotonic() < deadline:
+        stop = re.search(r"churn: node (\d) stopped", progress.getvalue())
+        time.sleep(0.05)
+    while stop is not None and time.monotonic() < deadline:
+        for node in sorted({0, 1, 2} - {int(stop[1])}):
             status = read_status(out / f"node{node:02d}" / "data" / "control.sock", timeout=1.0)
             learning = (status or {}).get("learning") or {}
-            if (learning.get("checkpoint_round") or -1) >= CRASH_AFTER_ROUND and learning["resumed_from"] is None:
+            if (learning.get("checkpoint_round") or -1) >= CRASH_AFTER_ROUND:
                 os.kill(status["pid"], signal.SIGKILL)
                 crashed.update(node=node, checkpoint_round=learning["checkpoint_round"])
                 return
@@ -111,13 +118,12 @@ def _crash_mid_run(out, crashed: dict) -> None:
 
 @pytest.fixture(scope="module")
 def learning_run(tmp_path_factory):
-    """One learning testnet, shared by the tests below: `--churn` stops a daemon once, and a
+    """One learning testnet, shared by the tests below: `--churn` stops a daemon once, then a
     daemon that `--churn` did not stop is killed mid-run from outside, which `--restart` heals.
     Its exit code, report.json, report.md, progress lines, and which node was killed."""
-    out, crashed = tmp_path_factory.mktemp("churn") / "net", {}
-    killer = threading.Thread(target=_crash_mid_run, args=(out, crashed), daemon=True)
+    out, crashed, progress = tmp_path_factory.mktemp("churn") / "net", {}, io.StringIO()
+    killer = threading.Thread(target=_crash_mid_run, args=(out, progress, crashed), daemon=True)
     killer.start()
-    progress = io.StringIO()
     with contextlib.redirect_stderr(progress), contextlib.redirect_stdout(io.StringIO()):
         code = main([*LEARNING, "--out", str(out)])
     killer.join(timeout=5)
