@@ -142,7 +142,7 @@ NOT_RUN = {
     "run tests/adversarial/test_hostile_learning.py makes through run_learning_testnet (the same spec, --check and "
     "barrage), with more asserted of its report; test_cli.py checks the CLI's flags reach it",
     "python -m tools.bench.hostile --seconds 60": "a benchmark: ten minute-long raw-ZMTP attacks on fresh 4-daemon "
-    "testnets for BENCHMARKS.md; tests/adversarial/test_ingress.py runs each for 5 s",
+    "testnets for BENCHMARKS.md; tests/adversarial/test_ingress.py runs each for 2.5 to 10 s",
     "p2pnode predict --config node.toml photo.png": "needs a node that has learned; tests/test_predict.py trains "
     "one and runs predict on every held-out image, through the running node and from its checkpoint",
     "p2pnode export --config node.toml --out model.pt2": "needs a node that has learned; tests/test_predict.py "

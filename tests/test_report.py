@@ -238,6 +238,9 @@ def test_the_default_timeout_grows_with_daemons_per_core_and_a_run_that_hits_it_
         def busy(self):
             return False
 
+        def downtimes(self):
+            return []
+
     import io
     import time
 

@@ -13,7 +13,7 @@ import pytest
 
 from testnet.cluster import Cluster
 
-ATTACK_S = 5.0
+ATTACK_S = 2.5
 STATUS_BOUND_S = 2.0  # the bound on `status` during an attack
 
 
@@ -118,8 +118,8 @@ def test_abort_bans_refuse_a_stranger_after_two_aborts_and_the_public_socket_sta
         wait_until_sync(lambda: (bans.status(target) or {}).get("peer_count") == 1)
         time.sleep(2.5)  # past `abort_suspect_s` after the sockets came up
         result, latencies, peer_counts = _attack(
-            bans, target, "--target", target.address, "--kind", "stall-reset", curve=True
-        )
+            bans, target, "--target", target.address, "--kind", "stall-reset", seconds=5.0, curve=True
+        )  # 5 s: two aborts, then at least ten reconnections refused
         status = bans.status(target)
         assert status["ingress"]["public"]["restarts"] == 2, (
             result,

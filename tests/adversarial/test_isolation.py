@@ -1,6 +1,13 @@
 """Isolation by throwaway keys (issue #14): one validly signed frame from each of 10,000 fresh keys,
 dated ~55 s ahead, used to make a node refuse every honest frame as a replay for ~50 s and lose
-its peers. Strangers now leave no state in the replay guard, so nothing honest is refused."""
+its peers. Strangers now leave no state in the replay guard, so nothing honest is refused.
+
+The suite sends 2,000 keys, 31 times the guard's table (`[discovery].max_peers` windows, 64): a
+guard that kept strangers would have pushed the honest peer's window out many times over, and
+any stranger's window fails `len(a.guard) == 1`. The issue's 10,000 (42 s on the 2-core machine):
+P2PNODE_ISOLATION_KEYS=10000 pytest tests/adversarial/test_isolation.py."""
+
+import os
 
 import trio
 import zmq
@@ -10,12 +17,12 @@ from protocol import Ping
 from ..daemon import full_mesh, start_chain, wait_until
 from .attacker import Attacker, Stranger
 
-KEYS = 10_000
+KEYS = int(os.environ.get("P2PNODE_ISOLATION_KEYS", "2000"))
 AHEAD_US = 55_000_000
 WAVE = 250  # connections open at once
 
 
-async def test_ten_thousand_future_dated_keys_do_not_shut_out_an_honest_peer(tmp_path):
+async def test_thousands_of_future_dated_keys_do_not_shut_out_an_honest_peer(tmp_path):
     # The strangers' rate is lifted so that every frame reaches the replay guard: the worst case.
     lifted = {
         "stranger_rate": 1e6,
@@ -28,6 +35,7 @@ async def test_ten_thousand_future_dated_keys_do_not_shut_out_an_honest_peer(tmp
         caps = {"max_connections": 8 * WAVE, "max_connections_per_address": 8 * WAVE}
         a, b = await start_chain(nursery, tmp_path, 2, transport=lifted, security=caps)
         await wait_until(lambda: full_mesh([a, b]), timeout=10)
+        assert 10 * a.guard.max_senders <= KEYS  # many times the guard's table, or the attack proves nothing
         ahead = a.clock_us() + AHEAD_US
         context = zmq.Context()
         try:
