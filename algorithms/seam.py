@@ -280,6 +280,13 @@ class NeighbourView:
         """Peers whose latest payload of `kind` is for `round` or later."""
         return tuple(sorted(peer for (peer, k), (r, _) in self._latest.items() if k == kind and r >= round))
 
+    def rounds(self) -> dict[str, int]:
+        """The round of each peer's latest payload, of any type."""
+        latest: dict[str, int] = {}
+        for (peer, _), (round, _) in self._latest.items():
+            latest[peer] = max(round, latest.get(peer, round))
+        return latest
+
 
 def uniform_row(node_id: str, peers: Iterable[str]) -> dict[str, float]:
     """Equal weight on the node and each of its peers."""
@@ -298,6 +305,7 @@ class Algorithm(abc.ABC):
 
     name: ClassVar[str]
     config_type: ClassVar[type]  # a frozen dataclass of hyper-parameters; its defaults are the presets
+    view: NeighbourView | None = None  # the latest payload of each peer, where the algorithm keeps them
     homogeneous: ClassVar[bool] = False  # True: every node must run the same backbone
     # The payload types this algorithm publishes, and so the only ones it takes from peers.
     sends: ClassVar[frozenset[MessageType]] = frozenset()
@@ -418,3 +426,8 @@ class Algorithm(abc.ABC):
     def weights(self) -> dict[str, float]:
         """This node's row of the collaboration matrix, itself included; sums to 1."""
         return {self.node_id: 1.0}
+
+    def latest_rounds(self) -> dict[str, int]:
+        """The round of the latest payload each peer sent, of any type, where the algorithm
+        keeps them (`view`); the async schedule's overtime goes on while a neighbour is behind."""
+        return {} if self.view is None else self.view.rounds()

@@ -299,7 +299,9 @@ def _learned(status: dict | None) -> bool:
 
 def _done(status: dict | None, rounds: int) -> bool:
     learning = status and status.get("learning")
-    return bool(learning) and learning["completed"] >= rounds
+    # Its rounds run, and its learning over: async, a node may go on past them (overtime) while
+    # a neighbour it weighs still runs (p2pnode/learning/engine.py, RoundEngine.done).
+    return bool(learning) and learning["completed"] >= rounds and learning["phase"] == "done"
 
 
 def _progress_line(statuses: list[dict | None], rounds: int) -> str:

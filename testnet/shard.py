@@ -176,7 +176,8 @@ class Shard:
 
     def close(self, now: float, rounds: int) -> Closed:
         """End the gathers the daemon's rule ends at `now`: end of round, evaluation, record; each
-        such node begins the round `RoundState.next_round` chooses, unless that is `rounds`."""
+        such node begins the round `RoundState.next_round` chooses, unless it is done
+        (`RoundEngine.done`: its rounds, and async its overtime)."""
         records, going_on, wakes = [], [], {}
         for i in sorted(self._gathers):
             engine, gather = self.engines[i], self._gathers[i]
@@ -185,7 +186,9 @@ class Shard:
                 continue
             del self._gathers[i]
             records.append(self._end_round(i, now))
-            if engine.next_round([peer for peer in self.ids if peer != self.ids[i]]) < rounds:
+            engine.state.rounds = rounds  # the run's: the engines were bound before the shard knew it
+            engine.next_round([peer for peer in self.ids if peer != self.ids[i]])
+            if not engine.done():
                 going_on.append(i)
         return Closed(records, going_on, wakes)
 

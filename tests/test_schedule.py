@@ -101,7 +101,8 @@ def test_an_async_engine_gathers_briefly_takes_any_round_and_never_catches_up():
 
 
 def test_the_schedule_is_bounded_and_read_from_the_algorithm_settings():
-    for wrong in ({"staleness_decay": 0.0}, {"schedule": "eventually"}, {"deadline_window": 2}, {"max_staleness": -1}):
+    wrongs = ({"staleness_decay": 0.0}, {"schedule": "eventually"}, {"deadline_window": 2}, {"max_staleness": -1})
+    for wrong in (*wrongs, {"overtime_rounds": -1}):
         with pytest.raises(ValueError):
             Schedule(**wrong)
     settings = AlgorithmSettings(schedule=ASYNC, staleness_decay=0.8, max_staleness=3, deadline="adaptive")
@@ -182,6 +183,34 @@ def test_under_async_scool_takes_a_slow_neighbours_model_as_old_as_the_schedule_
     own_bound = dataclasses.replace(ASYNC_SCHEDULE, max_staleness=1)
     refused = run_simulation(dataclasses.replace(SPEC, algorithm="scool-dirac", rounds=5, schedule=own_bound))
     assert refused["rejections"].get("stale", 0) > 0
+
+
+def test_under_async_a_fast_node_goes_on_past_its_rounds_until_its_slower_neighbours_last_payload():
+    """Overtime: the fast nodes keep learning while the node twice as slow still runs, and end
+    with the round in which its last payload (round 7, out at 16 s) has come."""
+    overtime = dataclasses.replace(ASYNC_SCHEDULE, max_staleness=40, overtime_rounds=40)
+    report = run_simulation(dataclasses.replace(SPEC, slow=Slow(1 / 3, 2), schedule=overtime))
+    (slow,) = SPEC.slow_nodes()
+    ended, last = report["time_to_accuracy"]["ended_at_per_node"], report["last_round_per_node"]
+    assert last[slow] == 7 and ended[slow][-1] == pytest.approx(16.0)
+    for fast in set(range(3)) - {slow}:
+        assert last[fast] == 15
+        assert ended[fast][-2] < ended[slow][-1] + SPEC.latency_s <= ended[fast][-1]
+    assert report["check"]["passed"]  # rounds past `rounds` are no failure
+
+
+def test_overtime_is_bounded_by_overtime_rounds_and_max_staleness_and_sync_has_none():
+    def last_rounds(schedule: Schedule) -> list[int]:
+        return run_simulation(dataclasses.replace(SPEC, schedule=schedule))["last_round_per_node"]
+
+    (slow,) = SPEC.slow_nodes()
+    fast = [7 + 6 if i != slow else 7 for i in range(3)]
+    # Five times slower: it is still on its round 1 when the fast nodes reach the bound.
+    assert last_rounds(dataclasses.replace(ASYNC_SCHEDULE, max_staleness=40, overtime_rounds=6)) == fast
+    assert last_rounds(dataclasses.replace(ASYNC_SCHEDULE, max_staleness=40, overtime_rounds=0)) == [7] * 3
+    # Its latest payload (round 0) older than max_staleness (4) once the fast nodes finish: no overtime.
+    assert ASYNC_SCHEDULE.overtime_rounds == 40 and last_rounds(ASYNC_SCHEDULE) == [7] * 3
+    assert last_rounds(Schedule(overtime_rounds=6)) == [7] * 3  # sync: every node waits, then ends together
 
 
 def test_async_runs_repeat_exactly():

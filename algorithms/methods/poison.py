@@ -149,6 +149,9 @@ class PoisoningNode(Algorithm):
     def weights(self) -> dict[str, float]:
         return self.inner.weights()
 
+    def latest_rounds(self) -> dict[str, int]:
+        return self.inner.latest_rounds()
+
     def state_dict(self) -> dict[str, Any]:
         return self.inner.state_dict()
 

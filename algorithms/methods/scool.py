@@ -227,6 +227,9 @@ class ModelGossip(ScoolNode):
         assert isinstance(body, Model)
         self.models[peer] = (round, body, False)
 
+    def latest_rounds(self) -> dict[str, int]:
+        return {peer: round for peer, (round, _, _) in self.models.items()}
+
     def expected(self, round: int) -> tuple[str, ...]:
         if round == 0:
             return self.peers

@@ -179,12 +179,14 @@ class RoundDriver:
             while not self.state.done:
                 await self._one_round(self.state.round)
                 self.engine.next_round(self.network.peers())
+                if self.engine.done():  # its rounds, and async its overtime (RoundEngine.done)
+                    break
         except Exception as exc:
             self.phase = f"failed: {type(exc).__name__}: {exc}"
             log.exception("learning stopped in round %d", self.state.round)
             return
         self.phase = "done"
-        log.info("all %d rounds done", self.settings.rounds)
+        log.info("all %d rounds done", self.state.completed)
 
     async def _wait_for_peers(self) -> None:
         self.phase = "waiting for peers"

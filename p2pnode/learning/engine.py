@@ -205,6 +205,23 @@ class RoundEngine:
         weighted = {peer for peer, weight in self.algorithm.weights().items() if weight > 0}
         return self.state.next_round((weighted - {self.algorithm.node_id}) or set(peers))
 
+    def done(self) -> bool:
+        """No round left to run (call after `next_round`): `rounds` are run and, async, no
+        overtime either. Async, a node goes on past `rounds`, `overtime_rounds` more at most,
+        while a neighbour it gives weight has not sent its last round yet and that neighbour's
+        latest payload is within `max_staleness` rounds: a fast node keeps learning from the
+        neighbours that still run instead of ending on their old payloads, and one that stopped,
+        or fell that far behind, holds nobody."""
+        state, schedule = self.state, self.schedule
+        if not state.done:
+            return False
+        if not schedule.asynchronous or state.round >= state.rounds + schedule.overtime_rounds:
+            return True
+        algorithm, last = self.algorithm, state.rounds - 1
+        latest = algorithm.latest_rounds()
+        weighed = [peer for peer, weight in algorithm.weights().items() if weight > 0 and peer != algorithm.node_id]
+        return not any(state.round - schedule.max_staleness <= latest.get(peer, -1) < last for peer in weighed)
+
     # --- the record ----------------------------------------------------------------------------
 
     def record(

@@ -59,7 +59,8 @@ Item = TypeVar("Item")
 @dataclass(frozen=True)
 class Schedule:
     """How a node's rounds wait for each other (`[algorithm]`: schedule, async_gather_s,
-    staleness_decay, max_staleness, deadline, deadline_mads, deadline_window, deadline_min_s).
+    staleness_decay, max_staleness, overtime_rounds, deadline, deadline_mads, deadline_window,
+    deadline_min_s).
 
     "sync": a round's gather waits for the expected neighbours' payloads of that round (quorum,
     grace, deadline: `Gather`), the deadline fixed or adaptive (`AdaptiveDeadline`). "async": the
@@ -74,6 +75,9 @@ class Schedule:
     # that seed's noise of the others and the held-out seeds did not bear it out
     staleness_decay: float = 0.9
     max_staleness: int = 40
+    # async: rounds a node may run past `rounds` while a neighbour it weighs is still at it
+    # (RoundEngine.done); 0: every node ends at `rounds`
+    overtime_rounds: int = 40
     deadline: str = FIXED
     deadline_mads: float = 4.0
     deadline_window: int = 20
@@ -84,6 +88,8 @@ class Schedule:
             raise ValueError(f"schedule sync|async and deadline fixed|adaptive, got {self.schedule}, {self.deadline}")
         if not (self.async_gather_s > 0 and 0 < self.staleness_decay <= 1 and self.max_staleness >= 0):
             raise ValueError("async_gather_s > 0, staleness_decay in (0, 1] and max_staleness ≥ 0")
+        if self.overtime_rounds < 0:
+            raise ValueError(f"overtime_rounds must be ≥ 0, got {self.overtime_rounds}")
         if not (self.deadline_mads >= 0 and self.deadline_window >= ADAPTIVE_MIN_SAMPLES and self.deadline_min_s > 0):
             raise ValueError(f"deadline_mads ≥ 0, deadline_window ≥ {ADAPTIVE_MIN_SAMPLES}, deadline_min_s > 0")
 

@@ -196,6 +196,14 @@ class AlgorithmSettings:
     max_staleness: int = option(
         Integer(0, 1000), 40, "`schedule = async`: payloads more than this many rounds old are not used"
     )
+    overtime_rounds: int = option(
+        Integer(0, 1_000_000),
+        40,
+        "`schedule = async`: after its `rounds` a node goes on, at most this many rounds more, while a neighbour "
+        "it gives weight has not sent its last round yet and its latest payload is within `max_staleness` "
+        "(a fast node keeps learning from neighbours that still run instead of ending on their old payloads); "
+        "0: every node ends at `rounds`",
+    )
     max_rounds_ahead: int = option(
         Integer(0, 1000),
         2,
