@@ -269,10 +269,6 @@ def _floor(local_mean: float, slow_mean: float) -> str:
     return f"{local_mean:.1f} → {slow_mean:.1f}, {slow_mean - local_mean:+.2f} ({'met' if met else 'not met'})"
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def _overtime(rounds: int) -> str:
     """The overtime a result ran with, in the table's note (results saved before it had none)."""
     if not rounds:
@@ -281,3 +277,7 @@ def _overtime(rounds: int) -> str:
         f"; past its last round a node goes on, {rounds} rounds at most, while a neighbour it weighs still runs "
         "and is within that bound"
     )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
