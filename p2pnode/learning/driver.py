@@ -176,11 +176,11 @@ class RoundDriver:
         try:
             if not self.state.done:  # a finished run restarted is done, not waiting for anyone
                 await self._wait_for_peers()
-            while not self.state.done:
-                await self._one_round(self.state.round)
-                self.engine.next_round(self.network.peers())
-                if self.engine.done():  # its rounds, and async its overtime (RoundEngine.done)
-                    break
+                while True:
+                    await self._one_round(self.state.round)
+                    self.engine.next_round(self.network.peers())
+                    if self.engine.done():  # its rounds, and async its overtime (RoundEngine.done)
+                        break
         except Exception as exc:
             self.phase = f"failed: {type(exc).__name__}: {exc}"
             log.exception("learning stopped in round %d", self.state.round)
