@@ -113,6 +113,17 @@ RUN = {
     "--backbones mlp convnet --set warmup_rounds=3 --out DIR --check": Outcome(
         prints=r"^mapl-dual: accuracy", report=lambda r: _checked(r) and "ensemble" in r["accuracy_by_predictor"]
     ),
+    # README: the async schedule with a slow node; overtime shows as rounds past the last.
+    "p2pnode simulate --algorithm mapl-dual --dataset digits --nodes 4 --rounds 8 --samples-per-class 10 "
+    "--backbones mlp convnet --set warmup_rounds=3 --slow 0.25:5 --schedule async --out DIR --check": Outcome(
+        prints=r"^mapl-dual: accuracy",
+        report=lambda r: (
+            r["check"]["passed"]
+            and r["schedule"]["schedule"] == "async"
+            and r["slow"]["nodes"] == [0]
+            and max(r["last_round_per_node"]) > r["rounds"] - 1
+        ),
+    ),
     # README: "poisoning peers shut out of MAPL": no weight on the poisoner in any honest row.
     "p2pnode simulate --algorithm mapl --dataset digits --nodes 4 --rounds 8 --samples-per-class 10 --backbones mlp "
     "--set warmup_rounds=3 --poisoners 1 --attack random --out DIR": Outcome(
@@ -161,7 +172,11 @@ def test_every_readme_command_is_accounted_for():
 def _name(command: str) -> str:
     words = command.split()
     algorithm = words[words.index("--algorithm") + 1]
-    return f"{words[1]}-{algorithm}" + ("-poisoned" if "--poisoners" in words else "")
+    return (
+        f"{words[1]}-{algorithm}"
+        + ("-poisoned" if "--poisoners" in words else "")
+        + ("-async" if "async" in words else "")
+    )
 
 
 @dataclass(frozen=True)
