@@ -94,20 +94,20 @@ class InlineHosts:
 
 class Timeline:
     """Every node's rounds on the simulated clock: `step_s[i]` is node i's local step, in
-    simulated seconds; every node begins round 0 at time 0 and stops after `rounds`."""
+    simulated seconds; every node begins round 0 at time 0 and stops when its engine is done
+    (its hosts' shards know the run's rounds)."""
 
     def __init__(
         self,
         hosts: Hosts,
         ids: Sequence[str],
-        rounds: int,
         step_s: Sequence[float],
         latency_s: float,
         rule: GatherRule,
     ) -> None:
         if len(step_s) != len(ids) or min(step_s) <= 0 or latency_s < 0:
             raise ValueError(f"a positive step cost per node and a latency ≥ 0, got {step_s} and {latency_s}")
-        self.hosts, self.ids, self.rounds = hosts, list(ids), rounds
+        self.hosts, self.ids = hosts, list(ids)
         self.step_s, self.latency_s, self.rule = list(step_s), latency_s, rule
         self.owner = {i: host for host, block in enumerate(hosts.blocks) for i in block}
         self.position = {node_id: i for i, node_id in enumerate(self.ids)}
@@ -179,7 +179,7 @@ class Timeline:
     def _close(self) -> list[RoundRecord]:
         self._closing.discard(self.now)
         hosts = {self.owner[i] for i in self.gathering}
-        args = [(self.now, self.rounds) if h in hosts else None for h in range(len(self.hosts.blocks))]
+        args = [(self.now,) if h in hosts else None for h in range(len(self.hosts.blocks))]
         closed: list[Closed] = [part for part in self.hosts.call("close", args) if part is not None]
         records = sorted((record for part in closed for record in part.records), key=lambda r: self._index(r.node))
         ended = {self._index(record.node) for record in records}
@@ -221,11 +221,13 @@ class Exchange:
         if len(nodes) != len(identities):
             raise ValueError(f"{len(nodes)} nodes but identities of {len(identities)}")
         self.ids = [identity.node_id for identity in identities]
-        self.shard = Shard(dict(enumerate(nodes)), dict(enumerate(identities)), self.ids, sender_limits, schedule)
+        self.shard = Shard(
+            dict(enumerate(nodes)), dict(enumerate(identities)), self.ids, sender_limits, schedule, rounds
+        )
         self.hosts = InlineHosts([self.shard])
         rule = GatherRule.of(AlgorithmSettings())
         costs = [1.0] * len(self.ids) if step_s is None else list(step_s)
-        self.timeline = Timeline(self.hosts, self.ids, rounds, costs, latency_s, rule)
+        self.timeline = Timeline(self.hosts, self.ids, costs, latency_s, rule)
         self._rounds = self.timeline.run()
 
     @property

@@ -59,7 +59,7 @@ class Host(Shard):
             nodes[i] = PoisoningNode(node, attack, seed=spec.seed * 1000 + i) if i in spec.poisoners else node
         # An attacker signs whatever it likes; the honest decoders keep the real norm bound.
         loose = {i: Limits(max_tensor_norm=math.inf) for i in spec.poisoners if i in nodes}
-        super().__init__(nodes, {i: identities[i] for i in nodes}, ids, loose, spec.schedule)
+        super().__init__(nodes, {i: identities[i] for i in nodes}, ids, loose, spec.schedule, spec.rounds)
         if worker:
             forget_scenarios()
             trim_now()

@@ -102,11 +102,12 @@ class Shard:
         ids: Sequence[str],
         sender_limits: Mapping[int, Limits] | None = None,
         schedule: Schedule | None = None,
+        rounds: int = 1_000_000,
     ) -> None:
         """`nodes`: this shard's nodes by index in the run; `identities`: their keys; `ids`: the
         node ids of the whole run, in index order; `sender_limits`: node index → the limits its
         encoder signs with (default: the real ones); `schedule`: `[algorithm].schedule` and what
-        goes with it (default: sync, fixed deadline)."""
+        goes with it (default: sync, fixed deadline); `rounds`: the run's (`[algorithm].rounds`)."""
         if set(nodes) != set(identities):
             raise ValueError(f"nodes {sorted(nodes)} but identities of {sorted(identities)}")
         self.nodes = dict(sorted(nodes.items()))
@@ -118,9 +119,9 @@ class Shard:
         self.rejections: Counter[str] = Counter()
         self._seq = dict.fromkeys(self.nodes, 0)
         self._sent = {i: SentTraffic() for i in self.nodes}  # learning frames each node sent so far
-        # Each node's engine, bound as a daemon's is by default; it keeps one record (the
-        # simulator keeps them all).
-        settings = AlgorithmSettings()
+        # Each node's engine, bound as a daemon's is by default but for the run's rounds; it keeps
+        # one record (the simulator keeps them all).
+        settings = AlgorithmSettings(rounds=rounds)
         self.engines = {i: RoundEngine(round_state(settings, history_rounds=1), schedule) for i in self.nodes}
         self._gathers: dict[int, Gather] = {}  # the open gathers, by node
         self._began: dict[int, tuple[float, float]] = {}  # node → (round began, step ended), simulated
@@ -174,7 +175,7 @@ class Shard:
             outbox.extend(self._delivered(i))
         return self._send(outbox)
 
-    def close(self, now: float, rounds: int) -> Closed:
+    def close(self, now: float) -> Closed:
         """End the gathers the daemon's rule ends at `now`: end of round, evaluation, record; each
         such node begins the round `RoundState.next_round` chooses, unless it is done
         (`RoundEngine.done`: its rounds, and async its overtime)."""
@@ -186,7 +187,6 @@ class Shard:
                 continue
             del self._gathers[i]
             records.append(self._end_round(i, now))
-            engine.state.rounds = rounds  # the run's: the engines were bound before the shard knew it
             engine.next_round([peer for peer in self.ids if peer != self.ids[i]])
             if not engine.done():
                 going_on.append(i)

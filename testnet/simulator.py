@@ -94,7 +94,7 @@ def timeline(spec: SimulationSpec, hosts: Hosts, ids: list[str]) -> Timeline:
     sizes = {i: size for part in hosts.call("sizes", [()] * len(hosts.blocks)) for i, size in part.items()}
     costs = step_costs(spec.node_backbones(), [sizes[i] for i in range(spec.nodes)], spec.speed_factors(), spec.step_s)
     rule = GatherRule(spec.quorum, spec.round_deadline_s, spec.straggler_grace_s)
-    return Timeline(hosts, ids, spec.rounds, costs, spec.latency_s, rule)
+    return Timeline(hosts, ids, costs, spec.latency_s, rule)
 
 
 def _placement(where: list[tuple[str, bool]]) -> tuple[str, bool]:
