@@ -165,38 +165,44 @@ def three_digits_daemons_one_slow(rounds: int, factor: float, **spec):
     )
 
 
-def test_a_slow_daemon_stretches_its_local_step_and_the_report_names_it(tmp_path):
-    """`testnet --slow`: the daemon drawn slow (`[node].step_slowdown`) takes its factor times as
-    long per local step; report.json says which node it was, and when each node's rounds ended."""
-    from testnet.learning import run_learning_testnet
-
-    spec = three_digits_daemons_one_slow(rounds=4, factor=10)
-    (slow,) = spec.slow_nodes()
-    code, report = run_learning_testnet(spec, tmp_path / "net", round_deadline_s=10)
-    assert code == 0, report["check"]
-    assert report["slow"] == {"fraction": 0.3, "factor": 10, "nodes": [slow]}
-    histories = [read_history(tmp_path / "net" / f"node{i:02d}" / "data" / HISTORY_NAME) for i in range(3)]
-    step_s = [statistics.median(record.step_s for record in history.records) for history in histories]
-    # Same backbone, same data size: the slow one's step is its own ×10 (a sleep after it).
-    assert step_s[slow] > 4 * max(s for i, s in enumerate(step_s) if i != slow), step_s
-    ended = report["time_to_accuracy"]["ended_at_per_node"]
-    assert all(len(times) == 4 and times == sorted(times) for times in ended), ended
-
-
-def test_async_daemons_run_at_their_own_pace_and_the_fast_ones_go_on_while_the_slow_one_runs(tmp_path):
-    """`[algorithm].schedule = "async"` on real daemons: the run completes; the fast nodes wait
-    for the slow one only in round 0 (every node's first payloads), and past their 5 rounds they
-    go on (overtime, 12 rounds at most) while the slow node, 20× slower, is still at its own."""
+@pytest.fixture(scope="module")
+def async_run_with_a_slow_daemon(tmp_path_factory):
+    """3 daemons, one drawn 20× slower (`testnet --slow`), under the async schedule: one run,
+    read by the two tests below. Its spec, the slow node, report.json and each node's history."""
     from p2pnode.learning.rounds import Schedule
     from testnet.learning import run_learning_testnet
 
+    out = tmp_path_factory.mktemp("async-slow") / "net"
     schedule = Schedule(schedule="async", async_gather_s=0.05, overtime_rounds=12)
     spec = three_digits_daemons_one_slow(rounds=5, factor=20, schedule=schedule)
     (slow,) = spec.slow_nodes()
-    code, report = run_learning_testnet(spec, tmp_path / "net", round_deadline_s=10)
+    code, report = run_learning_testnet(spec, out, round_deadline_s=10)
     assert code == 0, report["check"]
+    histories = [read_history(out / f"node{i:02d}" / "data" / HISTORY_NAME) for i in range(3)]
+    return spec, slow, report, histories
+
+
+def test_a_slow_daemon_stretches_its_local_step_and_the_report_names_it(async_run_with_a_slow_daemon):
+    """`testnet --slow`: the daemon drawn slow (`[node].step_slowdown`) takes its factor times as
+    long per local step; report.json says which node it was, and when each node's rounds ended."""
+    _, slow, report, histories = async_run_with_a_slow_daemon
+    assert report["slow"] == {"fraction": 0.3, "factor": 20, "nodes": [slow]}
+    step_s = [statistics.median(record.step_s for record in history.records) for history in histories]
+    # Same backbone, same data size: the slow one's step is its own ×20 (a sleep after it).
+    assert step_s[slow] > 8 * max(s for i, s in enumerate(step_s) if i != slow), step_s
+    ended = report["time_to_accuracy"]["ended_at_per_node"]
+    rounds = [len(history.records) for history in histories]
+    assert [len(times) for times in ended] == rounds and all(times == sorted(times) for times in ended), ended
+
+
+def test_async_daemons_run_at_their_own_pace_and_the_fast_ones_go_on_while_the_slow_one_runs(
+    async_run_with_a_slow_daemon,
+):
+    """`[algorithm].schedule = "async"` on real daemons: the run completes; the fast nodes wait
+    for the slow one only in round 0 (every node's first payloads), and past their 5 rounds they
+    go on (overtime, 12 rounds at most) while the slow node, 20× slower, is still at its own."""
+    _, slow, report, histories = async_run_with_a_slow_daemon
     assert report["schedule"]["schedule"] == "async" and report["schedule"]["overtime_rounds"] == 12
-    histories = [read_history(tmp_path / "net" / f"node{i:02d}" / "data" / HISTORY_NAME) for i in range(3)]
     assert [record.round for record in histories[slow].records] == list(range(5))  # its neighbours were done
     slow_step_s = statistics.median(record.step_s for record in histories[slow].records)
     for fast in set(range(3)) - {slow}:

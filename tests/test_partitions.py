@@ -73,6 +73,17 @@ def test_mnist5k_is_mlxtends_images_to_the_bit():
     assert np.array_equal(dataset.train.images, expected) and np.array_equal(dataset.train.labels, labels)
 
 
+def test_digits_are_scikit_learns_images_to_the_bit():
+    """The loader reads scikit-learn's file itself (importing sklearn.datasets costs a daemon ~2 s
+    of CPU): the same images and labels as `load_digits`, scaled from 0..16 to [0, 1]."""
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    dataset = load_dataset("digits")
+    expected = np.divide(bunch.data.reshape(-1, 1, 8, 8), np.float32(16.0), dtype=np.float32)
+    assert np.array_equal(dataset.train.images, expected) and np.array_equal(dataset.train.labels, bunch.target)
+
+
 def test_unknown_dataset_lists_the_known_ones():
     with pytest.raises(DatasetError) as error:
         load_dataset("imagenet")

@@ -15,8 +15,10 @@ dataset for many nodes, and one node must not be able to corrupt the copy the ot
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -130,11 +132,22 @@ def _load_mnist5k() -> Dataset:
 
 
 def _load_digits() -> Dataset:
-    from sklearn.datasets import load_digits
+    # The file scikit-learn's `load_digits` reads, parsed here: importing `sklearn.datasets` (and
+    # scipy with it) cost every daemon that learns on digits ~2 s of CPU at start. The images are
+    # the same to the bit (tests/test_partitions.py compares them).
+    rows = np.loadtxt(digits_file(), delimiter=",", dtype=np.uint8)  # 1,797 × (64 pixels 0..16, label)
+    images = _scaled(rows[:, :-1].reshape(-1, 1, 8, 8), 16.0)
+    return Dataset("digits", 10, (1, 8, 8), _pool(images, rows[:, -1]), None)
 
-    bunch = load_digits()  # 1,797 × 64, values 0..16
-    images = _scaled(bunch.data.reshape(-1, 1, 8, 8), 16.0)
-    return Dataset("digits", 10, (1, 8, 8), _pool(images, bunch.target), None)
+
+def digits_file() -> Path:
+    """Where the installed scikit-learn keeps its 8×8 digits, found without importing it."""
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or spec.origin is None:
+        raise DatasetError(
+            "the digits dataset comes with scikit-learn, which is not installed: pip install scikit-learn"
+        )
+    return Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz"
 
 
 # Files each torchvision dataset needs under the root, as torchvision looks for them.

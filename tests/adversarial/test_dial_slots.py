@@ -72,7 +72,12 @@ async def test_sybils_from_one_host_take_few_dial_slots_and_a_newcomer_still_get
         assert set(dead) & {entry.address for entry in _learned_dials(a)}  # still held
         honest = {node.identity.public_key for node in (a, b, c)}
         assert set(a.membership.peers) <= honest
-        assert not any(key.startswith("evicted") for key in a.membership.counts)
+        # No one displaced, and no one left of their own accord: a sybil that misses its pings
+        # when sixteen of them share this test's event loop with `a` on a loaded machine
+        # (`evicted_timeout`) is not what this test is about; `b` and `c` staying is.
+        evictions = {key: n for key, n in a.membership.counts.items() if key.startswith("evicted")}
+        assert set(evictions) <= {"evicted_timeout"}, evictions
+        assert {b.identity.public_key, c.identity.public_key} <= set(a.membership.peers)
         # No Sybil address was relayed: b and c never tried one.
         assert not {entry.address for node in (b, c) for entry in _learned_dials(node)} & set(dead)
         for node in (a, b, c):
@@ -119,6 +124,11 @@ async def test_sybil_daemons_from_one_subnet_get_two_places_and_newcomers_still_
         await wait_until(lambda: c.identity.public_key in a.membership.peers, timeout=10)
         assert len(set(a.membership.peers) & sybil_keys) <= 2
         assert b.identity.public_key in a.membership.peers
-        assert not any(key.startswith("evicted") for key in a.membership.counts)
+        # No one displaced, and no one left of their own accord: a sybil that misses its pings
+        # when sixteen of them share this test's event loop with `a` on a loaded machine
+        # (`evicted_timeout`) is not what this test is about; `b` and `c` staying is.
+        evictions = {key: n for key, n in a.membership.counts.items() if key.startswith("evicted")}
+        assert set(evictions) <= {"evicted_timeout"}, evictions
+        assert {b.identity.public_key, c.identity.public_key} <= set(a.membership.peers)
         for node in (a, b, c, *sybils):
             node.request_stop()

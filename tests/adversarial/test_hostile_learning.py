@@ -40,7 +40,12 @@ def twin():
 @pytest.mark.parametrize("barrage", [False, True], ids=["rescale-alone", "barrage"])
 def test_one_admitted_peer_does_not_stop_or_steer_the_others_learning(tmp_path, twin, barrage):
     check = CheckThresholds(accuracy=0.6, within_cluster_mass=0.9)
-    code, report = run_learning_testnet(_spec("rescale"), tmp_path / "net", check=check, barrage=barrage)
+    # A 2.5 s deadline, not 5: after the warm-up each honest node waits out one deadline per peer
+    # that stops sending to it (the other cluster, the refused poisoner); a round takes a tenth of
+    # a second, and the first waits for every peer's load whatever the deadline (start_timeout_s).
+    code, report = run_learning_testnet(
+        _spec("rescale"), tmp_path / "net", round_deadline_s=2.5, check=check, barrage=barrage
+    )
     assert code == 0, report["check"]
     poisoning, honest = report["poisoning"], [0, 1, 2]
     assert report["processes"]["exit_codes"] == [0, 0, 0, 0]
