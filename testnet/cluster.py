@@ -61,6 +61,7 @@ class Cluster:
     ) -> None:
         self.specs = specs
         self.placement = placement or LocalPlacement()
+        self._owns_placement = placement is None  # closed with the cluster (its fork server)
         self.stop_grace_s = stop_grace_s  # from SIGTERM until the node has stopped
         self.exit_grace_s = exit_grace_s  # and then until its process has exited
         self.start_timeout_s = start_timeout_s
@@ -107,6 +108,8 @@ class Cluster:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+        if self._owns_placement:
+            self.placement.close()
 
     def start(self, spec: NodeSpec) -> None:
         """Write the node's config from `spec.settings` and spawn its daemon.

@@ -11,7 +11,6 @@ here (`spawn_daemon`, `read_status`). Nothing else differs between the two engin
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -22,6 +21,8 @@ from pathlib import Path
 from typing import Protocol
 
 from p2pnode.operations.control import ControlError, request
+
+from .forkserver import ForkServer, die_with_parent
 
 __all__ = [
     "NodeSpec",
@@ -34,15 +35,7 @@ __all__ = [
     "read_status",
 ]
 
-_PR_SET_PDEATHSIG = 1
 DAEMON = ("p2pnode_cli", "start")  # what `python -m` runs for a node: the daemon
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass  # not Linux: the launcher's own cleanup still applies
 
 
 @dataclass
@@ -145,8 +138,13 @@ def spawn_daemon(spec: NodeSpec) -> DaemonProcess:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
+
+
+def learns(spec: NodeSpec) -> bool:
+    """The node runs a learning algorithm (its `[algorithm].name` is not `none`)."""
+    return spec.settings.get("algorithm", {}).get("name", "none") != "none"
 
 
 def read_status(control_socket: Path, timeout: float) -> dict | None:
@@ -159,15 +157,25 @@ def read_status(control_socket: Path, timeout: float) -> dict | None:
 
 
 class LocalPlacement:
-    """Every daemon a child process of the launcher, on this machine."""
+    """Every daemon on this machine: a learning daemon forked from a warm parent (testnet/forkserver.py:
+    the imports every learning daemon makes, done once), any other a child of the launcher,
+    started with exec; `fork=False` starts every one with exec."""
 
     engine = "local"
+
+    def __init__(self, fork: bool = True) -> None:
+        self.fork = fork
+        self._server: ForkServer | None = None
 
     def place(self, specs: Sequence[NodeSpec], timeout: float) -> None:
         pass  # here, as configured
 
     def spawn(self, spec: NodeSpec) -> DaemonProcess:
-        return spawn_daemon(spec)
+        if not (self.fork and learns(spec) and not spec.prefix):
+            return spawn_daemon(spec)
+        if self._server is None:
+            self._server = ForkServer()
+        return self._server.spawn(spec.program, ["--config", str(spec.config_path)], spec.log_path)
 
     def statuses(self, specs: Sequence[NodeSpec], timeout: float) -> list[dict | None]:
         return [read_status(spec.control_socket, timeout) for spec in specs]
@@ -179,7 +187,9 @@ class LocalPlacement:
         return False  # this machine is where the launcher runs: it is here as long as the run is
 
     def close(self) -> None:
-        pass
+        if self._server is not None:
+            self._server.close()
+            self._server = None
 
     def __enter__(self) -> LocalPlacement:
         return self

@@ -170,11 +170,21 @@ def _running(pid: int) -> bool:
     return True
 
 
-@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
-def test_testnet_leaves_no_orphans(tmp_path, how):
+LEARNING = ["--algorithm", "mapl", "--dataset", "digits", "--rounds", "100000", "--samples-per-class", "5"]
+
+
+@pytest.mark.parametrize(
+    "how, learning",
+    [(signal.SIGINT, False), (signal.SIGKILL, False), (signal.SIGKILL, True)],
+    # learning daemons are forked by testnet/forkserver.py: a launcher killed with SIGKILL takes
+    # the fork server with it (PR_SET_PDEATHSIG), and the server its daemons
+    ids=["ctrl-c", "kill-9", "kill-9-forked-learners"],
+)
+def test_testnet_leaves_no_orphans(tmp_path, how, learning):
     out = tmp_path / "net"
+    run = [*LEARNING, "--backbones", "mlp"] if learning else ["--duration", "60"]
     with subprocess.Popen(
-        [*P2PNODE, "testnet", "--nodes", "3", "--duration", "60", "--out", str(out)],
+        [*P2PNODE, "testnet", "--nodes", "3", *run, "--out", str(out)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

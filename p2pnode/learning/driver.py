@@ -36,7 +36,7 @@ from .capabilities import learning_capability
 from .checkpoint import Checkpoint, CheckpointError, HeldOut
 from .engine import RoundEngine, Timings, round_state, seconds
 from .history import HistoryFile
-from .rounds import RoundRecord, Schedule
+from .rounds import ROUND_AHEAD, RoundRecord, Schedule
 
 if TYPE_CHECKING:
     from algorithms.models.inference import EvaluatedModel
@@ -121,6 +121,8 @@ class RoundDriver:
         refusal = self.engine.offer(envelope.sender_id, envelope.round, envelope)
         if refusal is not None:
             self.network.rejected(refusal, envelope.size)
+            if refusal == ROUND_AHEAD:  # refused, but it says how far its sender has got: that
+                self._arrival.set()  # sender is settled, so a gather waiting for it is over
         else:
             self._last_payload[envelope.sender_id] = (trio.current_time(), envelope.round)
             self._arrival.set()

@@ -362,8 +362,13 @@ class RoundState(Generic[Item]):
     def settled(self, round: int) -> set[str]:
         """Peers not worth waiting for any more in `round`: those that arrived, and those already
         heard from in a later round (a peer sends its rounds in order on one connection, so what
-        it sent for `round` is in, or will never come)."""
+        it sent for `round` is in, or will never come). Sync, not one that sent part of `round`'s
+        payloads: the rest may come on its other connection, later (transport.py: while its
+        peers' connection opens, small frames go on the public one), and will count."""
         passed = {peer for peer, latest in self._reached.items() if latest > round}
+        if not self.asynchronous:
+            heard = self._heard.get(round, {})
+            passed = {peer for peer in passed if not heard.get(peer)}
         return self.arrived(round) | passed
 
     # --- the round -----------------------------------------------------------------------

@@ -78,10 +78,14 @@ def _testnets(args: argparse.Namespace) -> dict[str, dict]:
 
 def _testnet(algorithm: str, nodes: int, rounds: int, out: Path) -> dict:
     from testnet.learning import run_learning_testnet
+    from testnet.placement import LocalPlacement
     from testnet.simulator import SimulationSpec
 
     spec = SimulationSpec(algorithm, dataset="mnist5k", nodes=nodes, rounds=rounds, backbones=(BACKBONE,))
-    code, report = run_learning_testnet(spec, out, round_deadline_s=ROUND_DEADLINE_S)
+    # Each daemon started with exec, as on a device: a daemon forked from the testnet's warm
+    # parent (testnet/forkserver.py) maps only the pages it touches, so its RSS is not a device's.
+    with LocalPlacement(fork=False) as placement:
+        code, report = run_learning_testnet(spec, out, round_deadline_s=ROUND_DEADLINE_S, placement=placement)
     if code != 0:
         raise SystemExit(f"{algorithm}: the testnet failed ({report.get('check')}); see the logs under {out}")
     return report

@@ -1,0 +1,61 @@
+"""testnet/forkserver.py: a daemon forked from the warm parent is what `python -m` would have
+started, as the launcher sees it (exit codes, signals, waiting) and as the program sees itself
+(argv, its own process group, stdin, its log, fresh random seeds, default signal handlers)."""
+
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from testnet.forkserver import ForkServer
+
+PROGRAM = ("tests.forked_program",)
+
+
+@pytest.fixture(scope="module")
+def server():
+    server = ForkServer()
+    yield server
+    server.close()
+
+
+def _lines(log) -> dict[str, str]:
+    return {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in log.read_text().splitlines() if " " in line}
+
+
+def test_a_forked_program_sees_what_python_m_would_give_it(server, tmp_path):
+    forked, executed = tmp_path / "forked.log", tmp_path / "executed.log"
+    daemon = server.spawn(PROGRAM, ["--config", "node.toml"], forked)
+    assert daemon.wait(30) == 0 and daemon.returncode == 0 and daemon.poll() == 0
+    with executed.open("w") as log:
+        command = [sys.executable, "-m", *PROGRAM, "--config", "node.toml"]
+        subprocess.run(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, check=True)
+    ours, theirs = _lines(forked), _lines(executed)
+    assert ours["argv"] == theirs["argv"] == "['--config', 'node.toml']"
+    assert ours["group"] == "True stdin True"  # a process group of its own, stdin empty
+    assert ours["handlers"] == theirs["handlers"] and ours["handlers"].startswith("True")
+
+
+def test_exit_codes_are_popens_and_wait_times_out_while_it_runs(server, tmp_path):
+    assert server.spawn(PROGRAM, ["--exit", "3"], tmp_path / "a.log").wait(30) == 3
+    failed = server.spawn(PROGRAM, ["--raise"], tmp_path / "b.log")
+    assert failed.wait(30) == 1 and "RuntimeError: failed on purpose" in (tmp_path / "b.log").read_text()
+    sleeper = server.spawn(PROGRAM, ["--sleep", "60"], tmp_path / "c.log")
+    with pytest.raises(subprocess.TimeoutExpired):
+        sleeper.wait(0.2)
+    assert sleeper.poll() is None
+    sleeper.send_signal(signal.SIGTERM)
+    assert sleeper.wait(30) == -signal.SIGTERM
+    killed = server.spawn(PROGRAM, ["--sleep", "60"], tmp_path / "d.log")
+    killed.kill_group()
+    assert killed.wait(30) == -signal.SIGKILL
+    killed.send_signal(signal.SIGTERM)  # reaped: its pid is no longer its own, nothing is sent
+
+
+def test_each_forked_child_draws_its_own_random_numbers(server, tmp_path):
+    logs = [tmp_path / f"{i}.log" for i in range(3)]
+    for log in logs:
+        assert server.spawn(PROGRAM, [], log).wait(30) == 0
+    draws = [_lines(log)["draws"] for log in logs]
+    assert len(set(draws)) == 3, draws
