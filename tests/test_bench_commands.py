@@ -234,7 +234,7 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "python -m tools.bench.scale --out bench-out/scale --nodes 10 30 100": SCALE,
     "python -m tools.bench.memory --out bench-out/memory --save memory": MEMORY,
     "python -m tools.bench.memory --stages --save memory-stages": STAGES,
-    "python -m tools.bench.startup --save startup": STARTUP,
+    "python -m tools.bench.startup --runs 3 --save startup": STARTUP,
     "python -m tools.bench.scale --out bench-out/scale --nodes 10 30 100 --save scale": SCALE,
     "python -m tests.overlay_bench": OVERLAY,
     "python -m tools.bench.simulate speedup | scaling | large": (SPEEDUP, SCALING, LARGE),

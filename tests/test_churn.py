@@ -67,13 +67,13 @@ def test_with_keep_going_a_daemon_that_dies_is_reported_and_the_run_goes_on(tmp_
     out, killed = tmp_path / "net", []
     killer = threading.Thread(target=lambda: killed.extend(signal_each_start(out / "node02")), daemon=True)
     killer.start()
-    code, report = run_discovery_testnet(out, 3, 10, keep_going=True, progress=io.StringIO())
+    code, report = run_discovery_testnet(out, 3, 5, keep_going=True, progress=io.StringIO())
     killer.join(timeout=5)
     assert len(killed) == 1
     assert code == 1  # a daemon died: the run went on, but it did not pass
     (exit_,) = report["exits"]
-    assert exit_["node"] == 2 and exit_["exit_code"] == -signal.SIGKILL and exit_["exited_s"] < 10
-    assert report["wall_time_s"] >= 10  # it ran its whole duration
+    assert exit_["node"] == 2 and exit_["exit_code"] == -signal.SIGKILL and exit_["exited_s"] < 5
+    assert report["wall_time_s"] >= 5  # it ran its whole duration
     assert report["node_exit_codes"] == [0, 0, -signal.SIGKILL] and report["churn"] is None
 
 

@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"data": data}
     print(render(result))
     if args.save:
-        print(f"saved {save(args.save, __name__, provenance, data)}", file=sys.stderr)
+        print(f"saved {save(args.save, 'tools.bench.startup', provenance, data)}", file=sys.stderr)
     return 0
 
 
