@@ -143,7 +143,11 @@ async def test_multipart_messages_never_finished_from_8_connections_are_cut_off_
         assert cut >= 1
         # The ingress process's hard limit: 1.5 × the bound, two frames and batches in flight,
         # and room for each of the 8 connections (ingress.py, ingress_process.py `DataLimit`).
-        limit_mb = (a.ingress[PUBLIC].data_limit_bytes() + 8 * PER_CONNECTION_BYTES) / 1e6
+        # Plus 2 MB of pages that are no data: the limit is the kernel's on the process's data
+        # (RLIMIT_DATA), and the ingress process it ends is replaced by a fresh fork, whose
+        # resident pages (copies made on write of what it inherited) differ from the one measured
+        # before by up to ~1 MB (0.2-0.8 MB over the bare limit in 3 of 6 runs on 2026-11-27).
+        limit_mb = (a.ingress[PUBLIC].data_limit_bytes() + 8 * PER_CONNECTION_BYTES) / 1e6 + 2.0
         ingress_growth = max(ingress_peaks) - ingress_before
         assert ingress_growth <= limit_mb, (
             f"ingress grew {ingress_growth:.0f} MB, limit {limit_mb:.0f} (all: {growth:.0f})"
