@@ -183,7 +183,8 @@ FIGURES: tuple[Figure, ...] = (
         Place(
             B,
             r"(?s)CI of\s+(?P<date>\d{4}-\d\d-\d\d) on the 2-core machine:.{0,300}?"
-            r"\*\*(?P<minutes>\d+) min \d+ s\*\* of test time.{0,60}?about (?P<venv>\d+)\s+minutes? to build `\.venv`",
+            r"\*\*(?P<minutes>\d+) min (?P<seconds>\d+) s\*\* of test time.{0,60}?"
+            r"about (?P<venv>\d+)\s+minutes? to build `\.venv`",
         ),
         (
             Place(
@@ -192,6 +193,8 @@ FIGURES: tuple[Figure, ...] = (
                 r"plus ~(?P<venv>\d+) min to build \.venv",
             ),
         ),
+        # the README rounds to whole minutes
+        quoted_as=lambda v: {**v, "minutes": str(round(int(v["minutes"]) + int(v["seconds"]) / 60))},
     ),
     Figure(
         "MAPL+ over Local, three seeds (seeds 0-2, not re-measured)",
