@@ -10,7 +10,8 @@ import tomllib
 from p2pnode.config import load_config
 from p2pnode.wire.keystore import load_key
 from p2pnode_cli import main
-from testnet.placement import NodeSpec, read_status, spawn_daemon
+from testnet.forkserver import ForkServer
+from testnet.placement import DAEMON, NodeSpec, read_status
 
 from .test_own_data import write_digit_pngs
 
@@ -117,11 +118,14 @@ def _free_ports(count: int) -> int:
 
 def run_fleet(directories, timeout_s: float = 90) -> list[dict]:
     """`p2pnode start` of each node directory's node.toml, until every node's learning is done;
-    returns their statuses, after stopping them (each must exit 0)."""
+    returns their statuses, after stopping them (each must exit 0). The daemons are forked from a
+    warm parent (testnet/forkserver.py: `python -m p2pnode_cli start --config …`, its imports
+    done once), as a local testnet's are."""
     specs = [NodeSpec(index, directory, {}) for index, directory in enumerate(directories)]
+    server = ForkServer()
     try:
         for spec in specs:
-            spec.process = spawn_daemon(spec)
+            spec.process = server.spawn(DAEMON, ["--config", str(spec.config_path)], spec.log_path)
         deadline = time.monotonic() + timeout_s
         while not all(
             (s := read_status(spec.control_socket, 1.0)) and s["learning"]["phase"] == "done" for spec in specs
@@ -131,16 +135,24 @@ def run_fleet(directories, timeout_s: float = 90) -> list[dict]:
             time.sleep(0.3)
         return [read_status(spec.control_socket, 2.0) for spec in specs]
     finally:
-        for spec in specs:
-            if spec.process is not None and spec.process.poll() is None:
-                spec.process.send_signal(signal.SIGTERM)
-        for spec in specs:
-            if spec.process is not None:
-                try:
-                    assert spec.process.wait(timeout=30) == 0
-                except Exception:
-                    spec.process.kill_group()
-                    raise
+        try:
+            _stop(specs)
+        finally:
+            server.close()
+
+
+def _stop(specs) -> None:
+    """SIGTERM each daemon still running; each must exit 0 (else it is killed, and that raised)."""
+    for spec in specs:
+        if spec.process is not None and spec.process.poll() is None:
+            spec.process.send_signal(signal.SIGTERM)
+    for spec in specs:
+        if spec.process is not None:
+            try:
+                assert spec.process.wait(timeout=30) == 0
+            except Exception:
+                spec.process.kill_group()
+                raise
 
 
 def test_three_daemons_from_init_find_each_other_and_learn(tmp_path, capsys):
