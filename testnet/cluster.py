@@ -107,9 +107,11 @@ class Cluster:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-        if self._owns_placement:
-            self.placement.close()
+        try:
+            self.stop()
+        finally:
+            if self._owns_placement:
+                self.placement.close()
 
     def start(self, spec: NodeSpec) -> None:
         """Write the node's config from `spec.settings` and spawn its daemon.

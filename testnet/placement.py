@@ -4,7 +4,8 @@ keys, configs, the bootstrap, start order, stops, churn) and the processes it la
 A placement starts a node's `p2pnode start` process, hands back a handle to signal and reap it
 (`DaemonProcess`, the part of `subprocess.Popen` the launcher uses), reads the node's status on
 its control socket and brings its log to `NodeSpec.log_path`. `LocalPlacement` runs every
-daemon as a child of the launcher on this machine; `testnet/raynodes.py` runs each on a node of
+daemon on this machine (a learning daemon forked from a warm parent, testnet/forkserver.py; any
+other a child of the launcher); `testnet/raynodes.py` runs each on a node of
 a Ray cluster, through a launcher actor there that does on its node what `LocalPlacement` does
 here (`spawn_daemon`, `read_status`). Nothing else differs between the two engines.
 """
