@@ -362,3 +362,26 @@ def test_async_a_newer_payload_replaces_the_queued_one_of_its_peer_and_type_and_
     sync = state(peer_inbox_frames=2)
     assert [sync.offer("fast", r, MODEL, r) for r in range(3)] == [None, None, PEER_INBOX_FULL]
     assert sync.superseded == 0
+
+
+async def test_a_payload_too_far_ahead_wakes_the_gather_it_settles():
+    """The daemon's driver: a `round_ahead` payload is refused (counted), but its sender is
+    settled for the round, so the gather waiting for it is woken at once, not at its deadline
+    (a node that joined peers three rounds ahead waited out `start_timeout_s` in round 0)."""
+    from types import SimpleNamespace
+
+    from p2pnode.learning.driver import Network, RoundDriver
+    from p2pnode.learning.settings import AlgorithmSettings
+
+    refused = []
+    network = Network(
+        peers=dict, send=None, rejected=lambda reason, size: refused.append(reason), sent=dict, discovery_sent=dict
+    )
+    driver = RoundDriver(AlgorithmSettings(), network, checkpoint_path=None)
+    ahead = SimpleNamespace(sender_id="p", round=3, type=MODEL, size=100)  # max_rounds_ahead is 2
+    driver.on_payload(ahead)
+    assert refused == [ROUND_AHEAD] and driver._arrival.is_set()
+    assert "p" in driver.state.settled(0)
+    driver._arrival = type(driver._arrival)()
+    driver.on_payload(SimpleNamespace(sender_id="q", round=0, type=PROTOTYPES, size=10))  # queued: wakes too
+    assert driver._arrival.is_set()
