@@ -98,7 +98,10 @@ def prototypes(draw):
     rows = draw(arrays(FLOAT_DTYPES, shape=st.just((len(classes), dim))))
     counts = draw(st.lists(st.integers(0, 2**32 - 1), min_size=len(classes), max_size=len(classes)))
     head_rows = max(classes, default=-1) + 1 + draw(st.integers(0, 3))
-    head = draw(st.none() | arrays(FLOAT_DTYPES, shape=st.just((head_rows, dim))))
+    # A head has a row per class id up to the largest: with ids up to 65535 it can outgrow the
+    # PROTOTYPES bound (4 MiB), which no valid body does; such bodies get none.
+    fits = head_rows * dim * 8 <= 1 << 20
+    head = draw(st.none() | arrays(FLOAT_DTYPES, shape=st.just((head_rows, dim)))) if fits else None
     return Prototypes(classes=tuple(classes), counts=tuple(counts), prototypes=rows, head=head)
 
 
