@@ -135,12 +135,12 @@ def _load_digits() -> Dataset:
     # The file scikit-learn's `load_digits` reads, parsed here: importing `sklearn.datasets` (and
     # scipy with it) cost every daemon that learns on digits ~2 s of CPU at start. The images are
     # the same to the bit (tests/test_partitions.py compares them).
-    rows = np.loadtxt(digits_file(), delimiter=",", dtype=np.uint8)  # 1,797 × (64 pixels 0..16, label)
+    rows = np.loadtxt(_digits_file(), delimiter=",", dtype=np.uint8)  # 1,797 × (64 pixels 0..16, label)
     images = _scaled(rows[:, :-1].reshape(-1, 1, 8, 8), 16.0)
     return Dataset("digits", 10, (1, 8, 8), _pool(images, rows[:, -1]), None)
 
 
-def digits_file() -> Path:
+def _digits_file() -> Path:
     """Where the installed scikit-learn keeps its 8×8 digits, found without importing it."""
     spec = importlib.util.find_spec("sklearn")
     if spec is None or spec.origin is None:
