@@ -427,7 +427,7 @@ class Node:
             network,
             data_dir.path / CHECKPOINT_NAME,
             data_dir.path / HISTORY_NAME,
-            self.config.node.step_slowdown,
+            self.config.node.slowdown,
         )
         self.on_payload = self.driver.on_payload
         try:

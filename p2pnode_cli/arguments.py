@@ -89,7 +89,7 @@ def add_learning_arguments(parser: argparse.ArgumentParser) -> None:
         "--slow",
         metavar="FRACTION:FACTOR",
         help="emulate slower devices: round(FRACTION × nodes) nodes, drawn by the seed, take FACTOR times as long "
-        "per local step (simulate: on its simulated clock; testnet: the daemon's [node].step_slowdown); "
+        "per local step and end of round (simulate: on its simulated clock; testnet: the daemon's [node].slowdown); "
         "report.json names them",
     )
     parser.add_argument(

@@ -40,7 +40,7 @@ from p2pnode.learning.rounds import RoundRecord, Schedule
 from p2pnode.learning.settings import AlgorithmSettings
 from protocol import Identity, Limits
 
-from .clock import ARRIVAL, CLOSE, STEP, EventQueue
+from .clock import ARRIVAL, BEGIN, CLOSE, STEP, EventQueue
 from .shard import NETWORK, Closed, GatherRule, Sent, Shard, simulation_identity
 
 __all__ = [
@@ -93,7 +93,8 @@ class InlineHosts:
 
 
 class Timeline:
-    """Every node's rounds on the simulated clock: `step_s[i]` is node i's local step, in
+    """Every node's rounds on the simulated clock: `step_s[i]` is node i's local step and
+    `end_s[i]` its end of round (graph step and evaluation, after its gather; default none), in
     simulated seconds; every node begins round 0 at time 0 and stops when its engine is done
     (its hosts' shards know the run's rounds)."""
 
@@ -104,11 +105,15 @@ class Timeline:
         step_s: Sequence[float],
         latency_s: float,
         rule: GatherRule,
+        end_s: Sequence[float] | None = None,
     ) -> None:
+        end_s = [0.0] * len(ids) if end_s is None else list(end_s)
         if len(step_s) != len(ids) or min(step_s) <= 0 or latency_s < 0:
             raise ValueError(f"a positive step cost per node and a latency ≥ 0, got {step_s} and {latency_s}")
+        if len(end_s) != len(ids) or min(end_s) < 0:
+            raise ValueError(f"an end-of-round cost ≥ 0 per node, got {end_s}")
         self.hosts, self.ids = hosts, list(ids)
-        self.step_s, self.latency_s, self.rule = list(step_s), latency_s, rule
+        self.step_s, self.end_s, self.latency_s, self.rule = list(step_s), end_s, latency_s, rule
         self.owner = {i: host for host, block in enumerate(hosts.blocks) for i in block}
         self.position = {node_id: i for i, node_id in enumerate(self.ids)}
         self.queue = EventQueue()
@@ -129,6 +134,8 @@ class Timeline:
                 self._step(items)
             elif kind == ARRIVAL:
                 self._arrive(items)
+            elif kind == BEGIN:
+                self._begin(items)
             else:
                 records = self._close()
                 if records:
@@ -177,15 +184,20 @@ class Timeline:
         self._close_at(self.now)
 
     def _close(self) -> list[RoundRecord]:
+        """The gathers the rule ends now: their nodes' records (their rounds end when their end
+        of round has passed, and the next begins then: a BEGIN event)."""
         self._closing.discard(self.now)
-        hosts = {self.owner[i] for i in self.gathering}
-        args = [(self.now,) if h in hosts else None for h in range(len(self.hosts.blocks))]
+        ends: list[dict[int, float]] = [{} for _ in self.hosts.blocks]
+        for i in self.gathering:
+            ends[self.owner[i]][i] = self.end_s[i]
+        args = [(self.now, part) if part else None for part in ends]
         closed: list[Closed] = [part for part in self.hosts.call("close", args) if part is not None]
         records = sorted((record for part in closed for record in part.records), key=lambda r: self._index(r.node))
         ended = {self._index(record.node) for record in records}
         going_on = [i for part in closed for i in part.going_on]
         self.gathering -= ended
-        self._begin(going_on)
+        for i in going_on:
+            self.queue.push(self.now + self.end_s[i], BEGIN, i, i)
         for part in closed:
             for wake in part.wakes.values():
                 self._close_at(wake)

@@ -109,8 +109,8 @@ def node_settings(
             **{name: value for name, value in asdict(spec.schedule).items() if value != getattr(Schedule(), name)},
         },
         "log": {"format": "json"},
-        # `--slow`: this daemon emulates a slower device (p2pnode/learning/driver.py, RoundDriver._step)
-        **({"node": {"step_slowdown": spec.slow.factor}} if index in spec.slow_nodes() else {}),
+        # `--slow`: this daemon emulates a slower device (p2pnode/learning/driver.py, RoundDriver._emulate)
+        **({"node": {"slowdown": spec.slow.factor}} if index in spec.slow_nodes() else {}),
     }
 
 

@@ -12,7 +12,8 @@ the protocol decoder and offered to their addressees' engines here, in the order
 daemon offers what comes off its sockets; a node whose gather is open takes them and answers
 what it owes at once, a node still stepping finds them queued after its step, a node that closed
 its gather gets the late ones next round, as in the daemon), `close` (the gathers the daemon's
-rule ends now: graph step, evaluation, one record per node, the next round begun). What a sender
+rule ends now: graph step, evaluation, one record per node; the exchange begins the next round
+when the end of round's cost has passed). What a sender
 counts (sequence numbers, frames and bytes sent, whom it sent to) lives with the sender's shard,
 what a receiver counts (what arrived, rejections) with the receiver's, so the records do not
 depend on how the nodes are spread over hosts.
@@ -175,10 +176,11 @@ class Shard:
             outbox.extend(self._delivered(i))
         return self._send(outbox)
 
-    def close(self, now: float) -> Closed:
-        """End the gathers the daemon's rule ends at `now`: end of round, evaluation, record; each
-        such node begins the round `RoundState.next_round` chooses, unless it is done
-        (`RoundEngine.done`: its rounds, and async its overtime)."""
+    def close(self, now: float, end_s: Mapping[int, float]) -> Closed:
+        """End the gathers the daemon's rule ends at `now`: end of round, evaluation, record (the
+        round ends `end_s[i]` later, what node i's end of round costs); each such node goes on to
+        the round `RoundState.next_round` chooses, unless it is done (`RoundEngine.done`: its
+        rounds, and async its overtime)."""
         records, going_on, wakes = [], [], {}
         for i in sorted(self._gathers):
             engine, gather = self.engines[i], self._gathers[i]
@@ -186,15 +188,18 @@ class Shard:
                 wakes[i] = gather.wake_at()
                 continue
             del self._gathers[i]
-            records.append(self._end_round(i, now))
+            records.append(self._end_round(i, now, end_s[i]))
             engine.next_round([peer for peer in self.ids if peer != self.ids[i]])
             if not engine.done():
                 going_on.append(i)
         return Closed(records, going_on, wakes)
 
-    def sizes(self) -> dict[int, int]:
-        """Each node's training images (what its local step costs: testnet/clock.py)."""
-        return {i: len(node.setup.data.train_labels) for i, node in self.nodes.items()}
+    def sizes(self) -> dict[int, tuple[int, int]]:
+        """Each node's training and test images (what its local step and its end of round cost:
+        testnet/clock.py)."""
+        return {
+            i: (len(node.setup.data.train_labels), len(node.setup.data.test_labels)) for i, node in self.nodes.items()
+        }
 
     def _delivered(self, i: int) -> list[tuple[int, Outbound]]:
         """Node i takes its queued payloads; the answers it owes."""
@@ -204,13 +209,14 @@ class Shard:
         with self._blame(i, "respond"):
             return [(i, out) for out in self.engines[i].respond()]
 
-    def _end_round(self, i: int, now: float) -> RoundRecord:
+    def _end_round(self, i: int, now: float, end_s: float) -> RoundRecord:
+        """Node i's gather closed at `now`; its round ends `end_s` later."""
         engine, (began, stepped) = self.engines[i], self._began[i]
         engine.close_gather()
         with self._blame(i, "end_round"):
             engine.end_round(engine.round)
             evaluation = self.nodes[i].evaluate()
-            timings = Timings(stepped - began, now - stepped, now - began, now)
+            timings = Timings(stepped - began, now - stepped, now + end_s - began, now + end_s)
             return engine.record(evaluation, timings, self._sent[i].of(LEARNING_TYPES))
 
     def rejected(self) -> dict[str, int]:

@@ -27,7 +27,7 @@ from algorithms.graphs.graph import within_cluster_mass
 from algorithms.registry import applicable_overrides
 from p2pnode.learning.rounds import RoundRecord
 
-from .clock import step_costs
+from .clock import end_costs, step_costs
 from .engines import INLINE, Engine, open_hosts
 from .exchange import GatherRule, Hosts, Timeline, simulation_identity
 from .provenance import provenance
@@ -90,11 +90,20 @@ def run_simulation(
 
 
 def timeline(spec: SimulationSpec, hosts: Hosts, ids: list[str]) -> Timeline:
-    """`spec`'s nodes on the simulated clock: each one's step cost (testnet/clock.py) at its speed."""
+    """`spec`'s nodes on the simulated clock: each one's step and end-of-round costs
+    (testnet/clock.py) at its speed."""
     sizes = {i: size for part in hosts.call("sizes", [()] * len(hosts.blocks)) for i, size in part.items()}
-    costs = step_costs(spec.node_backbones(), [sizes[i] for i in range(spec.nodes)], spec.speed_factors(), spec.step_s)
+    train, test = zip(*(sizes[i] for i in range(spec.nodes)), strict=True)
+    backbones, factors = spec.node_backbones(), spec.speed_factors()
     rule = GatherRule(spec.quorum, spec.round_deadline_s, spec.straggler_grace_s)
-    return Timeline(hosts, ids, costs, spec.latency_s, rule)
+    return Timeline(
+        hosts,
+        ids,
+        step_costs(backbones, train, factors, spec.step_s),
+        spec.latency_s,
+        rule,
+        end_costs(backbones, test, factors, spec.end_s),
+    )
 
 
 def _placement(where: list[tuple[str, bool]]) -> tuple[str, bool]:

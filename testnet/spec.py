@@ -29,8 +29,8 @@ _GATHER = AlgorithmSettings()  # the daemon's defaults: the simulator's gather e
 @dataclass(frozen=True)
 class Slow:
     """`--slow FRACTION:FACTOR`: round(fraction × nodes) nodes, drawn by the seed, take `factor`
-    times as long per local step (emulated: testnet/clock.py in the simulator, the daemon's
-    `[node].step_slowdown` in the testnet)."""
+    times as long per local step and end of round (emulated: testnet/clock.py in the simulator,
+    the daemon's `[node].slowdown` in the testnet)."""
 
     fraction: float
     factor: float
@@ -84,6 +84,7 @@ class SimulationSpec:
     slow: Slow | None = None  # `--slow`: which nodes step slower, and how much
     latency_s: float = 0.005  # each frame's way from its sender to its addressees
     step_s: float | None = None  # every node's local step at speed 1; None: clock.STEP_S_PER_SAMPLE
+    end_s: float | None = None  # every node's end of round at speed 1; None: clock.END_S_PER_TEST_SAMPLE
     quorum: float = _GATHER.quorum  # `[algorithm].quorum`, `round_deadline_s`, `straggler_grace_s`
     round_deadline_s: float = _GATHER.round_deadline_s
     straggler_grace_s: float = _GATHER.straggler_grace_s
@@ -112,9 +113,11 @@ class SimulationSpec:
         Attack(self.attack, self.attack_factor)
         if not self.latency_s >= 0 or (self.step_s is not None and not self.step_s > 0):
             raise ValueError(f"latency_s must be ≥ 0 and step_s > 0, got {self.latency_s} and {self.step_s}")
+        if self.end_s is not None and not self.end_s >= 0:
+            raise ValueError(f"end_s must be ≥ 0, got {self.end_s}")
 
     def speed_factors(self) -> list[float]:
-        """Each node's local step as a multiple of its backbone's (1: full speed)."""
+        """Each node's compute (local step, end of round) as a multiple of its backbone's (1: full speed)."""
         slow = set(self.slow.nodes(self.nodes, self.seed)) if self.slow else set()
         return [self.slow.factor if i in slow else 1.0 for i in range(self.nodes)]
 

@@ -6,7 +6,17 @@ import dataclasses
 
 import pytest
 
-from testnet.clock import ARRIVAL, CLOSE, STEP, EventQueue, step_costs
+from testnet.clock import (
+    ARRIVAL,
+    BEGIN,
+    CLOSE,
+    END_S_PER_TEST_SAMPLE,
+    STEP,
+    STEP_S_PER_SAMPLE,
+    EventQueue,
+    end_costs,
+    step_costs,
+)
 from testnet.engines import INLINE, open_hosts
 from testnet.exchange import simulation_identity
 from testnet.report import time_to_accuracy
@@ -24,6 +34,7 @@ SPEC = SimulationSpec(
     test_per_class=3,
     backbones=("mlp",),
     step_s=1.0,
+    end_s=0.0,
     latency_s=0.01,
 )
 
@@ -36,16 +47,40 @@ def test_the_queue_orders_by_time_then_kind_then_sender_then_push():
     queue = EventQueue()
     for time, kind, sender, item in [(2.0, STEP, 0, "late"), (1.0, CLOSE, -1, "close"), (1.0, ARRIVAL, 2, "c")]:
         queue.push(time, kind, sender, item)
+    queue.push(1.0, BEGIN, 0, "begin")
     queue.push(1.0, ARRIVAL, 1, "b1")
     queue.push(1.0, ARRIVAL, 1, "b2")
     assert queue.pop() == (1.0, ARRIVAL, ["b1", "b2", "c"])
     assert queue.pop() == (1.0, CLOSE, ["close"])
+    assert queue.pop() == (1.0, BEGIN, ["begin"])
     assert queue.pop() == (2.0, STEP, ["late"]) and len(queue) == 0
 
 
-def test_step_costs_follow_the_table_the_samples_and_the_speed():
-    assert step_costs(["mlp", "mlp"], [100, 100], [1.0, 5.0]) == pytest.approx([0.32, 1.6])
+def test_costs_follow_the_table_the_samples_and_the_speed():
+    mlp_step, mlp_end = STEP_S_PER_SAMPLE["mlp"], END_S_PER_TEST_SAMPLE["mlp"]
+    assert step_costs(["mlp", "mlp"], [100, 100], [1.0, 5.0]) == pytest.approx([100 * mlp_step, 500 * mlp_step])
     assert step_costs(["mlp", "convnet"], [10, 99], [1.0, 2.0], fixed_s=0.5) == [0.5, 1.0]
+    assert end_costs(["mlp", "mlp"], [400, 400], [1.0, 5.0]) == pytest.approx([400 * mlp_end, 2000 * mlp_end])
+    assert end_costs(["mlp", "convnet"], [10, 99], [1.0, 2.0], fixed_s=0.0) == [0.0, 0.0]
+    assert all(cost > 0 for cost in [*STEP_S_PER_SAMPLE.values(), *END_S_PER_TEST_SAMPLE.values()])
+
+
+def test_a_round_ends_after_its_end_of_round_and_a_slow_node_takes_its_factor_of_that_too():
+    """The end of round (graph step, evaluation) comes after the gather: the round's record ends
+    then and the next round begins then; `--slow` stretches it as it stretches the step."""
+    equal = run_simulation(dataclasses.replace(SPEC, end_s=0.5))
+    for node in range(3):  # step 1 s, 10 ms on the way, 0.5 s of end of round
+        assert ended(equal, node) == pytest.approx([1.51, 3.02, 4.53])
+    spec = dataclasses.replace(SPEC, end_s=0.5, slow=Slow(1 / 3, 5))
+    (slow,) = spec.slow_nodes()
+    by_node = records(spec)
+    # The slow node steps 5 s and ends its rounds in 2.5 s; the others' payloads wait for it.
+    assert [record.ended_at for record in by_node[slow]] == pytest.approx([7.5, 15.0, 22.5])
+    for fast in set(range(3)) - {slow}:
+        # It waits for the slow node's payload (5.01 s, then 12.51 s, then 20.01 s), then ends its round.
+        assert [record.ended_at for record in by_node[fast]] == pytest.approx([5.51, 13.01, 20.51])
+        first = by_node[fast][0]
+        assert (first.step_s, first.gather_s, first.round_s) == pytest.approx((1.0, 4.01, 5.51))
 
 
 def test_slow_nodes_are_drawn_by_the_seed_and_checked():

@@ -137,8 +137,8 @@ def test_a_worker_that_dies_stops_the_run_naming_it():
 def test_a_posted_command_is_not_waited_for_and_its_failure_raises_from_the_next_call():
     with ProcessHosts(small("local", nodes=4), blocks(4, 2), threads=1, timeout_s=120) as hosts:
         hosts.post("begin", [([0, 1],), None])  # node 0 and 1's local steps, in worker 0 alone
-        assert hosts.call("sizes", [None, ()]) == [None, {2: 25, 3: 25}]  # worker 1 only
-        assert hosts.call("sizes", [(), None]) == [{0: 25, 1: 25}, None]  # after worker 0's steps
+        assert hosts.call("sizes", [None, ()]) == [None, {2: (25, 15), 3: (25, 15)}]  # worker 1 only
+        assert hosts.call("sizes", [(), None]) == [{0: (25, 15), 1: (25, 15)}, None]  # after worker 0's steps
         hosts.post("begin", [([3],), None])  # node 3 is worker 1's
         with pytest.raises(SimulationError, match=r"worker 0 \(nodes 0–1\) failed in begin: KeyError: 3"):
             hosts.call("sizes", [(), ()])

@@ -182,14 +182,18 @@ def async_run_with_a_slow_daemon(tmp_path_factory):
     return spec, slow, report, histories
 
 
-def test_a_slow_daemon_stretches_its_local_step_and_the_report_names_it(async_run_with_a_slow_daemon):
-    """`testnet --slow`: the daemon drawn slow (`[node].step_slowdown`) takes its factor times as
-    long per local step; report.json says which node it was, and when each node's rounds ended."""
+def test_a_slow_daemon_stretches_its_local_step_and_end_of_round_and_the_report_names_it(async_run_with_a_slow_daemon):
+    """`testnet --slow`: the daemon drawn slow (`[node].slowdown`) takes its factor times as
+    long per local step and per end of round; report.json says which node it was, and when each
+    node's rounds ended."""
     _, slow, report, histories = async_run_with_a_slow_daemon
     assert report["slow"] == {"fraction": 0.3, "factor": 20, "nodes": [slow]}
     step_s = [statistics.median(record.step_s for record in history.records) for history in histories]
-    # Same backbone, same data size: the slow one's step is its own ×20 (a sleep after it).
+    # Same backbone, same data size: the slow one's step is its own ×20 (a sleep after it) ...
     assert step_s[slow] > 8 * max(s for i, s in enumerate(step_s) if i != slow), step_s
+    # ... and so is its end of round (graph step, evaluation): what a round takes after its gather.
+    end_s = [statistics.median(r.round_s - r.step_s - r.gather_s for r in history.records) for history in histories]
+    assert end_s[slow] > 8 * max(s for i, s in enumerate(end_s) if i != slow), end_s
     ended = report["time_to_accuracy"]["ended_at_per_node"]
     rounds = [len(history.records) for history in histories]
     assert [len(times) for times in ended] == rounds and all(times == sorted(times) for times in ended), ended

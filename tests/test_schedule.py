@@ -31,6 +31,7 @@ SPEC = SimulationSpec(
     test_per_class=3,
     backbones=("mlp",),
     step_s=1.0,
+    end_s=0.0,
     latency_s=0.01,
     slow=Slow(1 / 3, 5),
     schedule=ASYNC_SCHEDULE,

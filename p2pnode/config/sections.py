@@ -80,11 +80,12 @@ class NodeSettings:
         8,
         "most images in one `predict` request on the control socket (`p2pnode predict` sends more in several)",
     )
-    step_slowdown: float = option(
+    slowdown: float = option(
         Number(1, 1000),
         1.0,
-        "emulate a slower device: each local step takes this many times as long (the daemon sleeps "
-        "(slowdown − 1) × the step's time after it); 1 runs at the machine's own speed (`--slow` sets it in a testnet)",
+        "emulate a slower device: each local step and each end of round (graph step, evaluation) takes this many "
+        "times as long (the daemon sleeps (slowdown − 1) × its time after it); 1 runs at the machine's own speed "
+        "(`--slow` sets it in a testnet)",
     )
     predict_max_image_mb: float = option(
         Number(0.001, 1024),

@@ -78,11 +78,11 @@ class RoundDriver:
         network: Network,
         checkpoint_path: Path | None,
         history_path: Path | None = None,
-        step_slowdown: float = 1.0,
+        slowdown: float = 1.0,
     ) -> None:
-        """`step_slowdown`: `[node].step_slowdown`, the emulated device speed (`_step`)."""
+        """`slowdown`: `[node].slowdown`, the emulated device speed (`_emulate`)."""
         self.settings = settings
-        self.step_slowdown = step_slowdown
+        self.slowdown = slowdown
         self.network = network
         self.checkpoint_path = checkpoint_path if settings.checkpoint else None
         # Each finished round's record, appended for `p2pnode report` (history.py)
@@ -217,10 +217,12 @@ class RoundDriver:
         engine.close_gather()
         await self._refresh()
         self.phase = "aggregate"
+        ending = trio.current_time()
         await self._in_thread(engine.end_round, round)
         evaluation = await self._in_thread(self._evaluate, round)
         self.held_out = HeldOut(evaluation.predicted, self._test_labels())
         baseline = {} if self.local_baseline is None else await self._in_thread(self._local_baseline_round, round)
+        await self._emulate(ending)
         now = trio.current_time()
         record = engine.record(
             evaluation,
@@ -244,16 +246,20 @@ class RoundDriver:
         )
 
     async def _step(self, round: int) -> None:
-        """The local step, in the worker thread; on a node that emulates a slower device
-        (`[node].step_slowdown` > 1: testnets, `--slow`), followed by a sleep of (slowdown − 1) ×
-        the step's own time, so the step takes slowdown × as long while the CPU stays free for
-        the other daemons of the machine. Payloads that come meanwhile are queued, as during any
-        step."""
+        """The local step, in the worker thread. Payloads that come meanwhile are queued."""
         self.phase = "local step"
         began = trio.current_time()
         await self._in_thread(self.engine.step, round)
-        if self.step_slowdown > 1:
-            await trio.sleep((self.step_slowdown - 1) * (trio.current_time() - began))
+        await self._emulate(began)
+
+    async def _emulate(self, began: float) -> None:
+        """On a node that emulates a slower device (`[node].slowdown` > 1: testnets, `--slow`),
+        a sleep of (slowdown − 1) × the time since `began`, after each computation of the round
+        (the local step; the end of round: graph step and evaluation), so each takes slowdown ×
+        as long while the CPU stays free for the other daemons of the machine, as a slower device
+        is slower at all of them (the simulator's clock stretches the same two)."""
+        if self.slowdown > 1:
+            await trio.sleep((self.slowdown - 1) * (trio.current_time() - began))
 
     def _local_baseline_round(self, round: int) -> dict[str, float]:
         """The local baseline's step and evaluation in `round` (in the worker thread)."""

@@ -7,12 +7,13 @@ one markdown table.
 The stragglers setting (tools/bench/stragglers.py: MAPL-Dual, mnist5k Scenario 1, 10 nodes on the
 four CPU backbones, 10 training and 80 test images per class, 80 rounds), seed 0, four runs each
 way: sync equal, sync slow, async equal, async slow. In the testnet a slow daemon emulates its
-device by sleeping (factor − 1) × its step's own time after each step (`[node].step_slowdown`);
-the round deadline is the simulator's, 30 s, so sync waits for the slow nodes as it does there.
+device by sleeping (factor − 1) × the own time of each local step and each end of round after it
+(`[node].slowdown`), as the simulator's clock stretches both; the round deadline is the
+simulator's, 30 s, so sync waits for the slow nodes as it does there.
 
 Both sides are scored the same way: a fast node's time is the first round end at which it
 reached its final accuracy of the same side's sync equal run. The simulator's seconds are its
-fixed step costs (testnet/clock.py), the testnet's are real seconds on a machine that runs ten
+fixed step and end-of-round costs (testnet/clock.py), the testnet's are real seconds on a machine that runs ten
 daemons on its cores, so absolute times differ by the machine's contention; what must agree is
 accuracy (the issue: within 1 point) and each run's time to accuracy as a multiple of its own
 side's sync equal run (within 20 %). `--sim-out` reuses finished simulations (the stragglers
