@@ -135,7 +135,7 @@ class Timeline:
             elif kind == ARRIVAL:
                 self._arrive(items)
             elif kind == BEGIN:
-                self._begin(items)
+                self._advance(items)
             else:
                 records = self._close()
                 if records:
@@ -184,8 +184,8 @@ class Timeline:
         self._close_at(self.now)
 
     def _close(self) -> list[RoundRecord]:
-        """The gathers the rule ends now: their nodes' records (their rounds end when their end
-        of round has passed, and the next begins then: a BEGIN event)."""
+        """The gathers the rule ends now: their nodes' records. Each such round ends when its end
+        of round has passed (a BEGIN event): then the node chooses its next round, or stops."""
         self._closing.discard(self.now)
         ends: list[dict[int, float]] = [{} for _ in self.hosts.blocks]
         for i in self.gathering:
@@ -193,16 +193,23 @@ class Timeline:
         args = [(self.now, part) if part else None for part in ends]
         closed: list[Closed] = [part for part in self.hosts.call("close", args) if part is not None]
         records = sorted((record for part in closed for record in part.records), key=lambda r: self._index(r.node))
-        ended = {self._index(record.node) for record in records}
-        going_on = [i for part in closed for i in part.going_on]
-        self.gathering -= ended
-        for i in going_on:
+        for i in (self._index(record.node) for record in records):
+            self.gathering.discard(i)
             self.queue.push(self.now + self.end_s[i], BEGIN, i, i)
         for part in closed:
             for wake in part.wakes.values():
                 self._close_at(wake)
-        self.running -= ended - set(going_on)
         return records
+
+    def _advance(self, nodes: list[int]) -> None:
+        """The rounds of `nodes` end now: those with rounds left begin the next, the others stop."""
+        parts: list[list[int]] = [[] for _ in self.hosts.blocks]
+        for i in nodes:
+            parts[self.owner[i]].append(i)
+        answers = self.hosts.call("advance", [(part,) if part else None for part in parts])
+        going_on = [i for part in answers if part for i in part]
+        self.running -= set(nodes) - set(going_on)
+        self._begin(going_on)
 
     def _close_at(self, time: float) -> None:
         if time not in self._closing:

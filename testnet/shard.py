@@ -12,8 +12,9 @@ the protocol decoder and offered to their addressees' engines here, in the order
 daemon offers what comes off its sockets; a node whose gather is open takes them and answers
 what it owes at once, a node still stepping finds them queued after its step, a node that closed
 its gather gets the late ones next round, as in the daemon), `close` (the gathers the daemon's
-rule ends now: graph step, evaluation, one record per node; the exchange begins the next round
-when the end of round's cost has passed). What a sender
+rule ends now: graph step, evaluation, one record per node, whose round ends when its end of
+round's cost has passed), `advance` (the rounds that end now: the next round chosen from what
+came until now, as the daemon chooses it after its end of round, or the node is done). What a sender
 counts (sequence numbers, frames and bytes sent, whom it sent to) lives with the sender's shard,
 what a receiver counts (what arrived, rejections) with the receiver's, so the records do not
 depend on how the nodes are spread over hosts.
@@ -87,11 +88,10 @@ class GatherRule:
 
 @dataclass(frozen=True)
 class Closed:
-    """What `close` did: the records of the rounds that ended, the nodes that go on to another
-    round, and when each gather still open ends at the latest if nothing more comes."""
+    """What `close` did: the records of the gathers it ended (in node order), and when each
+    gather still open ends at the latest if nothing more comes."""
 
     records: list[RoundRecord]
-    going_on: list[int]
     wakes: dict[int, float]
 
 
@@ -178,10 +178,8 @@ class Shard:
 
     def close(self, now: float, end_s: Mapping[int, float]) -> Closed:
         """End the gathers the daemon's rule ends at `now`: end of round, evaluation, record (the
-        round ends `end_s[i]` later, what node i's end of round costs); each such node goes on to
-        the round `RoundState.next_round` chooses, unless it is done (`RoundEngine.done`: its
-        rounds, and async its overtime)."""
-        records, going_on, wakes = [], [], {}
+        round ends `end_s[i]` later, what node i's end of round costs; `advance` then)."""
+        records, wakes = [], {}
         for i in sorted(self._gathers):
             engine, gather = self.engines[i], self._gathers[i]
             if not engine.gather_finished(gather, now):
@@ -189,10 +187,19 @@ class Shard:
                 continue
             del self._gathers[i]
             records.append(self._end_round(i, now, end_s[i]))
+        return Closed(records, wakes)
+
+    def advance(self, nodes: Sequence[int]) -> list[int]:
+        """The rounds of `nodes` end now: each goes on to the round `RoundState.next_round`
+        chooses from what came so far, unless it is done (`RoundEngine.done`: its rounds, and
+        async its overtime); returns those that go on."""
+        going_on = []
+        for i in nodes:
+            engine = self.engines[i]
             engine.next_round([peer for peer in self.ids if peer != self.ids[i]])
             if not engine.done():
                 going_on.append(i)
-        return Closed(records, going_on, wakes)
+        return going_on
 
     def sizes(self) -> dict[int, tuple[int, int]]:
         """Each node's training and test images (what its local step and its end of round cost:

@@ -166,6 +166,8 @@ PARITY_DUAL = Quick(
 MEMORY = Quick("python -m tools.bench.memory --algorithms local --nodes 2 --rounds 1 --out DIR", 120, heavy=True)
 STAGES = Quick("python -m tools.bench.memory --stages --algorithm local --rounds 1")
 STARTUP = Quick("python -m tools.bench.startup --runs 1 --out DIR", 120, heavy=True)
+# Round 0 warms up and round 1 is measured: the same nodes, two rounds.
+CLOCK_COSTS = Quick("python -m tools.bench.clock_costs --rounds 2", 120)
 SCALE = Quick("python -m tools.bench.scale --nodes 3 --duration 30 --hold 0 --out DIR")
 OVERLAY = Quick("python -m tests.overlay_bench --nodes 10 --seeds 0 --joins waves --limit 30")
 SPEEDUP = Quick(
@@ -235,6 +237,8 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "python -m tools.bench.memory --out bench-out/memory --save memory": MEMORY,
     "python -m tools.bench.memory --stages --save memory-stages": STAGES,
     "python -m tools.bench.startup --runs 3 --save startup": STARTUP,
+    "python -m tools.bench.clock_costs": CLOCK_COSTS,
+    "python -m tools.bench.clock_costs --save clock-costs": CLOCK_COSTS,
     "python -m tools.bench.scale --out bench-out/scale --nodes 10 30 100 --save scale": SCALE,
     "python -m tests.overlay_bench": OVERLAY,
     "python -m tools.bench.simulate speedup | scaling | large": (SPEEDUP, SCALING, LARGE),
