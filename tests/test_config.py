@@ -180,6 +180,7 @@ def learning(rounds: int = 12, algorithm: str = "mapl", data: str = "", more: st
             MINIMAL + "[transport]\nheartbeat_ivl_ms = 2000\n",
             "[transport].heartbeat_ivl_ms: removed: ZMTP heartbeats made libzmq abort the daemon",
         ),
+        (MINIMAL.replace("[node]\n", "[node]\nstep_slowdown = 5\n"), "[node].step_slowdown: renamed [node].slowdown"),
         (
             MINIMAL + "[transport]\nreconnect_ivl_ms = 1000\nreconnect_ivl_max_ms = 500\n",
             "[transport].reconnect_ivl_max_ms: must be 0 (no backoff) or at least reconnect_ivl_ms (1000), got 500",

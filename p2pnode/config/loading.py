@@ -24,6 +24,8 @@ REMOVED = {
     ("transport", "heartbeat_ivl_ms"): "removed: ZMTP heartbeats made libzmq abort the daemon when a "
     "connection whose queue was full (recv_hwm) broke (libzmq issues 3937, 4364, 4767); see keepalive_s",
     ("transport", "heartbeat_timeout_ms"): "removed with heartbeat_ivl_ms; see keepalive_s",
+    ("node", "step_slowdown"): "renamed [node].slowdown: an emulated slower device is slower at the end of "
+    "each round (graph step, evaluation) too, and slowdown stretches both",
 }
 
 
