@@ -47,6 +47,7 @@ def learning_spec(args: argparse.Namespace):
             data=data,
             data_per_node=data_per_node,
             slow=None if args.slow is None else parse_slow(args.slow),
+            pace=getattr(args, "pace", 1.0),
             schedule=Schedule(schedule=args.schedule),
         )
         spec.node_backbones()

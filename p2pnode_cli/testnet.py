@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import math
+import os
+import sys
 from pathlib import Path
 
 from .arguments import add_learning_arguments, add_poisoning_arguments, positive_float, positive_int
@@ -119,6 +122,14 @@ def _learning_testnet(args: argparse.Namespace, spec, churn, restart, placement)
     from algorithms.data.partitions import PartitionError
     from testnet.learning import run_learning_testnet
 
+    cores = os.cpu_count() or 1
+    if spec.slow is not None and spec.pace == 1 and args.engine == "local" and spec.nodes > cores:
+        print(
+            f"warning: --slow with {spec.nodes} daemons on {cores} cores and no --pace: a slow daemon's sleep hands "
+            f"its core to the others, which then run faster than they would alone; give this run and those you "
+            f"compare it with --pace {math.ceil(2 * spec.nodes / cores)} (docs/daemon.md, Emulated device speed)",
+            file=sys.stderr,
+        )
     try:
         return run_learning_testnet(
             spec,
@@ -220,6 +231,15 @@ def add_parser(commands) -> None:
     )
     add_learning_arguments(testnet)
     testnet.add_argument(
+        "--pace",
+        type=float,
+        default=1.0,
+        metavar="K",
+        help="every daemon emulates a device K times slower than one core of this machine ([node].slowdown = K, "
+        "K × FACTOR on --slow's nodes), so daemons sharing the cores keep the speeds they emulate; give it, e.g. "
+        "2 × daemons / cores, to --slow runs and to the runs you compare them with (default 1: no pacing)",
+    )
+    testnet.add_argument(
         "--round-deadline",
         type=positive_float,
         default=5.0,
@@ -230,8 +250,8 @@ def add_parser(commands) -> None:
         "--timeout",
         type=positive_float,
         metavar="S",
-        help="give up after this long (default: 180 s + rounds × (deadline + 5 s), more for more daemons "
-        "than cores: docs/daemon.md)",
+        help="give up after this long (default: 180 s + rounds × (deadline + 5 s × the largest slowdown), more "
+        "for more daemons than cores: docs/daemon.md)",
     )
     testnet.add_argument(
         "--engine",

@@ -58,12 +58,15 @@ DAEMONS_PER_CORE = 5
 START_S_PER_DAEMON_PER_CORE = 5.0  # loading torch, the data and the model, sharing the cores
 
 
-def default_timeout_s(nodes: int, rounds: int, round_deadline_s: float, cores: int | None = None) -> float:
-    """`--timeout`'s default: 180 s + rounds × (deadline + 5 s), stretched for more daemons than
-    this machine's cores can step at once (`cores`: os.cpu_count())."""
+def default_timeout_s(
+    nodes: int, rounds: int, round_deadline_s: float, cores: int | None = None, slowest: float = 1.0
+) -> float:
+    """`--timeout`'s default: 180 s + rounds × (deadline + 5 s × the largest `[node].slowdown`),
+    stretched for more daemons than this machine's cores can step at once (`cores`: os.cpu_count())."""
     cores = cores or os.cpu_count() or 1
     crowding = max(1.0, nodes / (DAEMONS_PER_CORE * cores))
-    return 180 + START_S_PER_DAEMON_PER_CORE * nodes / cores + rounds * (round_deadline_s + 5) * crowding
+    per_round = round_deadline_s + 5 * slowest
+    return 180 + START_S_PER_DAEMON_PER_CORE * nodes / cores + rounds * per_round * crowding
 
 
 def node_settings(
@@ -109,8 +112,8 @@ def node_settings(
             **{name: value for name, value in asdict(spec.schedule).items() if value != getattr(Schedule(), name)},
         },
         "log": {"format": "json"},
-        # `--slow`: this daemon emulates a slower device (p2pnode/learning/driver.py, RoundDriver._emulate)
-        **({"node": {"slowdown": spec.slow.factor}} if index in spec.slow_nodes() else {}),
+        # `--pace` and `--slow`: this daemon emulates a slower device (p2pnode/learning/driver.py, `paced`)
+        **({"node": {"slowdown": spec.slowdowns()[index]}} if spec.slowdowns()[index] > 1 else {}),
     }
 
 
@@ -160,7 +163,8 @@ def run_learning_testnet(
     backbones = spec.node_backbones()
     _, partition = load_scenario(spec.scenario_spec)
     cluster = _prepared(spec, out, backbones, round_deadline_s, settings or {}, placement, barrage)
-    timeout_s = timeout_s if timeout_s is not None else default_timeout_s(spec.nodes, spec.rounds, round_deadline_s)
+    if timeout_s is None:
+        timeout_s = default_timeout_s(spec.nodes, spec.rounds, round_deadline_s, slowest=max(spec.slowdowns()))
     cluster.place()  # before t = 0: a Ray cluster starts its launchers here
     started = time.monotonic()
     supervisor = Supervisor(

@@ -140,6 +140,7 @@ def run_header(
         "mixed_precision": mixed_precision,
         "poisoners": list(getattr(spec, "poisoners", ())),
         "slow": _slow(spec),
+        "pace": getattr(spec, "pace", 1.0),  # testnet: `--pace` (the simulator's clock ignores it)
         # `[algorithm].schedule` and what goes with it (p2pnode/learning/rounds.py `Schedule`)
         "schedule": asdict(spec.schedule) if hasattr(spec, "schedule") else None,
         "attack": {"kind": spec.attack, "factor": spec.attack_factor} if getattr(spec, "poisoners", ()) else None,

@@ -85,6 +85,10 @@ class SimulationSpec:
     latency_s: float = 0.005  # each frame's way from its sender to its addressees
     step_s: float | None = None  # every node's local step at speed 1; None: clock.STEP_S_PER_SAMPLE
     end_s: float | None = None  # every node's end of round at speed 1; None: clock.END_S_PER_TEST_SAMPLE
+    # Testnet only: every daemon emulates a device `pace` × slower than one core (`[node].slowdown`,
+    # × the factor on --slow's nodes), so daemons that share cores keep their emulated speeds; the
+    # simulator's clock has no shared cores to undo, and ignores it.
+    pace: float = 1.0
     quorum: float = _GATHER.quorum  # `[algorithm].quorum`, `round_deadline_s`, `straggler_grace_s`
     round_deadline_s: float = _GATHER.round_deadline_s
     straggler_grace_s: float = _GATHER.straggler_grace_s
@@ -115,6 +119,8 @@ class SimulationSpec:
             raise ValueError(f"latency_s must be ≥ 0 and step_s > 0, got {self.latency_s} and {self.step_s}")
         if self.end_s is not None and not self.end_s >= 0:
             raise ValueError(f"end_s must be ≥ 0, got {self.end_s}")
+        if not 1 <= self.pace <= 1000:
+            raise ValueError(f"--pace must be in [1, 1000], got {self.pace}")
 
     def speed_factors(self) -> list[float]:
         """Each node's compute (local step, end of round) as a multiple of its backbone's (1: full speed)."""
@@ -123,6 +129,10 @@ class SimulationSpec:
 
     def slow_nodes(self) -> tuple[int, ...]:
         return self.slow.nodes(self.nodes, self.seed) if self.slow else ()
+
+    def slowdowns(self) -> list[float]:
+        """Each testnet daemon's `[node].slowdown`: `pace` × its speed factor."""
+        return [self.pace * factor for factor in self.speed_factors()]
 
     @property
     def scenario_spec(self) -> ScenarioSpec:

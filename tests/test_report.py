@@ -221,6 +221,7 @@ def test_the_default_timeout_grows_with_daemons_per_core_and_a_run_that_hits_it_
     assert default_timeout_s(4, 8, 5.0, cores=2) == 180 + 10 + 8 * 10  # few daemons: as before, plus loading
     assert default_timeout_s(20, 30, 5.0, cores=2) == 180 + 50 + 30 * 10 * 2  # twice the daemons the cores step
     assert default_timeout_s(20, 30, 5.0, cores=4) == 180 + 25 + 30 * 10
+    assert default_timeout_s(4, 8, 5.0, cores=2, slowest=10) == 180 + 10 + 8 * 55  # paced: 5 s of work × 10
 
     class Silent:  # daemons that never answer, under a supervisor with nothing to do
         specs = (object(), object())

@@ -385,3 +385,29 @@ async def test_a_payload_too_far_ahead_wakes_the_gather_it_settles():
     driver._arrival = type(driver._arrival)()
     driver.on_payload(SimpleNamespace(sender_id="q", round=0, type=PROTOTYPES, size=10))  # queued: wakes too
     assert driver._arrival.is_set()
+
+
+async def test_an_emulated_slow_device_lasts_slowdown_times_the_cpu_time_not_the_wall_time(monkeypatch, autojump_clock):
+    """`[node].slowdown` paces a computation of the round on the CPU seconds it used: a daemon
+    whose step took longer in wall time because others shared its core is not stretched for it,
+    and a daemon that used more CPU waits longer; 1 never waits."""
+    from types import SimpleNamespace
+
+    import trio
+
+    from p2pnode.learning import driver
+
+    cpu = [100.0]
+    monkeypatch.setattr(driver, "time", SimpleNamespace(process_time=lambda: cpu[0]))
+
+    async def computation(cpu_s: float, wall_s: float, slowdown: float) -> float:
+        began = driver.Began.now()
+        cpu[0] += cpu_s
+        await trio.sleep(wall_s)
+        await driver.paced(slowdown, began)
+        return trio.current_time() - began.at
+
+    assert await computation(0.5, 0.5, 4) == pytest.approx(2.0)  # alone on its core: 4 × 0.5 s
+    assert await computation(0.5, 1.5, 4) == pytest.approx(2.0)  # crowded: the same 2 s, not 4 × 1.5
+    assert await computation(0.5, 3.0, 4) == pytest.approx(3.0)  # it took longer already: no more
+    assert await computation(0.5, 0.5, 1) == pytest.approx(0.5)  # not emulating: never waits

@@ -83,9 +83,10 @@ class NodeSettings:
     slowdown: float = option(
         Number(1, 1000),
         1.0,
-        "emulate a slower device: each local step and each end of round (graph step, evaluation) takes this many "
-        "times as long (the daemon sleeps (slowdown − 1) × its time after it); 1 runs at the machine's own speed "
-        "(`--slow` sets it in a testnet)",
+        "emulate a device this many times slower than one core of this machine: each local step and each end of "
+        "round (graph step, evaluation) lasts slowdown × the CPU time the daemon spent on it (it sleeps for the "
+        "rest), so daemons sharing cores do not change each other's emulated speed; 1 runs at the machine's own "
+        "speed (a testnet's `--pace` and `--slow` set it)",
     )
     predict_max_image_mb: float = option(
         Number(0.001, 1024),

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +69,30 @@ class Network:
     discovery_sent: Callable[[], Mapping[MessageType, tuple[int, int, int]]]  # discovery frames so far, by type
 
 
+@dataclass(frozen=True)
+class Began:
+    """When a computation of the round began: on the trio clock and in CPU seconds of this process."""
+
+    at: float
+    cpu_s: float
+
+    @classmethod
+    def now(cls) -> Began:
+        return cls(trio.current_time(), time.process_time())
+
+
+async def paced(slowdown: float, began: Began) -> None:
+    """Emulate a device `slowdown` times slower than one core of this machine (`[node].slowdown`
+    > 1: testnets' `--slow` and `--pace`): after a computation of the round (the local step; the
+    end of round: graph step and evaluation), sleep until `slowdown` × the CPU seconds this
+    process spent on it have passed since it began. CPU seconds, not wall seconds: daemons that
+    share the machine's cores stretch each other's wall time, not their CPU time, so the emulated
+    speed holds while the paced daemons leave the cores room (the sleep hands them to the others)
+    and a computation that already took longer is not stretched again. 1: no pacing."""
+    if slowdown > 1:
+        await trio.sleep_until(began.at + slowdown * (time.process_time() - began.cpu_s))
+
+
 class RoundDriver:
     """Created when the node starts, so payloads of peers that are ahead are queued while this
     node still loads its data and model."""
@@ -80,7 +105,7 @@ class RoundDriver:
         history_path: Path | None = None,
         slowdown: float = 1.0,
     ) -> None:
-        """`slowdown`: `[node].slowdown`, the emulated device speed (`_emulate`)."""
+        """`slowdown`: `[node].slowdown`, the emulated device speed (`paced`)."""
         self.settings = settings
         self.slowdown = slowdown
         self.network = network
@@ -217,12 +242,12 @@ class RoundDriver:
         engine.close_gather()
         await self._refresh()
         self.phase = "aggregate"
-        ending = trio.current_time()
+        ending = Began.now()
         await self._in_thread(engine.end_round, round)
         evaluation = await self._in_thread(self._evaluate, round)
         self.held_out = HeldOut(evaluation.predicted, self._test_labels())
         baseline = {} if self.local_baseline is None else await self._in_thread(self._local_baseline_round, round)
-        await self._emulate(ending)
+        await paced(self.slowdown, ending)
         now = trio.current_time()
         record = engine.record(
             evaluation,
@@ -248,18 +273,9 @@ class RoundDriver:
     async def _step(self, round: int) -> None:
         """The local step, in the worker thread. Payloads that come meanwhile are queued."""
         self.phase = "local step"
-        began = trio.current_time()
+        began = Began.now()
         await self._in_thread(self.engine.step, round)
-        await self._emulate(began)
-
-    async def _emulate(self, began: float) -> None:
-        """On a node that emulates a slower device (`[node].slowdown` > 1: testnets, `--slow`),
-        a sleep of (slowdown − 1) × the time since `began`, after each computation of the round
-        (the local step; the end of round: graph step and evaluation), so each takes slowdown ×
-        as long while the CPU stays free for the other daemons of the machine, as a slower device
-        is slower at all of them (the simulator's clock stretches the same two)."""
-        if self.slowdown > 1:
-            await trio.sleep((self.slowdown - 1) * (trio.current_time() - began))
+        await paced(self.slowdown, began)
 
     def _local_baseline_round(self, round: int) -> dict[str, float]:
         """The local baseline's step and evaluation in `round` (in the worker thread)."""

@@ -2,14 +2,17 @@
 every node at speed 1 and with `--slow`, beside the simulator's runs of the same specs; prints
 one markdown table.
 
-    python -m tools.bench.stragglers_testnet [--out DIR] [--seed 0] [--sim-out DIR] [--set KEY=VALUE] [--save NAME]
+    python -m tools.bench.stragglers_testnet [--out DIR] [--seed 0] [--sim-out DIR] [--pace K] [--set KEY=VALUE]
+                                             [--save NAME]
 
 The stragglers setting (tools/bench/stragglers.py: MAPL-Dual, mnist5k Scenario 1, 10 nodes on the
 four CPU backbones, 10 training and 80 test images per class, 80 rounds), seed 0, four runs each
-way: sync equal, sync slow, async equal, async slow. In the testnet a slow daemon emulates its
-device by sleeping (factor − 1) × the own time of each local step and each end of round after it
-(`[node].slowdown`), as the simulator's clock stretches both; the round deadline is the
-simulator's, 30 s, so sync waits for the slow nodes as it does there.
+way: sync equal, sync slow, async equal, async slow. In the testnet every daemon is paced
+(`--pace K`, default 2 × daemons / cores: `[node].slowdown` K, K × the factor on the slow
+nodes): each local step and each end of round lasts its slowdown × the CPU time it used, so the
+ten daemons that share the machine's cores keep the speeds they emulate, one device each, as
+the simulator's clock has them; the round deadline is the simulator's, 30 s, so sync waits for
+the slow nodes as it does there.
 
 Both sides are scored the same way: a fast node's time is the first round end at which it
 reached its final accuracy of the same side's sync equal run. The simulator's seconds are its
@@ -25,6 +28,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -54,17 +59,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--test", type=int, default=80, help="test images per own class and node")
     parser.add_argument("--slow", default="0.3:5", metavar="FRACTION:FACTOR")
     parser.add_argument("--workers", type=int, default=2, help="simulations at a time")
+    parser.add_argument("--pace", type=float, help="the testnets' --pace (default: 2 × nodes / cores)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="algorithm settings")
     parser.add_argument("--save", metavar="NAME", help="write the runs to tools/bench/results/NAME.json")
     args = parser.parse_args(argv)
     slow, sim_out = parse_slow(args.slow), args.sim_out or f"{args.out}/simulated"
+    pace = args.pace or float(math.ceil(2 * args.nodes / (os.cpu_count() or 1)))
     overrides = dict(item.split("=", 1) for item in args.set)
     specs = []
     for schedule, slowed in RUNS:
         spec = dataclasses.replace(spec_of(args, args.seed), schedule=Schedule(schedule=schedule), overrides=overrides)
         specs.append(dataclasses.replace(spec, slow=slow) if slowed else spec)
     words = ["python", "-m", "tools.bench.stragglers_testnet", *(sys.argv[1:] if argv is None else argv)]
-    settings = {"simulate.slow": args.slow, "algorithm.round_deadline_s": ROUND_DEADLINE_S}
+    settings = {"simulate.slow": args.slow, "testnet.pace": pace, "algorithm.round_deadline_s": ROUND_DEADLINE_S}
     settings |= {f"algorithm.settings.{key}": value for key, value in overrides.items()}
     with capture(words, settings=settings, seeds=[args.seed], threads=1, runs=2 * len(RUNS)) as provenance:
         # the stragglers benchmark's folders, so its finished runs of the same specs are reused
@@ -73,11 +80,13 @@ def main(argv: list[str] | None = None) -> int:
         testnets, codes = [], []
         for spec, (kind, slowed) in zip(specs, RUNS, strict=True):
             folder = Path(run_folder(args.out, args.seed, kind, slowed))
-            code, report = run_learning_testnet(spec, folder, round_deadline_s=ROUND_DEADLINE_S)
+            paced = dataclasses.replace(spec, pace=pace)
+            code, report = run_learning_testnet(paced, folder, round_deadline_s=ROUND_DEADLINE_S)
             testnets.append(report)
             codes.append(code)
     data = {
         "seed": args.seed,
+        "pace": pace,
         "nodes": args.nodes,
         "rounds": args.rounds,
         "samples_per_class": args.samples,
@@ -148,11 +157,18 @@ def render(result: dict) -> str:
         f"{data['rounds']} rounds, seed {data['seed']}; slow: nodes {', '.join(map(str, slow['nodes']))} "
         f"×{slow['factor']:g}; round deadline {ROUND_DEADLINE_S:g} s."
     )
+    pace = data.get("pace", 1.0)  # results before --pace: the slow daemons slept on their wall time
+    paced = (
+        f"every daemon paced at {pace:g}× its CPU time (`--pace`), the slow ones at {pace * slow['factor']:g}×"
+        if pace > 1
+        else "the slow daemons stretched by their wall time"
+    )
     rows += [
         "",
         f"{setting} Simulator: simulated seconds (testnet/clock.py); testnet: real seconds since each daemon's "
-        f"first round, {data['nodes']} daemons sharing the machine. A node's time: the first round end at which it "
-        "reached its final accuracy of the same side's sync equal run; the mean: over the fast nodes that reached it.",
+        f"first round, {data['nodes']} daemons sharing the machine, {paced}. A node's time: the first round end at "
+        "which it reached its final accuracy of the same side's sync equal run; the mean: over the fast nodes that "
+        "reached it.",
     ]
     return "\n".join(rows)
 
