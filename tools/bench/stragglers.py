@@ -10,7 +10,7 @@ images per class, 80 rounds; per seed two runs on the same nodes: "equal" (every
 and "slow" (`--slow 0.3:5`: 3 nodes drawn by the seed step 5× slower). For each fast node the
 figure is the simulated time at which it first reached its final accuracy of the equal run, in
 either run (testnet/report.py:time_to_accuracy); the ratio slow/equal is what the slow nodes
-cost it. Simulated seconds come from the fixed step costs of testnet/clock.py, so the figures do
+cost it. Simulated seconds come from the fixed step and end-of-round costs of testnet/clock.py, so the figures do
 not depend on the machine (its load only stretches how long the benchmark takes). Each run is
 one process with one torch thread; a finished run of the same spec and commit is reused
 (tools/bench/runs.py). Seed 0 tuned the hyper-parameters: the defaults evaluate on 1 and 2.
@@ -196,8 +196,8 @@ def render(result: dict) -> str:
         f"MAPL-Dual, mnist5k Scenario {data['scenario']}, {data['nodes']} nodes on the four CPU backbones, "
         f"{data['samples_per_class']} training and {data['test_per_class']} test images per class, {data['rounds']} "
         "rounds, today's sync schedule (quorum 1.0, round deadline 30 s), 5 ms latency; simulated seconds "
-        "(testnet/clock.py's step costs). The time of a node is the first round end at which its accuracy reached its "
-        "final accuracy of the equal run; the mean is over the fast nodes that reached it.",
+        "(testnet/clock.py's step and end-of-round costs). The time of a node is the first round end at which its "
+        "accuracy reached its final accuracy of the equal run; the mean is over the fast nodes that reached it.",
     ]
     scheduled = render_async(data)
     return "\n".join([*rows, "", *scheduled] if scheduled else rows)
