@@ -177,3 +177,22 @@ def test_while_everyone_waits_for_everyone_the_latency_moves_the_clock_only():
     for key in ("accuracy", "graph", "comm", "rejections", "missing_payloads"):
         assert instant[key] == delayed[key], key
     assert ended(instant, 0) == [1.0, 2.0, 3.0] and ended(delayed, 0) == pytest.approx([1.01, 2.02, 3.03])
+
+
+def test_a_testnet_paces_every_daemon_and_the_slow_ones_by_their_factor_too():
+    """`testnet --pace K`: every daemon's `[node].slowdown` is K, K × FACTOR on `--slow`'s nodes;
+    without it only the slow ones are slowed. The simulator's clock ignores the pace."""
+    from testnet.learning import node_settings
+
+    spec = dataclasses.replace(SPEC, nodes=10, slow=Slow(0.3, 5), pace=10)
+    slow = spec.slow_nodes()
+    assert [node_settings(spec, i, "mlp", 30.0)["node"]["slowdown"] for i in range(10)] == [
+        50 if i in slow else 10 for i in range(10)
+    ]
+    unpaced = dataclasses.replace(spec, pace=1.0)
+    assert [node_settings(unpaced, i, "mlp", 30.0).get("node", {}).get("slowdown") for i in range(10)] == [
+        5 if i in slow else None for i in range(10)
+    ]
+    with pytest.raises(ValueError, match="--pace must be in"):
+        dataclasses.replace(SPEC, pace=0.5)
+    assert ended(run_simulation(dataclasses.replace(SPEC, pace=10)), 0) == ended(run_simulation(SPEC), 0)
