@@ -20,7 +20,9 @@ import statistics
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 
+from p2pnode.learning.rounds import RoundRecord
 from testnet.clock import END_S_PER_TEST_SAMPLE, STEP_S_PER_SAMPLE
 from testnet.exchange import InlineHosts, Timeline
 from testnet.host import Host
@@ -40,13 +42,14 @@ class TimedHost(Host):
         self.step_s: dict[int, list[float]] = defaultdict(list)
         self.end_s: dict[int, list[float]] = defaultdict(list)
 
-    def begin(self, nodes):
-        for i in nodes:
+    def begin(self, nodes: Sequence[int]) -> None:
+        for i in nodes:  # one at a time, so each node's step is timed alone
             started = time.perf_counter()
             super().begin([i])
             self.step_s[i].append(time.perf_counter() - started)
 
-    def _end_round(self, i, now, end_s=0.0):
+    def _end_round(self, i: int, now: float, end_s: float = 0.0) -> RoundRecord:
+        """The shard's end of round (graph step, evaluation, record), timed."""
         started = time.perf_counter()
         record = super()._end_round(i, now, end_s)
         self.end_s[i].append(time.perf_counter() - started)
