@@ -117,19 +117,25 @@ def _discovery_testnet(args: argparse.Namespace, churn, restart, placement) -> i
     return code
 
 
+def unpaced_warning(spec, engine: str, cores: int) -> str | None:
+    """What to say when `--slow` runs more daemons than this machine's cores without `--pace`."""
+    if spec.slow is None or spec.pace > 1 or engine != "local" or spec.nodes <= cores:
+        return None
+    return (
+        f"--slow with {spec.nodes} daemons on {cores} cores and no --pace: a slow daemon's sleep hands its core to "
+        f"the others, which then run faster than they would alone; give this run and those you compare it with "
+        f"--pace {math.ceil(2 * spec.nodes / cores)} (docs/daemon.md, Emulated device speed)"
+    )
+
+
 def _learning_testnet(args: argparse.Namespace, spec, churn, restart, placement):
     from algorithms.data.datasets import DatasetError
     from algorithms.data.partitions import PartitionError
     from testnet.learning import run_learning_testnet
 
-    cores = os.cpu_count() or 1
-    if spec.slow is not None and spec.pace == 1 and args.engine == "local" and spec.nodes > cores:
-        print(
-            f"warning: --slow with {spec.nodes} daemons on {cores} cores and no --pace: a slow daemon's sleep hands "
-            f"its core to the others, which then run faster than they would alone; give this run and those you "
-            f"compare it with --pace {math.ceil(2 * spec.nodes / cores)} (docs/daemon.md, Emulated device speed)",
-            file=sys.stderr,
-        )
+    warning = unpaced_warning(spec, args.engine, os.cpu_count() or 1)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
     try:
         return run_learning_testnet(
             spec,

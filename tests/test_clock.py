@@ -195,4 +195,11 @@ def test_a_testnet_paces_every_daemon_and_the_slow_ones_by_their_factor_too():
     ]
     with pytest.raises(ValueError, match="--pace must be in"):
         dataclasses.replace(SPEC, pace=0.5)
+    # more daemons than cores, slowed but unpaced: the launcher says so, and what to give
+    from p2pnode_cli.testnet import unpaced_warning
+
+    assert "give this run and those you compare it with --pace 10" in unpaced_warning(unpaced, "local", 2)
+    assert unpaced_warning(spec, "local", 2) is None  # paced
+    assert unpaced_warning(unpaced, "local", 16) is None  # a core each
+    assert unpaced_warning(unpaced, "ray", 2) is None  # spread over Ray's nodes
     assert ended(run_simulation(dataclasses.replace(SPEC, pace=10)), 0) == ended(run_simulation(SPEC), 0)
