@@ -76,6 +76,7 @@ def node_settings(
     most `max_peers`; default: the daemon's)."""
     if target is None:
         target = DiscoverySettings().active_view
+    slowdown = spec.slowdowns()[index]
     if spec.data_per_node:
         data = {**own_data_settings(spec.data_per_node[index]), "node_index": index}
     else:
@@ -113,7 +114,7 @@ def node_settings(
         },
         "log": {"format": "json"},
         # `--pace` and `--slow`: this daemon emulates a slower device (p2pnode/learning/driver.py, `paced`)
-        **({"node": {"slowdown": spec.slowdowns()[index]}} if spec.slowdowns()[index] > 1 else {}),
+        **({"node": {"slowdown": slowdown}} if slowdown > 1 else {}),
     }
 
 
