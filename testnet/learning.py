@@ -16,7 +16,7 @@ import os
 import sys
 import time
 from collections import Counter
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -110,12 +110,26 @@ def node_settings(
             "round_deadline_s": round_deadline_s,
             "settings": dict(spec.overrides),
             # the run's schedule (`[algorithm].schedule` and what goes with it), where not the default
-            **{name: value for name, value in asdict(spec.schedule).items() if value != getattr(Schedule(), name)},
+            **{
+                name: value
+                for name, value in asdict(daemon_schedule(spec, round_deadline_s)).items()
+                if value != getattr(Schedule(), name)
+            },
         },
         "log": {"format": "json"},
         # `--pace` and `--slow`: this daemon emulates a slower device (p2pnode/learning/driver.py, `paced`)
         **({"node": {"slowdown": slowdown}} if slowdown > 1 else {}),
     }
+
+
+def daemon_schedule(spec: SimulationSpec, round_deadline_s: float) -> Schedule:
+    """The schedule a testnet daemon runs: the spec's, with its async gather stretched by `--pace`
+    as the daemon's computations are (a paced testnet runs in slow motion: a gather left at its
+    length would catch what a pace-th of it catches at full speed), within the round deadline."""
+    schedule = spec.schedule
+    if spec.pace == 1 or not schedule.asynchronous:
+        return schedule
+    return replace(schedule, async_gather_s=min(round_deadline_s, schedule.async_gather_s * spec.pace))
 
 
 def own_data_settings(own: OwnDataSpec) -> dict[str, Any]:

@@ -203,3 +203,21 @@ def test_a_testnet_paces_every_daemon_and_the_slow_ones_by_their_factor_too():
     assert unpaced_warning(unpaced, "local", 16) is None  # a core each
     assert unpaced_warning(unpaced, "ray", 2) is None  # spread over Ray's nodes
     assert ended(run_simulation(dataclasses.replace(SPEC, pace=10)), 0) == ended(run_simulation(SPEC), 0)
+
+
+def test_a_paced_testnet_stretches_the_async_gather_as_it_stretches_the_computations():
+    """In slow motion (`--pace K`) the async gather lasts K × `async_gather_s`, at most the round
+    deadline, so it catches what it catches at full speed; sync's waits are unchanged."""
+    from p2pnode.learning.rounds import ASYNC, Schedule
+    from testnet.learning import node_settings
+
+    asynchronous = dataclasses.replace(SPEC, schedule=Schedule(schedule=ASYNC, async_gather_s=0.1))
+
+    def gather_s(spec, deadline_s=30.0):
+        return node_settings(spec, 0, "mlp", deadline_s)["algorithm"].get("async_gather_s")
+
+    assert gather_s(asynchronous) is None  # the default, left to the daemon
+    assert gather_s(dataclasses.replace(asynchronous, pace=10)) == pytest.approx(1.0)
+    assert gather_s(dataclasses.replace(asynchronous, pace=1000), deadline_s=5.0) == 5.0
+    sync = dataclasses.replace(SPEC, pace=10)
+    assert node_settings(sync, 0, "mlp", 30.0)["algorithm"].keys().isdisjoint({"schedule", "async_gather_s"})

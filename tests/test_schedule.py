@@ -10,7 +10,7 @@ import pytest
 from algorithms.graphs.collaboration import InNeighbourhood, UniformGraph
 from algorithms.seam import NeighbourView, Staleness
 from p2pnode.learning.engine import RoundEngine
-from p2pnode.learning.rounds import ASYNC, AdaptiveDeadline, RoundState, Schedule
+from p2pnode.learning.rounds import ASYNC, AdaptiveDeadline, Progress, RoundState, Schedule
 from p2pnode.learning.settings import AlgorithmSettings
 from protocol import MessageType
 from protocol.messages import Prototypes
@@ -99,6 +99,51 @@ def test_an_async_engine_gathers_briefly_takes_any_round_and_never_catches_up():
     assert engine.state.superseded == 1
     engine.state.completed = 1
     assert engine.next_round({"b", "c"}) == 1  # both peers far ahead: sync would jump to round 9
+
+
+def test_progress_reads_each_peers_pace_from_its_payloads_and_tells_a_silent_one():
+    progress = Progress(silent_rounds=3, max_peers=2)
+    for ours, theirs in ((0, 0), (5, 1), (10, 2)):  # five times slower than this node
+        progress.observe("slow", theirs, ours)
+    for ours, theirs in ((0, 0), (0, 4), (2, 10)):  # five times faster, then it stopped sending
+        progress.observe("fast", theirs, ours)
+    progress.observe("fast", 3, 4)  # an older round, late: neither its latest nor its pace
+    assert progress.pace("slow") == pytest.approx(0.2) and progress.pace("fast") == pytest.approx(5.0)
+    assert progress.running("slow", 24) and not progress.running("slow", 25)  # 3 of its rounds at 0.2
+    assert progress.running("fast", 2) and not progress.running("fast", 3)  # 3 of its rounds already
+    progress.observe("new", 0, 7)  # a single round shows no pace: taken as running, however long
+    assert progress.pace("new") is None and progress.running("new", 1000)
+    assert progress.pace("slow") is None  # a third peer: the least recently observed is forgotten
+    with pytest.raises(ValueError):
+        Progress(silent_rounds=0)
+
+
+def test_async_overtime_waits_for_a_slower_neighbour_not_for_a_faster_one_that_fell_silent():
+    """A node at its last round weighs two neighbours whose latest payloads are behind it: the
+    slower one still sends, every five rounds, and holds it; the faster one sent five rounds per
+    round of this node, then stopped sending to it (it finished, or no longer weighs it), and
+    holds nobody, though its latest round is behind this node's and within `max_staleness`."""
+
+    def done_at_the_end(sent: dict[str, list[tuple[int, int]]]) -> bool:
+        engine = RoundEngine(round_state(), Schedule(schedule=ASYNC, max_staleness=40, overtime_rounds=40))
+        engine.attach(Weighing(set(sent)))
+        for ours in range(20):
+            engine.begin(ours)
+            for peer, rounds in sent.items():
+                for theirs, during in rounds:
+                    if during == ours:
+                        engine.offer(peer, theirs, Envelope(PROTOTYPES))
+            engine.deliver()
+            engine.state.completed = ours + 1
+        engine.next_round(set(sent))
+        return engine.done()
+
+    slower = [(theirs, 5 * theirs) for theirs in range(4)]  # rounds 0-3, the last during our 15
+    faster = [(theirs, theirs // 5) for theirs in range(15)]  # rounds 0-14 during our 0-2, then nothing
+    assert not done_at_the_end({"b": slower})
+    assert done_at_the_end({"c": faster})
+    assert not done_at_the_end({"b": slower, "c": faster})
+    assert not done_at_the_end({"c": faster[:1]})  # one round: no pace shown, it may still run
 
 
 def test_the_schedule_is_bounded_and_read_from_the_algorithm_settings():
@@ -265,6 +310,23 @@ class Listener:
 
     def weights(self):
         return {"a": 1.0}
+
+
+class Weighing(Listener):
+    """A listener that gives `peers` weight and keeps the latest round each sent."""
+
+    def __init__(self, peers: set[str]) -> None:
+        super().__init__()
+        self.peers = peers
+
+    def weights(self):
+        return {"a": 0.5, **{peer: 0.5 / len(self.peers) for peer in self.peers}}
+
+    def latest_rounds(self):
+        latest: dict[str, int] = {}
+        for peer, round in self.received:
+            latest[peer] = max(round, latest.get(peer, -1))
+        return latest
 
 
 class Mixer(InNeighbourhood):

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from protocol import Envelope
 
-from .rounds import ADAPTIVE, AdaptiveDeadline, Gather, RoundRecord, RoundState, Schedule
+from .rounds import ADAPTIVE, AdaptiveDeadline, Gather, Progress, RoundRecord, RoundState, Schedule
 
 if TYPE_CHECKING:
     from algorithms.seam import Algorithm, Evaluation, LocalReport, Outbound, PayloadRejected
@@ -85,6 +85,7 @@ class RoundEngine:
         self.deadlines = AdaptiveDeadline(
             self.schedule.deadline_window, self.schedule.deadline_mads, self.schedule.deadline_min_s
         )
+        self.progress = Progress()  # the peers' rounds as their payloads come: does one still run?
         self._gather: Gather | None = None  # the round's gather, once open
         self.algorithm: Algorithm | None = None
         self._report: LocalReport | None = None  # the local step of the round in progress
@@ -159,6 +160,8 @@ class RoundEngine:
                 self.algorithm.receive(peer, round, envelope.body, Frame(envelope.seq, envelope.sender))
             except PayloadRejected as rejected:
                 refused.append((envelope, rejected))
+            else:
+                self.progress.observe(peer, round, self.state.round)
         return refused
 
     def respond(self) -> list[Outbound]:
@@ -208,10 +211,12 @@ class RoundEngine:
     def done(self) -> bool:
         """No round left to run (call after `next_round`): `rounds` are run and, async, no
         overtime either. Async, a node goes on past `rounds`, `overtime_rounds` more at most,
-        while a neighbour it gives weight has not sent its last round yet and that neighbour's
-        latest payload is within `max_staleness` rounds: a fast node keeps learning from the
-        neighbours that still run instead of ending on their old payloads, and one that stopped,
-        or fell that far behind, holds nobody."""
+        while a neighbour it gives weight still runs and sends to it (`Progress.running`), has not
+        sent its last round yet, and its latest payload is within `max_staleness` rounds: a fast
+        node keeps learning from the neighbours that still run instead of ending on their old
+        payloads. One that fell that far behind holds nobody, nor one that fell silent: a fast
+        neighbour that finished, or stopped sending to this node, left its latest round behind
+        this node's but runs no longer."""
         state, schedule = self.state, self.schedule
         if not state.done:
             return False
@@ -220,7 +225,11 @@ class RoundEngine:
         algorithm, last = self.algorithm, state.rounds - 1
         latest = algorithm.latest_rounds()
         weighed = [peer for peer, weight in algorithm.weights().items() if weight > 0 and peer != algorithm.node_id]
-        return not any(state.round - schedule.max_staleness <= latest.get(peer, -1) < last for peer in weighed)
+        return not any(
+            state.round - schedule.max_staleness <= latest.get(peer, -1) < last
+            and self.progress.running(peer, state.round)
+            for peer in weighed
+        )
 
     # --- the record ----------------------------------------------------------------------------
 

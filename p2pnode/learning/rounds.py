@@ -28,6 +28,7 @@ __all__ = [
     "Gather",
     "Schedule",
     "AdaptiveDeadline",
+    "Progress",
     "SYNC",
     "ASYNC",
     "FIXED",
@@ -69,10 +70,13 @@ class Schedule:
     (algorithms/seam.py `Staleness`); a node never catches up by skipping rounds."""
 
     schedule: str = SYNC
-    async_gather_s: float = 0.05
-    # tuned on the stragglers benchmark's seed 0 (BENCHMARKS.md "Stragglers"): the only setting
-    # tried that met both the time and the slow nodes' goals there, though every one was within
-    # that seed's noise of the others and the held-out seeds did not bear it out
+    # tuned on the stragglers benchmark's seed 0 (BENCHMARKS.md "Stragglers"): of 0.05, 0.1 and
+    # 0.2 s (a simulated round there takes 0.1-0.17 s), 0.1 s kept the most nodes within a point
+    # of sync and the fast nodes' time within the goal; 0.05 s let the quicker backbones outrun
+    # their neighbours' payloads
+    async_gather_s: float = 0.1
+    # tuned there too, with the gather at 0.05 s: the only λ tried that met both the time and the
+    # slow nodes' goals, though every one was within that seed's noise of the others
     staleness_decay: float = 0.9
     max_staleness: int = 40
     # async: rounds a node may run past `rounds` while a neighbour it weighs is still at it
@@ -136,6 +140,45 @@ class AdaptiveDeadline:
         if any(delay is None for delay in per_peer):
             return fixed_s
         return min(fixed_s, max([self.floor_s, *per_peer]))
+
+
+class Progress:
+    """How far each peer has shown it got, counted in this node's rounds: the first and the latest
+    round of its payloads, and during which of this node's rounds each came. The async schedule's
+    overtime asks it whether a neighbour still runs: at the pace it has shown (its rounds per
+    ours), it has had time for fewer than `silent_rounds` rounds since its latest came. A neighbour
+    that stopped sending to this node (it finished, or it no longer weighs this one) falls silent
+    even though its latest round is behind; a slower one sends less often and keeps its standing;
+    one that has shown a single round has shown no pace, and is taken as running. Bounded like
+    `AdaptiveDeadline`: `max_peers` peers at most."""
+
+    def __init__(self, silent_rounds: float = 3.0, max_peers: int = 4096) -> None:
+        if not silent_rounds > 0:
+            raise ValueError(f"silent_rounds must be > 0, got {silent_rounds}")
+        self.silent_rounds, self.max_peers = silent_rounds, max_peers
+        # peer -> (first round, ours when it came, latest round, ours when it came)
+        self._seen: dict[str, tuple[int, int, int, int]] = {}
+
+    def observe(self, peer: str, round: int, during: int) -> None:
+        """A payload of `peer`'s round `round` came during this node's round `during`."""
+        seen = self._seen.pop(peer, None)
+        if seen is None:
+            seen = (round, during, round, during)
+        elif round > seen[2]:
+            seen = (seen[0], seen[1], round, during)
+        self._seen[peer] = seen  # now the most recently observed
+        while len(self._seen) > self.max_peers:
+            del self._seen[next(iter(self._seen))]
+
+    def pace(self, peer: str) -> float | None:
+        """`peer`'s rounds per ours, as its payloads showed them; None: fewer than two rounds shown."""
+        first, first_at, latest, latest_at = self._seen.get(peer, (0, 0, 0, 0))
+        return None if latest == first else (latest - first) / max(1, latest_at - first_at)
+
+    def running(self, peer: str, now: int) -> bool:
+        """Whether `peer` may still send to this node, now in its round `now`."""
+        pace = self.pace(peer)
+        return pace is None or (now - self._seen[peer][3]) * pace < self.silent_rounds
 
 
 @dataclass(frozen=True)

@@ -185,7 +185,9 @@ class AlgorithmSettings:
         "of any round, weighted by its age (docs/learning.md); no catch-up, every node at its own pace",
     )
     async_gather_s: float = option(
-        Number(0.001, 60), 0.05, "`schedule = async`: the longest a round waits for its neighbours' payloads"
+        Number(0.001, 86400),
+        0.1,
+        "`schedule = async`: the longest a round waits for its neighbours' payloads (at most `round_deadline_s`)",
     )
     staleness_decay: float = option(
         Number(0.001, 1),
