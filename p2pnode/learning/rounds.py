@@ -149,7 +149,9 @@ class Progress:
     ours), it has had time for fewer than `silent_rounds` rounds since its latest came. A neighbour
     that stopped sending to this node (it finished, or it no longer weighs this one) falls silent
     even though its latest round is behind; a slower one sends less often and keeps its standing;
-    one that has shown a single round has shown no pace, and is taken as running. Bounded like
+    one that has shown a single round has shown no pace, and is taken as running (so is one never
+    heard from: then `max_staleness` alone decides). A peer that restarted from an older
+    checkpoint shows progress again once it passes the latest round it had sent. Bounded like
     `AdaptiveDeadline`: `max_peers` peers at most."""
 
     def __init__(self, silent_rounds: float = 3.0, max_peers: int = 4096) -> None:
