@@ -257,7 +257,9 @@ def test_a_late_joiner_is_picked_up(tmp_path):
     from testnet.learning import DISCOVERY, node_settings
     from testnet.simulator import SimulationSpec
 
-    rounds = 600  # tens of milliseconds each: more than the test waits for (it stops them sooner)
+    # Tens of milliseconds each: far more than the test waits for (it stops them sooner). 600 ran
+    # out once in a loaded suite: the two first daemons finished while the third was still loading.
+    rounds = 5000
     spec = SimulationSpec(
         algorithm="mapl-nocgl", dataset="digits", nodes=3, rounds=rounds, samples_per_class=10, backbones=("mlp",)
     )  # MAPL's graph fixed all-to-all, as in its warm-up

@@ -206,6 +206,45 @@ def render(result: dict) -> str:
     return "\n".join([*rows, "", *scheduled] if scheduled else rows)
 
 
+def _mean_s(times: list[float | None]) -> str:
+    times = [t for t in times if t is not None]
+    return f"{statistics.fmean(times):.1f}" if times else "—"
+
+
+def _ratio(in_equal: list[float | None], in_slow: list[float | None]) -> float | None:
+    """The mean time of the nodes that reached the mark in the slow run over the equal run's."""
+    reached = [t for t in in_slow if t is not None]
+    return statistics.fmean(reached) / statistics.fmean(t for t in in_equal if t is not None) if reached else None
+
+
+def _async_row(seed: int, equal: dict, unwaiting: dict, slowed: dict, local: dict) -> tuple[str, tuple[float, float]]:
+    """One seed's async row, and its slow nodes' mean accuracy under Local and under async slow."""
+    fast, in_equal, in_slow = fast_times(equal, slowed)
+    in_unwaiting = fast_times(equal, {**unwaiting, "slow": slowed["slow"]})[2]
+    ratio, reached = _ratio(in_equal, in_slow), sum(t is not None for t in in_slow)
+    # the same to within the per-node bound: a node that ends a little below its sync accuracy
+    # never "reaches" it, whatever its pace
+    _, near_equal, near_slow = fast_times(equal, slowed, short_by=GOAL_POINTS / 100)
+    near_ratio, near_reached = _ratio(near_equal, near_slow), sum(t is not None for t in near_slow)
+    pairs = list(zip(equal["accuracy"]["per_node"], slowed["accuracy"]["per_node"], strict=True))
+    within = sum(abs(a - b) * 100 <= GOAL_POINTS for a, b in pairs)
+    not_below = sum((a - b) * 100 <= GOAL_POINTS for a, b in pairs)
+    met = ratio is not None and ratio <= GOAL_RATIO
+    slow_nodes = slowed["slow"]["nodes"]
+    local_mean = statistics.fmean(local["accuracy"]["per_node"][i] for i in slow_nodes) * 100
+    slow_mean = statistics.fmean(slowed["accuracy"]["per_node"][i] for i in slow_nodes) * 100
+    row = (
+        f"| {seed} | {_mean_s(in_equal)} → {_mean_s(in_unwaiting)} → {_mean_s(in_slow)} "
+        f"| {'—' if ratio is None else f'**{ratio:.2f}**'} ({'met' if met else 'not met'}) "
+        f"| {reached}/{len(fast)} "
+        f"| {near_reached}/{len(fast)}, {'—' if near_ratio is None else f'{near_ratio:.2f}'} "
+        f"| {within}/{len(pairs)} ({not_below}/{len(pairs)}) "
+        f"| {equal['accuracy']['mean'] * 100:.1f} → {slowed['accuracy']['mean'] * 100:.1f} "
+        f"| {_floor(local_mean, slow_mean)} |"
+    )
+    return row, (local_mean, slow_mean)
+
+
 def render_async(data: dict) -> list[str]:
     """The async schedule's rows (`--schedule async`), against the sync equal run of each seed and
     the issue's goals; none for a result without them."""
@@ -228,43 +267,9 @@ def render_async(data: dict) -> list[str]:
         local = by.get((seed, "local", False))
         if equal is None or unwaiting is None or local is None:
             continue
-        fast, in_equal, in_slow = fast_times(equal, slowed)
-        in_unwaiting = fast_times(equal, {**unwaiting, "slow": slowed["slow"]})[2]
-        reached = [t for t in in_slow if t is not None]
-
-        def mean(times: list[float | None]) -> str:
-            times = [t for t in times if t is not None]
-            return f"{statistics.fmean(times):.1f}" if times else "—"
-
-        def ratio_of(in_equal: list[float | None], in_slow: list[float | None]) -> float | None:
-            reached = [t for t in in_slow if t is not None]
-            return (
-                statistics.fmean(reached) / statistics.fmean(t for t in in_equal if t is not None) if reached else None
-            )
-
-        ratio = ratio_of(in_equal, in_slow)
-        # the same within the per-node bound: a node that ends a little below its sync accuracy
-        # never "reaches" it, whatever its pace
-        _, near_equal, near_slow = fast_times(equal, slowed, short_by=GOAL_POINTS / 100)
-        near_ratio = ratio_of(near_equal, near_slow)
-        near_reached = sum(t is not None for t in near_slow)
-        pairs = list(zip(equal["accuracy"]["per_node"], slowed["accuracy"]["per_node"], strict=True))
-        within = sum(abs(a - b) * 100 <= GOAL_POINTS for a, b in pairs)
-        not_below = sum((a - b) * 100 <= GOAL_POINTS for a, b in pairs)
-        met = ratio is not None and ratio <= GOAL_RATIO
-        slow_nodes = slowed["slow"]["nodes"]
-        local_mean = statistics.fmean(local["accuracy"]["per_node"][i] for i in slow_nodes) * 100
-        slow_mean = statistics.fmean(slowed["accuracy"]["per_node"][i] for i in slow_nodes) * 100
-        floors.append((local_mean, slow_mean))
-        rows.append(
-            f"| {seed} | {mean(in_equal)} → {mean(in_unwaiting)} → {mean(in_slow)} "
-            f"| {'—' if ratio is None else f'**{ratio:.2f}**'} ({'met' if met else 'not met'}) "
-            f"| {len(reached)}/{len(fast)} "
-            f"| {near_reached}/{len(fast)}, {'—' if near_ratio is None else f'{near_ratio:.2f}'} "
-            f"| {within}/{len(pairs)} ({not_below}/{len(pairs)}) "
-            f"| {equal['accuracy']['mean'] * 100:.1f} → {slowed['accuracy']['mean'] * 100:.1f} "
-            f"| {_floor(local_mean, slow_mean)} |"
-        )
+        row, floor = _async_row(seed, equal, unwaiting, slowed, local)
+        rows.append(row)
+        floors.append(floor)
     if len(floors) > 1:
         local_mean, slow_mean = (statistics.fmean(column) for column in zip(*floors, strict=True))
         rows.append(f"| mean over seeds | | | | | | | {_floor(local_mean, slow_mean)} |")
