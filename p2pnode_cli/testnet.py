@@ -242,8 +242,9 @@ def add_parser(commands) -> None:
         default=1.0,
         metavar="K",
         help="every daemon emulates a device K times slower than one core of this machine ([node].slowdown = K, "
-        "K × FACTOR on --slow's nodes), so daemons sharing the cores keep the speeds they emulate; give it, e.g. "
-        "2 × daemons / cores, to --slow runs and to the runs you compare them with (default 1: no pacing)",
+        "K × FACTOR on --slow's nodes), so daemons sharing the cores keep the speeds they emulate; the async gather "
+        "lasts K × async_gather_s too (slow motion); give it, e.g. 2 × daemons / cores, to --slow runs and to the "
+        "runs you compare them with (default 1: no pacing)",
     )
     testnet.add_argument(
         "--round-deadline",
