@@ -107,6 +107,14 @@ class Schedule:
         return self.schedule == ASYNC
 
 
+def remember(by_peer: dict[str, Any], peer: str, value: Any, max_peers: int) -> None:
+    """`by_peer[peer] = value` as the most recently observed peer (pop it first), forgetting the
+    least recently observed ones past `max_peers`."""
+    by_peer[peer] = value
+    while len(by_peer) > max_peers:
+        del by_peer[next(iter(by_peer))]
+
+
 class AdaptiveDeadline:
     """The sync gather's deadline from each neighbour's observed arrival delays (seconds from the
     gather's start): per expected peer median + `mads` × MAD over its last `window` delays; the
@@ -122,9 +130,7 @@ class AdaptiveDeadline:
     def observe(self, peer: str, delay_s: float) -> None:
         delays = self._delays.pop(peer, None) or deque(maxlen=self.window)
         delays.append(max(0.0, delay_s))
-        self._delays[peer] = delays  # now the most recently observed
-        while len(self._delays) > self.max_peers:
-            del self._delays[next(iter(self._delays))]
+        remember(self._delays, peer, delays, self.max_peers)
 
     def expected_delay_s(self, peer: str) -> float | None:
         """median + mads × MAD of `peer`'s delays; None while it has too few."""
@@ -168,9 +174,7 @@ class Progress:
             seen = (round, during, round, during)
         elif round > seen[2]:
             seen = (seen[0], seen[1], round, during)
-        self._seen[peer] = seen  # now the most recently observed
-        while len(self._seen) > self.max_peers:
-            del self._seen[next(iter(self._seen))]
+        remember(self._seen, peer, seen, self.max_peers)
 
     def pace(self, peer: str) -> float | None:
         """`peer`'s rounds per ours, as its payloads showed them; None: fewer than two rounds shown."""
