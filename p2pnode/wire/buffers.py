@@ -32,7 +32,17 @@ import trio
 
 from ..operations.memory import PAGE_BYTES, resident_bytes, trim_now
 
-__all__ = ["BufferEstimate", "GrowthAlarm", "bytes_received", "tcp_info", "shut_down", "watch_buffers", "SHED", "ENDED"]
+__all__ = [
+    "BufferEstimate",
+    "GrowthAlarm",
+    "bytes_received",
+    "tcp_info",
+    "shut_down",
+    "watch_buffers",
+    "SHED",
+    "ENDED",
+    "PER_CONNECTION_BYTES",
+]
 
 log = logging.getLogger("p2pnode.buffers")
 
@@ -51,6 +61,7 @@ RECENT_CHECKS = 20  # "the last seconds": this many checks of every connection's
 SCAN_SHARE = 0.02  # of one core, at most, spent reading the connections' counters
 POLL_S = 0.02  # how often the process's size is looked at
 GROWTH_TRIGGER = 4 << 20  # growth since the last check that calls for one at once
+PER_CONNECTION_BYTES = 128 << 10  # libzmq's own for one connection (~100 KiB measured): its buffers, queues
 
 # struct tcp_info (linux/tcp.h): tcpi_state is its first byte; tcpi_bytes_received the u64 at
 # this offset since Linux 4.1.
@@ -244,6 +255,31 @@ def _scan(connections: list[Connection], ended_too: bool) -> tuple[dict[Connecti
     return received, ended
 
 
+class _HeapAfterConnections:
+    """When to give the heap's free pages back after connections went. Connections that left by
+    themselves (a sender of parts that never finish, gone) had their parts freed by libzmq, but
+    freed pages stay in the heap: what the process grew by beyond those connections' own room
+    (PER_CONNECTION_BYTES) is given back. Their room is kept for the next connections: DataLimit
+    (ingress_process.py) counts on it (docs/security.md)."""
+
+    def __init__(self) -> None:
+        self.live: set[Connection] = set()
+        self.left = 0  # connections gone since the last trim
+        self.trimmed_at = resident_bytes()  # the process's size then
+
+    def left_behind(self, received: Mapping[Connection, int]) -> bool:
+        """Whether the connections gone since the last trim (`received`: those live now) left
+        more free heap than their room."""
+        self.left += len(self.live - received.keys())
+        self.live = set(received)
+        grown = resident_bytes() - self.trimmed_at
+        return self.left > 0 and grown > GROWTH_TRIGGER + self.left * PER_CONNECTION_BYTES
+
+    def give_back(self) -> None:
+        trim_now()
+        self.trimmed_at, self.left = resident_bytes(), 0
+
+
 async def watch_buffers(
     connections: Callable[[], list[Connection]],
     read_so_far: Callable[[], tuple[int, int]],
@@ -260,7 +296,8 @@ async def watch_buffers(
     shut down the pumps above `limit`; runs until cancelled. `read_so_far()`: (bytes, frames)
     read from that socket. With `drop_ended`, a connection whose sender ended its stream is shut
     down too: what it left queued would otherwise be read, at the socket's pace, long after the
-    sender left (a flooder that queued megabytes and exited)."""
+    sender left (a flooder that queued megabytes and exited). Pages libzmq freed are given back
+    to the system when connections went and the process grew by more than their own room."""
     if _TCP_INFO is None:
         log.warning("no TCP_INFO on this platform: the bytes ZeroMQ holds are not bounded")
         return
@@ -268,6 +305,7 @@ async def watch_buffers(
     last = trio.current_time()
     scan_s = 0.0
     growth = alarm.watch() if alarm is not None else None
+    heap = _HeapAfterConnections()
     while True:
         # A pump on loopback moves hundreds of MB a second: between two checks it would get
         # far past the limit. So the process's size is looked at often (GrowthAlarm) and a
@@ -294,9 +332,9 @@ async def watch_buffers(
                 socket,
                 limit >> 20,
             )
-        if shed or ended:
+        if heap.left_behind(received) or shed or ended:  # first: it follows who is live at every check
             await trio.sleep(POLL_S)  # libzmq drops the connections and frees their parts
-            trim_now()  # those bytes were never read: the node's own trimming would not see them
+            heap.give_back()  # those bytes were never read: the node's own trimming would not see them
         if growth is not None:
             growth.rearm()
         last = now

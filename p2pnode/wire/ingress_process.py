@@ -34,7 +34,7 @@ from collections import Counter
 import trio
 import zmq
 
-from .buffers import GrowthAlarm, watch_buffers
+from .buffers import PER_CONNECTION_BYTES, GrowthAlarm, watch_buffers
 from .pipes import MessagePipe, PipeError
 from .zmqsetup import (
     DOMAINS,
@@ -52,7 +52,6 @@ from .zmqtrio import receive_batch, receive_routed
 log = logging.getLogger("p2pnode.ingress")
 
 OUT_OF_MEMORY = 3  # the exit code past `DataLimit`
-PER_CONNECTION_BYTES = 128 << 10  # room `DataLimit` gives each live connection
 CONTROL_MAX_BYTES = 1 << 20  # setup, ZAP verdicts: small
 COUNTS_EVERY_S = 0.25  # how often counter changes go to the node
 
