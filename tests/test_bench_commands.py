@@ -216,7 +216,7 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "--methods local mapl-dual --save heterogeneous": HETEROGENEOUS,
     "python -m tools.bench.heterogeneous --methods local mapl-dual --samples 10 --save heterogeneous": HETEROGENEOUS,
     "python -m tools.bench.scool --out bench-out/scool --save scool": SCOOL,
-    "python -m tools.bench.stragglers --out DIR --seeds 1 2 --workers 2 --schedule async --save stragglers-async": (
+    "python -m tools.bench.stragglers --out DIR --seeds 1 2 3 --workers 2 --schedule async --save stragglers-async": (
         STRAGGLERS
     ),
     "python -m tools.bench.churn --save churn-async": CHURN,

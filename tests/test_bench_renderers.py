@@ -1,4 +1,4 @@
-"""The tables of the adapter, memory, scaling and simulator benchmarks, drawn from a result file
+"""The tables of the adapter, memory, scaling, simulator and stragglers benchmarks, drawn from a result file
 as tools/bench/render.py draws BENCHMARKS.md's (issue #31). Each result here is written by
 save() into a temporary directory with made-up figures: what is checked is the drawing."""
 
@@ -80,3 +80,26 @@ def test_simulate_speedup_and_scaling(tmp_path):
     assert "processes against inline on 1 thread: 1.77× as fast (median of 1.77), reports identical" in drawn
     drawn = _drawn(tmp_path, "tools.bench.simulate", {"what": "scaling", "runs": [runs[1], runs[0]]})
     assert "| 10 nodes: reports different on every engine |" in drawn
+
+
+def _straggler_run(per_node: list[float], slow: list[int] | None = None) -> dict:
+    curves = [[0.5, accuracy] for accuracy in per_node]
+    return {
+        "backbones": ["convnet"] * len(per_node),
+        "slow": {"nodes": slow, "factor": 5.0} if slow else None,
+        "accuracy": {"per_node": per_node, "mean": sum(per_node) / len(per_node)},
+        "time_to_accuracy": {"ended_at_per_node": [[1.0, 2.0]] * len(per_node), "accuracy_per_node": curves},
+    }
+
+
+def test_stragglers_counts_a_node_exactly_one_point_away_as_within_it():
+    # Accuracies are shares of 400 test images: 4 images, 1 point, is 1.0000000000000009 in floats.
+    from tools.bench.stragglers import _async_row
+
+    equal = _straggler_run([0.9775, 0.9525, 0.9])
+    slowed = _straggler_run([0.9675, 0.9625, 0.95], slow=[2])
+    local = _straggler_run([0.9, 0.9, 0.9])
+    row, _ = _async_row(1, equal, equal, slowed, local)
+    cells = [cell.strip() for cell in row.split("|")]
+    assert cells[6] == "2/3 (3/3)"  # −1.0 and +1.0 points are within a point, +5.0 is not (but not below)
+    assert cells[5] == "2/2, 1.00"  # and both fast nodes get to within a point of their sync accuracy

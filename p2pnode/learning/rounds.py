@@ -78,7 +78,11 @@ class Schedule:
     # tuned there too, with the gather at 0.05 s: the only λ tried that met both the time and the
     # slow nodes' goals, though every one was within that seed's noise of the others
     staleness_decay: float = 0.9
-    max_staleness: int = 40
+    # 40 dropped a 5×-slower cluster-mate from a fast node's neighbourhood at about its round 50
+    # (the mate then ~40 rounds behind) and the fast node ended up to 2.75 points below sync; at
+    # 80 the mate stays (weighed λ^age) and holds the fast node in overtime: no node more than
+    # a point below sync on seeds 0-3 (BENCHMARKS.md "Stragglers")
+    max_staleness: int = 80
     # async: rounds a node may run past `rounds` while a neighbour it weighs is still at it
     # (RoundEngine.done); 0: every node ends at `rounds`
     overtime_rounds: int = 40

@@ -196,7 +196,7 @@ class AlgorithmSettings:
         "payload's round, 0 if ahead), then the row is renormalised",
     )
     max_staleness: int = option(
-        Integer(0, 1000), 40, "`schedule = async`: payloads more than this many rounds old are not used"
+        Integer(0, 1000), 80, "`schedule = async`: payloads more than this many rounds old are not used"
     )
     overtime_rounds: int = option(
         Integer(0, 1_000_000),
