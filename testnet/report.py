@@ -371,7 +371,7 @@ def _poisoning(
         return None
     honest = [i for i in range(len(ids)) if i not in set(poisoners)]
     target = honest_truth(truth.w, poisoners)[honest]
-    weight_max, weight_mean, accuracy, off_mean, off_max, mass = [], [], [], [], [], []
+    weight_max, weight_mean, accuracy, off_mean, off_max, mass, true_mass = [], [], [], [], [], [], []
     for latest in _latest_per_round(by_node, rounds):
         w = _matrix([None if e is None else e.weights for e in latest], ids)
         on_poisoners = w[np.ix_(honest, list(poisoners))].sum(axis=1)
@@ -383,6 +383,7 @@ def _poisoning(
         off_mean.append(float(off.mean()))
         off_max.append(float(off.max()))
         mass.append(float((w[honest] * (target > 0)).sum(axis=1).mean()))
+        true_mass.append(float((w[honest] * (truth.w[honest] > 0)).sum(axis=1).mean()))
     finals = [history[max(history)].accuracy if history else np.nan for history in by_node]
     return {
         "nodes": list(poisoners),
@@ -402,6 +403,9 @@ def _poisoning(
         },
         # The weight honest rows keep on the node and its honest cluster-mates (`--check`'s mass).
         "honest_within_cluster_mass": {"final": mass[-1] if mass else None, "per_round": mass},
+        # The same rows' weight within their true clusters, the poisoners counted as mates: the
+        # check's mass when the poisoners' payloads are honest (`--attack none`, a barrage alone).
+        "honest_rows_true_mass": {"final": true_mass[-1] if true_mass else None, "per_round": true_mass},
     }
 
 
@@ -497,11 +501,16 @@ def check(report: dict[str, Any], thresholds: CheckThresholds) -> dict[str, Any]
     mean = report["accuracy"]["mean"]
     if mean is None or mean < thresholds.accuracy:
         failures.append(f"mean accuracy {mean} below {thresholds.accuracy}")
-    # With poisoners, on the honest rows, a poisoner counted as no one's cluster-mate (not in
-    # the control twin, where the poisoners are honest).
-    poisoning = report.get("poisoning") if (report.get("attack") or {}).get("kind") != "none" else None
-    mass = poisoning["honest_within_cluster_mass"]["final"] if poisoning else report["graph"]["within_cluster_mass"]
-    which = "honest within-cluster mass" if poisoning else "within-cluster mass"
+    # With poisoners, on the honest rows (the attackers' own rows are theirs): a poisoner counted
+    # as no one's cluster-mate, or, where its payloads are honest (`--attack none`), as the mate it
+    # is. Not in the control twin, where every node is honest.
+    poisoning, kind = report.get("poisoning"), (report.get("attack") or {}).get("kind")
+    if not poisoning:
+        mass, which = report["graph"]["within_cluster_mass"], "within-cluster mass"
+    elif kind == "none":
+        mass, which = poisoning["honest_rows_true_mass"]["final"], "honest rows' within-cluster mass"
+    else:
+        mass, which = poisoning["honest_within_cluster_mass"]["final"], "honest within-cluster mass"
     if report["algorithm"] in GRAPH_LEARNING and mass is None:
         failures.append(f"no {which}: no round was recorded")
     elif report["algorithm"] in GRAPH_LEARNING and mass < thresholds.within_cluster_mass:

@@ -126,33 +126,78 @@ def test_the_first_round_waits_for_peers_still_loading_until_the_start_timeout()
     assert later.wake_at() == 205.0  # a start deadline already past changes nothing
 
 
-def test_a_node_follows_its_neighbours_when_they_are_further_ahead_than_the_queue_reaches():
-    rounds = state(rounds=100)
-    rounds.finish(record(round=0))
+def resumed(last: int, lost_s: float, round_s: float = 1.0, **overrides) -> RoundState:
+    """A node that ran rounds 0 to `last`, each `round_s` long, then was down `lost_s` seconds
+    (its checkpoint that old at its restart): about to run round `last + 1`."""
+    rounds = state(**overrides)
+    rounds.resume(last, [record(round=r, round_s=round_s) for r in range(last + 1)], lost_s=lost_s)
+    return rounds
+
+
+def test_a_node_that_was_down_skips_the_rounds_its_peers_ran_meanwhile():
+    rounds = resumed(0, lost_s=30.0, rounds=100)
     for peer, ahead in (("p", 9), ("q", 10), ("r", 1)):
-        rounds.offer(peer, ahead, MODEL, None)  # p and q refused as round_ahead, but their rounds noted
+        rounds.offer(peer, ahead, MODEL, None)  # p and q refused as round_ahead, but their word noted
     # r is the only peer it learns from: it is not ahead, so the others do not pull this node.
     assert rounds.next_round({"r"}) == 1 and rounds.catch_ups == 0
     rounds.finish(record(round=1))
     # Both peers it learns from are ahead: it goes as far as both have reached.
-    assert rounds.next_round({"p", "q"}) == 9 and rounds.catch_ups == 1
+    assert rounds.next_round({"p", "q"}) == 9 and rounds.catch_ups == 1 and rounds.skipped == 7
     rounds.finish(record(round=9))
     assert rounds.next_round({"p", "q"}) == 10  # only q is further: one round on
 
 
+def test_a_node_skips_no_more_rounds_than_it_lost_time_for_whatever_its_peers_say():
+    # Down 5.5 s at 1 s a round: five rounds at most, over the rest of its run.
+    rounds = resumed(3, lost_s=5.5, rounds=1000)
+    for peer in ("p", "q", "r"):
+        assert rounds.offer(peer, 900, MODEL, None) == ROUND_AHEAD
+    assert rounds.next_round({"p", "q", "r"}) == 4 + 5 and rounds.allowance() == 0
+    rounds.finish(record(round=9, round_s=1.0))
+    for peer in ("p", "q", "r"):
+        rounds.offer(peer, 950, MODEL, None)
+    assert rounds.next_round({"p", "q", "r"}) == 10 and rounds.catch_ups == 1  # none left
+    # Its pace is its own rounds' median: slow rounds give fewer.
+    slow = resumed(3, lost_s=5.5, round_s=2.0, rounds=1000)
+    for peer in ("p", "q"):
+        slow.offer(peer, 900, MODEL, None)
+    assert slow.next_round({"p", "q"}) == 4 + 2
+    # Never past its last round: a node down longer than the whole run still runs that one.
+    late = resumed(3, lost_s=1e6, rounds=8)
+    for peer in ("p", "q"):
+        late.offer(peer, 1000, MODEL, None)
+    assert late.next_round({"p", "q"}) == 7 and not late.done
+
+
 def finished_up_to(last: int, **overrides) -> RoundState:
-    """A node that has run rounds 0 to `last - 1` and is about to run round `last`."""
+    """A node that has run rounds 0 to `last - 1` without a break and is about to run round `last`."""
     rounds = state(**overrides)
     for r in range(last):
-        rounds.finish(record(round=r))
+        rounds.finish(record(round=r, round_s=1.0))
         rounds.next_round(set())
     assert rounds.round == last
     return rounds
 
 
+@pytest.mark.parametrize("colluders", [2, 3, 5, 50])
+def test_no_number_of_peers_moves_the_round_of_a_node_that_ran_without_a_break(colluders):
+    # As found from outside: two admitted peers of four, tagging copies of their payloads r+1000,
+    # made every honest node skip to its end after a round or two (issue #43).
+    rounds = finished_up_to(1, rounds=8)
+    sources = {f"x{i}" for i in range(colluders)} | {"honest"}
+    for r in range(1, 8):
+        for peer in sources - {"honest"}:
+            assert rounds.offer(peer, r + 1000, MODEL, "copy") == ROUND_AHEAD
+        assert rounds.offer("honest", r, MODEL, "real") is None
+        rounds.finish(record(round=r, round_s=1.0))
+        assert rounds.next_round(sources) == r + 1
+    assert rounds.catch_ups == 0 and rounds.skipped == 0 and rounds.done
+
+
 def test_one_peer_never_moves_a_nodes_round_whatever_rounds_it_claims():
-    # As found from outside: copies of a valid payload tagged r+3 and r+1000.
-    rounds = finished_up_to(4, rounds=8)
+    # As found from outside: copies of a valid payload tagged r+3 and r+1000; even a node that
+    # lost time for 1000 rounds is not moved by one peer.
+    rounds = resumed(3, lost_s=1000.0, rounds=8)
     assert rounds.offer("x", 4, MODEL, "real") is None
     assert rounds.offer("x", 7, MODEL, "copy") == ROUND_AHEAD
     assert rounds.offer("x", 1004, MODEL, "copy") == ROUND_AHEAD
@@ -167,21 +212,21 @@ def test_one_peer_never_moves_a_nodes_round_whatever_rounds_it_claims():
 
 
 def test_a_minority_ahead_moves_nothing():
-    rounds = finished_up_to(3)
+    rounds = resumed(2, lost_s=1000.0, rounds=1000)
     sources = {"p", "q", "r", "s", "t"}  # a quorum is 3 of them (half, rounded up)
     for peer, ahead in (("p", 20), ("q", 30)):
         assert rounds.offer(peer, ahead, MODEL, None) == ROUND_AHEAD
     rounds.finish(record(round=3))
     assert rounds.next_round(sources) == 4 and rounds.catch_ups == 0
     # A lone peer is no quorum, at any fraction.
-    lenient = finished_up_to(3, catch_up_quorum=0.0)
+    lenient = resumed(2, lost_s=1000.0, rounds=1000, catch_up_quorum=0.0)
     assert lenient.offer("p", 20, MODEL, None) == ROUND_AHEAD
     lenient.finish(record(round=3))
     assert lenient.next_round(sources) == 4 and lenient.catch_ups == 0
 
 
-def test_a_quorum_ahead_catches_the_node_up_as_far_as_the_quorum_has_reached():
-    rounds = finished_up_to(3, rounds=2000)
+def test_a_quorum_ahead_bounds_the_skip_as_far_as_the_quorum_has_reached():
+    rounds = resumed(2, lost_s=1000.0, rounds=2000)
     sources = {"p", "q", "r", "s", "t", "u"}  # 3 of 6 is the quorum
     for peer, ahead in (("p", 1000), ("q", 900), ("r", 20)):
         assert rounds.offer(peer, ahead, MODEL, None) == ROUND_AHEAD
@@ -189,7 +234,7 @@ def test_a_quorum_ahead_catches_the_node_up_as_far_as_the_quorum_has_reached():
     # Three sources have all reached round 20; only two say they are any further.
     assert rounds.next_round(sources) == 20 and rounds.catch_ups == 1
     # A stricter quorum (all six) would not have moved it.
-    strict = finished_up_to(3, rounds=2000, catch_up_quorum=1.0)
+    strict = resumed(2, lost_s=1000.0, rounds=2000, catch_up_quorum=1.0)
     for peer, ahead in (("p", 1000), ("q", 900), ("r", 20), ("s", 25), ("t", 30)):
         strict.offer(peer, ahead, MODEL, None)
     strict.finish(record(round=3))

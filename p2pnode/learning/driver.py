@@ -417,11 +417,20 @@ class RoundDriver:
             raise LearningSetupError(f"[node].data_dir: {exc}") from None
         except (KeyError, ValueError) as exc:
             raise LearningSetupError(f"[node].data_dir: {self.checkpoint_path}: {exc}") from None
-        self.state.resume(saved.round, saved.history)
+        self.state.resume(saved.round, saved.history, lost_s=self._checkpoint_age_s())
         self.checkpoint_round = saved.round
         self.evaluated.keep(self.algorithm.predictors(), saved.round)
         self.held_out = saved.held_out
         log.info("resumed from the checkpoint of round %d", saved.round)
+
+    def _checkpoint_age_s(self) -> float:
+        """How long ago the checkpoint was written, by the wall clock (the monotonic one starts
+        again with the process): the time this node was down, and the one ground on which it
+        may skip the rounds its peers ran meanwhile (`RoundState.next_round`)."""
+        try:
+            return max(0.0, time.time() - self.checkpoint_path.stat().st_mtime)
+        except OSError:
+            return 0.0
 
     def _resume_local_baseline(self, saved: Checkpoint) -> None:
         if self.local_baseline is None:
@@ -454,6 +463,7 @@ class RoundDriver:
             "completed": state.completed,
             "resumed_from": state.resumed_from,
             "catch_ups": state.catch_ups,
+            "skipped": state.skipped,  # rounds the catch-ups skipped, within the time it was down
             "superseded": state.superseded,
             "accuracy": None if last is None else last.accuracy,
             "neighbours": {} if last is None else {k: v for k, v in last.weights.items() if v > 0},

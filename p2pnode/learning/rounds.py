@@ -3,9 +3,9 @@
 `RoundState` holds what the daemon's round driver (learning.py) knows between its I/O calls:
 the bounded queue of payloads that arrived (bounded per peer too), which peers sent every payload
 type the algorithm waits for in which round, the gather of the round in progress (quorum, grace,
-deadline), and whether the node should skip ahead to where a quorum of its peers is. Time is
-handed in as numbers, so it is tested on simulated time (tests/test_rounds.py), like
-`Membership` for discovery.
+deadline), and whether a node that was down should skip the rounds it missed. Time is handed in
+as numbers, so it is tested on simulated time (tests/test_rounds.py), like `Membership` for
+discovery.
 
 `RoundRecord` is what every driver emits per node and round, the daemon and the simulator alike;
 testnet/report.py builds every report from these records.
@@ -38,6 +38,7 @@ __all__ = [
     "PEER_INBOX_FULL",
     "DUPLICATE_PAYLOAD",
     "CATCH_UP_MIN_PEERS",
+    "PACE_ROUNDS",
     "arrived",
 ]
 
@@ -48,6 +49,8 @@ DUPLICATE_PAYLOAD = "duplicate_payload"  # a second payload of one type for one 
 # A catch-up needs the word of at least this many distinct peers, whatever the quorum fraction:
 # one peer, however far ahead it says it is, never moves a node's round.
 CATCH_UP_MIN_PEERS = 2
+# A node's pace: the median duration of its last this many rounds (`RoundState.allowance`).
+PACE_ROUNDS = 20
 
 SYNC, ASYNC = "sync", "async"  # `[algorithm].schedule`
 FIXED, ADAPTIVE = "fixed", "adaptive"  # `[algorithm].deadline`
@@ -331,6 +334,10 @@ class RoundState(Generic[Item]):
     # `status` and Prometheus both show this one number.
     completed: int = 0
     catch_ups: int = 0
+    # Seconds this node was not running while its peers could: from its checkpoint to its
+    # restart (the daemon's driver hands it in at resume). The only ground for skipping rounds.
+    lost_s: float = 0.0
+    skipped: int = 0  # rounds catch-ups skipped, in all
     # Async: queued payloads a later one of the same peer and type replaced before they were
     # handed on (the algorithm keeps only the latest of each), and late ones older than it.
     superseded: int = 0
@@ -340,8 +347,9 @@ class RoundState(Generic[Item]):
     _inbox: list[_Queued[Item]] = field(default_factory=list)
     _held: Counter[str] = field(default_factory=Counter)  # queued payloads by peer
     _heard: dict[int, dict[str, set[MessageType]]] = field(default_factory=dict)  # round → peer → types queued
-    # The furthest round each peer sent a payload for, queued or refused as too far ahead; only
-    # rounds past the one in progress are kept (nothing else reads them).
+    # The furthest round each peer says it has got to (a payload queued, or refused as too far
+    # ahead): its word, which only settles it (`settled`) and points a node that was down where
+    # to go within what it lost (`next_round`). Only rounds past the one in progress are kept.
     _reached: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -352,8 +360,9 @@ class RoundState(Generic[Item]):
     def offer(self, peer: str, round: int, kind: MessageType, item: Item) -> str | None:
         """Queue a payload from `peer` for `round`; returns the reason it was refused, if it was.
         A refused payload leaves no trace, but for one thing: a payload too far ahead still says
-        how far its sender has got, which settles that sender alone (`settled`) and counts for a
-        catch-up only among a quorum of peers (`next_round`). A peer sends one payload of each
+        how far its sender says it got, which settles that sender alone (`settled`: it shortens a
+        wait) and, among a quorum of peers, may point a node that was down where to go, never
+        further than its own lost time allows (`next_round`). A peer sends one payload of each
         type per round, so a second is refused; and no peer holds more than its share of the
         queue, so neither copies nor old rounds from one peer crowd out the others' payloads."""
         if self.takes is not None and kind not in self.takes:
@@ -452,31 +461,49 @@ class RoundState(Generic[Item]):
         self.completed = record.round + 1
 
     def next_round(self, sources: Collection[str]) -> int:
-        """round + 1, unless a quorum of `sources`, the peers this node learns from, has got
-        further than its queue reaches (it was down, or it is much slower): then it joins them
-        instead of replaying rounds whose payloads are gone. The quorum is `catch_up_quorum` of
-        the sources and never fewer than CATCH_UP_MIN_PEERS, and the node goes only as far as
-        the quorum has reached (the furthest round that many sources have all got to), so a
-        minority, let alone one peer, moves nothing. A node with a single source is never pulled
-        along: it runs its own rounds, each bounded by its deadline. Peers it does not learn
-        from (another cluster, say) may run at their own pace. Async, a node runs every round
-        at its own pace and never catches up."""
+        """round + 1, or further only to make up for time this node lost: one that was down (its
+        checkpoint older than its restart by `lost_s`) skips the rounds its peers ran meanwhile
+        instead of replaying them alone. What its peers say is never the ground for a skip, only
+        its bound: a node goes as far as `catch_up_quorum` of `sources` (the peers it learns
+        from, never fewer than CATCH_UP_MIN_PEERS) have all reached, and no further than its own
+        pace allows in the time it lost (`allowance`), nor past its last round. A node that ran
+        without a break so skips nothing, whatever any number of its peers claim; one that was
+        down skips at most the rounds it could have run meanwhile. Async, a node runs every round
+        at its own pace and never skips."""
         following, sources = self.completed, set(sources)
         needed = max(CATCH_UP_MIN_PEERS, math.ceil(self.catch_up_quorum * len(sources)))
         reached = sorted((self._reached[peer] for peer in sources if peer in self._reached), reverse=True)
         if not self.asynchronous and len(reached) >= needed and reached[needed - 1] > following + self.max_rounds_ahead:
-            self.catch_ups += 1
-            following = reached[needed - 1]
+            target = min(reached[needed - 1], following + self.allowance(), self.rounds - 1)
+            if target > following:
+                self.catch_ups += 1
+                self.skipped += target - following
+                following = target
         self.round = following
         self._reached = {peer: latest for peer, latest in self._reached.items() if latest > following}
         return following
+
+    def pace_s(self) -> float | None:
+        """This node's own round duration: the median of its last PACE_ROUNDS rounds' (None
+        before it has run one)."""
+        durations = [record.round_s for record in list(self.history)[-PACE_ROUNDS:] if record.round_s]
+        return statistics.median(durations) if durations else None
+
+    def allowance(self) -> int:
+        """Rounds this node may still skip: as many as its own pace fits into the time it lost,
+        less those it skipped already."""
+        pace = self.pace_s()
+        if pace is None or self.lost_s <= 0:
+            return 0
+        return max(0, math.floor(self.lost_s / pace) - self.skipped)
 
     @property
     def done(self) -> bool:
         return self.round >= self.rounds
 
-    def resume(self, last_round: int, history: Iterable[RoundRecord]) -> None:
-        """Continue after round `last_round`, from a checkpoint."""
+    def resume(self, last_round: int, history: Iterable[RoundRecord], lost_s: float = 0.0) -> None:
+        """Continue after round `last_round`, from a checkpoint written `lost_s` seconds ago."""
         self.history.extend(history)
         self.completed = self.round = last_round + 1
         self.resumed_from = last_round
+        self.lost_s, self.skipped = max(0.0, lost_s), 0

@@ -210,13 +210,14 @@ class AlgorithmSettings:
         Integer(0, 1000),
         2,
         "payloads for up to this many rounds ahead of ours are buffered; "
-        "further ones count as `round_ahead` and may make a lagging node catch up ...",
+        "further ones count as `round_ahead`; a node that was down may skip the rounds it missed ...",
     )
     catch_up_quorum: float = option(
         Number(0, 1),
         0.5,
-        "... once this fraction of the peers it learns from, and at least 2 of them, are further ahead; "
-        "it then goes as far as that many have all reached (one peer never moves it)",
+        "... as far as this fraction of the peers it learns from, and at least 2 of them, have all reached, "
+        "and never further than its own pace fits into the time it was down (a node that ran without a break "
+        "skips nothing, whatever its peers say)",
     )
     inbox_frames: int = option(
         Integer(1, 1_000_000),
