@@ -77,7 +77,8 @@ CPU_BACKBONES = ("convnet", "resnet", "mobilenet", "mlp")
 GPU_BACKBONES = ("resnet18", "shufflenet", "googlenet", "alexnet")
 BACKBONES = CPU_BACKBONES + GPU_BACKBONES
 BASELINES = ("local", "oracle")  # beside a run: the floor (alone) and the ceiling (true cluster's pooled data)
-ATTACKS = ("scale", "rescale", "sign-flip", "random", "none")  # a poisoning peer's (algorithms/methods/poison.py)
+# A poisoning peer's attacks (algorithms/methods/poison.py)
+ATTACKS = ("scale", "rescale", "sign-flip", "random", "rotate", "copy", "none")
 # Where a model trains ([model].device, `--device`): "auto" (CUDA, else MPS, else the CPU), "cpu",
 # "cuda" (the current CUDA device), "cuda:N" or "mps". Only the form is checked here; whether the
 # device exists is checked where the model is placed (algorithms/models/device.py).

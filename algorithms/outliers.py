@@ -101,11 +101,15 @@ def state_scale(tensors: Mapping[str, np.ndarray] | Iterable[np.ndarray]) -> flo
     return math.sqrt(squares)
 
 
-def scale_outlier(scale: float, reference: Sequence[float], config: OutlierConfig, step: bool = False) -> str | None:
+def scale_outlier(
+    scale: float, reference: Sequence[float], config: OutlierConfig, step: bool = False, ratio: float | None = None
+) -> str | None:
     """Why `scale` is an outlier among `reference` (the node's own first, then its neighbours'),
-    or None if it is not; a `step` is one only above the bound. Scales of zero (nothing trained
-    yet) are no reference."""
-    ratio = config.max_step_ratio if step else config.max_norm_ratio
+    or None if it is not; a `step` is one only above the bound; `ratio` replaces the config's
+    for a part whose scale is fixed by design. Scales of zero (nothing trained yet) are no
+    reference."""
+    if ratio is None:
+        ratio = config.max_step_ratio if step else config.max_norm_ratio
     known = np.log([s for s in reference if s > 0 and math.isfinite(s)])
     if not known.size or math.isinf(ratio):
         return None
@@ -160,8 +164,8 @@ class ScaleGuard:
         """`parts`: name → its Scale. Raises PayloadRejected (`out_of_scale`) at the first
         outlier; otherwise the scales join the reference, and the peer is no longer distrusted
         for these parts."""
-        for part, (theirs, own, step) in parts.items():
-            why = scale_outlier(theirs, [own, *self._heard(part, round, peer)], self.config, step)
+        for part, (theirs, own, step, ratio) in parts.items():
+            why = scale_outlier(theirs, [own, *self._heard(part, round, peer)], self.config, step, ratio)
             if why is not None:
                 self.refuse(peer, part)
                 raise PayloadRejected("out_of_scale", f"{part}: {why}")

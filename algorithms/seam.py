@@ -202,6 +202,7 @@ class Scale(NamedTuple):
     theirs: float
     own: float
     step: bool = False  # a step (an update): refused above the bound only, by max_step_ratio
+    ratio: float | None = None  # this part's own least factor refused, where its scale is fixed by design
 
 
 @dataclass(frozen=True)

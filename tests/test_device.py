@@ -290,8 +290,13 @@ ALLOWED = {
     (
         "algorithms/models/personal.py",
         "PersonalModel.__init__",
+        "empty",
+    ): "the prototypes' room, filled before the move",
+    (
+        "algorithms/models/personal.py",
+        "PersonalModel.reset_prototypes",
         "randn",
-    ): "the prototypes' initialisation, before the move",
+    ): "the prototypes' initialisation, before the move (node_model builds on the CPU)",
     ("algorithms/data/setup.py", "node_data", "tensor"): "the shard is read on the CPU; NodeSetup.on moves it",
     ("algorithms/data/setup.py", "class_list_data", "tensor"): "the same, for a node that names its classes",
     (

@@ -1,5 +1,6 @@
 """Losses, the algorithm seam, payload checks, the registry, and an end-to-end simulation."""
 
+import itertools
 import json
 import math
 
@@ -179,10 +180,10 @@ def test_dfedavgm_averages_models_exactly(digits_nodes):
 
 def test_mapl_aggregates_prototypes_with_its_weights(digits_nodes):
     node = make_node("mapl", digits_nodes)
-    k, dim = node.spec.num_classes, node.spec.projection_dim
+    k = node.spec.num_classes
     own = node.model.prototypes.detach().clone()
-    # Rows of one value, at twice this node's prototype norm (within outliers.max_norm_ratio).
-    peer_rows = np.full((k, dim), 2 * float(own.norm()) / np.sqrt(k * dim), np.float32)
+    # Rows of this node's direction at 1.2 times its scale (within `prototype_ratio`).
+    peer_rows = (1.2 * own).numpy()
     node.receive("n1", 0, Prototypes(classes=tuple(range(k)), counts=(1,) * k, prototypes=peer_rows))
     node.end_round(0)
     # Only n1 arrived: weights 1/4 (self) and 1/4 (n1) renormalise to 1/2 each.
@@ -298,8 +299,13 @@ def _head_message(node, weight):
     )
 
 
+_SENT = itertools.count(1)
+
+
 def _own_scale(node) -> np.ndarray:
-    return node.model.prototypes.detach().numpy().copy()
+    """A peer's prototypes of this node's scale and direction (`prototype_ratio`,
+    `prototype_agreement`), each call's bytes its own (a peer sending another's is refused)."""
+    return node.model.prototypes.detach().numpy() * np.float32(1 + 1e-4 * next(_SENT))
 
 
 def test_mapl_bundles_heads_sparsely_and_re_admits_an_explored_peer(digits_nodes):

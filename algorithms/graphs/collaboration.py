@@ -10,6 +10,9 @@ Two neighbourhoods, one interface, so an algorithm is composed with either:
 Either way, a peer the node distrusts (its payloads refused: algorithms/outliers.py) is absent
 from the row, and the weight it would hold is the node's own. The learned row gets it as a
 stand-in for the node: a candidate as similar as the node itself, whose weight the node keeps.
+A neighbour that left the learned row (it went, or was evicted) stands in as a candidate at the
+similarity it last had, its weight the node's own: losing its only cluster-mate never hands a
+node to strangers.
 """
 
 from __future__ import annotations
@@ -25,7 +28,10 @@ from ..outliers import ScaleGuard, fold_into_self
 from ..seam import NeighbourView, uniform_row
 from .graph import GraphConfig, GraphOptimizer
 
-__all__ = ["UniformGraph", "LearnedGraph", "InNeighbourhood"]
+__all__ = ["UniformGraph", "LearnedGraph", "InNeighbourhood", "REMEMBER_ABSENT"]
+
+# Neighbours no longer heard, remembered with their last similarity (LearnedGraph.absent).
+REMEMBER_ABSENT = 64
 
 
 class UniformGraph:
@@ -106,6 +112,12 @@ class LearnedGraph(UniformGraph):
         self.explore_peers = explore_peers
         self.learned = False
         self.explore_rng = np.random.default_rng([seed, 2])
+        self.similar: dict[str, float] = {}  # each peer's latest similarity, once scored
+        # Neighbours that left (or were evicted) with their last similarity: each stands in as a
+        # candidate whose weight the node keeps (`step`) until heard again; the one that went
+        # first is forgotten first, past REMEMBER_ABSENT. (Not one whose heads stopped coming:
+        # rows are not symmetric, and a neighbour that does not weigh this node sends it none.)
+        self.absent: dict[str, float] = {}
 
     def set_peers(self, peers: Iterable[str]) -> None:
         if not self.learned:  # before the row is learned everyone is a neighbour, uniformly
@@ -113,7 +125,19 @@ class LearnedGraph(UniformGraph):
             return
         self.peers = tuple(peers)
         known = set(self.peers)
+        self._note_absent([peer for peer in self.w if peer not in known and peer != self.node_id])
+        self.similar = {peer: s for peer, s in self.similar.items() if peer in known or peer in self.absent}
         self.w = {node: weight for node, weight in self.w.items() if node == self.node_id or node in known}
+
+    def _note_absent(self, gone: Iterable[str]) -> None:
+        """Of the peers `gone`, the neighbours (weight in the row, a similarity known, trusted)
+        are absent from now on."""
+        for peer in gone:
+            if self.w.get(peer, 0.0) > 0 and peer in self.similar and peer not in self.distrusted:
+                self.absent.pop(peer, None)
+                self.absent[peer] = self.similar[peer]
+        while len(self.absent) > REMEMBER_ABSENT:
+            del self.absent[next(iter(self.absent))]
 
     def learning(self, round: int) -> bool:
         return round >= self.warmup_rounds
@@ -140,20 +164,33 @@ class LearnedGraph(UniformGraph):
         the degree term would hand them the weight of the cluster-mate it cannot trust (digits,
         2 nodes per cluster: 0.69 of a row). As a candidate standing in for the node, it took
         weight from the trusted cluster-mates of every node that refused it, its strangers
-        included (0.65 on the node itself instead of 0.5)."""
+        included (0.65 on the node itself instead of 0.5).
+
+        A neighbour that left (`absent`) is a candidate at its last similarity, and the weight it
+        gets is the node's own: the row is learned as if it were still there.
+        Left out, it handed the row to strangers the same way: under a barrage each honest node
+        of 4 daemons evicted its only cluster-mate (liveness, the node too busy) and put 0.54 of
+        its row on the other cluster's node; as a bound on the normalisation alone (a stand-in
+        like a distrusted peer's) the strangers still kept 0.13 (the norm term spreads a row)."""
+        for peer in similarity:  # heard again
+            self.absent.pop(peer, None)
         trusted = sorted(similarity.keys() - self.distrusted)
         if not trusted and self.learned:
             # No evidence this round (e.g. the node was down or jumped ahead): keep the graph
             # rather than fall back to talking to no one, which nobody could undo.
             return
-        candidates = [self.node_id, *trusted]
-        scores = np.array([1.0] + [similarity[peer] for peer in trusted])
-        counts = np.array([sizes[node] for node in candidates])
+        absent = [peer for peer in self.absent if peer not in self.distrusted]
+        candidates = [self.node_id, *trusted, *absent]
+        scores = np.array([1.0] + [similarity[peer] for peer in trusted] + [self.absent[peer] for peer in absent])
+        own = sizes[self.node_id]
+        counts = np.array([sizes.get(node, own) for node in candidates])
         start = np.array([self.w.get(node, 0.0) for node in candidates])
         if start.sum() <= 0:
             start = np.full(len(candidates), 1.0 / len(candidates))
-        new = self.optimizer.step(candidates, start, scores, counts / counts.sum(), 0, fallback=bool(self.distrusted))
-        self.w = dict(zip(candidates, new.tolist(), strict=True))
+        stand_in = 1.0 if self.distrusted else 0.0
+        new = self.optimizer.step(candidates, start, scores, counts / counts.sum(), 0, stand_in=stand_in)
+        self.similar.update({peer: similarity[peer] for peer in trusted})
+        self.w = fold_into_self(dict(zip(candidates, new.tolist(), strict=True)), self.node_id, absent)
         self.learned = True
 
     def state_dict(self) -> dict[str, Any]:
@@ -163,6 +200,8 @@ class LearnedGraph(UniformGraph):
             "graph_moments": [dict(self.optimizer.first_moment), dict(self.optimizer.second_moment)],
             "graph_step_count": self.optimizer.step_count,
             "explore_rng": self.explore_rng.bit_generator.state,
+            "graph_similar": dict(self.similar),
+            "graph_absent": dict(self.absent),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -173,6 +212,9 @@ class LearnedGraph(UniformGraph):
             self.optimizer.first_moment, self.optimizer.second_moment = dict(first), dict(second)
             self.optimizer.step_count = int(state["graph_step_count"])
             self.explore_rng.bit_generator.state = state["explore_rng"]
+            # absent from checkpoints written before they were kept
+            self.similar = {str(k): float(v) for k, v in state.get("graph_similar", {}).items()}
+            self.absent = {str(k): float(v) for k, v in state.get("graph_absent", {}).items()}
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"the saved graph state does not fit: {exc}") from None
 

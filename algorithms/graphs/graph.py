@@ -27,6 +27,7 @@ __all__ = [
     "SIMILARITIES",
     "NORMALISATIONS",
     "head_similarity",
+    "row_cosines",
     "normalise_similarities",
     "cgl_loss",
     "cgl_gradient",
@@ -104,10 +105,11 @@ def head_similarity(
         return _correlation(ga[off], gb[off])
     if measure not in ("cosine", "update-cosine"):
         raise ValueError(f"unknown similarity {measure!r}; choose from {', '.join(SIMILARITIES)}")
-    return float(np.clip(_row_cosines(a, b), -1.0, 1.0).mean())
+    return float(np.clip(row_cosines(a, b), -1.0, 1.0).mean())
 
 
-def _row_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def row_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The cosine of each row of `a` with the same row of `b` (0 where either is zero)."""
     norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
     dots = np.einsum("kd,kd->k", a, b)
     return np.divide(dots, norms, out=np.zeros_like(dots), where=norms > 0)
@@ -176,7 +178,7 @@ def cgl_loss(
     self_in_degree: bool = False,
 ) -> float:
     """The CGL loss of row `w`; `self_in_degree` counts the node's own weight in the degree
-    (a node that stands in for a peer it refused: GraphOptimizer.step's `fallback`)."""
+    (a node that stands in for a peer: GraphOptimizer.step's `stand_in`)."""
     _check(w, similarity, confidence, self_index)
     degree = _degree(w, self_index, self_in_degree)
     alignment = np.dot(confidence * -similarity, w)
@@ -228,14 +230,16 @@ class GraphOptimizer:
         similarity: np.ndarray,
         confidence: np.ndarray,
         self_index: int,
-        fallback: bool = False,
+        stand_in: float = 0.0,
     ) -> np.ndarray:
         """E_g projected Adam steps from `w`; returns the new weights (on the simplex).
 
-        `fallback`: the node refused a peer and stands in for it, as similar as the node can be
-        (1): that bounds the normalisation, and the node's own weight counts in the degree."""
+        `stand_in`: the similarity of a peer the node stands in for that is no candidate (one it
+        refused counts as similar as the node can be, 1); 0: none. It bounds the normalisation
+        from below, and the node's own weight counts in the degree."""
         cfg = self.config
-        similarity = normalise_similarities(similarity, self_index, cfg.normalise_similarity, 1.0 if fallback else 0.0)
+        similarity = normalise_similarities(similarity, self_index, cfg.normalise_similarity, stand_in)
+        fallback = stand_in > 0
         beta1, beta2 = cfg.betas
         m = np.array([self.first_moment.get(c, 0.0) for c in candidates])
         v = np.array([self.second_moment.get(c, 0.0) for c in candidates])

@@ -17,24 +17,28 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from protocol.messages import Body, Head, MessageType, Model, Prototypes
 
+from ..copies import Authors
 from ..data.augment import default_augment, two_views
 from ..graphs.collaboration import InNeighbourhood, LearnedGraph, UniformGraph
-from ..graphs.graph import GraphConfig, head_similarity
+from ..graphs.graph import GraphConfig, head_similarity, row_cosines
 from ..models.losses import prototype_alignment, prototype_uniformity, supervised_contrastive
 from ..models.personal import ModelOutput
 from ..models.training import LocalTrainer, TrainedLocally, TrainingConfig, node_model
 from ..outliers import OutlierConfig, Scale, ScaleGuard, norm, row_scale
 from ..payloads import SharedModules, check_head, check_prototypes, to_numpy
-from ..seam import Algorithm, Frame, LocalReport, NeighbourView, NodeSetup, Outbound
+from ..seam import Algorithm, Frame, LocalReport, NeighbourView, NodeSetup, Outbound, PayloadRejected
 
-__all__ = ["MaplConfig", "PmlNode", "Mapl", "MaplNoCgl", "MaplPlus", "Local", "Oracle"]
+__all__ = ["MaplConfig", "PmlNode", "Mapl", "MaplNoCgl", "MaplPlus", "Local", "Oracle", "PROTOTYPES_DISAGREE"]
+
+PROTOTYPES_DISAGREE = "prototypes_disagree"  # a peer's prototypes point elsewhere than ours (MaplConfig)
 
 
 @dataclass(frozen=True)
@@ -58,10 +62,26 @@ class MaplConfig:
     # peer); a head stays usable for k − 1 + max_staleness rounds. Heads drift slowly, and this
     # keeps the head's bytes from doubling every message.
     head_every: int = 5
-    shared_head_init: bool = True  # every node starts from the same head (seeded by the network)
+    # Every node starts from the same head (seeded by the network), and where it shares them the
+    # same prototypes: heads and prototypes then compare from the first round (their similarity,
+    # their scale and direction: `prototype_ratio`, `prototype_agreement`).
+    shared_head_init: bool = True
     # A peer's prototypes, head (or model) far off the scale of ours and our neighbours' is
     # refused (`out_of_scale`): a poisoning peer's scaled payload, which head similarity cannot see.
     outliers: OutlierConfig = field(default_factory=OutlierConfig)
+    # Prototypes start alike (`shared_head_init`), are unit vectors trained through cosines and
+    # are mixed as such, so their scale and their direction on the classes two nodes both hold
+    # are fixed by design: honest ones stayed within 0.995-1.005 of the node's scale and at a
+    # mean cosine ≥ 0.98 (mnist5k, 10 nodes, 80 rounds: MAPL-Dual with four backbones in
+    # Scenario 2, MAPL+ in Scenario 1, seed 1; digits, 8 rounds: ≥ 0.997). A peer's prototypes
+    # off the scale by this factor are refused (`out_of_scale`): ×3, within
+    # `outliers.max_norm_ratio`, drew a poisoner a cluster-mate's weight (issue #43) ...
+    prototype_ratio: float = 1.5
+    # ... or whose mean cosine to this node's own, over the classes both hold, is below this
+    # (`prototypes_disagree`): sign-flipped, random and class-rotated prototypes scored -0.6 to
+    # 0.72 (digits, 8 rounds), and the node fell back on itself instead (OutlierConfig's rules:
+    # the peer is distrusted until its prototypes pass again). -1: no check.
+    prototype_agreement: float = 0.8
 
     def __post_init__(self) -> None:
         if self.latent_dim < 1 or self.projection_dim < 1:
@@ -78,12 +98,15 @@ class MaplConfig:
             raise ValueError("warmup_rounds, max_staleness and explore_peers must be ≥ 0")
         if self.explore_every < 1 or self.head_every < 1:
             raise ValueError("explore_every and head_every must be ≥ 1")
+        if not (self.prototype_ratio > 1 and -1 <= self.prototype_agreement <= 1):
+            raise ValueError("prototype_ratio must be > 1 (inf: no bound) and prototype_agreement in [-1, 1]")
 
 
 class PmlNode(TrainedLocally, Algorithm):
     """A node training its personalised model with PML; it shares nothing (subclasses do)."""
 
     config_type = MaplConfig
+    shares_prototypes: ClassVar[bool] = False  # so they start alike on every node (shared_head_init)
 
     def __init__(self, setup: NodeSetup, config: MaplConfig | None = None) -> None:
         super().__init__(setup)
@@ -96,6 +119,7 @@ class PmlNode(TrainedLocally, Algorithm):
             latent_dim=config.latent_dim,
             projection_dim=config.projection_dim,
             head_seed=setup.shared_seed if config.shared_head_init else None,
+            prototypes_seed=setup.shared_seed + 1 if config.shared_head_init and self.shares_prototypes else None,
         )
         self.initial_head = to_numpy(self.model.head.weight)
         self.trainer = LocalTrainer.for_node(self.model, setup, config.training)
@@ -152,6 +176,7 @@ class Mapl(InNeighbourhood, PmlNode):
 
     name = "mapl"
     sends = frozenset({MessageType.PROTOTYPES})
+    shares_prototypes = True
     # A refused head riding on the prototypes distrusts the peer for them too.
     judged_parts: ClassVar[Mapping[MessageType, str]] = {MessageType.PROTOTYPES: "prototypes"}
     heard_by = MessageType.PROTOTYPES
@@ -162,6 +187,11 @@ class Mapl(InNeighbourhood, PmlNode):
         self.graph = self._neighbourhood()
         # A neighbour's head is a reference as long as it is usable; its prototypes come every round.
         self.guard = ScaleGuard(self.config.outliers, self.config.head_every - 1 + self.config.max_staleness)
+        # Whether this node's prototypes started as every node's (`shared_head_init`) or have
+        # been mixed with a neighbour's since: before that they are a random start of its own,
+        # and no other node's need agree with them in scale or direction.
+        self.prototypes_mixed = self.config.shared_head_init
+        self.authors = Authors()  # who sent which prototypes first: a copy is refused
 
     def _neighbourhood(self) -> UniformGraph:
         cfg = self.config
@@ -190,10 +220,12 @@ class Mapl(InNeighbourhood, PmlNode):
         ]
 
     def _prototypes(self, with_head: bool) -> Prototypes:
+        prototypes = to_numpy(self.model.prototypes)
+        self.authors.authored(self.node_id, prototypes)  # echoed back by a peer, it is refused
         return Prototypes(
             classes=tuple(range(self.spec.num_classes)),
             counts=self.class_counts,
-            prototypes=to_numpy(self.model.prototypes),
+            prototypes=prototypes,
             head=to_numpy(self.model.head.weight) if with_head else None,
         )
 
@@ -202,11 +234,36 @@ class Mapl(InNeighbourhood, PmlNode):
         check_prototypes(body, self.spec.num_classes, self.spec.projection_dim, all_classes=True)
         if body.head is not None:
             check_head(Head(weight=body.head, bias=None), self.model.head, with_bias=False)
-        # Shapes first, then scale: a payload of the wrong form is refused as such.
-        scales = {"prototypes": Scale(row_scale(body.prototypes), row_scale(to_numpy(self.model.prototypes)))}
+        # Shapes first, then authorship, direction and scale: a payload of the wrong form is
+        # refused as such.
+        if peer in self.peers:  # another's is refused as such when kept
+            self.authors.check(peer, body.prototypes)
+        own = to_numpy(self.model.prototypes)
+        self._check_agreement(body, own)
+        ratio = self.config.prototype_ratio if self.config.shared_head_init else None
+        scales = {"prototypes": Scale(row_scale(body.prototypes), row_scale(own), ratio=ratio)}
         if body.head is not None:
             scales["head"] = Scale(norm(body.head), norm(to_numpy(self.model.head.weight)))
         return scales
+
+    def _check_agreement(self, body: Prototypes, own: np.ndarray) -> None:
+        """Refuse prototypes that point elsewhere than this node's own on the classes both hold
+        (`prototype_agreement`), from the start where every node's started alike, otherwise once
+        this node has mixed its neighbours' (before that, its own are a random start). A peer
+        that holds none of its classes is not judged here: its prototypes of those classes
+        follow no data (before the common start, a stranger's drifted to a mean cosine of 0.28
+        by round 60)."""
+        both = zip(self.class_counts, body.counts, strict=True)
+        shared = [c for c, (mine, theirs) in enumerate(both) if mine and theirs]
+        if not (self.prototypes_mixed and shared) or self.config.prototype_agreement <= -1:
+            return
+        agreement = float(np.mean(row_cosines(body.prototypes[shared], own[shared])))
+        if agreement < self.config.prototype_agreement:
+            raise PayloadRejected(
+                PROTOTYPES_DISAGREE,
+                f"mean cosine {agreement:.3f} to this node's prototypes over the {len(shared)} classes both hold, "
+                f"below {self.config.prototype_agreement}",
+            )
 
     def keep(self, peer: str, round: int, body: Body, frame: Frame | None) -> None:
         if isinstance(body, Prototypes) and body.head is not None:
@@ -227,6 +284,14 @@ class Mapl(InNeighbourhood, PmlNode):
             for peer, weight in mix.items():
                 mixed += weight * torch.tensor(prototypes[peer].prototypes, device=own.device)
             own.copy_(mixed)
+        self.prototypes_mixed = self.prototypes_mixed or any(weight > 0 for weight in mix.values())
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "prototypes_mixed": self.prototypes_mixed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.prototypes_mixed = bool(state.get("prototypes_mixed", True))  # older checkpoints: trained, mixed
 
     def _similarities(self, round: int) -> dict[str, float]:
         """s_ij for each peer whose head is fresh enough: the graph step's evidence."""

@@ -14,6 +14,10 @@ Attacks, per tensor:
   refuse it.
 - `sign-flip`: negated.
 - `random`: Gaussian noise with the honest tensor's L2 norm, so no norm bound can tell it apart.
+- `rotate`: each class's prototype and head row (a model's `head.*` rows too) sent as the next
+  class's: every scale and every row honest, each in the wrong place.
+- `copy`: the latest payload of the same type it received from any peer, sent as its own (its
+  own signature, its own round): a peer passing off another's work. Before it has one, its own.
 - `none`: sent as is; the control twin of a poisoned run (same nodes, same measurements).
 """
 
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,22 +79,44 @@ def corrupt_tensor(array: np.ndarray, attack: Attack, rng: np.random.Generator) 
         return poisoned.astype(array.dtype if fits else np.float32)
 
 
-def corrupt(body: Body, attack: Attack, rng: np.random.Generator) -> Body:
-    """`body` with every learning tensor poisoned; other bodies (scores) unchanged."""
+def rotate_classes(array: np.ndarray) -> np.ndarray:
+    """Each class's row as the next class's (rows are classes)."""
+    return np.roll(array, 1, axis=0)
+
+
+def _each_tensor(body: Body, change: Callable[[str, np.ndarray], np.ndarray]) -> Body:
+    """`body` with `change(name, tensor)` applied to each of its learning tensors: a model's by
+    their names, a head's as `head.weight` and `head.bias`, prototypes' as `prototypes` and the
+    head riding with them as `head`; other bodies (scores) unchanged."""
+
+    def one(name: str, tensor: np.ndarray | None) -> np.ndarray | None:
+        return None if tensor is None else change(name, tensor)
 
     def each(tensors: dict[str, np.ndarray] | None) -> dict[str, np.ndarray] | None:
-        return None if tensors is None else {name: corrupt_tensor(t, attack, rng) for name, t in tensors.items()}
-
-    def one(tensor: np.ndarray | None) -> np.ndarray | None:
-        return None if tensor is None else corrupt_tensor(tensor, attack, rng)
+        return None if tensors is None else {name: change(name, t) for name, t in tensors.items()}
 
     if isinstance(body, Prototypes):
-        return dataclasses.replace(body, prototypes=one(body.prototypes), head=one(body.head))
+        return dataclasses.replace(body, prototypes=one("prototypes", body.prototypes), head=one("head", body.head))
     if isinstance(body, Head):
-        return dataclasses.replace(body, weight=one(body.weight), bias=one(body.bias))
+        return dataclasses.replace(body, weight=one("head.weight", body.weight), bias=one("head.bias", body.bias))
     if isinstance(body, Model):
         return dataclasses.replace(body, tensors=each(body.tensors), update=each(body.update))
     return body
+
+
+def _by_class(name: str) -> bool:
+    """Whether a tensor's rows are classes: prototypes, a head's weight and bias."""
+    return name in ("prototypes", "head") or name.split(".")[-2:-1] == ["head"]
+
+
+def corrupt(body: Body, attack: Attack, rng: np.random.Generator) -> Body:
+    """`body` with every learning tensor poisoned; other bodies (scores) unchanged. (`copy`
+    replaces whole payloads: PoisoningNode.)"""
+    if attack.kind == "copy":
+        return body
+    if attack.kind == "rotate":
+        return _each_tensor(body, lambda name, t: rotate_classes(t) if _by_class(name) else t)
+    return _each_tensor(body, lambda _, t: corrupt_tensor(t, attack, rng))
 
 
 class PoisoningNode(Algorithm):
@@ -108,8 +134,11 @@ class PoisoningNode(Algorithm):
         self.name = inner.name  # type: ignore[misc]
         self.sends = inner.sends  # type: ignore[misc]
         self.waits_for = inner.waits_for  # type: ignore[misc]
+        self._copied: dict[Any, Body] = {}  # `copy`: the latest payload received, by type
 
     def _poisoned(self, outs: Iterable[Outbound]) -> list[Outbound]:
+        if self.attack.kind == "copy":
+            return [dataclasses.replace(out, body=self._copied.get(out.body.TYPE, out.body)) for out in outs]
         return [dataclasses.replace(out, body=corrupt(out.body, self.attack, self.rng)) for out in outs]
 
     def set_peers(self, peers: Iterable[str]) -> None:
@@ -129,6 +158,7 @@ class PoisoningNode(Algorithm):
         self.inner.published(round, out, seq)
 
     def receive(self, peer: str, round: int, body: Body, frame: Frame | None = None) -> None:
+        self._copied[body.TYPE] = body
         self.inner.receive(peer, round, body, frame)
 
     def respond(self) -> list[Outbound]:

@@ -356,8 +356,14 @@ class PersonalModel(nn.Module):
             nn.ReLU(inplace=True),
             nn.Linear(spec.latent_dim, spec.projection_dim),
         )
-        prototypes = torch.randn(spec.num_classes, spec.projection_dim)
-        self.prototypes = nn.Parameter(F.normalize(prototypes, dim=1))
+        self.prototypes = nn.Parameter(torch.empty(spec.num_classes, spec.projection_dim))
+        self.reset_prototypes()
+
+    def reset_prototypes(self, generator: torch.Generator | None = None) -> None:
+        """Random unit prototypes, drawn from `generator` (None: torch's global one)."""
+        with torch.no_grad():
+            drawn = torch.randn(self.prototypes.shape, generator=generator)
+            self.prototypes.copy_(F.normalize(drawn, dim=1))
 
     def forward(self, images: Tensor) -> ModelOutput:
         latent = self.backbone(images)

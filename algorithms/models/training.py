@@ -65,13 +65,20 @@ def _make_optimizer(parameters, config: TrainingConfig) -> torch.optim.Optimizer
 
 
 def node_model(
-    setup: NodeSetup, seed: int, *, latent_dim: int, projection_dim: int = 1, head_seed: int | None = None
+    setup: NodeSetup,
+    seed: int,
+    *,
+    latent_dim: int,
+    projection_dim: int = 1,
+    head_seed: int | None = None,
+    prototypes_seed: int | None = None,
 ) -> tuple[ModelSpec, PersonalModel]:
     """A model of the node's backbone for its data, initialised from `seed`: the node's own
     seed for a personal start, the network's shared seed where every node must start alike;
-    its head re-initialised from `head_seed` if given (a head shared by every node). Built on
-    the CPU, so it starts alike on every device, then moved to the node's device. The global
-    torch RNG is left as it was."""
+    its head re-initialised from `head_seed` if given (a head shared by every node), and its
+    prototypes from `prototypes_seed` (prototypes shared by every node). Built on the CPU, so it
+    starts alike on every device, then moved to the node's device. The global torch RNG is left
+    as it was."""
     data = setup.data
     spec = ModelSpec(
         backbone=setup.backbone,
@@ -86,6 +93,8 @@ def node_model(
         if head_seed is not None:
             torch.manual_seed(head_seed)
             model.head.reset_parameters()
+        if prototypes_seed is not None:
+            model.reset_prototypes(seeded_generator(prototypes_seed))
     return spec, model.to(setup.device)
 
 

@@ -110,6 +110,17 @@ class TransportSettings:
         "(just admitted, or reopened), waits up to this long for it instead of being dropped "
         "(at most `send_hwm` frames a peer; 0: dropped at once)",
     )
+    redial_s: float = option(
+        Number(0.1, 3600),
+        2.0,
+        "an outbound connection that took no frame offered to it for this long is opened anew: libzmq "
+        "never reconnects one the other side's ZAP handler refused (a connection cap, a ban, a peer "
+        "that had not admitted this node yet) or whose handshake failed; doubled after each reopen "
+        "that did not help, up to `redial_max_s`",
+    )
+    redial_max_s: float = option(
+        Number(0.1, 3600), 16.0, "the longest wait between two reopenings of an outbound connection (`redial_s`)"
+    )
     reconnect_ivl_ms: int = option(Integer(1, 3_600_000), 100, "first reconnect delay of an outbound socket")
     reconnect_ivl_max_ms: int = option(
         Integer(0, 3_600_000), 5000, "reconnect delay cap (exponential backoff); 0 or at least reconnect_ivl_ms"

@@ -55,7 +55,6 @@ log = logging.getLogger("p2pnode.transport")
 # DEALERs never receive: a peer that pushes frames at one is cut off at this size, and at most
 # one such frame is held.
 _OUTBOUND_MAX_INBOUND_BYTES = 1024
-PEERS_REDIAL_S = 2.0
 # With CURVE, ZMQ_MAXMSGSIZE bounds the encrypted MESSAGE command: the frame plus its box (33
 # bytes, and the command's own header). Without this room a frame of exactly the bound is cut.
 CURVE_SLACK = 64
@@ -76,12 +75,46 @@ class MissingKey(TransportError):
 
 
 @dataclass
+class Redial:
+    """When an outbound connection that takes no frame is opened anew: `after_s` after it was
+    opened or last took one, the wait doubling after each reopening that did not help, up to
+    `max_s`, and back to `first_s` once it takes a frame. libzmq reconnects a connection that
+    broke by itself, but never one the other side's ZAP handler refused or whose handshake
+    failed: without this, a node refused once (a cap, a ban, a peer that had not admitted it
+    yet) never tried again."""
+
+    first_s: float
+    max_s: float
+    took_at: float = 0.0  # when the connection was opened or last took a frame
+    after_s: float = 0.0
+    reopened: int = 0  # since it last took a frame
+
+    def __post_init__(self) -> None:
+        self.after_s = self.first_s
+
+    def opened(self, now: float) -> None:
+        self.took_at = now
+
+    def took(self, now: float) -> None:
+        self.took_at, self.after_s, self.reopened = now, self.first_s, 0
+
+    def due(self, now: float) -> bool:
+        """Whether to open the connection anew now (it was refusing frames); if so, the next
+        wait is twice as long."""
+        if now - self.took_at < self.after_s:
+            return False
+        self.took_at, self.after_s, self.reopened = now, min(self.max_s, 2 * self.after_s), self.reopened + 1
+        return True
+
+
+@dataclass
 class _Outbound:
     socket: zmq.Socket  # to the public socket at the address
     key: bytes | None  # the key expected there
+    redial: Redial  # of `socket`
+    peers_redial: Redial  # of `peers`
     peers: zmq.Socket | None = None  # to its peers' socket, once it is an admitted peer
     peers_address: str | None = None
-    peers_took_at: float = 0.0  # when `peers` was opened or last took a frame
     peers_up: bool = False  # `peers` took a frame since it was opened
     # Frames for `peers` while it is opening, as (give up at, frame, tag), oldest first.
     waiting: deque[tuple[float, bytes, object]] = field(default_factory=deque)
@@ -117,6 +150,7 @@ class Transport:
         self.curve = curve
         self.context: zmq.Context | None = None  # created on first use: nothing to clean up before
         self.outbound: dict[str, _Outbound] = {}  # public address -> its DEALERs
+        self.reopened = 0  # connections opened anew for refusing every frame (`Redial`), in all
         # Tags of held frames (`send`: WAITING) sent, and given up, since `send_waiting` last told.
         self._waited_sent: list[object] = []
         self._given_up: list[object] = []
@@ -136,12 +170,39 @@ class Transport:
             if self.curve is None or entry.key == key:
                 return
             self.hangup(address)  # another node is expected there now: another server key
-        entry = self.outbound[address] = _Outbound(self._connect(address, key), key)
+        now, s = time.monotonic(), self.settings
+        entry = _Outbound(
+            self._connect(address, key), key, Redial(s.redial_s, s.redial_max_s), Redial(s.redial_s, s.redial_max_s)
+        )
+        entry.redial.opened(now)
+        self.outbound[address] = entry
         if watch:
-            try:
-                entry.monitor = watch_handshakes(self._context(), entry.socket)
-            except zmq.ZMQError as exc:  # a diagnostic only: the dial goes on unwatched
-                log.warning("cannot watch the handshakes of the dial to %s: %s", address, exc)
+            self._watch(address, entry)
+
+    def _watch(self, address: str, entry: _Outbound) -> None:
+        try:
+            entry.monitor = watch_handshakes(self._context(), entry.socket)
+        except zmq.ZMQError as exc:  # a diagnostic only: the dial goes on unwatched
+            log.warning("cannot watch the handshakes of the dial to %s: %s", address, exc)
+
+    def _reopen(self, address: str, entry: _Outbound) -> None:
+        """The connection to `address`'s public socket opened anew (`Redial`), still watched if
+        it was; its handshakes' totals go on."""
+        try:
+            socket = self._connect(address, entry.key)
+        except TransportError as exc:
+            log.warning("%s", exc)
+            return
+        watched = entry.monitor is not None
+        if watched:
+            self.handshakes()  # what the old connection's monitor holds is counted first
+            unwatch(entry.socket, entry.monitor)
+            entry.monitor = None
+        entry.socket.close(linger=0)
+        entry.socket = socket
+        self.reopened += 1
+        if watched:
+            self._watch(address, entry)
 
     def handshakes(self) -> dict[str, Counter[str]]:
         """The watched dials' handshake outcomes since the last call, by address; read at least
@@ -174,7 +235,8 @@ class Transport:
             entry.peers.close(linger=0)
             entry.peers = entry.peers_address = None
         entry.peers = self._connect(peers_address, entry.key)
-        entry.peers_address, entry.peers_took_at, entry.peers_up = peers_address, time.monotonic(), False
+        entry.peers_address, entry.peers_up = peers_address, False
+        entry.peers_redial.opened(time.monotonic())
 
     def _connect(self, address: str, key: bytes | None) -> zmq.Socket:
         s = self.settings
@@ -239,8 +301,9 @@ class Transport:
         entry = self.outbound.get(address)
         if entry is None:
             return DROPPED
+        now = time.monotonic()
         if entry.peers is not None and not public:
-            self._send_waiting(entry, time.monotonic())  # in order: what waits goes first
+            self._send_waiting(entry, now)  # in order: what waits goes first
             if not entry.waiting and self._to_peers(entry, frame):
                 return SENT
             self._revive_peers(entry)
@@ -249,7 +312,10 @@ class Transport:
         try:
             entry.socket.send(frame, zmq.NOBLOCK)
         except zmq.Again:
+            if entry.redial.due(now):
+                self._reopen(address, entry)
             return DROPPED
+        entry.redial.took(now)
         return SENT
 
     def _to_peers(self, entry: _Outbound, frame: bytes) -> bool:
@@ -257,7 +323,8 @@ class Transport:
             entry.peers.send(frame, zmq.NOBLOCK)
         except zmq.Again:  # not connected, or the peer's queue is full
             return False
-        entry.peers_took_at, entry.peers_up = time.monotonic(), True
+        entry.peers_redial.took(time.monotonic())
+        entry.peers_up = True
         return True
 
     def _wait(self, entry: _Outbound, frame: bytes, tag: object) -> str:
@@ -291,10 +358,11 @@ class Transport:
             _report(self._given_up, entry.waiting.popleft()[2])
 
     def _revive_peers(self, entry: _Outbound) -> None:
-        """libzmq never reconnects a connection the other side's ZAP handler refused (it may
-        have refused it a moment before it admitted this node, or it restarted): a connection to
-        a peers' socket that took no frame for `PEERS_REDIAL_S` is opened anew."""
-        if entry.peers_address is not None and time.monotonic() - entry.peers_took_at >= PEERS_REDIAL_S:
+        """The connection to a peers' socket that takes no frame is opened anew (`Redial`): the
+        peer's ZAP handler may have refused it a moment before it admitted this node, or its
+        ingress process restarted."""
+        if entry.peers_address is not None and entry.peers_redial.due(time.monotonic()):
+            self.reopened += 1
             self._open_peers(entry, entry.peers_address)
 
     async def close(self) -> None:

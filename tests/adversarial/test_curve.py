@@ -140,3 +140,34 @@ async def test_connections_over_the_total_cap_are_denied(tmp_path):
             for attacker in reversed(attackers):
                 attacker.close()
         a.request_stop()
+
+
+async def test_a_newcomer_refused_in_the_handshake_is_admitted_once_room_frees_up(tmp_path):
+    """libzmq never reconnects a connection the other side's ZAP handler refused: a node refused
+    once (here every connection slot held by idle strangers) stayed out for good, long after the
+    slots freed up (issue #43). Its dial is now opened anew, with backoff, until it gets in."""
+    async with trio.open_nursery() as nursery:
+        a = await start_node(nursery, tmp_path / "a", security={**CURVE, "max_connections": 2})
+        context, attackers = None, []
+        try:
+            for source in ("127.0.0.6", "127.0.0.7"):
+                attacker = Attacker(
+                    a.address, source=source, context=context, curve=(Identity.generate(), a.identity.public_key)
+                )
+                context = attacker.context
+                attackers.append(attacker)
+            connections = a.metrics.connections
+            await wait_until(lambda: connections["zap_allowed"] >= 2, timeout=5)
+            b = await start_node(
+                nursery, tmp_path / "b", [bootstrap_entry(a)], security=CURVE, transport={"redial_s": 0.5}
+            )
+            await wait_until(lambda: connections["zap_denied_total_cap"] >= 1, timeout=10)
+            assert not full_mesh([a, b])
+        finally:
+            for attacker in reversed(attackers):
+                attacker.close()
+        # The slots are free: b's next dial gets in (its first retry 0.5 s after the refusal).
+        took = await wait_until(lambda: full_mesh([a, b]), timeout=15)
+        assert b.transport.reopened >= 1, took
+        a.request_stop()
+        b.request_stop()

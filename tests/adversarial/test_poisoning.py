@@ -9,12 +9,15 @@ import numpy as np
 import pytest
 import torch
 
+from algorithms.copies import COPIED_PAYLOAD, Authors
 from algorithms.graphs.collaboration import LearnedGraph, UniformGraph
 from algorithms.graphs.graph import GraphConfig
+from algorithms.methods.mapl import PROTOTYPES_DISAGREE
 from algorithms.methods.poison import LEGAL_NORM, Attack, corrupt, corrupt_tensor
 from algorithms.outliers import OutlierConfig, Scale, ScaleGuard, fold_into_self, row_scale, scale_outlier, state_scale
 from algorithms.seam import PayloadRejected
 from protocol.messages import Head, Model, Prototypes, Score
+from testnet.report import CheckThresholds, check
 from testnet.simulator import SimulationSpec, run_simulation
 
 
@@ -239,6 +242,36 @@ def test_a_node_goes_on_standing_in_for_a_distrusted_cluster_mate_that_left():
     assert graph.weights()["s1"] + graph.weights()["s2"] > 0.5, graph.weights()
 
 
+def test_a_node_stands_in_for_a_cluster_mate_that_left():
+    """Issue #43: under a barrage each honest node evicted its cluster-mate (liveness, the node
+    too busy) and, left with the strangers, put 0.54 of its row on the other cluster's node. A
+    neighbour that left stands in as a candidate at its last similarity, its weight the node's."""
+    strangers = {"s1": 0.79, "s2": 0.78}
+    graph = _graph()
+    _step(graph, {"mate": 0.99, **strangers})
+    with_mate = graph.weights()
+    assert with_mate["mate"] > 0.4
+    graph.set_peers(["s1", "s2"])
+    assert graph.absent == {"mate": 0.99}
+    graph.step(strangers, dict.fromkeys(["me", "s1", "s2"], 30.0))
+    row = graph.weights()
+    assert row["me"] > 0.9 and row["s1"] + row["s2"] <= with_mate["s1"] + with_mate["s2"] + 0.01, (row, with_mate)
+    # Back and heard again: a candidate of its own once more.
+    graph.set_peers(["mate", "s1", "s2"])
+    graph.step({"mate": 0.99, **strangers}, dict.fromkeys(["me", "mate", "s1", "s2"], 30.0))
+    assert graph.absent == {} and graph.weights()["mate"] > 0.4
+    restored = _graph()  # kept in the checkpoint
+    restored.load_state_dict(graph.state_dict())
+    assert restored.similar == graph.similar and restored.absent == graph.absent
+    # Without the stand-in (as before), the strangers take the row.
+    bare = _graph()
+    _step(bare, {"mate": 0.99, **strangers})
+    bare.set_peers(["s1", "s2"])
+    bare.absent.clear()
+    bare.step(strangers, dict.fromkeys(["me", "s1", "s2"], 30.0))
+    assert bare.weights()["s1"] + bare.weights()["s2"] > 0.5, bare.weights()
+
+
 def test_a_node_that_distrusts_a_stranger_keeps_its_cluster_mate():
     """The refused peer is no candidate: it takes no weight from the node's trusted mate (as a
     candidate standing in for the node it took a third: 0.655 / 0.345 on digits)."""
@@ -294,8 +327,6 @@ def test_the_control_twin_is_the_plain_run_and_a_frame_past_the_wire_bound_is_re
 @pytest.mark.parametrize(
     "algorithm, attack, defence_off",
     [
-        # Head similarity cannot see scale: only the norm bound shuts a scaled head out.
-        ("mapl", "scale", {"outliers.max_norm_ratio": "inf"}),
         # The poisoner scores honestly, so SCooL's E-step alone trusts it: only the check of its
         # model on our own data shuts it out.
         ("scool-attention", "sign-flip", {"max_score_gap": "inf"}),
@@ -313,6 +344,72 @@ def test_the_poisoner_loses_its_weight_and_the_honest_nodes_keep_their_accuracy(
     assert poisoned["honest_accuracy"]["mean"] >= twin["honest_accuracy"]["mean"] - 0.02
     undefended = run_simulation(_spec(algorithm, attack=attack, overrides=defence_off))["poisoning"]
     assert max(undefended["poisoner_weight"]["max_per_round"][learned]) > 0.1
+
+
+SMALL_NORM = [("scale", 3.0), ("sign-flip", 1.0), ("random", 1.0), ("rotate", 1.0), ("copy", 1.0)]
+
+
+def _one_poisoner_per_cluster(attack: str, factor: float, **overrides: str) -> dict:
+    """4 MAPL nodes on digits (clusters {0, 1} and {2, 3}); nodes 1 and 3 poison: each honest
+    node's only cluster-mate."""
+    return run_simulation(
+        SimulationSpec(
+            algorithm="mapl",
+            dataset="digits",
+            nodes=4,
+            rounds=8,
+            samples_per_class=10,
+            backbones=("mlp",),
+            overrides={"warmup_rounds": "3", **overrides},
+            poisoners=(1, 3),
+            attack=attack,
+            attack_factor=factor,
+        )
+    )
+
+
+@pytest.mark.parametrize("attack, factor", SMALL_NORM, ids=[f"{a}-{f:g}" for a, f in SMALL_NORM])
+def test_a_node_whose_only_cluster_mate_poisons_within_the_scale_check_falls_back_on_itself(attack, factor):
+    """Issue #43, item 6: each poison inside `outliers.max_norm_ratio` (×3, sign flip, random,
+    each class's prototype and head row as the next class's, another node's payload as its
+    own) was refused for nothing, and each honest node put 0.54 of its row on the other
+    cluster's honest node (the `max` normalisation made it look as similar as itself): honest
+    mass 0.456, `--check` failed. Now the poisoner's prototypes are refused (their scale,
+    direction or authorship) and the node keeps its weight: `--check` passes."""
+    report = _one_poisoner_per_cluster(attack, factor)
+    poisoning = report["poisoning"]
+    assert poisoning["honest_within_cluster_mass"]["final"] >= 0.9, poisoning["honest_within_cluster_mass"]
+    assert poisoning["poisoner_weight"]["max_per_round"][-1] == 0.0
+    assert check(report, CheckThresholds(accuracy=0.6, within_cluster_mass=0.9))["passed"]
+    expected = {"scale": "out_of_scale", "copy": COPIED_PAYLOAD}.get(attack, PROTOTYPES_DISAGREE)
+    assert report["rejections"].get(expected, 0) >= 1, report["rejections"]
+
+
+def test_without_the_prototype_checks_a_random_poisoner_hands_its_cluster_mate_to_strangers():
+    report = _one_poisoner_per_cluster("random", 1.0, prototype_agreement="-1")
+    assert report["poisoning"]["honest_within_cluster_mass"]["final"] < 0.9  # `--check` fails
+
+
+def test_prototypes_that_disagree_or_were_sent_first_by_another_are_refused():
+    authors = Authors(remember=2)
+    mine, theirs = np.eye(3, dtype=np.float32), np.ones((3, 3), np.float32)
+    authors.authored("me", mine)
+    authors.check("p", theirs)  # first seen from p: p's
+    authors.check("p", theirs)  # p again: still its own
+    for copier, copied in (("q", theirs), ("q", mine)):  # another's, and this node's own echoed back
+        with pytest.raises(PayloadRejected, match="sent first") as refused:
+            authors.check(copier, copied)
+        assert refused.value.reason == COPIED_PAYLOAD
+    authors.check("r", theirs * 2)
+    authors.check("r", theirs * 3)  # bounded: the oldest content is forgotten first
+    authors.check("q", mine)
+
+
+def test_rotate_moves_each_class_row_and_copy_sends_what_was_received():
+    body = Prototypes(classes=(0, 1, 2), counts=(1, 1, 1), prototypes=np.eye(3, dtype=np.float32), head=None)
+    rotated = corrupt(body, Attack("rotate"), _rng())
+    np.testing.assert_array_equal(rotated.prototypes, np.roll(np.eye(3), 1, axis=0))
+    assert corrupt(body, Attack("copy"), _rng()) is body  # PoisoningNode swaps whole payloads
 
 
 def _off_the_honest_cluster(report: dict) -> list[float]:
