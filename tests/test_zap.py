@@ -32,50 +32,100 @@ def _accept(connections: Connections, fd: int, address: str, now: float, socket:
     connections.on_event(zmq.EVENT_ACCEPTED, fd, address, socket, now)
 
 
-def test_an_address_connecting_just_before_two_aborts_in_a_row_is_refused_for_the_ban():
+def test_the_address_that_reset_a_connection_just_before_two_aborts_is_refused_and_nobody_else():
     connections = _connections(abort_strikes=2, abort_suspect_s=2.0, abort_ban_s=300.0)
     connections.socket_up(PUBLIC, 0.0)
     _accept(connections, 5, "10.0.0.1", 0.5)  # an honest peer's connection, held all along
-    _accept(connections, 6, "10.0.0.9", 9.5)  # the attacker's fresh one
+    _accept(connections, 6, "10.0.0.9", 9.5)  # the attacker's fresh one ...
+    _accept(connections, 8, "10.1.0.3", 9.6)  # ... beside a bystander that just (re)connected
+    connections.reset(PUBLIC, "10.0.0.9", 9.8)  # the attacker's reset, 0.2 s before the abort
     assert connections.forget_all(PUBLIC, 10.0, aborted=True) == []  # one strike
     connections.socket_up(PUBLIC, 10.0)
     _accept(connections, 5, "10.0.0.1", 10.1)  # the honest peer reconnects at once
     _accept(connections, 7, "10.0.0.9", 14.0)
+    _accept(connections, 8, "10.1.0.3", 14.1)  # and the bystander again
+    connections.reset(PUBLIC, "10.0.0.9", 14.9)
     assert connections.forget_all(PUBLIC, 15.0, aborted=True) == ["10.0.0.9"]
-    assert connections.counts["abort_banned"] == 1
+    assert connections.counts["abort_banned"] == 1 and connections.counts["abort_traced"] == 2
     assert not _allowed(connections, "10.0.0.9", OTHER_KEY, 16.0)
     assert connections.counts["zap_denied_aborts"] == 1
     assert not _allowed(connections, "10.0.0.9", None, 16.0, PEERS_DOMAIN)  # both sockets
-    assert _allowed(connections, "10.0.0.1", OTHER_KEY, 16.0)
+    assert _allowed(connections, "10.1.0.3", OTHER_KEY, 16.0)  # the bystander: never a suspect
     assert _allowed(connections, "10.0.0.9", PEER_KEY, 16.0)  # an admitted peer's key on that host
     assert _allowed(connections, "10.0.0.9", OTHER_KEY, 315.1)  # the ban is over
     assert not connections.banned
 
 
-def test_an_exit_that_is_no_abort_and_strikes_far_apart_ban_nobody():
+def test_an_exit_that_is_no_abort_an_abort_traced_to_no_reset_and_strikes_far_apart_ban_nobody():
     connections = _connections(abort_strikes=2, abort_suspect_s=2.0, abort_ban_s=60.0)
     connections.socket_up(PUBLIC, 0.0)
-    _accept(connections, 6, "10.0.0.9", 9.5)
+    connections.reset(PUBLIC, "10.0.0.9", 9.5)
     assert connections.forget_all(PUBLIC, 10.0, aborted=False) == []  # ended otherwise: no strike
-    _accept(connections, 6, "10.0.0.9", 19.5)
-    assert connections.forget_all(PUBLIC, 20.0, aborted=True) == []  # strike 1
-    _accept(connections, 6, "10.0.0.9", 99.5)
-    assert connections.forget_all(PUBLIC, 100.0, aborted=True) == []  # 80 s later: strike 1 again
-    assert _allowed(connections, "10.0.0.9", OTHER_KEY, 100.5)
-    assert _connections(abort_ban_s=0).forget_all(PUBLIC, 1.0, aborted=True) == []  # bans off
+    _accept(connections, 6, "10.0.0.9", 19.5)  # connected just before, reset nothing
+    assert connections.forget_all(PUBLIC, 20.0, aborted=True) == []
+    assert connections.counts["abort_untraced"] == 1 and not connections.strikes
+    connections.reset(PUBLIC, "10.0.0.9", 27.0)  # reset 3 s before: too long before to be it
+    assert connections.forget_all(PUBLIC, 30.0, aborted=True) == [] and connections.counts["abort_untraced"] == 2
+    connections.reset(PUBLIC, "10.0.0.9", 39.5)
+    assert connections.forget_all(PUBLIC, 40.0, aborted=True) == []  # strike 1
+    connections.reset(PUBLIC, "10.0.0.9", 119.5)
+    assert connections.forget_all(PUBLIC, 120.0, aborted=True) == []  # 80 s later: strike 1 again
+    assert _allowed(connections, "10.0.0.9", OTHER_KEY, 120.5)
+    banless = _connections(abort_ban_s=0)
+    banless.reset(PUBLIC, "10.0.0.9", 0.5)
+    assert banless.forget_all(PUBLIC, 1.0, aborted=True) == []  # bans off
 
 
-def test_an_admitted_peers_key_aborting_the_peers_socket_twice_is_refused_but_not_while_all_reconnect():
-    connections = _connections(abort_strikes=2, abort_suspect_s=2.0, abort_ban_s=300.0)
-    connections.socket_up(PEERS, 0.0)
+def test_an_admitted_peers_key_that_resets_is_refused_whatever_its_timing_unless_its_address_is_shared():
+    """The crash-looper: an admitted key that strikes the peers' socket again right after each
+    restart, when every peer reconnects, was never suspected (issue #43: 185 aborts in 32 s)."""
     honest = b"h" * 32
-    for when in (5.0, 9.0):
-        assert _allowed(connections, "10.0.0.2", PEER_KEY, when, PEERS_DOMAIN)  # the Byzantine peer
-        connections.forget_all(PEERS, when + 0.5, aborted=True)
-        connections.socket_up(PEERS, when + 0.6)
-        # Every peer reconnects right after a restart: not a suspect then.
-        connections.keys_allowed.append((when + 0.7, PEERS, honest))
-    assert connections.banned == {PEER_KEY: 9.5 + 300.0}
-    assert not _allowed(connections, "10.0.0.2", PEER_KEY, 10.0, PEERS_DOMAIN)
-    assert not _allowed(connections, "10.0.0.2", PEER_KEY, 10.0)  # its key on the public socket too
-    assert honest not in connections.banned and "10.0.0.2" not in connections.banned
+    connections = Connections(
+        SecuritySettings(curve=True, abort_strikes=2, abort_suspect_s=2.0, abort_ban_s=300.0),
+        Counter(),
+        lambda key: key in (PEER_KEY, honest),
+    )
+    now = 0.0
+    for _ in range(2):
+        connections.socket_up(PEERS, now)
+        assert _allowed(connections, "10.0.0.1", honest, now + 0.01, PEERS_DOMAIN)  # everyone reconnects
+        assert _allowed(connections, "10.0.0.2", PEER_KEY, now + 0.01, PEERS_DOMAIN)  # the Byzantine peer
+        connections.reset(PEERS, "10.0.0.2", now + 0.02)
+        banned = connections.forget_all(PEERS, now + 0.03, aborted=True)
+        now += 0.05
+    assert banned == [f"key:{PEER_KEY.hex()}"]  # its key, not its host: others may share that
+    assert not _allowed(connections, "10.0.0.2", PEER_KEY, now, PEERS_DOMAIN)
+    assert _allowed(connections, "10.0.0.2", OTHER_KEY, now)
+    assert not _allowed(connections, "10.0.0.3", PEER_KEY, now)  # its key on the public socket too, from anywhere
+    assert honest not in connections.banned and _allowed(connections, "10.0.0.1", honest, now, PEERS_DOMAIN)
+    # From an address several admitted keys connected from (one host, or a NAT), none is told.
+    shared = Connections(
+        SecuritySettings(curve=True, abort_strikes=1, abort_suspect_s=2.0, abort_ban_s=300.0),
+        Counter(),
+        lambda key: key in (PEER_KEY, honest),
+    )
+    shared.socket_up(PEERS, 0.0)
+    for key in (honest, PEER_KEY):
+        assert _allowed(shared, "10.0.0.1", key, 0.1, PEERS_DOMAIN)
+    shared.reset(PEERS, "10.0.0.1", 0.2)
+    assert shared.forget_all(PEERS, 0.3, aborted=True) == ["10.0.0.1"]
+    assert shared.counts["abort_key_untold"] == 1 and _allowed(shared, "10.0.0.1", honest, 0.4, PEERS_DOMAIN)
+
+
+def test_a_prefix_that_aborts_are_traced_to_is_throttled_not_banned():
+    """An attacker with many addresses in one /24: each gets its own strikes, and once two of
+    its aborts are traced to the prefix, strangers from it get in once per interval."""
+    connections = _connections(abort_strikes=2, abort_suspect_s=2.0, abort_ban_s=300.0, abort_prefix_interval_s=10.0)
+    connections.socket_up(PUBLIC, 0.0)
+    for now, address in ((1.0, "10.9.9.1"), (2.0, "10.9.9.2")):
+        connections.reset(PUBLIC, address, now - 0.1)
+        assert connections.forget_all(PUBLIC, now, aborted=True) == []  # one strike each
+        connections.socket_up(PUBLIC, now + 0.01)
+    assert connections.counts["abort_prefix_throttled"] == 1
+    assert _allowed(connections, "10.9.9.3", OTHER_KEY, 3.0)  # the first of the interval
+    assert not _allowed(connections, "10.9.9.4", OTHER_KEY, 4.0)
+    assert connections.counts["zap_denied_prefix_throttled"] == 1
+    assert _allowed(connections, "10.9.9.4", OTHER_KEY, 13.5)  # the next interval
+    assert _allowed(connections, "10.9.9.5", PEER_KEY, 14.0)  # an admitted peer's key: never throttled
+    assert _allowed(connections, "10.8.0.1", OTHER_KEY, 14.0)  # another prefix: never throttled
+    assert _allowed(connections, "10.9.9.6", OTHER_KEY, 302.5)  # over

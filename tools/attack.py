@@ -21,7 +21,10 @@ Kinds:
   reading at the full queue, the reset marks it broken, and once the target reads the queue the
   engine decodes the PING and answers it on the broken connection: libzmq aborts the process.
   It goes on for `--seconds` whatever happens to the target, counting the connections it lost
-  (`lost`: the target's process aborted) and those refused (`refused`: nothing listening);
+  (`lost`: the target's process aborted) and those refused (`refused`: nothing listening, or
+  the target refused this source). With `--sources N` each connection comes from the next of N
+  loopback addresses, 250 to a /24 (127.1.0.1 ... 127.1.7.250 for 2,000): one attacker with
+  many source addresses (Linux answers on all of 127.0.0.0/8);
 - malformed: raw ZMTP, a catalogue of what libzmq itself never sends (bad greeting bytes, a wrong
   version or mechanism, ERROR and READY with broken metadata in the handshake, a handshake never
   finished, CURVE's HELLO with a bad box and INITIATE with a bad vouch; after the handshake
@@ -39,6 +42,7 @@ Only loopback targets are accepted: this is a test tool.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -87,6 +91,15 @@ def _stranger_frames(identity: Identity, network: str, count: int) -> list[bytes
 # The CURVE secret every CURVE connection of this run is made with (`--as-key`: an admitted peer's
 # own, derived from its node key as a node's is); None: a fresh key per connection.
 _CLIENT_SECRET: bytes | None = None
+# `--sources`: the source addresses connections take in turn; None: the system's choice.
+_SOURCES: itertools.cycle | None = None
+SOURCES_PER_PREFIX = 250
+
+
+def loopback_sources(count: int, first: str = "127.1.0.1") -> list[str]:
+    """`count` loopback addresses from `first` on, SOURCES_PER_PREFIX to a /24."""
+    a, b, c, d = (int(part) for part in first.split("."))
+    return [f"{a}.{b}.{c + i // SOURCES_PER_PREFIX}.{d + i % SOURCES_PER_PREFIX}" for i in range(count)]
 
 
 def _zmtp_connection(target: str, target_key: bytes | None, timeout: float = 5.0) -> zmtp.Connection:
@@ -94,7 +107,8 @@ def _zmtp_connection(target: str, target_key: bytes | None, timeout: float = 5.0
     key (or `--as-key`'s) when the target's Ed25519 key is given (any key completes it on a
     node's public socket; only admitted peers' on its peers' socket)."""
     server_key = curve_public_from_ed25519(target_key) if target_key is not None else None
-    return zmtp.connect(target, server_key=server_key, secret_key=_CLIENT_SECRET, timeout=timeout)
+    source = None if _SOURCES is None else next(_SOURCES)
+    return zmtp.connect(target, server_key=server_key, secret_key=_CLIENT_SECRET, timeout=timeout, source=source)
 
 
 def unfinished(target: str, max_bytes: int, seconds: float, target_key: bytes | None = None) -> dict:
@@ -418,6 +432,9 @@ def main(argv: list[str] | None = None) -> int:
         help="raw ZMTP over CURVE: connect with the transport key of this node key file (an admitted "
         "peer's, to reach the peers' socket) instead of a fresh key per connection",
     )
+    parser.add_argument(
+        "--sources", type=int, default=0, help="raw kinds: connect from this many loopback addresses in turn"
+    )
     parser.add_argument("--network", default=_NETWORK_DEFAULT)
     parser.add_argument("--sizes", type=int, nargs="+", default=GARBAGE_SIZES, help="garbage message sizes")
     parser.add_argument("--bytes", type=int, default=200 << 20, help="unfinished: bytes of parts to send")
@@ -425,6 +442,9 @@ def main(argv: list[str] | None = None) -> int:
         "--target-key", type=bytes.fromhex, help="the target's public key (hex): connect over CURVE, as a node would"
     )
     args = parser.parse_args(argv)
+    if args.sources:
+        global _SOURCES
+        _SOURCES = itertools.cycle(loopback_sources(args.sources))
     if args.as_key:
         global _CLIENT_SECRET
         _CLIENT_SECRET = Identity.from_pem(Path(args.as_key).read_bytes()).curve_keypair()[0]

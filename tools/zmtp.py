@@ -112,10 +112,12 @@ def metadata(properties: dict[bytes, bytes]) -> bytes:
     return b"".join(bytes((len(n),)) + n + struct.pack(">I", len(v)) + v for n, v in properties.items())
 
 
-def open_socket(address: str, timeout: float = 5.0) -> socket.socket:
-    """A TCP connection to `tcp://host:port`, without a word of ZMTP yet."""
+def open_socket(address: str, timeout: float = 5.0, source: str | None = None) -> socket.socket:
+    """A TCP connection to `tcp://host:port`, without a word of ZMTP yet, from `source` (an
+    address of this host; None: the system's choice)."""
     host, port = address.removeprefix("tcp://").rsplit(":", 1)
-    connection = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
+    bind = None if source is None else (source, 0)
+    connection = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout, source_address=bind)
     connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return connection
 
@@ -385,11 +387,13 @@ def connect(
     socket_type: bytes = b"DEALER",
     version: tuple[int, int] = (3, 0),
     timeout: float = 5.0,
+    source: str | None = None,
 ) -> Connection:
     """A client connection whose handshake is over: NULL, or CURVE for the server's long-term
-    X25519 `server_key` with our `secret_key` (fresh when None). `socket_type` is what READY (or
-    INITIATE) says we are: the server refuses a type that cannot talk to its own."""
-    connection = open_socket(address, timeout)
+    X25519 `server_key` with our `secret_key` (fresh when None), from `source` (open_socket).
+    `socket_type` is what READY (or INITIATE) says we are: the server refuses a type that cannot
+    talk to its own."""
+    connection = open_socket(address, timeout, source)
     try:
         return _client_handshake(connection, server_key, secret_key, metadata({b"Socket-Type": socket_type}), version)
     except BaseException:

@@ -320,6 +320,8 @@ class Ingress:
                 if kind == "event":
                     _, event, fd, address = message
                     self.connections.on_event(event, fd, address, self.name, trio.current_time())
+                elif kind == "reset":
+                    self.connections.reset(self.name, message[2], trio.current_time())
                 elif kind == "zap":
                     await control.send(["zap", self.connections.reply(message[1], trio.current_time())])
                 elif kind == "counts":

@@ -8,8 +8,9 @@ starts the node's zygote (`zygote`), which forks one ingress process per socket,
 one ends. Each ingress process gets two descriptors, each one end of a socket pair (pipes.py)
 whose other end the node holds:
 - control: first the node's setup (endpoint, socket settings, CURVE keys), answered with the
-  endpoint bound or why not; then, this way, each connection event, each ZAP request, log
-  record and counter change; the other way, each ZAP verdict. The ZAP handler itself stays in
+  endpoint bound or why not; then, this way, each connection event, each connection reset by
+  its other end (resets.py), each ZAP request, log record and counter change; the other way,
+  each ZAP verdict. The ZAP handler itself stays in
   the node (zap.py `Connections`): this process only carries requests and answers.
 - frames: the node asks for a batch ([max messages, max bytes]) and gets what the ROUTER had,
   up to that; nothing is read from the ROUTER unless the node asked for it, so the node's
@@ -36,6 +37,7 @@ import zmq
 
 from .buffers import PER_CONNECTION_BYTES, GrowthAlarm, watch_buffers
 from .pipes import MessagePipe, PipeError
+from .resets import ResetWatch
 from .zmqsetup import (
     DOMAINS,
     PUBLIC,
@@ -86,6 +88,7 @@ class Ingress:
         self.data_limit: DataLimit | None = None  # set once every thread is up
         self.outbox, self._outbox = trio.open_memory_channel(10_000)
         self.verdicts, self._verdicts = trio.open_memory_channel(1)
+        self.resets: ResetWatch | None = None  # set once the process runs
 
     def bind(self) -> dict:
         """The ROUTER bound: {"endpoint": ...}, or {"error": ...}."""
@@ -115,6 +118,22 @@ class Ingress:
         return {"endpoint": router.getsockopt_string(zmq.LAST_ENDPOINT)}
 
     async def run(self) -> None:
+        token = trio.lowlevel.current_trio_token()
+
+        def reported(fd: int, peer: tuple) -> None:  # in the watch's thread
+            trio.from_thread.run_sync(self._reset, fd, peer, trio_token=token)
+
+        with ResetWatch(reported) as self.resets:
+            for fd, peer in self.tcp.items():
+                self.resets.watch(fd, peer)
+            await self._run()
+
+    def _reset(self, fd: int, peer: tuple) -> None:
+        """A connection reset by its other end: the node hears of it before what it causes."""
+        if self.tcp.get(fd) == peer:
+            self.outbox.send_nowait(["reset", fd, peer[0]])
+
+    async def _run(self) -> None:
         async with trio.open_nursery() as nursery:
             # Every thread is up once the alarm's is: from here on the process grows only by
             # what libzmq holds and the batches in flight, and the limit is the last word on it.
@@ -155,9 +174,13 @@ class Ingress:
             peer = remote_peer(fd)
             if peer is not None:
                 self.tcp[fd] = peer
+                if self.resets is not None:
+                    self.resets.watch(fd, peer)
             address = "?" if peer is None else peer[0]
         elif event == zmq.EVENT_DISCONNECTED:
             self.tcp.pop(fd, None)
+            if self.resets is not None:
+                self.resets.forget(fd)
         if self.data_limit is not None:
             self.data_limit.set(len(self.tcp))
         await self.outbox.send(["event", event, fd, address])

@@ -41,19 +41,27 @@ class SecuritySettings:
     abort_strikes: int = option(
         Integer(1, 1000),
         2,
-        "a source address with a connection accepted within `abort_suspect_s` before an inbound "
-        "socket's process aborted, this many aborts in a row (each within `abort_ban_s` of the "
-        "last), is refused on both inbound sockets for `abort_ban_s` (`zap_denied_aborts`), except, "
-        "with `curve`, admitted peers' keys",
+        "a source address that reset a connection within `abort_suspect_s` before an inbound socket's "
+        "process aborted, this many times (each within `abort_ban_s` of the last), is refused on both "
+        "inbound sockets for `abort_ban_s` (`zap_denied_aborts`); with `curve` so is the key of the one "
+        "admitted peer that connected from that address, whatever its timing; and a source prefix "
+        "(/24, /64) this many aborts are traced to is throttled (`abort_prefix_interval_s`)",
     )
     abort_suspect_s: float = option(
         Number(0.1, 60),
         2.0,
-        "how recent a connection must be, when an inbound socket's process aborts, to be suspected "
-        "of the abort (the attack takes a fresh connection each time; honest peers hold theirs)",
+        "how recent a connection's reset must be, when an inbound socket's process aborts, to be "
+        "suspected of the abort (the attack resets its connection; honest peers end theirs with a FIN)",
     )
     abort_ban_s: float = option(
         Number(0, 86_400), 300.0, "how long a source address suspected of `abort_strikes` aborts is refused (0: never)"
+    )
+    abort_prefix_interval_s: float = option(
+        Number(0, 86_400),
+        10.0,
+        "from a source prefix that `abort_strikes` aborts were traced to, for `abort_ban_s`, one "
+        "connection of a stranger (not an admitted peer's key) per this many seconds "
+        "(`zap_denied_prefix_throttled`): an attacker with many addresses gets a bounded share",
     )
 
 

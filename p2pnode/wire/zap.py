@@ -19,6 +19,17 @@ handshake, before any frame of the connection is read:
 - an accepted CURVE connection gets the client's X25519 key (hex) as its User-Id, which ZeroMQ
   attaches to every frame it carries: the gate (gate.py) binds frames to it.
 
+Who aborted an inbound socket's process (ingress.py): the connections reset by their other end
+(resets.py) within `abort_suspect_s` before the abort, and nobody else. Each such source
+address gets a strike, and with CURVE so does the key that connected from that address to that
+process, if only one did (an address several keys connected from names none of them); where
+that key is an admitted peer's, it is struck instead of the address (a host, or a NAT, may be
+others' too). `abort_strikes` strikes within `abort_ban_s` ban an address or key for
+`abort_ban_s`, an admitted peer's key too, whatever its timing. A source prefix (/24, /64) with `abort_strikes`
+traced aborts is throttled meanwhile: one stranger's connection from it per
+`abort_prefix_interval_s`, so an attacker with many addresses gets a bounded share. An abort
+traced to no reset bans nobody (`abort_untraced`).
+
 Live connections are counted from the ROUTER's monitor events: ACCEPTED and DISCONNECTED carry
 the connection's file descriptor, whose remote address is read when it is accepted. libzmq
 sends a connection's ACCEPTED before its ZAP request, and the handler reads every pending event
@@ -38,7 +49,13 @@ import zmq
 from protocol.curve import curve_public_from_ed25519
 
 from ..wire.settings import SecuritySettings
+from .gate import subnet_of
 from .zmqsetup import DOMAINS, FAILED_EVENTS, PEERS, PEERS_DOMAIN, PUBLIC, ZAP_DOMAIN
+
+# The latest resets and CURVE connections allowed, kept to trace an abort (a few seconds' worth
+# under any attack that leaves the node up).
+RESETS_KEPT = 4096
+KEYS_KEPT = 4096
 
 __all__ = [
     "Connections",
@@ -93,13 +110,17 @@ class Connections:
         # (inbound socket, descriptor) -> the source address of a live connection
         self.by_fd: dict[tuple[str, int], str] = {}
         self.by_address: Counter[str] = Counter()
-        self.accepted_at: dict[tuple[str, int], float] = {}  # when each live connection came
         # Suspects of aborts: source addresses, and (with CURVE) client keys, which is how an
         # admitted peer is told from others on one host. -> (aborts in a row, the last one's time)
         self.strikes: dict[str | bytes, tuple[int, float]] = {}
         self.banned: dict[str | bytes, float] = {}  # address or key -> refused until then
-        self.keys_allowed: deque[tuple[float, str, bytes]] = deque(maxlen=4096)  # (when, socket, key)
+        self.resets: deque[tuple[float, str, str]] = deque(maxlen=RESETS_KEPT)  # (when, socket, address)
+        # (when, socket, address, key) of each CURVE connection allowed
+        self.keys_allowed: deque[tuple[float, str, str, bytes]] = deque(maxlen=KEYS_KEPT)
         self.started: dict[str, float] = {}  # socket -> when its ingress process came up
+        self.prefix_strikes: dict[str, tuple[int, float]] = {}  # source prefix -> traced aborts, the last's time
+        self.throttled: dict[str, float] = {}  # source prefix -> throttled until then
+        self.prefix_taken: dict[str, float] = {}  # throttled prefix -> when a stranger last got in from it
 
     def on_event(self, event: int, fd: int, address: str | None, socket: str = PUBLIC, now: float = 0.0) -> None:
         """One monitor event of an inbound socket at `now`; `address`: the source address of an
@@ -108,13 +129,11 @@ class Connections:
         if event == zmq.EVENT_ACCEPTED:
             address = address or "?"
             self.by_fd[socket, fd] = address
-            self.accepted_at[socket, fd] = now
             self.by_address[address] += 1
             self.counts["accepted"] += 1
         elif event == zmq.EVENT_DISCONNECTED:
             self.counts["disconnected"] += 1
             address = self.by_fd.pop((socket, fd), None)
-            self.accepted_at.pop((socket, fd), None)
             if address is not None:
                 self.by_address[address] -= 1
                 if not self.by_address[address]:
@@ -125,45 +144,69 @@ class Connections:
             self.counts["handshake_failed"] += 1
 
     def socket_up(self, socket: str, now: float) -> None:
-        """An ingress process took `socket` at `now`: its connections, honest peers' included,
-        come back within the next moments, and are not suspects of an abort then (`forget_all`)."""
+        """An ingress process took `socket` at `now`: the keys allowed from then on are the ones
+        an abort of this process can be traced to."""
         self.started[socket] = now
+
+    def reset(self, socket: str, address: str, now: float) -> None:
+        """A connection to `socket` from `address` was reset by its other end at `now`
+        (resets.py): the one kind of connection that can abort libzmq."""
+        self.resets.append((now, socket, address))
+        self.counts["reset"] += 1
 
     def forget_all(self, socket: str, now: float, aborted: bool) -> list[str]:
         """Every connection to one inbound socket is gone at once: the ingress process that held
-        them ended at `now`. If libzmq `aborted` it, the addresses and CURVE keys of the
-        connections that came within `abort_suspect_s` get a strike (the stall-reset attack needs
-        a fresh connection each time; honest peers hold theirs, except in the first
-        `abort_suspect_s` after the process came up, when they all come back: keys that came
-        then are not suspects), and those at `abort_strikes` are banned for `abort_ban_s`.
-        Returns what was banned now (addresses; keys as `key:HEX`)."""
-        recent = now - self.settings.abort_suspect_s
-        # Keys: not in the first moments of the process, when every peer reconnects (an admitted
-        # peer is immune to address bans, so addresses need no such exception).
-        since_up = max(recent, self.started.get(socket, -math.inf) + self.settings.abort_suspect_s)
-        suspects: set[str | bytes] = {
-            key for when, came_to, key in self.keys_allowed if came_to == socket and when > since_up
-        }
+        them ended at `now`. If libzmq `aborted` it, the connections reset within
+        `abort_suspect_s` before caused it (the module's docstring): their addresses, and the
+        keys those addresses alone connected with, get a strike, those at `abort_strikes` are
+        banned for `abort_ban_s`, and their prefixes may be throttled. Returns what was banned
+        now (addresses; keys as `key:HEX`)."""
         for key in [key for key in self.by_fd if key[0] == socket]:
             address = self.by_fd.pop(key)
-            if self.accepted_at.pop(key, -math.inf) > recent and address != "?":
-                suspects.add(address)
             self.by_address[address] -= 1
             if not self.by_address[address]:
                 del self.by_address[address]
         if not aborted or not self.settings.abort_ban_s:
             return []
+        # Resets to this process (not to the one before, whose abort they were) and lately.
+        since = self.started.get(socket, -math.inf)
+        recent = max(since, now - self.settings.abort_suspect_s)
+        culprits = {address for when, on, address in self.resets if on == socket and when > recent and address != "?"}
+        if not culprits:
+            self.counts["abort_untraced"] += 1
+            return []
+        self.counts["abort_traced"] += 1
+        suspects: set[str | bytes] = set()
+        for address in culprits:
+            keys = {key for when, on, at, key in self.keys_allowed if on == socket and at == address and when >= since}
+            if len(keys) > 1:
+                self.counts["abort_key_untold"] += 1  # several keys connected from that address
+            key = next(iter(keys)) if len(keys) == 1 else None
+            # An admitted peer's key, where it is told: not its host, which may be others' too.
+            suspects |= {key} if key is not None and self.is_peer(key) else {address, key} - {None}
+            self._strike_prefix(subnet_of(address), now)
         banned = []
-        for address in suspects:
-            count, last = self.strikes.get(address, (0, -math.inf))
-            count = count + 1 if now - last <= self.settings.abort_ban_s else 1
-            self.strikes[address] = (count, now)
-            if count >= self.settings.abort_strikes:
-                self.banned[address] = now + self.settings.abort_ban_s
+        for suspect in suspects:
+            if self._strike(self.strikes, suspect, now) >= self.settings.abort_strikes:
+                self.banned[suspect] = now + self.settings.abort_ban_s
                 self.counts["abort_banned"] += 1
-                banned.append(address if isinstance(address, str) else f"key:{address.hex()}")
+                banned.append(suspect if isinstance(suspect, str) else f"key:{suspect.hex()}")
         self._expire(now)
         return sorted(banned)
+
+    def _strike(self, strikes: dict, suspect: str | bytes, now: float) -> int:
+        """One more strike for `suspect` at `now` (counting again after `abort_ban_s` without);
+        how many it has."""
+        count, last = strikes.get(suspect, (0, -math.inf))
+        count = count + 1 if now - last <= self.settings.abort_ban_s else 1
+        strikes[suspect] = (count, now)
+        return count
+
+    def _strike_prefix(self, prefix: str, now: float) -> None:
+        if self._strike(self.prefix_strikes, prefix, now) >= self.settings.abort_strikes:
+            if prefix not in self.throttled:
+                self.counts["abort_prefix_throttled"] += 1
+            self.throttled[prefix] = now + self.settings.abort_ban_s
 
     def _banned(self, suspect: str | bytes, now: float) -> bool:
         until = self.banned.get(suspect)
@@ -172,10 +215,15 @@ class Connections:
         return until is not None and until > now
 
     def _expire(self, now: float) -> None:
-        """Bans and strikes past their time are dropped: both stay as small as the attackers."""
+        """Bans, throttles and strikes past their time are dropped: they stay as small as the
+        attackers."""
         self.banned = {address: until for address, until in self.banned.items() if until > now}
+        self.throttled = {prefix: until for prefix, until in self.throttled.items() if until > now}
+        self.prefix_taken = {prefix: at for prefix, at in self.prefix_taken.items() if prefix in self.throttled}
         window = self.settings.abort_ban_s
-        self.strikes = {address: (c, last) for address, (c, last) in self.strikes.items() if now - last <= window}
+        for strikes in (self.strikes, self.prefix_strikes):
+            for suspect in [suspect for suspect, (_, last) in strikes.items() if now - last > window]:
+                del strikes[suspect]
 
     def decide(
         self, address: str, mechanism: bytes, credentials: list[bytes], domain: bytes = ZAP_DOMAIN, now: float = 0.0
@@ -190,6 +238,8 @@ class Connections:
             return None  # an admitted peer is never shut out by others' connections
         if self._banned(address, now):
             return "zap_denied_aborts"
+        if self._throttled(subnet_of(address), now):
+            return "zap_denied_prefix_throttled"
         if key is not None and domain == PEERS_DOMAIN:
             # Strangers handshake on the public socket; keys being verified too: the peers'
             # socket's process is then reachable by admitted keys alone (ingress.py). A key that
@@ -203,6 +253,13 @@ class Connections:
             return "zap_denied_total_cap"
         return None
 
+    def _throttled(self, prefix: str, now: float) -> bool:
+        """A stranger from a throttled prefix gets in once per `abort_prefix_interval_s`."""
+        until = self.throttled.get(prefix)
+        if until is None or until <= now:
+            return False
+        return now - self.prefix_taken.get(prefix, -math.inf) < self.settings.abort_prefix_interval_s
+
     def reply(self, request: list[bytes], now: float = 0.0) -> list[bytes]:
         """The ZAP reply (RFC 27) to one request at `now`: version, id, status, text, user id, metadata."""
         if len(request) < 6 or request[0] != b"1.0":
@@ -214,8 +271,11 @@ class Connections:
             self.counts[refusal] += 1
             return [b"1.0", request[1], b"400", refusal.encode(), b"", b""]
         self.counts["zap_allowed"] += 1
+        prefix = subnet_of(address)
+        if prefix in self.throttled:
+            self.prefix_taken[prefix] = now
         if mechanism == b"CURVE" and credentials:
-            self.keys_allowed.append((now, _SOCKETS.get(request[2], PUBLIC), credentials[0]))
+            self.keys_allowed.append((now, _SOCKETS.get(request[2], PUBLIC), address, credentials[0]))
         user_id = credentials[0].hex().encode() if mechanism == b"CURVE" and credentials else b""
         return [b"1.0", request[1], b"200", b"OK", user_id, b""]
 

@@ -1,0 +1,114 @@
+"""Connections reset by their other end, seen when the kernel sees them: the suspects of
+libzmq's abort (ingress.py).
+
+The stall-reset attack aborts libzmq only through a connection its client reset (a TCP RST)
+while the connection's queue was full; honest peers end theirs with a FIN (libzmq closes its
+sockets that way, and so does the kernel for a process that dies). So a reset just before an
+abort names the connection that caused it, and nobody who merely connected or reconnected then
+is suspected (zap.py `Connections.forget_all`). libzmq shows nothing of a reset on a connection
+whose engine has stopped reading (its queue full): each accepted connection's descriptor is
+watched here instead, by epoll in a thread of its own, for the error and hang-up a reset raises,
+and TCP_INFO tells a reset (the socket back in state CLOSE at once) from this node's own
+shutdowns (buffers.py: a shutdown leaves it closing, not closed).
+
+Linux only (epoll, TCP_INFO's layout); elsewhere nothing is watched, and an abort is traced to
+no one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import socket
+import threading
+from collections.abc import Callable
+
+__all__ = ["ResetWatch", "was_reset"]
+
+log = logging.getLogger("p2pnode.ingress")
+
+_TCP_CLOSE = 7  # tcpi_state (linux/tcp_states.h) of a connection reset by its other end
+_TCP_INFO = getattr(socket, "TCP_INFO", None)
+_EPOLL = getattr(select, "epoll", None)
+
+
+def was_reset(fd: int) -> bool:
+    """Whether the TCP connection on `fd` was reset (its state CLOSE while the descriptor is
+    open); False if `fd` is no TCP socket, or is gone."""
+    if _TCP_INFO is None:
+        return False
+    try:
+        wrapped = socket.socket(fileno=fd)
+    except OSError:
+        return False
+    try:
+        return wrapped.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 8)[0] == _TCP_CLOSE
+    except OSError:
+        return False
+    finally:
+        wrapped.detach()  # libzmq's descriptor: never closed here
+
+
+class ResetWatch:
+    """Watches descriptors (`watch`, `forget`) and calls `reported(fd, peer)`, from its own
+    thread, once for each that is reset. Use as a context manager."""
+
+    def __init__(self, reported: Callable[[int, tuple], None]) -> None:
+        self.reported = reported
+        self._epoll = _EPOLL() if _EPOLL is not None else None
+        self._peers: dict[int, tuple] = {}
+        self._lock = threading.Lock()
+        self._wake_r, self._wake_w = os.pipe()
+        self._thread = threading.Thread(target=self._run, name="p2pnode-resets", daemon=True)
+
+    def __enter__(self) -> ResetWatch:
+        if self._epoll is not None:
+            self._epoll.register(self._wake_r, select.EPOLLIN)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        os.write(self._wake_w, b"x")
+        if self._thread.is_alive():
+            self._thread.join(timeout=2.0)
+        if self._epoll is not None:
+            self._epoll.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def watch(self, fd: int, peer: tuple) -> None:
+        """An accepted connection, `peer` its remote end."""
+        if self._epoll is None:
+            return
+        with self._lock:
+            self._peers[fd] = peer
+            flags = select.EPOLLERR | select.EPOLLHUP | select.EPOLLONESHOT
+            try:
+                self._epoll.register(fd, flags)
+            except FileExistsError:  # a descriptor reused before its old registration was dropped
+                self._epoll.modify(fd, flags)
+            except OSError:
+                self._peers.pop(fd, None)  # already closed
+
+    def forget(self, fd: int) -> None:
+        """A connection that ended (libzmq closed its descriptor: epoll forgot it then)."""
+        with self._lock:
+            self._peers.pop(fd, None)
+
+    def _run(self) -> None:
+        while True:
+            try:
+                events = self._epoll.poll()
+            except OSError:
+                return  # closed
+            for fd, _ in events:
+                if fd == self._wake_r:
+                    return
+                with self._lock:
+                    peer = self._peers.pop(fd, None)
+                if peer is not None and was_reset(fd):
+                    try:
+                        self.reported(fd, peer)
+                    except Exception:  # the process is going: nobody left to tell
+                        log.debug("a reset of %s went unreported", peer, exc_info=True)
