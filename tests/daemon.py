@@ -19,8 +19,15 @@ from protocol import Identity
 FAST_DISCOVERY = {"ping_interval_s": 0.2, "peer_timeout_s": 1.0, "exchange_interval_s": 0.5, "dial_retry_max_s": 0.5}
 
 
+# The daemons of these tests speak plaintext unless a test asks for CURVE (`security=...`): the
+# attackers of tests/adversarial/ speak raw ZMTP without it, and tests/adversarial/test_curve.py
+# and the testnets (which turn it on, as the default does) cover CURVE.
+PLAINTEXT = {"curve": False}
+
+
 def write_config(directory: Path, listen: str, bootstrap=(), identity: Identity | None = None, **sections) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
+    sections["security"] = {**PLAINTEXT, **sections.get("security", {})}
     key = directory / "key.pem"
     if not key.exists():
         write_key(key, identity or Identity.generate())

@@ -128,19 +128,22 @@ def test_docs_list_every_setting():
     )
 
 
-def test_curve_needs_every_bootstrap_key(home):
+def test_curve_is_on_by_default_and_needs_every_bootstrap_key(home):
+    """Issue #43: a hand-written config without CURVE left a node open to being cut off from all
+    its peers by one stranger's campaign; CURVE is the default, and an entry without its key
+    says which it is, what to write and where the key comes from."""
     key = Identity.generate().public_key.hex()
     found = problems(
-        config(
-            home,
-            MINIMAL
-            + f'[security]\ncurve = true\n[discovery]\nbootstrap = ["{key}@tcp://10.0.0.1:7001", "tcp://10.0.0.2:7001"]\n',
-        )
+        config(home, MINIMAL + f'[discovery]\nbootstrap = ["{key}@tcp://10.0.0.1:7001", "tcp://10.0.0.2:7001"]\n')
     )
     assert found == [
-        "[discovery].bootstrap: entry 2: with [security].curve = true it must name the peer's public key: "
-        '"KEY@tcp://10.0.0.2:7001" (KEY: `p2pnode keyinfo` of that peer)'
+        "[discovery].bootstrap: entry 2 (tcp://10.0.0.2:7001) names no key: connections are encrypted "
+        '([security].curve, on by default), so it must be "KEY@tcp://10.0.0.2:7001", KEY the public_key that '
+        "`p2pnode keyinfo PEER_KEY_FILE` prints on that peer's host (or `p2pnode init` writes a fleet's configs "
+        "with them); [security] curve = false goes without, for a closed network only"
     ]
+    plaintext = MINIMAL + '[security]\ncurve = false\n[discovery]\nbootstrap = ["tcp://10.0.0.2:7001"]\n'
+    assert not load_config(config(home, plaintext)).security.curve
     found = problems(config(home, MINIMAL + '[discovery]\nbootstrap = ["abc@tcp://10.0.0.1:7001"]\n'))
     assert found[0].startswith("[discovery].bootstrap: entry 1: expected 64 hex digits")
     no_point = (1).to_bytes(32, "little").hex()  # y = 1 has no transport key
@@ -162,7 +165,7 @@ def test_curve_settings_and_keyed_bootstrap(home):
     assert loaded.security.max_connections_per_address == 2
     assert loaded.discovery.bootstrap_peers() == (("tcp://10.0.0.1:7001", key),)
     plain = load_config(config(home, MINIMAL, "plain.toml"))
-    assert not plain.security.curve and plain.security.max_connections_per_address == 32
+    assert plain.security.curve and plain.security.max_connections_per_address == 32  # the defaults
 
 
 def learning(rounds: int = 12, algorithm: str = "mapl", data: str = "", more: str = "") -> str:

@@ -127,8 +127,10 @@ def _curve_checks(config: Config) -> list[str]:
         if key is None:
             if config.security.curve:
                 problems.append(
-                    f"[discovery].bootstrap: entry {index}: with [security].curve = true it must name the "
-                    f'peer\'s public key: "KEY@{address}" (KEY: `p2pnode keyinfo` of that peer)'
+                    f"[discovery].bootstrap: entry {index} ({address}) names no key: connections are encrypted "
+                    f'([security].curve, on by default), so it must be "KEY@{address}", KEY the public_key '
+                    "that `p2pnode keyinfo PEER_KEY_FILE` prints on that peer's host (or `p2pnode init` writes "
+                    "a fleet's configs with them); [security] curve = false goes without, for a closed network only"
                 )
             continue
         try:

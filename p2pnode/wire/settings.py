@@ -22,9 +22,11 @@ class SecuritySettings:
     )
     curve: bool = option(
         Flag(),
-        False,
+        True,
         "encrypt and authenticate every connection with ZeroMQ CURVE, under keys derived from the "
-        "node keys; every `[discovery].bootstrap` entry must then name its peer's key",
+        "node keys; every `[discovery].bootstrap` entry then names its peer's key (KEY@ADDRESS: "
+        "`p2pnode keyinfo` of that peer's key file). false: plaintext, for a closed network only "
+        "(docs/security.md says what is then open)",
     )
     max_connections: int = option(
         Integer(1, 1_000_000),

@@ -155,7 +155,7 @@ def format_table(rows: list[dict]) -> str:
     learning = any("rounds" in r for r in rows)
     lines = [
         "| campaign | attacker's addresses | aborts | traced / untraced | banned | prefixes throttled "
-        "| refused: banned / throttled | newcomer reachable (handshakes) | bystander refused "
+        "| refused: banned / throttled | newcomer reachable (handshakes) | bystander's handshakes failed "
         "| peers before → min → after |" + (" rounds done, longest wait (s) |" if learning else ""),
         "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if learning else ""),
     ]

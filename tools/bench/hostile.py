@@ -50,7 +50,7 @@ NODES = 4
 STATUS_EVERY_S = 0.2
 PROBE_EVERY_S = 0.05
 # Every daemon's settings that differ from a user's defaults: testnet/cluster.py's cap for a
-# testnet on one host. CURVE (off by default, on in a testnet) and bans (`abort_ban_s` 0 where
+# testnet on one host. CURVE (on by default and in a testnet) and bans (`abort_ban_s` 0 where
 # off) are in each row.
 SETTINGS = {"security.max_connections_per_address": 64}
 # With learning, also the launcher's quick discovery and its round settings (testnet/learning.py).
@@ -307,6 +307,16 @@ def _poisoner_rss(report: dict) -> float | None:
     return report["processes"]["peak_rss_mb"][report["poisoning"]["nodes"][0]]
 
 
+def check_verdict(row: dict) -> str:
+    """`--check`'s outcome of a row, its failures spelled out."""
+    return "passed" if row["check"]["passed"] else "**failed**: " + "; ".join(row["check"]["failures"])
+
+
+def refusals(by_reason: dict[str, int]) -> str:
+    """Payloads refused, by reason, as a table cell."""
+    return ", ".join(f"{n:,} `{reason}`" for reason, n in by_reason.items()) or "—"
+
+
 def format_admitted(rows: list[dict]) -> str:
     lines = [
         "| run | `--check` | honest accuracy | poisoner's weight in honest rows | honest L1, mean (max) "
@@ -318,11 +328,11 @@ def format_admitted(rows: list[dict]) -> str:
         twin = r["attack"] == "none"
         run = "twin (`none`)" if twin else f"`{r['attack']}`" + (" + barrage" if r["barrage"] else " alone")
         mass = r["within_cluster_mass"] if twin else r["honest_mass"]
-        verdict = "passed" if r["check"]["passed"] else "**failed**: " + "; ".join(r["check"]["failures"])
+        verdict = check_verdict(r)
         l1 = "—" if twin else f"{r['honest_l1']['mean']:.3f} ({r['honest_l1']['max']:.3f})"
         exits = sum(1 for code in r["exit_codes"] if code != 0)
         honest_rss, poisoner_rss = r["peak_rss_mb"]["honest"], r["peak_rss_mb"]["poisoner"]
-        refused = ", ".join(f"{n:,} `{reason}`" for reason, n in r["refused_by_honest"].items()) or "—"
+        refused = refusals(r["refused_by_honest"])
         lines.append(
             f"| {run} | {verdict} (mass {mass:.3f}) | {r['honest_accuracy']:.3f} "
             f"| {r['poisoner_weight']:.3f}{' (its mate’s)' if twin else ''} | {l1} "

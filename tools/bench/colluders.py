@@ -1,0 +1,123 @@
+"""Colluding and small-norm poisoners among real daemons (issue #43, "Done when"): each row a
+fresh learning testnet judged by `--check`, as
+
+    p2pnode testnet --algorithm mapl --dataset digits --nodes N --rounds 8 --samples-per-class 10
+        --backbones mlp --set warmup_rounds=3 --poisoners I J --attack A [--barrage] --check --seed S
+
+- two colluders with the barrage and honest payloads (`--attack none --barrage`): of 4 nodes one
+  per cluster (1 3) and both in one (2 3), of 5 nodes (3 4); each tags copies of its payload
+  r+1000 every round, a catch-up quorum before: every honest node must run all its rounds;
+- one small-norm poisoner per cluster of 4 (1 3) with `sign-flip`, `random`, `rotate`, `copy`
+  and `scale` ×3: the honest rows must keep their weight (honest mass ≥ 0.9).
+
+    python -m tools.bench.colluders [--seeds 0 11 12] [--save NAME]
+
+Seed 0 is the issue's command and a tuning seed (the prototype checks' bounds were chosen
+looking at it); 11 and 12 were never run before this bench.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from testnet.learning import run_learning_testnet
+from testnet.report import CheckThresholds
+from testnet.simulator import SimulationSpec
+
+from .hostile import _admitted_row, check_verdict, refusals
+from .results import capture, save
+
+__all__ = ["main"]
+
+# (nodes, poisoners, attack, factor, barrage)
+RUNS = (
+    (4, (1, 3), "none", 10.0, True),
+    (4, (2, 3), "none", 10.0, True),
+    (5, (3, 4), "none", 10.0, True),
+    (4, (1, 3), "sign-flip", 10.0, False),
+    (4, (1, 3), "random", 10.0, False),
+    (4, (1, 3), "rotate", 10.0, False),
+    (4, (1, 3), "copy", 10.0, False),
+    (4, (1, 3), "scale", 3.0, False),
+)
+CHECK = CheckThresholds(accuracy=0.6, within_cluster_mass=0.9)  # `--check`'s defaults
+
+
+def run_one(nodes: int, poisoners: tuple[int, ...], attack: str, factor: float, barrage: bool, seed: int) -> dict:
+    spec = SimulationSpec(
+        algorithm="mapl",
+        dataset="digits",
+        nodes=nodes,
+        rounds=8,
+        seed=seed,
+        samples_per_class=10,
+        backbones=("mlp",),
+        overrides={"warmup_rounds": "3"},
+        poisoners=poisoners,
+        attack=attack,
+        attack_factor=factor,
+    )
+    with tempfile.TemporaryDirectory() as root:
+        code, report = run_learning_testnet(spec, Path(root), check=CHECK, barrage=barrage)
+    row = _admitted_row(attack, barrage, code, report)
+    mass = report["poisoning"]["honest_rows_true_mass" if attack == "none" else "honest_within_cluster_mass"]
+    rounds = [report["rounds_completed_per_node"][i] for i in report["poisoning"]["honest"]]
+    return {
+        **row,
+        "nodes": nodes,
+        "poisoners": list(poisoners),
+        "factor": factor,
+        "seed": seed,
+        "honest_mass": mass["final"],
+        "rounds_run": rounds,
+    }
+
+
+def format_table(rows: list[dict]) -> str:
+    lines = [
+        "| nodes / poisoners | attack | seed | `--check` | honest rounds run / catch-ups | honest accuracy "
+        "| honest mass | poisoners' weight in honest rows | refused by the honest nodes |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        attack = ("barrage, payloads honest" if r["attack"] == "none" else f"`{r['attack']}`") + (
+            f" ×{r['factor']:g}" if r["attack"] == "scale" else ""
+        )
+        refused = refusals(dict(sorted(r["refused_by_honest"].items())))
+        lines.append(
+            f"| {r['nodes']} / {' '.join(map(str, r['poisoners']))} | {attack} | {r['seed']} | {check_verdict(r)} "
+            f"| {', '.join(map(str, r['rounds_run']))} / {sum(r['catch_ups'])} | {r['honest_accuracy']:.3f} "
+            f"| {r['honest_mass']:.3f} | {r['poisoner_weight']:.3f} | {refused} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.colluders", description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 11, 12])
+    parser.add_argument("--save", metavar="NAME", help="write the rows to tools/bench/results/NAME.json")
+    args = parser.parse_args(argv)
+    words = ["python", "-m", "tools.bench.colluders", *(sys.argv[1:] if argv is None else argv)]
+    with capture(words, settings={}, seeds=args.seeds, threads=1) as provenance:
+        rows = []
+        for seed in args.seeds:
+            for nodes, poisoners, attack, factor, barrage in RUNS:
+                rows.append(run_one(nodes, poisoners, attack, factor, barrage, seed))
+                print(json.dumps(rows[-1]), flush=True)
+    provenance["runs"] = len(rows)
+    print(format_table(rows))
+    if args.save:
+        print(f"wrote {save(args.save, 'tools.bench.colluders', provenance, {'rows': rows})}")
+    return 0
+
+
+def render(result: dict) -> str:
+    return format_table(result["data"]["rows"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
