@@ -16,6 +16,8 @@ import os
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -162,6 +164,7 @@ def run_learning_testnet(
     progress=None,
     placement: Placement | None = None,
     barrage: bool = False,
+    alongside: Callable[[Cluster], AbstractContextManager] | None = None,
 ) -> tuple[int, dict[str, Any]]:
     """Returns (exit code, report): 0 if every node finished (and `check` passed, if given),
     1 if not, 130 if interrupted. `churn` stops and restarts daemons while they learn (not
@@ -169,7 +172,9 @@ def run_learning_testnet(
     resume from their checkpoints. `settings` adds config settings to every node's, by section
     (e.g. `{"discovery": {"active_view": 8}}`). `placement` runs the daemons (default: here).
     `spec.poisoners` run as Byzantine daemons (testnet/byzantine.py) with `spec.attack`, and
-    with `barrage` also each round's malformed and out-of-round frames."""
+    with `barrage` also each round's malformed and out-of-round frames. `alongside(cluster)` is
+    entered once every daemon is started and left when they have finished (an attack to run
+    while they learn, say)."""
     # The daemons resolve the device as this launcher does; provenance names the engine, as a simulation's.
     device, mixed_precision = device_placement(spec.device, spec.mixed_precision)
     progress = progress or sys.stderr  # the stream of the moment, not the one at import (tests swap it)
@@ -187,7 +192,10 @@ def run_learning_testnet(
     )
     with cluster:
         cluster.start_all()
-        finals, interrupted, timed_out = _watch(cluster, supervisor, spec.rounds, started + timeout_s, poll_s, progress)
+        with alongside(cluster) if alongside is not None else nullcontext():
+            finals, interrupted, timed_out = _watch(
+                cluster, supervisor, spec.rounds, started + timeout_s, poll_s, progress
+            )
         exit_codes = cluster.stop()
     ids = [node.node_id for node in cluster.specs]
     header = run_header("testnet", spec, partition, ids, backbones, spec.config_dict(), (device, mixed_precision), made)

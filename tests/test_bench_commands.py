@@ -186,6 +186,9 @@ ATTACKS = Quick("python -m tools.bench.attacks --seconds 0.5 --attacks 'garbage,
 HOSTILE = Quick("python -m tools.bench.hostile --seconds 1 --quick")
 HOSTILE_LEARNING = Quick("python -m tools.bench.hostile --seconds 1 --quick --learning", 120, heavy=True)
 HOSTILE_ADMITTED = Quick("python -m tools.bench.hostile --admitted-peer --quick", 120, heavy=True)
+# One run of each kind: two colluders with the barrage (row 0) and a small-norm poisoner (row 3).
+COLLUDERS = Quick("python -m tools.bench.colluders --seeds 0 --runs 0 3", 180, heavy=True)
+CAMPAIGN = Quick("python -m tools.bench.campaign --seconds 3 --sources 8", 180, heavy=True)
 # On the CPU alone: the CUDA runs need a GPU, and the CPU runs take the same path.
 GPU = Quick("python -m tools.bench.gpu --rounds 1 --methods local --devices cpu --out DIR")
 
@@ -251,6 +254,8 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "python -m tools.bench.hostile --seconds 30 --save hostile": HOSTILE,
     "python -m tools.bench.hostile --admitted-peer --save hostile-admitted": HOSTILE_ADMITTED,
     "python -m tools.bench.hostile --seconds 30 --learning --save hostile-learning": HOSTILE_LEARNING,
+    "python -m tools.bench.colluders --seeds 0 11 12 --save colluders": COLLUDERS,
+    "python -m tools.bench.campaign --seconds 60 --save campaign": CAMPAIGN,
     "python -m tools.bench.gpu": GPU,
 }
 

@@ -129,3 +129,31 @@ def test_a_prefix_that_aborts_are_traced_to_is_throttled_not_banned():
     assert _allowed(connections, "10.9.9.5", PEER_KEY, 14.0)  # an admitted peer's key: never throttled
     assert _allowed(connections, "10.8.0.1", OTHER_KEY, 14.0)  # another prefix: never throttled
     assert _allowed(connections, "10.9.9.6", OTHER_KEY, 302.5)  # over
+
+
+def test_strangers_from_one_prefix_hold_its_share_and_newcomers_from_others_get_in():
+    """1,000 idle handshakes from 20 addresses of one /24 (issue #43): the prefix's cap, not the
+    node's whole, is what they take."""
+    connections = _connections(max_connections=1024, max_connections_per_address=32, max_connections_per_prefix=128)
+    held = 0
+    for i in range(1000):
+        address = f"10.9.9.{1 + i % 20}"
+        _accept(connections, 100 + i, address, 1.0)
+        if _allowed(connections, address, OTHER_KEY, 1.0):
+            held += 1
+        else:
+            connections.on_event(zmq.EVENT_DISCONNECTED, 100 + i, None, PUBLIC, 1.0)  # libzmq closes it
+    assert held == 128
+    assert connections.counts["zap_denied_prefix_cap"] == 1000 - 128
+    _accept(connections, 5000, "10.8.0.1", 2.0)
+    assert _allowed(connections, "10.8.0.1", OTHER_KEY, 2.0)  # a newcomer from another prefix
+    _accept(connections, 5001, "10.9.9.77", 2.0)
+    assert _allowed(connections, "10.9.9.77", PEER_KEY, 2.0)  # an admitted peer from that prefix
+    for fd in range(100, 1100):
+        connections.on_event(zmq.EVENT_DISCONNECTED, fd, None, PUBLIC, 3.0)
+    assert connections.by_prefix == {"10.8.0": 1, "10.9.9": 1}  # counted down as they go
+    # Never below the cap per address: a host raised for a one-host testnet is not cut by it.
+    one_host = _connections(max_connections_per_address=300, max_connections_per_prefix=128)
+    for fd in range(300):
+        _accept(one_host, fd, "127.0.0.1", 0.0)
+        assert _allowed(one_host, "127.0.0.1", OTHER_KEY, 0.0)

@@ -25,6 +25,10 @@ Kinds:
   the target refused this source). With `--sources N` each connection comes from the next of N
   loopback addresses, 250 to a /24 (127.1.0.1 ... 127.1.7.250 for 2,000): one attacker with
   many source addresses (Linux answers on all of 127.0.0.0/8);
+- idle: raw ZMTP, `--connections` handshakes completed (with `--sources`, from that many
+  addresses in turn) and then silence, each one refused or shut by the target opened anew, for
+  `--seconds`; the JSON line counts the handshakes completed and refused, the most held at
+  once, those the target shut and when it shut the first;
 - malformed: raw ZMTP, a catalogue of what libzmq itself never sends (bad greeting bytes, a wrong
   version or mechanism, ERROR and READY with broken metadata in the handshake, a handshake never
   finished, CURVE's HELLO with a bad box and INITIATE with a bad vouch; after the handshake
@@ -46,6 +50,7 @@ import itertools
 import json
 import os
 import random
+import select
 import socket as pysocket
 import struct
 import sys
@@ -138,6 +143,49 @@ def unfinished(target: str, max_bytes: int, seconds: float, target_key: bytes | 
     finally:
         connection.close()
     return {"sent": parts, "bytes": sent, "reset": reset, "seconds": round(time.perf_counter() - started, 3)}
+
+
+def idle(target: str, connections: int, seconds: float, target_key: bytes | None = None) -> dict:
+    """Handshakes then silence (see the module's docstring): `connections` held open, each one
+    the target shuts or refuses opened anew, until `seconds` pass."""
+    held: dict[int, zmtp.Connection] = {}
+    opened, refused, shut_after, most = 0, 0, [], 0
+    poller = select.poll()
+    started = time.perf_counter()
+    while (left := seconds - (time.perf_counter() - started)) > 0:
+        if len(held) < connections:
+            try:
+                connection = _zmtp_connection(target, target_key, timeout=min(5.0, left))
+            except OSError:  # refused in the handshake (ZmtpError), or nothing listening
+                refused += 1
+                time.sleep(0.001 if refused % 100 else 0.1)  # not a hot loop where all are refused
+            else:
+                connection.socket.setblocking(False)
+                held[connection.socket.fileno()] = connection
+                poller.register(connection.socket.fileno(), select.POLLIN)
+                opened += 1
+                most = max(most, len(held))
+        for fd, _ in poller.poll(0 if len(held) < connections else min(left, 0.5) * 1000):
+            try:
+                ended = held[fd].socket.recv(4096) == b""
+            except BlockingIOError:
+                continue
+            except OSError:
+                ended = True
+            if ended:  # shut by the target (a frame from it is left unread: the stranger is silent)
+                poller.unregister(fd)
+                held.pop(fd).close()
+                shut_after.append(time.perf_counter() - started)
+    for connection in held.values():
+        connection.close()
+    return {
+        "opened": opened,
+        "refused": refused,
+        "most_held": most,
+        "shut": len(shut_after),
+        "first_shut_s": round(min(shut_after), 3) if shut_after else None,
+        "seconds": round(time.perf_counter() - started, 3),
+    }
 
 
 def stall_reset(target: str, frames: int, seconds: float, target_key: bytes | None = None, pause: float = 0.0) -> dict:
@@ -419,7 +467,7 @@ def run(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.attack", description=__doc__.split("\n")[0])
     parser.add_argument("--target", required=True, type=_loopback)
-    kinds = ("garbage", "strangers", "unfinished", "stall-reset", "malformed")
+    kinds = ("garbage", "strangers", "unfinished", "stall-reset", "malformed", "idle")
     parser.add_argument("--kind", choices=kinds, required=True)
     parser.add_argument("--connections", type=int, default=1)
     parser.add_argument("--rate", type=float, default=0.0, help="messages per second in all (0: as fast as possible)")
@@ -454,6 +502,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.kind == "stall-reset":
         result = stall_reset(args.target, args.frames, args.seconds, args.target_key, args.pause)
         print(json.dumps(result), flush=True)
+        return 0
+    if args.kind == "idle":
+        print(json.dumps(idle(args.target, args.connections, args.seconds, args.target_key)), flush=True)
         return 0
     if args.kind == "malformed":
         print(json.dumps(malformed(args.target, args.seconds, args.target_key)), flush=True)

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import trio
 
 from ..operations.memory import PAGE_BYTES, resident_bytes, trim_now
+from .silence import SILENT, SilentConnections
 
 __all__ = [
     "BufferEstimate",
@@ -290,13 +291,15 @@ async def watch_buffers(
     alarm: GrowthAlarm | None = None,
     *,
     drop_ended: bool = False,
+    silence: SilentConnections | None = None,
 ) -> None:
     """Every `interval_s`, and at once when `alarm` says the process grows fast, estimate what
     libzmq holds for the connections to one inbound socket (`socket` names it in the log) and
     shut down the pumps above `limit`; runs until cancelled. `read_so_far()`: (bytes, frames)
     read from that socket. With `drop_ended`, a connection whose sender ended its stream is shut
     down too: what it left queued would otherwise be read, at the socket's pace, long after the
-    sender left (a flooder that queued megabytes and exited). Pages libzmq freed are given back
+    sender left (a flooder that queued megabytes and exited). With `silence`, a connection that
+    sent nothing past its handshake in time is shut (silence.py). Pages libzmq freed are given back
     to the system when connections went and the process grew by more than their own room."""
     if _TCP_INFO is None:
         log.warning("no TCP_INFO on this platform: the bytes ZeroMQ holds are not bounded")
@@ -323,6 +326,9 @@ async def watch_buffers(
         for connection in ended:
             if connection not in shed and shut_down(connection):
                 counts[ENDED] += 1
+        silent = [c for c in silence.update(received, now) if c not in shed and shut_down(c)] if silence else []
+        if silent:
+            counts[SILENT] += len(silent)
         for connection in shed:
             counts[SHED] += 1
             log.warning(
@@ -332,7 +338,7 @@ async def watch_buffers(
                 socket,
                 limit >> 20,
             )
-        if heap.left_behind(received) or shed or ended:  # first: it follows who is live at every check
+        if heap.left_behind(received) or shed or ended or silent:  # first: it follows who is live at every check
             await trio.sleep(POLL_S)  # libzmq drops the connections and frees their parts
             heap.give_back()  # those bytes were never read: the node's own trimming would not see them
         if growth is not None:

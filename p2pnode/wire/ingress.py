@@ -284,6 +284,7 @@ class Ingress:
             "data_limit_bytes": self.data_limit_bytes(),
             "curve": list(self.curve) if self.curve is not None else None,
             "handshake_ivl_ms": s.handshake_ivl_ms,
+            "silent_s": self.connections.settings.silent_s,
             "keepalive_s": s.keepalive_s,
             "buffer_check_ms": s.buffer_check_ms,
             "growth_check_ms": s.growth_check_ms,

@@ -38,6 +38,7 @@ import zmq
 from .buffers import PER_CONNECTION_BYTES, GrowthAlarm, watch_buffers
 from .pipes import MessagePipe, PipeError
 from .resets import ResetWatch
+from .silence import HANDSHAKE_BYTES, SilentConnections
 from .zmqsetup import (
     DOMAINS,
     PUBLIC,
@@ -247,7 +248,15 @@ class Ingress:
                 self.name,
                 alarm,
                 drop_ended=self.name == PUBLIC,
+                silence=self._silence(),
             )
+
+    def _silence(self) -> SilentConnections | None:
+        """On the public socket, where strangers connect (silence.py)."""
+        if self.name != PUBLIC or not self.setup["silent_s"]:
+            return None
+        mechanism = "NULL" if self.setup["curve"] is None else "CURVE"
+        return SilentConnections(self.setup["silent_s"], HANDSHAKE_BYTES[mechanism])
 
     def close(self) -> None:
         if self.router is not None:

@@ -40,6 +40,20 @@ class SecuritySettings:
         "inbound connections held at once from one source IP address (`zap_denied_address_cap`); "
         "a testnet on one host needs more than its node count",
     )
+    max_connections_per_prefix: int = option(
+        Integer(1, 1_000_000),
+        128,
+        "inbound connections held at once from one source prefix, /24 or /64 (`zap_denied_prefix_cap`), "
+        "except, with `curve`, those of admitted peers: an attacker with many addresses in one "
+        "network gets this share, not the node's whole `max_connections`. Never below "
+        "`max_connections_per_address`",
+    )
+    silent_s: float = option(
+        Number(0, 3600),
+        10.0,
+        "a connection to the public socket that sends nothing past its handshake within this long "
+        "is shut (`shut_silent`): an honest node sends its HELLO at once. Linux only; 0: never",
+    )
     abort_strikes: int = option(
         Integer(1, 1000),
         2,

@@ -9,10 +9,11 @@ handshake, before any frame of the connection is read:
 
 - with CURVE and `[security].allowlist`: a client key that is not the transport key of a listed
   node is refused (`zap_denied_allowlist`);
-- more live connections from the source address than `max_connections_per_address`, or in all
-  than `max_connections`, are refused (`zap_denied_address_cap`, `zap_denied_total_cap`),
-  except, with CURVE, a client that is an admitted peer: a stranger holding connections cannot
-  shut peers out;
+- more live connections from the source address than `max_connections_per_address`, from its
+  prefix (/24, /64) than `max_connections_per_prefix`, or in all than `max_connections`, are
+  refused (`zap_denied_address_cap`, `zap_denied_prefix_cap`, `zap_denied_total_cap`), except,
+  with CURVE, a client that is an admitted peer: a stranger holding connections cannot shut
+  peers out, nor, from one network, newcomers from others;
 - on the peers' socket (domain `p2pnode-peers`), with CURVE, only admitted peers
   (`zap_denied_not_peer`): strangers cannot send it the large frames that socket takes, nor
   reach the process that holds it (ingress.py);
@@ -110,6 +111,7 @@ class Connections:
         # (inbound socket, descriptor) -> the source address of a live connection
         self.by_fd: dict[tuple[str, int], str] = {}
         self.by_address: Counter[str] = Counter()
+        self.by_prefix: Counter[str] = Counter()
         # Suspects of aborts: source addresses, and (with CURVE) client keys, which is how an
         # admitted peer is told from others on one host. -> (aborts in a row, the last one's time)
         self.strikes: dict[str | bytes, tuple[int, float]] = {}
@@ -130,14 +132,13 @@ class Connections:
             address = address or "?"
             self.by_fd[socket, fd] = address
             self.by_address[address] += 1
+            self.by_prefix[subnet_of(address)] += 1
             self.counts["accepted"] += 1
         elif event == zmq.EVENT_DISCONNECTED:
             self.counts["disconnected"] += 1
             address = self.by_fd.pop((socket, fd), None)
             if address is not None:
-                self.by_address[address] -= 1
-                if not self.by_address[address]:
-                    del self.by_address[address]
+                self._gone(address)
         elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             self.counts["handshake_succeeded"] += 1
         elif event in FAILED_EVENTS:
@@ -162,10 +163,7 @@ class Connections:
         banned for `abort_ban_s`, and their prefixes may be throttled. Returns what was banned
         now (addresses; keys as `key:HEX`)."""
         for key in [key for key in self.by_fd if key[0] == socket]:
-            address = self.by_fd.pop(key)
-            self.by_address[address] -= 1
-            if not self.by_address[address]:
-                del self.by_address[address]
+            self._gone(self.by_fd.pop(key))
         if not aborted or not self.settings.abort_ban_s:
             return []
         # Resets to this process (not to the one before, whose abort they were) and lately.
@@ -193,6 +191,12 @@ class Connections:
                 banned.append(suspect if isinstance(suspect, str) else f"key:{suspect.hex()}")
         self._expire(now)
         return sorted(banned)
+
+    def _gone(self, address: str) -> None:
+        for counter, name in ((self.by_address, address), (self.by_prefix, subnet_of(address))):
+            counter[name] -= 1
+            if not counter[name]:
+                del counter[name]
 
     def _strike(self, strikes: dict, suspect: str | bytes, now: float) -> int:
         """One more strike for `suspect` at `now` (counting again after `abort_ban_s` without);
@@ -249,6 +253,9 @@ class Connections:
             return "zap_denied_not_peer"
         if self.by_address[address] > self.settings.max_connections_per_address:
             return "zap_denied_address_cap"
+        s = self.settings
+        if self.by_prefix[subnet_of(address)] > max(s.max_connections_per_prefix, s.max_connections_per_address):
+            return "zap_denied_prefix_cap"
         if len(self.by_fd) > self.settings.max_connections:
             return "zap_denied_total_cap"
         return None

@@ -10,7 +10,7 @@ from p2pnode.wire.transport import MissingKey, Transport
 from protocol import Identity, Ping
 
 from ..daemon import bootstrap_entry, full_mesh, start_chain, start_node, wait_until
-from .attacker import Attacker, Stranger
+from .attacker import Attacker, Stranger, ingress_rss_mb, run_attack
 
 CURVE = {"curve": True}
 
@@ -169,5 +169,44 @@ async def test_a_newcomer_refused_in_the_handshake_is_admitted_once_room_frees_u
         # The slots are free: b's next dial gets in (its first retry 0.5 s after the refusal).
         took = await wait_until(lambda: full_mesh([a, b]), timeout=15)
         assert b.transport.reopened >= 1, took
+        a.request_stop()
+        b.request_stop()
+
+
+async def test_idle_handshakes_from_one_network_refuse_no_newcomer_and_cost_nothing_lasting(tmp_path):
+    """Handshakes completed and then silence, from 20 addresses of one /24 (issue #43: 1,015 of
+    them filled every slot for good, and the ingress process kept +40 MB after they closed). Now
+    they hold their prefix's share alone, a newcomer from another network gets in meanwhile, each
+    is shut `silent_s` after it came, and the process is back within 10 MB."""
+    security = {**CURVE, "max_connections": 200, "max_connections_per_prefix": 64, "silent_s": 3}
+    async with trio.open_nursery() as nursery:
+        a = await start_node(nursery, tmp_path / "a", security=security)
+        await wait_until(lambda: ingress_rss_mb(a) > 0, timeout=5)
+        before = ingress_rss_mb(a)
+        attack: list[dict] = []
+
+        async def idle() -> None:
+            key = a.identity.public_key.hex()
+            args = ["--target", a.address, "--target-key", key, "--kind", "idle", "--sources", "20"]
+            attack.append(await run_attack(*args, "--connections", "300", "--seconds", "6"))
+
+        nursery.start_soon(idle)
+        connections = a.metrics.connections
+        await wait_until(lambda: connections["accepted"] >= 250, timeout=20)  # all 200 slots, before
+        # Their prefix's share; a few more where a handshake let in failed after (a client's
+        # timeout, on a loaded machine) and freed its slot.
+        assert connections["zap_allowed"] <= 64 + 4, dict(connections)
+        # A newcomer from 127.0.0.1, while the strangers hold their share.
+        b = await start_node(nursery, tmp_path / "b", [bootstrap_entry(a)], security=CURVE)
+        await wait_until(lambda: full_mesh([a, b]), timeout=5)
+        await wait_until(lambda: bool(attack), timeout=20)
+        (result,) = attack
+        # Never more than their share at once; each shut silent_s after it came (with a check or
+        # two), and opened anew: the next share, shut in turn.
+        assert 64 <= result["most_held"] <= 64 + 4 and result["first_shut_s"] >= 3 - 0.5, result
+        assert result["shut"] >= 64 and connections["zap_denied_prefix_cap"] >= 300 - 64, result
+        await wait_until(lambda: connections["shut_silent"] >= result["shut"], timeout=2)  # counted
+        assert full_mesh([a, b])  # the honest connections spoke: never shut
+        await wait_until(lambda: ingress_rss_mb(a) - before < 10, timeout=10)
         a.request_stop()
         b.request_stop()

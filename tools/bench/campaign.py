@@ -1,12 +1,15 @@
 """Abort campaigns against one node of a 4-node CURVE testnet (issue #43): who gets banned, and
 is the node reachable for an honest newcomer meanwhile?
 
-    python -m tools.bench.campaign [--seconds 60] [--sources 2000] [--learning] [--save NAME]
+    python -m tools.bench.campaign [--seconds 60] [--sources 2000] [--campaigns ...] [--learning] [--save NAME]
 
 - `many-sources`: one attacker with `--sources` loopback addresses (250 to a /24: 127.1.0.0/21
   for 2,000) runs the stall-reset attack at the target's public socket (tools/attack.py);
 - `crash-looper`: an admitted peer's key, from an address of its own, strikes the target's
-  peers' socket again the moment its process is back (`--pause 0`).
+  peers' socket again the moment its process is back (`--pause 0`);
+- `idle`: 1,000 CURVE handshakes from 20 addresses of one /24, then silence, each one the target
+  shuts or refuses opened anew (tools/attack.py `--kind idle`); the row adds the public ingress
+  process's memory before, at its most and IDLE_SETTLE_S after the attack.
 
 Beside each, from other prefixes: an honest *newcomer* completes a CURVE handshake with a fresh
 key every NEWCOMER_EVERY_S (127.2.0.1; reachable = handshakes that succeed / tried) and a
@@ -41,6 +44,7 @@ __all__ = ["main"]
 
 NEWCOMER, BYSTANDER = "127.2.0.1", "127.3.0.1"  # honest hosts, each in a prefix of its own
 NEWCOMER_EVERY_S, BYSTANDER_EVERY_S, STATUS_EVERY_S = 0.1, 1.0, 0.5
+IDLE_CONNECTIONS, IDLE_SOURCES, IDLE_SETTLE_S = 1000, 20, 5.0
 # The target's counters a row reports (status: traffic.connections).
 COUNTERS = (
     "reset",
@@ -51,6 +55,9 @@ COUNTERS = (
     "abort_prefix_throttled",
     "zap_denied_aborts",
     "zap_denied_prefix_throttled",
+    "zap_denied_prefix_cap",
+    "zap_denied_total_cap",
+    "shut_silent",
 )
 
 
@@ -81,6 +88,11 @@ def _counters(status: dict) -> dict[str, int]:
     return {name: connections.get(name, 0) for name in COUNTERS}
 
 
+def _public_mb(status: dict | None) -> float | None:
+    """The resident memory of the public socket's ingress process (MB), None while it restarts."""
+    return ((status or {}).get("ingress", {}).get("public") or {}).get("rss_mb")
+
+
 def _campaign(cluster: Cluster, socket_name: str, args: list[str], seconds: float) -> dict:
     target = cluster.specs[0]
     status = cluster.status(target, timeout=5)
@@ -91,7 +103,7 @@ def _campaign(cluster: Cluster, socket_name: str, args: list[str], seconds: floa
         "newcomer": _Probe(status["listen"], server_key, NEWCOMER, NEWCOMER_EVERY_S, fresh_key=True),
         "bystander": _Probe(status["listen"], server_key, BYSTANDER, BYSTANDER_EVERY_S, fresh_key=False),
     }
-    before, peer_counts, rounds = status, [], []
+    before, peer_counts, rounds, memory = status, [], [], [_public_mb(status)]
     attack = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for probe in probes.values():
         probe.start()
@@ -100,12 +112,14 @@ def _campaign(cluster: Cluster, socket_name: str, args: list[str], seconds: floa
         answer = cluster.status(target, timeout=5)
         peer_counts.append(answer["peer_count"] if answer else 0)
         rounds.append((time.monotonic(), _completed(answer)))
+        memory.append(_public_mb(answer))
         time.sleep(STATUS_EVERY_S)
     ended = time.monotonic()
     for probe in probes.values():
         probe.stop.set()
         probe.join()
     out, _ = attack.communicate()
+    time.sleep(IDLE_SETTLE_S)  # the attacker's connections closed: what the process keeps
     after = cluster.status(target, timeout=5)
     counted = {name: after_n - _counters(before)[name] for name, after_n in _counters(after).items()}
     row = {
@@ -120,6 +134,11 @@ def _campaign(cluster: Cluster, socket_name: str, args: list[str], seconds: floa
         "bystander_refused": probes["bystander"].tried - probes["bystander"].succeeded,
         "bystander_tried": probes["bystander"].tried,
         "peers": {"before": before["peer_count"], "min": min(peer_counts), "after": after["peer_count"]},
+        "public_ingress_mb": {
+            "before": memory[0],
+            "most": max((m for m in memory if m is not None), default=None),
+            "after": _public_mb(after),
+        },
     }
     if _completed(before) is not None:
         done = [r for _, r in rounds if r is not None]
@@ -146,12 +165,42 @@ def run_one(name: str, seconds: float, sources: int, learning: bool) -> dict:
         if name == "many-sources":
             args = ["--kind", "stall-reset", "--sources", str(sources), *key]
             return {"campaign": name, "sources": sources, **_campaign(cluster, "public", args, seconds)}
+        if name == "idle":
+            connections = ["--connections", str(IDLE_CONNECTIONS), "--sources", str(IDLE_SOURCES)]
+            row = _campaign(cluster, "public", ["--kind", "idle", *connections, *key], seconds)
+            return {"campaign": name, "sources": IDLE_SOURCES, **row}
         as_key = ["--as-key", str(admitted.directory / "key.pem")]
         args = ["--kind", "stall-reset", "--frames", "1005", "--pause", "0", "--sources", "1", *as_key, *key]
         return {"campaign": name, "sources": 1, **_campaign(cluster, "peers", args, seconds)}
 
 
 def format_table(rows: list[dict]) -> str:
+    idle = [r for r in rows if r["campaign"] == "idle"]
+    aborts = [r for r in rows if r["campaign"] != "idle"]
+    return "\n\n".join(table(group) for group, table in ((aborts, _aborts_table), (idle, _idle_table)) if group)
+
+
+def _idle_table(rows: list[dict]) -> str:
+    lines = [
+        "| campaign | attacker's addresses | handshakes completed / refused | most held at once | shut silent "
+        "| newcomer reachable (handshakes) | bystander's handshakes failed | peers before → min → after "
+        "| public ingress process MB: before → most → after |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        a, c, m = r["attacker"], r["counters"], r["public_ingress_mb"]
+        lines.append(
+            f"| idle handshakes (public socket) | {r['sources']} | {a['opened']:,} / {a['refused']:,} "
+            f"| {a['most_held']} | {c['shut_silent']:,} "
+            f"| {100 * r['newcomer_reachable']:.1f} % ({r['newcomer_tried']}) "
+            f"| {r['bystander_refused']} of {r['bystander_tried']} "
+            f"| {r['peers']['before']} → {r['peers']['min']} → {r['peers']['after']} "
+            f"| {m['before']:.1f} → {m['most']:.1f} → {m['after']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def _aborts_table(rows: list[dict]) -> str:
     learning = any("rounds" in r for r in rows)
     lines = [
         "| campaign | attacker's addresses | aborts | traced / untraced | banned | prefixes throttled "
@@ -179,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.bench.campaign", description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--sources", type=int, default=2000, help="the many-sources attacker's addresses")
-    parser.add_argument("--campaigns", nargs="+", default=["many-sources", "crash-looper"])
+    campaigns = ("many-sources", "crash-looper", "idle")
+    parser.add_argument("--campaigns", nargs="+", choices=campaigns, default=list(campaigns))
     parser.add_argument("--learning", action="store_true", help="the daemons learn; rows add the target's rounds")
     parser.add_argument("--save", metavar="NAME", help="write the rows to tools/bench/results/NAME.json")
     args = parser.parse_args(argv)
