@@ -255,6 +255,7 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "python -m tools.bench.hostile --admitted-peer --save hostile-admitted": HOSTILE_ADMITTED,
     "python -m tools.bench.hostile --seconds 30 --learning --save hostile-learning": HOSTILE_LEARNING,
     "python -m tools.bench.colluders --seeds 0 11 12 --save colluders": COLLUDERS,
+    "python -m tools.bench.colluders --seeds 0 11 12 --runs 8 --save colluders-crash-looper": COLLUDERS,
     "python -m tools.bench.campaign --seconds 60 --save campaign": CAMPAIGN,
     "python -m tools.bench.gpu": GPU,
 }
