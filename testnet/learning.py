@@ -172,9 +172,8 @@ def run_learning_testnet(
     resume from their checkpoints. `settings` adds config settings to every node's, by section
     (e.g. `{"discovery": {"active_view": 8}}`). `placement` runs the daemons (default: here).
     `spec.poisoners` run as Byzantine daemons (testnet/byzantine.py) with `spec.attack`, and
-    with `barrage` also each round's malformed and out-of-round frames. `alongside(cluster)` is
-    entered once every daemon is started and left when they have finished (an attack to run
-    while they learn, say)."""
+    with `barrage` also each round's malformed and out-of-round frames. `alongside(cluster)`: a
+    context held while the daemons run (an attack on them, say)."""
     # The daemons resolve the device as this launcher does; provenance names the engine, as a simulation's.
     device, mixed_precision = device_placement(spec.device, spec.mixed_precision)
     progress = progress or sys.stderr  # the stream of the moment, not the one at import (tests swap it)
@@ -190,12 +189,11 @@ def run_learning_testnet(
     supervisor = Supervisor(
         cluster, churn, seed=spec.seed, keep_going=keep_going, started=started, restart=restart, progress=progress
     )
+    deadline = started + timeout_s
     with cluster:
         cluster.start_all()
-        with alongside(cluster) if alongside is not None else nullcontext():
-            finals, interrupted, timed_out = _watch(
-                cluster, supervisor, spec.rounds, started + timeout_s, poll_s, progress
-            )
+        with alongside(cluster) if alongside else nullcontext():
+            finals, interrupted, timed_out = _watch(cluster, supervisor, spec.rounds, deadline, poll_s, progress)
         exit_codes = cluster.stop()
     ids = [node.node_id for node in cluster.specs]
     header = run_header("testnet", spec, partition, ids, backbones, spec.config_dict(), (device, mixed_precision), made)

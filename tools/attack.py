@@ -496,18 +496,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.as_key:
         global _CLIENT_SECRET
         _CLIENT_SECRET = Identity.from_pem(Path(args.as_key).read_bytes()).curve_keypair()[0]
-    if args.kind == "unfinished":
-        print(json.dumps(unfinished(args.target, args.bytes, args.seconds, args.target_key)), flush=True)
-        return 0
-    if args.kind == "stall-reset":
-        result = stall_reset(args.target, args.frames, args.seconds, args.target_key, args.pause)
-        print(json.dumps(result), flush=True)
-        return 0
-    if args.kind == "idle":
-        print(json.dumps(idle(args.target, args.connections, args.seconds, args.target_key)), flush=True)
-        return 0
-    if args.kind == "malformed":
-        print(json.dumps(malformed(args.target, args.seconds, args.target_key)), flush=True)
+    raw = {
+        "unfinished": lambda: unfinished(args.target, args.bytes, args.seconds, args.target_key),
+        "stall-reset": lambda: stall_reset(args.target, args.frames, args.seconds, args.target_key, args.pause),
+        "idle": lambda: idle(args.target, args.connections, args.seconds, args.target_key),
+        "malformed": lambda: malformed(args.target, args.seconds, args.target_key),
+    }
+    if args.kind in raw:
+        print(json.dumps(raw[args.kind]()), flush=True)
         return 0
     if args.frames_per_key is None:
         planned = args.rate * args.seconds if args.rate else 20_000

@@ -281,6 +281,28 @@ class _HeapAfterConnections:
         self.trimmed_at, self.left = resident_bytes(), 0
 
 
+def _shut_ended_and_silent(
+    ended: list[Connection],
+    received: Mapping[Connection, int],
+    shed: list[Connection],
+    silence: SilentConnections | None,
+    now: float,
+    counts,
+) -> bool:
+    """Shut, beside those `shed`, the connections whose sender `ended` its stream and those
+    `silence` says never spoke; whether any was shut."""
+    shut = False
+    for connection in ended:
+        if connection not in shed and shut_down(connection):
+            counts[ENDED] += 1
+            shut = True
+    for connection in silence.update(received, now) if silence is not None else []:
+        if connection not in shed and shut_down(connection):
+            counts[SILENT] += 1
+            shut = True
+    return shut
+
+
 async def watch_buffers(
     connections: Callable[[], list[Connection]],
     read_so_far: Callable[[], tuple[int, int]],
@@ -323,12 +345,7 @@ async def watch_buffers(
         received, ended = _scan(connections(), drop_ended)
         scan_s = time.perf_counter() - started
         shed = [c for c in estimate.update(received, *read_so_far(), now - last) if shut_down(c)]
-        for connection in ended:
-            if connection not in shed and shut_down(connection):
-                counts[ENDED] += 1
-        silent = [c for c in silence.update(received, now) if c not in shed and shut_down(c)] if silence else []
-        if silent:
-            counts[SILENT] += len(silent)
+        others = _shut_ended_and_silent(ended, received, shed, silence, now, counts)
         for connection in shed:
             counts[SHED] += 1
             log.warning(
@@ -338,7 +355,7 @@ async def watch_buffers(
                 socket,
                 limit >> 20,
             )
-        if heap.left_behind(received) or shed or ended or silent:  # first: it follows who is live at every check
+        if heap.left_behind(received) or shed or others:  # first: it follows who is live at every check
             await trio.sleep(POLL_S)  # libzmq drops the connections and frees their parts
             heap.give_back()  # those bytes were never read: the node's own trimming would not see them
         if growth is not None:
