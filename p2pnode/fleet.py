@@ -9,15 +9,22 @@ nodes that share a host take consecutive port pairs (public, peers') from the ba
 fleet on three hosts uses 7000 and 7001 on each, and one on loopback 7000 to 7005.
 
 The `[data]` section is what the user fills in: either each node's own folder or `.npz` (one
-entry per node in `data_per_node`), or, as a placeholder that runs as written, the node's shard
-of the bundled mnist5k with a comment saying how to put one's own images there instead.
-Every config written is loaded with `load_config` before this returns (`check_fleet`).
+entry per node in `data_per_node`, written relative to the config file, so a fleet directory
+moved with its data, or copied to a device with the same layout, still finds it), or, as a
+placeholder that runs as written, the node's shard of the bundled mnist5k with a comment saying
+how to put one's own images there instead.
+
+Every config written is loaded with `load_config` before `write_fleet` returns; if one does not
+load, everything it wrote is removed again and what `--force` replaced is put back: a failed
+`init` leaves DIR as it found it.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import os
 import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,6 +60,7 @@ class FleetSpec:
     rounds: int = 60
     backbone: str = "convnet"
     settings: dict[str, object] = field(default_factory=dict)  # [algorithm.settings], TOML values
+    local_baseline: bool = False  # [algorithm].local_baseline: a Local model beside the algorithm's
     data_per_node: Path | None = None  # one folder or .npz per node, in name order
     class_names: tuple[str, ...] = ()  # default: the class folders found under data_per_node
     image_size: int | None = None
@@ -77,12 +85,35 @@ def node_directory(spec: FleetSpec, index: int) -> Path:
 
 
 def write_fleet(spec: FleetSpec) -> list[Path]:
-    """Write every node's key and config; returns the configs' paths, in node order. Raises
-    FleetError before writing anything if the request cannot be met."""
+    """Write every node's key and config, each checked as `start` would load it; returns the
+    configs' paths, in node order. Raises FleetError, having written nothing (or put back what it
+    wrote over), if the request cannot be met or a config written does not load."""
     slots = _slots(spec)
     data = _data_entries(spec)
     class_names = _class_names(spec, data)
-    _prepare(spec)
+    created = not spec.out.exists()
+    replaced = _prepare(spec)
+    try:
+        paths = _write_nodes(spec, slots, data, class_names)
+        problems = check_fleet(paths)
+        if problems:
+            raise FleetError("the configs written do not load:\n  " + "\n  ".join(problems))
+    except BaseException:
+        for index in range(spec.nodes):
+            shutil.rmtree(node_directory(spec, index), ignore_errors=True)
+        if replaced is not None:
+            for moved in sorted(replaced.iterdir()):
+                moved.rename(spec.out / moved.name)
+        if created:
+            shutil.rmtree(spec.out, ignore_errors=True)
+        raise
+    finally:
+        if replaced is not None:
+            shutil.rmtree(replaced, ignore_errors=True)
+    return paths
+
+
+def _write_nodes(spec: FleetSpec, slots: list[_Slot], data: list[Path] | None, class_names: tuple[str, ...]):
     identities = [Identity.generate() for _ in range(spec.nodes)]
     peers_per_host = {host: sum(slot.host == host for slot in slots) for host in spec.hosts}
     paths = []
@@ -127,20 +158,26 @@ def _slots(spec: FleetSpec) -> list[_Slot]:
     return slots
 
 
-def _prepare(spec: FleetSpec) -> None:
-    """An existing, non-empty DIR is refused; with `force` the node directories it would write are
-    removed first, data directories included (other files in DIR stay)."""
+def _prepare(spec: FleetSpec) -> Path | None:
+    """An existing, non-empty DIR is refused; with `force` the node directories it would write
+    (data directories included; other files in DIR stay) are moved into a hidden directory of DIR,
+    which is returned: removed once the fleet is written, moved back if it is not."""
     if spec.out.exists() and not spec.out.is_dir():
         raise FleetError(f"--out {spec.out}: exists and is not a directory")
-    if spec.out.is_dir() and any(spec.out.iterdir()):
-        if not spec.force:
-            raise FleetError(
-                f"--out {spec.out}: exists and is not empty; choose another directory, or --force to replace "
-                "its node directories (their keys and data directories go with them)"
-            )
-        for index in range(spec.nodes):
-            shutil.rmtree(node_directory(spec, index), ignore_errors=True)
     spec.out.mkdir(parents=True, exist_ok=True)
+    if not any(spec.out.iterdir()):
+        return None
+    if not spec.force:
+        raise FleetError(
+            f"--out {spec.out}: exists and is not empty; choose another directory, or --force to replace "
+            "its node directories (their keys and data directories go with them)"
+        )
+    replaced = Path(tempfile.mkdtemp(prefix=".replaced-", dir=spec.out))
+    for index in range(spec.nodes):
+        directory = node_directory(spec, index)
+        if directory.exists():
+            directory.rename(replaced / directory.name)
+    return replaced
 
 
 def _data_entries(spec: FleetSpec) -> list[Path] | None:
@@ -197,6 +234,8 @@ def _config_text(
     if per_address > DEFAULT_PER_ADDRESS:  # the fleet's nodes on one host connect from one address
         security["max_connections_per_address"] = per_address
     algorithm = {"name": spec.algorithm, "rounds": spec.rounds, "start_peers": min(spec.nodes - 1, 64)}
+    if spec.local_baseline:
+        algorithm["local_baseline"] = True
     if spec.settings:
         algorithm["settings"] = dict(spec.settings)
     parts = [
@@ -236,7 +275,11 @@ def _data_text(spec: FleetSpec, index: int, data: list[Path] | None, class_names
             '# (docs/config.md, "Your own data").\n'
             + tomli_w.dumps({"data": {"dataset": "mnist5k", "nodes": spec.nodes, "node_index": index}})
         )
-    own: dict = {"path": str(data[index]), "class_names": list(class_names)}
+    # Relative to the config file (load_config reads it so): no path of the machine init ran on.
+    own: dict = {
+        "path": os.path.relpath(data[index], node_directory(spec, index).resolve()),
+        "class_names": list(class_names),
+    }
     if spec.image_size is not None and data[index].is_dir():
         own["image_size"] = spec.image_size
     return "# This node's own data; class_names is the same list, in the same order, on every node.\n" + tomli_w.dumps(

@@ -109,7 +109,7 @@ def _export(args: argparse.Namespace) -> int:
 
 def _init(args: argparse.Namespace) -> int:
     """Keys and ready-to-run configs for a fleet (fleet.py), each checked as `start` would."""
-    from p2pnode.fleet import FleetError, FleetSpec, check_fleet, write_fleet
+    from p2pnode.fleet import FleetError, FleetSpec, write_fleet
 
     spec = FleetSpec(
         nodes=args.nodes,
@@ -121,18 +121,16 @@ def _init(args: argparse.Namespace) -> int:
         rounds=args.rounds,
         backbone=args.backbone,
         settings=_toml_settings(args.set or ()),
+        local_baseline=args.local_baseline,
         data_per_node=None if args.data_per_node is None else Path(args.data_per_node),
         class_names=tuple(args.class_names or ()),
         image_size=args.image_size,
         force=args.force,
     )
     try:
-        paths = write_fleet(spec)
+        paths = write_fleet(spec)  # nothing left behind if it fails
     except FleetError as exc:
         raise CommandError(str(exc), EXIT_USAGE) from None
-    problems = check_fleet(paths)
-    if problems:  # e.g. a data folder the config check refuses: the files stay, to be fixed or redone
-        raise CommandError("the configs written do not load:\n  " + "\n  ".join(problems), EXIT_USAGE)
     for path in paths:
         print(path)  # stdout: the configs, one a line, for scripts
     print(
@@ -254,6 +252,12 @@ def _add_init_parser(commands) -> None:
     init.add_argument("--backbone", choices=BACKBONES, default="convnet", help="[model].backbone (default convnet)")
     init.add_argument(
         "--set", action="append", metavar="KEY=VALUE", help="[algorithm.settings], e.g. --set warmup_rounds=10"
+    )
+    init.add_argument(
+        "--local-baseline",
+        action="store_true",
+        help="[algorithm].local_baseline: each node also trains a Local model (no communication) on the "
+        "same data, and its report compares the two",
     )
     init.add_argument(
         "--data-per-node",

@@ -98,6 +98,39 @@ def test_init_refuses_what_it_cannot_write(tmp_path, capsys):
         assert not (tmp_path / "out").exists()  # refused before anything was written
 
 
+def test_a_failed_init_leaves_nothing_and_a_forced_one_puts_back_what_it_replaced(tmp_path, capsys):
+    """Issue #45: `--rounds 10` against MAPL-Dual's warm-up of 20 failed after writing the
+    configs, so the retry needed --force."""
+    out = tmp_path / "fleet"
+    code, _, err = init(capsys, "--nodes", "2", "--rounds", "10", "--out", str(out))
+    assert code == 2 and "warmup_rounds=20" in err and "warmup_rounds=N" in err, err
+    assert not out.exists()  # nothing left: the retry needs no --force
+    code, _, err = init(capsys, "--nodes", "2", "--rounds", "10", "--set", "warmup_rounds=3", "--out", str(out))
+    assert code == 0, err
+    key = load_key(out / "node0" / "key.pem").public_key
+    (out / "notes.txt").write_text("mine")
+    code, _, err = init(capsys, "--nodes", "2", "--rounds", "10", "--out", str(out), "--force")
+    assert code == 2, err
+    assert load_key(out / "node0" / "key.pem").public_key == key  # put back as it was
+    assert sorted(p.name for p in out.iterdir()) == ["node0", "node1", "notes.txt"]
+
+
+def test_init_writes_a_local_baseline_and_data_paths_relative_to_the_config(tmp_path, capsys):
+    data = tmp_path / "site" / "images"
+    for name in ("a", "b"):
+        write_digit_pngs(data / name, (0, 1), per_class=3)
+    out = tmp_path / "site" / "fleet"
+    code, _, err = init(capsys, "--nodes", "2", "--local-baseline", "--data-per-node", str(data), "--out", str(out))
+    assert code == 0, err
+    raw = tomllib.loads((out / "node1" / "node.toml").read_text())
+    assert raw["algorithm"]["local_baseline"] is True
+    assert raw["data"]["path"] == "../../images/b"  # no path of the machine init ran on
+    # The fleet and its data moved together (copied to a device, say) still load.
+    (tmp_path / "site").rename(tmp_path / "elsewhere")
+    config = load_config(tmp_path / "elsewhere" / "fleet" / "node1" / "node.toml")
+    assert config.algorithm.local_baseline and config.data.path.resolve() == tmp_path / "elsewhere" / "images" / "b"
+
+
 def _free_ports(count: int) -> int:
     """A base port with `count` free ports above it (the fleet's are fixed in its configs)."""
     for _ in range(50):
