@@ -102,16 +102,18 @@ def thresholds(args: argparse.Namespace):
 
 
 def add_baselines(report: dict, spec, names: list[str], engine=None) -> None:
-    """Simulate the baselines on the run's nodes (on `engine`; default inline) and put them
-    beside it in the report."""
+    """Simulate the baselines on the run's nodes and put them beside it in the report; on
+    `engine`, by default `simulate`'s (a worker process per core, inline on one): a testnet's
+    Local costs about what `simulate --baselines local` adds, not 10× (issue #45)."""
     if not names:
         return
-    from testnet.engines import INLINE
+    from testnet.engines import default_engine
     from testnet.progress import RoundProgress
     from testnet.report import attach_baselines
     from testnet.simulator import run_baselines
 
-    attach_baselines(report, run_baselines(spec, names, progress=RoundProgress, engine=engine or INLINE))
+    engine = engine or default_engine(spec.nodes)
+    attach_baselines(report, run_baselines(spec, names, progress=RoundProgress, engine=engine))
 
 
 def write_report(report: dict, out: Path) -> None:

@@ -21,7 +21,7 @@ from .exchange import Hosts, InlineHosts
 from .host import Host, blocks
 from .spec import SimulationSpec
 
-__all__ = ["ENGINES", "Engine", "INLINE", "open_hosts", "cores"]
+__all__ = ["ENGINES", "Engine", "INLINE", "default_engine", "open_hosts", "cores"]
 
 ENGINES = ("inline", "processes", "ray")
 DEFAULT_TIMEOUT_S = 1800.0  # one command of one host: a round's local steps of all its nodes
@@ -69,6 +69,12 @@ class Engine:
 
 
 INLINE = Engine()
+
+
+def default_engine(nodes: int) -> Engine:
+    """`simulate`'s engine when none is named: a worker process per core, inline where only one
+    would have nodes to run."""
+    return INLINE if min(cores(), nodes) == 1 else Engine("processes")
 
 
 @contextmanager

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from algorithms.catalog import BASELINES
+from testnet.engines import default_engine
 from testnet.learning import run_learning_testnet
 from testnet.progress import RoundProgress
 from testnet.report import CheckThresholds, attach_baselines, summary_line, write_report
@@ -69,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
             import torch
 
             torch.set_num_threads(1)
-            attach_baselines(mapl, run_baselines(spec, args.baselines, progress=RoundProgress))
+            baselines = run_baselines(spec, args.baselines, progress=RoundProgress, engine=default_engine(spec.nodes))
+            attach_baselines(mapl, baselines)
         wall_s = time.monotonic() - started
     if args.save:
         print(f"wrote {save(args.save, 'tools.demo', provenance, figures(mapl, wall_s))}", file=sys.stderr)
