@@ -279,6 +279,7 @@ def _data_text(spec: FleetSpec, index: int, data: list[Path] | None, class_names
     own: dict = {
         "path": os.path.relpath(data[index], node_directory(spec, index).resolve()),
         "class_names": list(class_names),
+        "node_index": index,  # seeds its model as node i of `simulate --data-per-node` (its rehearsal)
     }
     if spec.image_size is not None and data[index].is_dir():
         own["image_size"] = spec.image_size

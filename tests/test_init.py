@@ -125,6 +125,7 @@ def test_init_writes_a_local_baseline_and_data_paths_relative_to_the_config(tmp_
     raw = tomllib.loads((out / "node1" / "node.toml").read_text())
     assert raw["algorithm"]["local_baseline"] is True
     assert raw["data"]["path"] == "../../images/b"  # no path of the machine init ran on
+    assert raw["data"]["node_index"] == 1  # seeded as node 1 of its rehearsal (simulate --data-per-node)
     # The fleet and its data moved together (copied to a device, say) still load.
     (tmp_path / "site").rename(tmp_path / "elsewhere")
     config = load_config(tmp_path / "elsewhere" / "fleet" / "node1" / "node.toml")
