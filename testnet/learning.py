@@ -37,7 +37,7 @@ from .cluster import Cluster
 from .overlay import ingress_restarts, ingress_rss_mb
 from .placement import Placement
 from .provenance import provenance
-from .report import CheckThresholds, Truth, assemble, check, run_header
+from .report import CheckThresholds, Truth, assemble, judge, run_header
 from .simulator import SimulationSpec
 
 __all__ = [
@@ -260,7 +260,7 @@ def _merged(document: dict[str, dict], settings: dict[str, dict]) -> dict[str, d
 def _judge(report: dict[str, Any], thresholds: CheckThresholds | None) -> dict[str, Any]:
     """Without --check only that every node finished every round is judged. A run the launcher
     stopped at its timeout fails, saying so: the nodes did not stop early, we stopped them."""
-    verdict = check(report, thresholds or CheckThresholds(accuracy=0.0, within_cluster_mass=0.0))
+    verdict = judge(report, thresholds)
     if report["processes"]["timed_out"]:
         timeout_s = report["processes"]["timeout_s"]
         verdict["failures"].append(

@@ -37,6 +37,7 @@ __all__ = [
     "CheckThresholds",
     "run_header",
     "assemble",
+    "judge",
     "attach_baselines",
     "check",
     "write_report",
@@ -516,6 +517,13 @@ def check(report: dict[str, Any], thresholds: CheckThresholds) -> dict[str, Any]
     elif report["algorithm"] in GRAPH_LEARNING and mass < thresholds.within_cluster_mass:
         failures.append(f"{which} {mass:.3f} below {thresholds.within_cluster_mass}")
     return {"passed": not failures, "failures": failures, "thresholds": asdict(thresholds)}
+
+
+def judge(report: dict[str, Any], thresholds: CheckThresholds | None) -> dict[str, Any]:
+    """`check` with `--check`'s `thresholds`, or, not asked (None), on every node finishing
+    alone; the verdict says which (`asked`)."""
+    verdict = check(report, thresholds or CheckThresholds(accuracy=0.0, within_cluster_mass=0.0))
+    return {**verdict, "asked": thresholds is not None}
 
 
 def write_report(report: dict[str, Any], out: Path) -> list[Path]:

@@ -31,7 +31,7 @@ from .clock import end_costs, step_costs
 from .engines import INLINE, Engine, open_hosts
 from .exchange import GatherRule, Hosts, Timeline, simulation_identity
 from .provenance import provenance
-from .report import CheckThresholds, Truth, assemble, check, run_header
+from .report import CheckThresholds, Truth, assemble, judge, run_header
 from .spec import SimulationSpec
 
 __all__ = [
@@ -85,7 +85,7 @@ def run_simulation(
         made["engine"]["hosts"] = hosts.call("usage", [()] * len(hosts.blocks))
     header = run_header("simulation", spec, partition, ids, backbones, config, (device, mixed_precision), made)
     report = assemble(header, records, truth, rejections=rejections, wall_s=time.perf_counter() - started)
-    report["check"] = check(report, thresholds or CheckThresholds(accuracy=0.0, within_cluster_mass=0.0))
+    report["check"] = judge(report, thresholds)
     return report
 
 

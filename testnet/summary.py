@@ -70,8 +70,23 @@ def _known(value: Any) -> str:
     return "—" if value is None else str(value)
 
 
+def _verdict(check: dict[str, Any] | None) -> str:
+    """What was judged and how it came out: `--check`'s thresholds only where they were asked
+    for (without them a run is judged on every node finishing, and says so)."""
+    if not check:
+        return "not judged"
+    if not check["passed"]:
+        return "; ".join(check["failures"])
+    thresholds = check.get("thresholds") or {}
+    if not check.get("asked", any(thresholds.get(key) for key in ("accuracy", "within_cluster_mass"))):
+        return "every node ran every round (no `--check`)"
+    return (
+        f"passed (`--check`: mean accuracy ≥ {thresholds['accuracy']:g}, "
+        f"within-cluster mass ≥ {thresholds['within_cluster_mass']:g})"
+    )
+
+
 def _run(report: dict[str, Any]) -> str:
-    check = report.get("check") or {}
     rows = {
         "kind": report["kind"],
         "algorithm": report["algorithm"],
@@ -82,7 +97,7 @@ def _run(report: dict[str, Any]) -> str:
         ),
         "backbones": ", ".join(sorted(set(report["backbones"]))),
         "poisoners": ", ".join(map(str, report.get("poisoners") or [])) or "none",
-        "check": "passed" if check.get("passed") else "; ".join(check.get("failures") or ["not judged"]),
+        "check": _verdict(report.get("check")),
         "wall time": f"{report['wall_s']:.0f} s",
     }
     slow = report.get("slow")

@@ -111,3 +111,9 @@ def test_a_tiny_simulation_writes_the_plots_and_a_page_with_the_table(tmp_path):
     assert f"{pooled['correct']}/{pooled['n']}" in page
     assert "| node | backbone | classes | neighbours (w > 0) | mapl [95 % Wilson] | local [95 % Wilson] |" in page
     assert all(f"]({name})" in page for name in PLOTS)
+    # Without --check, what was judged is that every node finished, and the page says no more.
+    assert "| check | every node ran every round (no `--check`) |" in page
+    checks = ["--check", "--check-accuracy", "0", "--check-mass", "0.5"]
+    assert main([*arguments, *checks, "--out", str(tmp_path / "checked")]) == 0
+    checked = (tmp_path / "checked" / "report.md").read_text()
+    assert "| check | passed (`--check`: mean accuracy ≥ 0, within-cluster mass ≥ 0.5) |" in checked
