@@ -101,30 +101,45 @@ def test_the_kernel_counts_what_a_connection_received_and_a_shut_down_connection
 async def test_what_connections_that_left_held_beyond_their_own_room_is_given_back(monkeypatch):
     # A sender of parts that never finish, which leaves by itself, is never shed: libzmq frees
     # its parts, but the freed pages stayed in the heap (+7 MB held for good after 12 MB of parts).
-    size, trims = [100 * MB], []
+    size, trims, scans = [100 * MB], [], [0]
     monkeypatch.setattr(buffers, "resident_bytes", lambda: size[0])
     monkeypatch.setattr(buffers, "trim_now", lambda: trims.append(size[0]))
+    scan = buffers._scan
+
+    def counted(*args):
+        scans[0] += 1
+        return scan(*args)
+
+    monkeypatch.setattr(buffers, "_scan", counted)
+
+    async def checks(count: int) -> None:
+        """Until the watcher has checked `count` more times: what did not happen then did not."""
+        with trio.fail_after(10):  # a check every 10 ms, however loaded the machine
+            target = scans[0] + count
+            while scans[0] < target:
+                await trio.sleep(0.01)
+
     with socket.create_server(("127.0.0.1", 0)) as server:
         clients = [socket.create_connection(server.getsockname()) for _ in range(3)]
         accepted = [server.accept()[0] for _ in clients]
         live = [(s.fileno(), s.getpeername()) for s in accepted]
         async with trio.open_nursery() as nursery:
             nursery.start_soon(buffers.watch_buffers, lambda: list(live), lambda: (0, 0), 1 << 30, 0.01, {})
-            await trio.sleep(0.05)
+            await checks(2)
             size[0] += GROWTH_TRIGGER + MB
-            await trio.sleep(0.1)
+            await checks(3)
             assert trims == []  # grown, but everyone is still there: what it holds is in use
             live.pop()
             with trio.move_on_after(10):  # a check every 10 ms, however loaded the machine
                 while not trims:
                     await trio.sleep(0.01)
-            await trio.sleep(0.1)
+            await checks(3)
             assert trims == [size[0]]  # once, and not again until it grows anew
             # Two leave, the process having grown by no more than their own room (and the
             # trigger): kept, for the next connections.
             size[0] += GROWTH_TRIGGER + 2 * PER_CONNECTION_BYTES
             live.clear()
-            await trio.sleep(0.1)
+            await checks(3)
             assert len(trims) == 1
             nursery.cancel_scope.cancel()
         for each in clients + accepted:
