@@ -118,12 +118,24 @@ def deployment_report(nodes: Sequence[NodeHistory]) -> dict[str, Any]:
     if algorithms == ["none"]:
         raise DeploymentReportError("[algorithm].name is none: these nodes do not learn, there is nothing to report")
     header = _header(nodes, algorithms[0])
-    records = [record for node in nodes for record in node.records]
+    carried = [across_restarts(node.records) for node in nodes]
+    records = [record for node in carried for record in node]
     processes = {
         "engine": "daemons",
         "resumed_from": [node.start.get("resumed_from") for node in nodes],
+        # Each start after a node's first: the round it resumed after (None: from the beginning).
+        "restarted_after": [[start.get("resumed_from") for start in node.history.starts[1:]] for node in nodes],
     }
-    report = assemble(header, records, None, rejections={}, wall_s=_wall_s(nodes), processes=processes)
+    finals = [node[-1] for node in carried if node]
+    report = assemble(
+        header,
+        records,
+        None,
+        rejections={},
+        wall_s=_wall_s(nodes),
+        processes=processes,
+        discovery=_discovery(finals),
+    )
     baseline = [_as_local(record) for record in records if record.local_baseline.keys() >= BASELINE_FIGURES]
     if baseline:
         local = assemble({**header, "algorithm": LOCAL_BASELINE}, baseline, None, rejections={}, wall_s=0.0)
@@ -141,6 +153,57 @@ def deployment_report(nodes: Sequence[NodeHistory]) -> dict[str, Any]:
         for node in nodes
     ]
     return report
+
+
+def across_restarts(records: Sequence[RoundRecord]) -> list[RoundRecord]:
+    """One node's records (by round) with what it sent counted from its first start: a daemon
+    counts its frames from its own process's start, so after a restart the totals fell back
+    (the curve dropped at that round, and the report's totals left out what went before). A
+    count lower than the round before's is a restart: what was counted until then is added to
+    every record after."""
+    carried, before = [], {"sent": {}, "discovery_sent": {}}
+    offsets: dict[str, dict] = {"sent": {}, "discovery_sent": {}}
+    for record in records:
+        raw = {"sent": record.sent, "discovery_sent": record.discovery_sent}
+        if any(_total(raw[key]) < _total(before[key]) for key in raw):
+            for key in raw:
+                offsets[key] = _added(offsets[key], before[key])
+        before = raw
+        carried.append(
+            dataclasses.replace(
+                record,
+                sent=_added(record.sent, offsets["sent"]),
+                discovery_sent=_added(record.discovery_sent, offsets["discovery_sent"]),
+            )
+        )
+    return carried
+
+
+def _total(counts) -> int:
+    return sum(messages for messages, _, _ in counts.values())
+
+
+def _added(a, b) -> dict:
+    """Counts by type, (messages, bytes, payload bytes) each, added."""
+    return {
+        kind: tuple(x + y for x, y in zip(a.get(kind, (0, 0, 0)), b.get(kind, (0, 0, 0)), strict=True))
+        for kind in a.keys() | b.keys()
+    }
+
+
+def _discovery(finals: Sequence[RoundRecord]) -> dict[str, Any]:
+    """The discovery and keep-alive frames the nodes sent, as their histories carry them."""
+    by_type: dict[str, dict[str, int]] = {}
+    for final in finals:
+        for kind, (messages, size, _) in final.discovery_sent.items():
+            entry = by_type.setdefault(str(kind), {"messages": 0, "bytes": 0})
+            entry["messages"] += messages
+            entry["bytes"] += size
+    return {
+        "messages": sum(entry["messages"] for entry in by_type.values()),
+        "bytes": sum(entry["bytes"] for entry in by_type.values()),
+        "by_type": by_type,
+    }
 
 
 def _wall_s(nodes: Sequence[NodeHistory]) -> float:

@@ -79,6 +79,7 @@ PROCESS_KEYS = (
     "ingress_restarts",
     "churn",
     "restarts",
+    "restarted_after",
     "exits",
     "timeout_s",
     "timed_out",

@@ -51,7 +51,7 @@ def summary_page(report: dict[str, Any], plots: Sequence[str] = ()) -> str:
         *filter(None, [_per_node_rounds(report)]),
         _graph(report),
         _traffic(report),
-        *filter(None, [_daemons(report)]),
+        *filter(None, [_daemons(report), _restarted(report)]),
         "## Plots\n\n" + "\n".join(f"![{Path(name).stem}]({name})" for name in plots),
         _provenance(report),
     ]
@@ -360,6 +360,21 @@ def _daemons(report: dict[str, Any]) -> str:
         resumed = event.get("resumed_from")
         lines.append(f"| {at:.1f} | {event['node']} | {what} | {back} | {'—' if resumed is None else resumed} |")
     return "## Daemons down during the run\n\n" + "\n".join(lines)
+
+
+def _restarted(report: dict[str, Any]) -> str:
+    """A deployment's nodes that started again, from their histories' start lines: each time,
+    the round it resumed after (its checkpoint's). Empty if none did."""
+    restarted = (report.get("processes") or {}).get("restarted_after") or []
+    rows = [
+        f"| {node} | {', '.join('the beginning' if r is None else f'round {r}' for r in rounds)} |"
+        for node, rounds in enumerate(restarted)
+        if rounds
+    ]
+    if not rows:
+        return ""
+    head = "## Nodes restarted during the run\n\nWhat each sent before a restart is counted in the traffic.\n\n"
+    return head + "| node | started again, resuming after |\n|---|---|\n" + "\n".join(rows)
 
 
 def _ended(event: dict[str, Any]) -> str:

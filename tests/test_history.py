@@ -201,3 +201,49 @@ def test_report_of_three_daemons_with_a_local_baseline(tmp_path, capsys):
     assert f"Overall: {overall} here" in page and overall in printed
     assert report["baselines"]["local"]["accuracy"]["per_node"] == [e.local_baseline["accuracy"] for e in finals]
     assert {"graph.png", "accuracy.png", "loss.png"} <= {path.name for path in out.iterdir()}
+
+
+def test_a_restart_is_on_the_report_and_what_was_sent_before_it_still_counts(tmp_path, capsys):
+    """Issue #45: a daemon counts its frames from its own start, so after a restart the report's
+    cumulative bytes fell back at that round and its totals left out what went before; the
+    discovery traffic the histories carry showed as 0.00 MiB; the restart showed nowhere."""
+    from p2pnode.config import load_config
+
+    code, paths, err = init(
+        capsys, "--nodes", "2", "--out", str(tmp_path / "fleet"), "--rounds", "3", "--set", "warmup_rounds=1"
+    )
+    assert code == 0, err
+    ids = [load_config(path).identity.node_id for path in paths]
+    weights = dict.fromkeys(ids, 0.5)
+
+    def sent(n: int) -> dict:
+        return {"PROTOTYPES": (n, 100 * n, 80 * n)}
+
+    def discovery(n: int) -> dict:
+        return {"PING": (n, 10 * n, 0)}
+
+    for node, path in zip(ids, paths, strict=True):
+        load_config(path).node.data_dir.mkdir()  # the daemon makes it when it starts
+        history = HistoryFile(load_config(path).node.data_dir / HISTORY_NAME, 1 << 20)
+        history.start({**START, "node": node})
+        for r, n in ((0, 2), (1, 4), (2, 6)) if node == ids[0] else ((0, 2), (1, 4)):
+            history.append(record(node, r, weights=weights, sent=sent(n), discovery_sent=discovery(3 * n)))
+        if node == ids[1]:  # restarted from its checkpoint of round 1: its counters start again
+            again = HistoryFile(load_config(path).node.data_dir / HISTORY_NAME, 1 << 20)
+            again.start({**START, "node": node, "resumed_from": 1})
+            again.append(record(node, 2, weights=weights, sent=sent(1), discovery_sent=discovery(3)))
+    out = tmp_path / "report"
+    assert main(["report", *(arg for path in paths for arg in ("--config", path)), "--out", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    comm = report["comm"]
+    assert comm["by_type"]["PROTOTYPES"] == {
+        "messages": 6 + 5,
+        "bytes": 1100,
+        "bytes_cumulative_per_round": [400, 800, 1100],
+    }
+    assert comm["bytes_cumulative_per_round"] == sorted(comm["bytes_cumulative_per_round"])  # never falls back
+    assert comm["discovery"]["messages"] == 18 + 15 and comm["discovery"]["bytes"] == 330
+    assert report["processes"]["restarted_after"] == [[], [1]]
+    page = (out / "report.md").read_text()
+    assert "## Nodes restarted during the run" in page and "| 1 | round 1 |" in page
+    assert "| all discovery | | 33 | 0.00 |" in page

@@ -78,7 +78,7 @@ def test_every_node_every_round():
         "ingress_rss_mb",
         "ingress_restarts",
     )
-    assert report["processes"] == dict.fromkeys((*processes, "churn", "restarts", "exits", "timeout_s", "timed_out"))
+    assert report["processes"] == dict.fromkeys((*processes, "churn", "restarts", "restarted_after", "exits", "timeout_s", "timed_out"))
     assert report["timing"]["gather_s_mean"] is None  # nobody measured a gather
 
 
