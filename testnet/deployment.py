@@ -97,6 +97,7 @@ def _header(nodes: Sequence[NodeHistory], algorithm: str) -> dict[str, Any]:
         "node_ids": [node.node_id for node in nodes],
         "backbones": [node.config.model.backbone for node in nodes],
         "node_classes": [list(node.start.get("classes") or []) for node in nodes],
+        "class_names": list(names) if (names := _common([settings.class_names for settings in data])) else None,
         "config": {
             "configs": [str(node.config.source) for node in nodes],
             "settings": [dict(node.config.algorithm.settings) for node in nodes],

@@ -137,6 +137,7 @@ def run_header(
         "node_ids": ids,
         "backbones": backbones,
         "node_classes": [list(shard.classes) for shard in partition.shards],
+        "class_names": getattr(spec, "class_names", None),  # the ids' names, where the data is one's own
         "config": config,
         "device": str(device),
         "mixed_precision": mixed_precision,

@@ -147,6 +147,12 @@ class SimulationSpec:
         return self.dataset if self.data is None else str(self.data.path)
 
     @property
+    def class_names(self) -> list[str] | None:
+        """The network's class names where the data is the user's own (None: a benchmark's ids)."""
+        own = self.data_per_node[0] if self.data_per_node else self.data
+        return None if own is None or not own.class_names else list(own.class_names)
+
+    @property
     def scenario_label(self) -> str:
         """The report's scenario: the partition's, or "per-node" where each node brings its own data."""
         return "per-node" if self.data_per_node else self.scenario

@@ -195,7 +195,7 @@ def per_node_table(report: dict[str, Any]) -> str:
         cells = [
             _node_accuracy(run["accuracy"]["per_node"][i], n[i]) for (_, run), n in zip(methods, sizes, strict=True)
         ]
-        classes = "".join(map(str, report["node_classes"][i]))
+        classes = _classes(report, i)
         memory = f"{_daemon_memory(report, i)} | " if daemons else ""
         rows.append(
             f"| {i} | {report['backbones'][i]} | {classes} | {_neighbours(report, i)} | {memory}{' | '.join(cells)} |"
@@ -203,6 +203,14 @@ def per_node_table(report: dict[str, Any]) -> str:
     means = ["—" if run["accuracy"]["mean"] is None else f"{run['accuracy']['mean'] * 100:.1f} %" for _, run in methods]
     rows.append(f"| mean | | | | {'| ' if daemons else ''}{' | '.join(means)} |")
     return "\n".join(rows)
+
+
+def _classes(report: dict[str, Any], node: int) -> str:
+    """A node's classes: by name where the report has them (one's own data), else their ids."""
+    names, ids = report.get("class_names"), report["node_classes"][node]
+    if names:
+        return ", ".join(names[k] if 0 <= k < len(names) else str(k) for k in ids)
+    return "".join(map(str, ids))
 
 
 def _node_accuracy(accuracy: float | None, n: int | None) -> str:

@@ -65,6 +65,10 @@ def test_own_data_gives_the_built_in_datasets_report(mnist5k_files, tmp_path):
         assert own["accuracy"]["per_node"] == built_in["accuracy"]["per_node"]
         assert own["accuracy"]["per_round"] == built_in["accuracy"]["per_round"]
         assert own["graph"]["W"] == built_in["graph"]["W"] and own["comm"]["bytes"] == built_in["comm"]["bytes"]
+    # The nodes' classes by name where the data is one's own (issue #45: ids were all a user saw).
+    assert built_in["class_names"] is None and npz["class_names"] == list(DIGITS)
+    first = ", ".join(DIGITS[k] for k in npz["node_classes"][0])
+    assert f"| 0 | mlp | {first} | " in (tmp_path / "npz" / "report.md").read_text()
     local, built_in_local = folder["baselines"]["local"], built_in["baselines"]["local"]
     assert local["accuracy"]["per_node"] == built_in_local["accuracy"]["per_node"]
     for name in ("report.md", "accuracy.png", "graph.png"):
