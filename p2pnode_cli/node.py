@@ -51,8 +51,48 @@ def _ask(config_path: str, command: str):
 def _status(args: argparse.Namespace) -> int:
     from p2pnode.operations.status import format_status
 
-    _, answer = _ask(args.config, "status")
-    print(json.dumps(answer["status"], indent=2) if args.json else format_status(answer["status"]))
+    configs = _status_configs(args)
+    if len(configs) == 1 and not args.fleet:
+        _, answer = _ask(configs[0], "status")
+        print(json.dumps(answer["status"], indent=2) if args.json else format_status(answer["status"]))
+        return EXIT_OK
+    return _fleet_status(configs, args.json)
+
+
+def _status_configs(args: argparse.Namespace) -> list[str]:
+    """--config, each given; --fleet DIR, every DIR/*/node.toml (as `init` writes them)."""
+    configs = list(args.config or ())
+    if args.fleet:
+        found = sorted(str(path) for path in Path(args.fleet).glob("*/node.toml"))
+        if not found:
+            raise CommandError(
+                f"--fleet {args.fleet}: no */node.toml there (p2pnode init writes DIR/node<i>/node.toml)"
+            )
+        configs += found
+    if not configs:
+        raise CommandError("status: give --config TOML (one node) or --fleet DIR", EXIT_USAGE)
+    return configs
+
+
+def _fleet_status(configs: list[str], as_json: bool) -> int:
+    """One row per node: its status, or why it gave none (not running, refused). Exit 0 even if
+    some are down: the table says which."""
+    from p2pnode.operations.control import ControlError, request
+    from p2pnode.operations.status import format_fleet
+
+    rows = []
+    for path in configs:
+        try:
+            config = _config(path, load_identity=False, check_learning=False)
+            answer = request(config.control_socket, "status")
+            rows.append(
+                {"config": path, "status": answer["status"]}
+                if answer.get("ok")
+                else {"config": path, "error": str(answer.get("error"))}
+            )
+        except (CommandError, ControlError) as exc:
+            rows.append({"config": path, "error": str(exc)})
+    print(json.dumps(rows, indent=2) if as_json else format_fleet(rows))
     return EXIT_OK
 
 
@@ -185,8 +225,11 @@ def add_parsers(commands) -> None:
     start.add_argument("--config", required=True, metavar="TOML", help="node configuration (docs/config.md)")
     start.set_defaults(run=_start)
 
-    status = commands.add_parser("status", help="ask a running node for its status")
-    status.add_argument("--config", required=True, metavar="TOML")
+    status = commands.add_parser(
+        "status", help="ask a running node for its status; with --fleet DIR (or several --config), one table of all"
+    )
+    status.add_argument("--config", action="append", metavar="TOML", help="a node's configuration; repeat for several")
+    status.add_argument("--fleet", metavar="DIR", help="every DIR/*/node.toml, as `p2pnode init` wrote them")
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
     status.set_defaults(run=_status)
 

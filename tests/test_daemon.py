@@ -116,6 +116,16 @@ async def test_status_and_stop_through_the_cli_and_a_clean_exit(tmp_path, capsys
         status = json.loads(capsys.readouterr().out)
         assert 10 < status["rss_mb"] < 10_000 and status["peak_rss_mb"] >= status["rss_mb"] - 1  # this process's
         assert re.search(r"pid \d+  rss \d+ MB \(peak \d+ MB\)\n", table), table
+        # The fleet in one table, a node of it that is not running included (issue #45).
+        write_config(tmp_path / "n9", ANY_PORT)
+        assert await trio.to_thread.run_sync(cli, ["status", "--fleet", str(tmp_path)]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[0].split() == ["config", "node", "phase", "rounds", "peers", "accuracy", "local", "gain"]
+        rows = {line.split()[0]: line.split() for line in lines[1:]}
+        assert set(rows) == {"n0/node.toml", "n1/node.toml", "n9/node.toml"}, lines
+        assert rows["n0/node.toml"][1:3] == [a.identity.node_id, "none"] and rows["n0/node.toml"][4] == "1"
+        assert rows["n1/node.toml"][1] == b.identity.node_id
+        assert " ".join(rows["n9/node.toml"][1:]).startswith("no node is running with this configuration")
         assert await trio.to_thread.run_sync(cli, ["stop", "--config", str(a.config.source)]) == 0
         await wait_until(lambda: b.membership.counts["evicted_bye"] == 1, timeout=2)  # a said BYE
         b.request_stop()

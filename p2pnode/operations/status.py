@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["format_status"]
+__all__ = ["format_status", "format_fleet"]
 
 
 def _seconds(value: float | None) -> str:
@@ -141,3 +141,38 @@ def format_status(status: dict) -> str:
     if traffic.get("beacon_sends_failed"):
         lines.append(f"beacon sends failed: {traffic['beacon_sends_failed']}")
     return "\n".join(lines)
+
+
+def format_fleet(rows: list[dict]) -> str:
+    """One line per node (`p2pnode status --fleet`): its round and rounds done, peers, accuracy,
+    its local baseline's and the difference where it trains one, or why it did not answer."""
+    lines = [f"{'config':<28}{'node':<18}{'phase':<10}{'rounds':>9}{'peers':>7}{'accuracy':>10}{'local':>8}{'gain':>8}"]
+    for row in rows:
+        name = _short(row["config"])
+        if "error" in row:
+            lines.append(f"{name:<28}{row['error']}")
+            continue
+        status = row["status"]
+        learning = status.get("learning") or {}
+        done = f"{learning.get('completed', '-')}/{learning.get('rounds', '-')}" if learning else "-"
+        accuracy = learning.get("accuracy")
+        history = learning.get("history") or []
+        local = (history[-1].get("local_baseline") or {}).get("accuracy") if history else None
+        gain = None if accuracy is None or local is None else accuracy - local
+        lines.append(
+            f"{name:<28}{status['node_id']:<18}{learning.get('phase', 'none'):<10}{done:>9}"
+            f"{status['peer_count']:>7}{_percent(accuracy):>10}{_percent(local):>8}"
+            f"{'-' if gain is None else f'{gain * 100:+.1f}':>8}"
+        )
+    return "\n".join(lines)
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.1f} %"
+
+
+def _short(path: str) -> str:
+    """The config's folder and name (fleet/node0/node.toml -> node0/node.toml), at most 27 characters."""
+    parts = path.replace("\\", "/").split("/")
+    short = "/".join(parts[-2:])
+    return short if len(short) < 28 else "..." + short[-24:]
