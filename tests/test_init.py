@@ -116,10 +116,10 @@ def test_a_failed_init_leaves_nothing_and_a_forced_one_puts_back_what_it_replace
 
 
 def test_init_writes_a_local_baseline_and_data_paths_relative_to_the_config(tmp_path, capsys):
-    data = tmp_path / "site" / "images"
+    data = tmp_path / "s" / "images"
     for name in ("a", "b"):
         write_digit_pngs(data / name, (0, 1), per_class=3)
-    out = tmp_path / "site" / "fleet"
+    out = tmp_path / "s" / "f"
     code, _, err = init(capsys, "--nodes", "2", "--local-baseline", "--data-per-node", str(data), "--out", str(out))
     assert code == 0, err
     raw = tomllib.loads((out / "node1" / "node.toml").read_text())
@@ -127,9 +127,9 @@ def test_init_writes_a_local_baseline_and_data_paths_relative_to_the_config(tmp_
     assert raw["data"]["path"] == "../../images/b"  # no path of the machine init ran on
     assert raw["data"]["node_index"] == 1  # seeded as node 1 of its rehearsal (simulate --data-per-node)
     # The fleet and its data moved together (copied to a device, say) still load.
-    (tmp_path / "site").rename(tmp_path / "elsewhere")
-    config = load_config(tmp_path / "elsewhere" / "fleet" / "node1" / "node.toml")
-    assert config.algorithm.local_baseline and config.data.path.resolve() == tmp_path / "elsewhere" / "images" / "b"
+    (tmp_path / "s").rename(tmp_path / "e")  # short: the control socket's path has 107 bytes
+    config = load_config(tmp_path / "e" / "f" / "node1" / "node.toml")
+    assert config.algorithm.local_baseline and config.data.path.resolve() == tmp_path / "e" / "images" / "b"
 
 
 def _free_ports(count: int) -> int:
