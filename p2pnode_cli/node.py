@@ -210,6 +210,8 @@ def _report(args: argparse.Namespace) -> int:
     if not any(entry["records"] for entry in report["histories"]):
         raise CommandError("no node has recorded a round yet: nothing to report")
     write_report(report, Path(args.out))
+    if args.files:
+        _held_out_files(configs, Path(args.out))
     difference = (report["local_baseline_gain"] or {}).get("difference")
     if difference is not None:
         print(
@@ -218,6 +220,18 @@ def _report(args: argparse.Namespace) -> int:
             f"{difference['nodes']} nodes)"
         )
     return EXIT_OK
+
+
+def _held_out_files(configs, out: Path) -> None:
+    """`report --files`: OUT/held_out/node<i>.csv, node i as the report numbers it (testnet/held_out.py)."""
+    from testnet.held_out import write_held_out
+
+    for index, loaded in enumerate(configs):
+        try:
+            config = _config(str(loaded.source))  # the full check: [data] is read
+            print(f"node {index}: held-out images: {write_held_out(config, out / 'held_out' / f'node{index}.csv')}")
+        except (CommandError, ValueError) as exc:
+            print(f"node {index} ({loaded.source}): no list of held-out images: {exc}", file=sys.stderr)
 
 
 def add_parsers(commands) -> None:
@@ -331,4 +345,10 @@ def _add_report_parser(commands) -> None:
         help="a node's configuration (its key names it, its [node].data_dir holds history.jsonl); repeat per node",
     )
     report.add_argument("--out", required=True, metavar="DIR", help="report.json, report.md and PNGs go here")
+    report.add_argument(
+        "--files",
+        action="store_true",
+        help="also DIR/held_out/node<i>.csv: each node's held-out images (its own files) with their class, "
+        "the class it predicts and whether that is right, from its checkpoint",
+    )
     report.set_defaults(run=_report)

@@ -2,6 +2,7 @@
 per round (p2pnode/learning/history.py), the local baseline beside the collaborative model, and
 `p2pnode report` over the histories of a fleet (testnet/deployment.py)."""
 
+import csv
 import json
 import logging
 import os
@@ -167,7 +168,7 @@ def test_report_of_three_daemons_with_a_local_baseline(tmp_path, capsys):
     histories = [read_history(directory / "data" / HISTORY_NAME).records for directory in directories]
     assert all([entry.round for entry in history] == list(range(rounds)) for history in histories)
     out = tmp_path / "report"
-    assert main(["report", *(arg for path in paths for arg in ("--config", path)), "--out", str(out)]) == 0
+    assert main(["report", *(arg for path in paths for arg in ("--config", path)), "--out", str(out), "--files"]) == 0
     printed = capsys.readouterr().out
     report = json.loads((out / "report.json").read_text())
     page = (out / "report.md").read_text()
@@ -201,6 +202,14 @@ def test_report_of_three_daemons_with_a_local_baseline(tmp_path, capsys):
     assert f"Overall: {overall} here" in page and overall in printed
     assert report["baselines"]["local"]["accuracy"]["per_node"] == [e.local_baseline["accuracy"] for e in finals]
     assert {"graph.png", "accuracy.png", "loss.png"} <= {path.name for path in out.iterdir()}
+    # --files: each node's held-out images by name, what it predicts for each, as its accuracy says.
+    for i, entry in enumerate(finals):
+        with (out / "held_out" / f"node{i}.csv").open() as handle:
+            rows = list(csv.DictReader(handle))
+        assert len(rows) == entry.test_samples and f"node {i}: held-out images: " in printed
+        assert all(Path(row["file"]).is_file() and row["file"].startswith(str(tmp_path / "images")) for row in rows)
+        assert all(Path(row["file"]).parent.name == row["class"] for row in rows)  # the class folder
+        assert sum(int(row["correct"]) for row in rows) / len(rows) == pytest.approx(entry.accuracy)
 
 
 def test_a_restart_is_on_the_report_and_what_was_sent_before_it_still_counts(tmp_path, capsys):

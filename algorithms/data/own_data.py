@@ -52,6 +52,7 @@ __all__ = [
     "folder_class_names",
     "held_out_count",
     "held_out_split",
+    "held_out_files",
     "inspect_own_data",
     "load_own_data",
     "own_dataset",
@@ -155,6 +156,29 @@ def load_own_data(spec: OwnDataSpec, damaged: list[str] | None = None) -> tuple[
     fraction = DEFAULT_TEST_FRACTION if spec.test_fraction is None else spec.test_fraction
     train_idx, test_idx = held_out_split(labels, fraction, spec.seed)
     return _pool(images[train_idx], labels[train_idx]), _pool(images[test_idx], labels[test_idx])
+
+
+def held_out_files(spec: OwnDataSpec) -> list[tuple[str, int]]:
+    """The images a node on `spec` holds out for testing, in its test split's order (that of its
+    evaluation), with their class ids: a folder's files (absolute paths), a
+    .npz's rows (`x[i]`, or `x_test[i]` where it has a test part). Decodes nothing; raises
+    OwnDataError. An image skipped as damaged only when decoded (`skip_damaged`) shifts the
+    split: compare the labels with the evaluation's before naming its images."""
+    inventory = inspect_own_data(spec)
+    if spec.is_npz:
+        try:
+            with np.load(spec.path, allow_pickle=False) as arrays:
+                if "y_test" in arrays.files:
+                    return [(f"x_test[{i}]", int(k)) for i, k in enumerate(arrays["y_test"])]
+                names, labels = [f"x[{i}]" for i in range(len(arrays["y"]))], arrays["y"].astype(np.int64)
+        except (OSError, ValueError, zipfile.BadZipFile) as error:
+            raise OwnDataError(f"{spec.path} could not be read ({error})") from None
+    else:
+        names = [str(path.resolve()) for path, _ in inventory.files]
+        labels = np.array([k for _, k in inventory.files], dtype=np.int64)
+    fraction = DEFAULT_TEST_FRACTION if spec.test_fraction is None else spec.test_fraction
+    _, test = held_out_split(labels, fraction, spec.seed)
+    return [(names[i], int(labels[i])) for i in test]
 
 
 def own_dataset(spec: OwnDataSpec) -> Dataset:
