@@ -4,7 +4,7 @@ The commands are read from README.md itself: its `sh` blocks and the "try it" co
 "What works today" table. Each one must be listed below, with how it is judged (RUN, or the
 "Running a node" block as a whole) or why it is not run (NOT_RUN): a command added to the
 README and not here fails `test_every_readme_command_is_accounted_for`, and so does one listed
-here that the README no longer shows. The command synopsis ("Command line") is checked against
+here that the README no longer shows. The command synopsis (docs/cli.md) is checked against
 the argument parser, and the Python example is run as it is.
 
 The README's learning commands are small on purpose (digits, 4 nodes, a few rounds, the `mlp`
@@ -348,9 +348,9 @@ def test_the_python_example_runs(tmp_path, monkeypatch, capsys):
 
 
 def _synopsis() -> dict[str, set[str]]:
-    """Each command of the "Command line" block and the options it shows (continuation lines
-    included)."""
-    (block,) = _blocks("", _section("Command line"))
+    """Each command of docs/cli.md's synopsis (the README's "Command line" points there) and the
+    options it shows (continuation lines included)."""
+    (block,) = _blocks("", (ROOT / "docs" / "cli.md").read_text())
     shown: dict[str, set[str]] = {}
     command = None
     for line in block.splitlines():
@@ -370,4 +370,4 @@ def test_the_command_synopsis_matches_the_parser():
         if " " in command:
             parser = parser._subparsers._group_actions[0].choices[command.split()[1]]
         known = {option for action in parser._actions for option in action.option_strings}
-        assert options <= known, f"{command}: {options - known} shown in README.md but not accepted"
+        assert options <= known, f"{command}: {options - known} shown in docs/cli.md but not accepted"

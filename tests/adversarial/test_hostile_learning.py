@@ -18,23 +18,13 @@ import pytest
 from testnet.learning import byzantine_program, run_learning_testnet
 from testnet.report import CheckThresholds, honest_truth
 from testnet.simulator import SimulationSpec, run_simulation
+from tools.bench.hostile import digits_spec
 
 POISONER = 3  # cluster 1 is nodes 2 and 3: node 2's only cluster-mate poisons
 
 
 def _spec(attack: str, poisoners: tuple[int, ...] = (POISONER,)) -> SimulationSpec:
-    return SimulationSpec(
-        algorithm="mapl",
-        dataset="digits",
-        nodes=4,
-        rounds=8,
-        samples_per_class=10,
-        backbones=("mlp",),
-        overrides={"warmup_rounds": "3"},
-        poisoners=poisoners,
-        attack=attack,
-        attack_factor=1e4,
-    )
+    return digits_spec(poisoners, attack)
 
 
 @pytest.fixture(scope="module")

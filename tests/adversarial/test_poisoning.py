@@ -19,6 +19,7 @@ from algorithms.seam import PayloadRejected
 from protocol.messages import Head, Model, Prototypes, Score
 from testnet.report import CheckThresholds, check
 from testnet.simulator import SimulationSpec, run_simulation
+from tools.bench.hostile import digits_spec
 
 
 def _rng():
@@ -352,20 +353,7 @@ SMALL_NORM = [("scale", 3.0), ("sign-flip", 1.0), ("random", 1.0), ("rotate", 1.
 def _one_poisoner_per_cluster(attack: str, factor: float, **overrides: str) -> dict:
     """4 MAPL nodes on digits (clusters {0, 1} and {2, 3}); nodes 1 and 3 poison: each honest
     node's only cluster-mate."""
-    return run_simulation(
-        SimulationSpec(
-            algorithm="mapl",
-            dataset="digits",
-            nodes=4,
-            rounds=8,
-            samples_per_class=10,
-            backbones=("mlp",),
-            overrides={"warmup_rounds": "3", **overrides},
-            poisoners=(1, 3),
-            attack=attack,
-            attack_factor=factor,
-        )
-    )
+    return run_simulation(digits_spec((1, 3), attack, factor, **overrides))
 
 
 @pytest.mark.parametrize("attack, factor", SMALL_NORM, ids=[f"{a}-{f:g}" for a, f in SMALL_NORM])

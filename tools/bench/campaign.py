@@ -38,7 +38,7 @@ from testnet.learning import DISCOVERY
 from tools import zmtp
 
 from .hostile import LEARNING_SETTINGS, NODES, SETTINGS, _completed, _learning, _longest_wait
-from .results import capture, save
+from .results import capture, publish
 
 __all__ = ["main"]
 
@@ -240,12 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.campaigns:
             rows.append(run_one(name, args.seconds, args.sources, args.learning))
             print(json.dumps(rows[-1]), flush=True)
-    provenance["runs"] = len(rows)
     data = {"kind": "campaign", "seconds": args.seconds, "learning": args.learning, "rows": rows}
-    print(format_table(rows))
-    if args.save:
-        print(f"wrote {save(args.save, 'tools.bench.campaign', provenance, data)}")
-    return 0
+    return publish(rows, format_table(rows), provenance, args.save, "tools.bench.campaign", data)
 
 
 def render(result: dict) -> str:

@@ -32,10 +32,9 @@ from pathlib import Path
 
 from testnet.learning import run_learning_testnet
 from testnet.report import CheckThresholds
-from testnet.simulator import SimulationSpec
 
-from .hostile import _admitted_row, check_verdict, refusals
-from .results import capture, save
+from .hostile import _admitted_row, check_verdict, digits_spec, refusals
+from .results import capture, publish
 
 __all__ = ["main"]
 
@@ -90,19 +89,7 @@ class _CrashLooper:
 def run_one(
     nodes: int, poisoners: tuple[int, ...], attack: str, factor: float, barrage: bool, seed: int, crash_loop: bool
 ) -> dict:
-    spec = SimulationSpec(
-        algorithm="mapl",
-        dataset="digits",
-        nodes=nodes,
-        rounds=8,
-        seed=seed,
-        samples_per_class=10,
-        backbones=("mlp",),
-        overrides={"warmup_rounds": "3"},
-        poisoners=poisoners,
-        attack=attack,
-        attack_factor=factor,
-    )
+    spec = digits_spec(poisoners, attack, factor, nodes=nodes, seed=seed)
     with tempfile.TemporaryDirectory() as root:
         alongside = _CrashLooper if crash_loop else None
         code, report = run_learning_testnet(spec, Path(root), check=CHECK, barrage=barrage, alongside=alongside)
@@ -158,11 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             for run in (RUNS[i] for i in args.runs or range(len(RUNS))):
                 rows.append(run_one(*run[:5], seed, crash_loop=run[5]))
                 print(json.dumps(rows[-1]), flush=True)
-    provenance["runs"] = len(rows)
-    print(format_table(rows))
-    if args.save:
-        print(f"wrote {save(args.save, 'tools.bench.colluders', provenance, {'rows': rows})}")
-    return 0
+    return publish(rows, format_table(rows), provenance, args.save, "tools.bench.colluders", {"rows": rows})
 
 
 def render(result: dict) -> str:

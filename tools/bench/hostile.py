@@ -251,20 +251,34 @@ ADMITTED_SETTINGS = {**LEARNING_SETTINGS, "security.curve": True}  # the testnet
 ADMITTED_RUNS = (("none", False), ("rescale", False), ("rescale", True))  # (attack, barrage): the twin first
 
 
-def _admitted_spec(attack: str) -> SimulationSpec:
+def digits_spec(
+    poisoners: tuple[int, ...],
+    attack: str,
+    attack_factor: float = 1e4,
+    *,
+    nodes: int = NODES,
+    seed: int = 0,
+    **overrides: str,
+) -> SimulationSpec:
+    """The issue's hostile testnet (#27, #43): MAPL on digits, `nodes` daemons, 8 rounds, 10
+    images per class, an mlp, warm-up 3 (and `overrides`), `poisoners` running `attack`."""
     return SimulationSpec(
         algorithm="mapl",
         dataset="digits",
-        nodes=NODES,
+        nodes=nodes,
         rounds=8,
-        seed=ADMITTED_SEED,
+        seed=seed,
         samples_per_class=10,
         backbones=("mlp",),
-        overrides={"warmup_rounds": "3"},
-        poisoners=(ADMITTED_POISONER,),
+        overrides={"warmup_rounds": "3", **overrides},
+        poisoners=poisoners,
         attack=attack,
-        attack_factor=1e4,
+        attack_factor=attack_factor,
     )
+
+
+def _admitted_spec(attack: str) -> SimulationSpec:
+    return digits_spec((ADMITTED_POISONER,), attack, seed=ADMITTED_SEED)
 
 
 def admitted_peer_runs(quick: bool = False) -> list[dict]:

@@ -30,7 +30,7 @@ from typing import Any
 
 from testnet.provenance import git_state, versions
 
-__all__ = ["RESULTS", "REQUIRED", "capture", "save", "load", "machine"]
+__all__ = ["RESULTS", "REQUIRED", "capture", "save", "publish", "load", "machine"]
 
 RESULTS = Path(__file__).parent / "results"
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,6 +109,16 @@ def save(name: str, renderer: str, provenance: Mapping[str, Any], data: Any, dir
     result = {"name": name, "renderer": renderer, "provenance": dict(provenance), "data": data}
     path.write_text(json.dumps(result, indent=1, sort_keys=False) + "\n")
     return path
+
+
+def publish(rows: list, table: str, provenance: dict[str, Any], save_as: str | None, renderer: str, data: Any) -> int:
+    """A bench's end: its row count in the provenance, its table printed, and with `save_as`
+    (`--save NAME`) the result file written; the exit code (0)."""
+    provenance["runs"] = len(rows)
+    print(table)
+    if save_as:
+        print(f"wrote {save(save_as, renderer, provenance, data)}")
+    return 0
 
 
 def load(name: str, directory: Path = RESULTS) -> dict[str, Any]:
