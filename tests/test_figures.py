@@ -129,7 +129,7 @@ def in_digits(values: dict[str, str]) -> dict[str, str]:
     return {name: WORDS.get(value, value) for name, value in values.items()}
 
 
-B, README, MAKEFILE = "BENCHMARKS.md", "README.md", "Makefile"
+B, README, MAKEFILE, CLI = "BENCHMARKS.md", "README.md", "Makefile", "docs/cli.md"
 HISTORY = "docs/benchmarks-history.md"  # figures of earlier commits (issue #31)
 DEMO_SECTION = r"## `make demo`: MAPL-Dual beside Local \(issue #28\)"
 
@@ -348,8 +348,8 @@ FIGURES: tuple[Figure, ...] = (
             r'"ping_interval_s": (?P<ping>\d+)\.0,\s*"peer_timeout_s": (?P<timeout>\d+)\.0,',
         ),
         (
-            Place(README, r"\(view (?P<active>\d+), at most (?P<max>\d+) peers, liveness every (?P<ping>\d+) s"),
-            Place(README, r"e\.g\. (?P<active>\d+) and (?P<max>\d+) for\s+many nodes"),
+            Place(CLI, r"\(view (?P<active>\d+), at most (?P<max>\d+) peers, liveness every (?P<ping>\d+) s"),
+            Place(CLI, r"e\.g\. (?P<active>\d+) and (?P<max>\d+) for\s+many nodes"),
             Place("p2pnode_cli/testnet.py", r"e\.g\. (?P<active>\d+) and (?P<max>\d+) \(docs/daemon\.md\)"),
             Place("p2pnode/discovery/settings.py", r"e\.g\. (?P<active>\d+) and (?P<max>\d+): docs/daemon\.md"),
             Place("docs/config.md", r"e\.g\. (?P<active>\d+) and (?P<max>\d+): docs/daemon\.md"),
