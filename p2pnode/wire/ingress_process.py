@@ -90,6 +90,8 @@ class Ingress:
         self.outbox, self._outbox = trio.open_memory_channel(10_000)
         self.verdicts, self._verdicts = trio.open_memory_channel(1)
         self.resets: ResetWatch | None = None  # set once the process runs
+        self._resets_found, self._reset_sent = trio.Event(), trio.lowlevel.ParkingLot()
+        self.resets_told = [0, 0]  # resets queued for the node, and sent
 
     def bind(self) -> dict:
         """The ROUTER bound: {"endpoint": ...}, or {"error": ...}."""
@@ -121,18 +123,30 @@ class Ingress:
     async def run(self) -> None:
         token = trio.lowlevel.current_trio_token()
 
-        def reported(fd: int, peer: tuple) -> None:  # in the watch's thread
-            trio.from_thread.run_sync(self._reset, fd, peer, trio_token=token)
+        def found() -> None:  # in the watch's thread
+            trio.from_thread.run_sync(lambda: self._resets_found.set(), trio_token=token)
 
-        with ResetWatch(reported) as self.resets:
+        with ResetWatch(found) as self.resets:
             for fd, peer in self.tcp.items():
                 self.resets.watch(fd, peer)
             await self._run()
 
-    def _reset(self, fd: int, peer: tuple) -> None:
-        """A connection reset by its other end: the node hears of it before what it causes."""
-        if self.tcp.get(fd) == peer:
-            self.outbox.send_nowait(["reset", fd, peer[0]])
+    async def _report_resets(self) -> None:
+        """Connections reset by their other end, to the node as the watch finds them."""
+        while True:
+            await self._resets_found.wait()
+            self._resets_found = trio.Event()
+            await self._tell_resets()
+
+    async def _tell_resets(self) -> None:
+        """Every reset so far is on the control pipe on return: the node hears of a reset before
+        the abort it causes (resets.py)."""
+        for fd, peer in self.resets.take() if self.resets is not None else ():
+            if self.tcp.get(fd) == peer:
+                self.resets_told[0] += 1
+                await self.outbox.send(["reset", fd, peer[0]])
+        while self.resets_told[1] < self.resets_told[0]:
+            await self._reset_sent.park()
 
     async def _run(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -147,12 +161,16 @@ class Ingress:
             nursery.start_soon(self._relay_zap)
             nursery.start_soon(self._forward_counts)
             nursery.start_soon(self._follow)
+            nursery.start_soon(self._report_resets)
             nursery.start_soon(self._serve)
 
     async def _send_outbox(self) -> None:
         try:
             async for message in self._outbox:
                 await self.control.send(message)
+                if message[0] == "reset":
+                    self.resets_told[1] += 1
+                    self._reset_sent.unpark_all()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the node is going: the control pipe's end ends this process
 
@@ -213,7 +231,10 @@ class Ingress:
             except PipeError:
                 return  # the node is going: the control pipe ends this process
             relayed = []
-            for routing_id, frame, *more in await receive_routed(self.router, max_messages, max_bytes):
+            # Resets are told before each read that could let libzmq abort on one, and after it.
+            routed = await receive_routed(self.router, max_messages, max_bytes, before_read=self._tell_resets)
+            await self._tell_resets()
+            for routing_id, frame, *more in routed:
                 sizes = [len(part) for part in more]  # a peer never sends more parts: the node refuses them
                 relayed.append([routing_id, frame.bytes, frame.get("Peer-Address"), self._user_id(frame), sizes])
                 self.read[0] += len(frame) + sum(sizes)

@@ -12,12 +12,14 @@ the transport keeps it so: one receiving task, and sends that never wait.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import trio
 import zmq
 
 __all__ = ["wait_for", "receive_batch", "receive_routed", "send_waiting"]
+
+Ready = Callable[[], Awaitable[None]]
 
 
 async def wait_for(socket: zmq.Socket, event: int) -> None:
@@ -39,14 +41,18 @@ async def receive_batch(
     return await _batch(socket, lambda: socket.recv_multipart(zmq.NOBLOCK, copy=copy), max_messages, max_bytes)
 
 
-async def receive_routed(socket: zmq.Socket, max_messages: int, max_bytes: int = 1 << 62) -> list[list]:
+async def receive_routed(
+    socket: zmq.Socket, max_messages: int, max_bytes: int = 1 << 62, *, before_read: Ready | None = None
+) -> list[list]:
     """`receive_batch` for a ROUTER, at a third of the cost per message: each message is [routing
     id (bytes), frame (zmq.Frame: its buffer and its connection's metadata), further parts
     (zmq.Frame), if the sender sent more]. `recv_multipart` asks ZMQ_RCVMORE after every part
     and wraps each in a Frame: 10 µs a message here, against 3.3 µs for the routing id as bytes
     and the frame's own `more` flag; in a flood of small frames that was most of the event
-    loop's cost of refusing one (BENCHMARKS.md, "Hostile peers")."""
-    return await _batch(socket, lambda: _routed(socket), max_messages, max_bytes)
+    loop's cost of refusing one (BENCHMARKS.md, "Hostile peers"). `before_read` is awaited
+    before each attempt to read, after any wait (ingress_process.py tells the node of resets
+    then)."""
+    return await _batch(socket, lambda: _routed(socket), max_messages, max_bytes, before_read)
 
 
 def _routed(socket: zmq.Socket) -> list:
@@ -59,8 +65,12 @@ def _routed(socket: zmq.Socket) -> list:
     return parts
 
 
-async def _batch(socket: zmq.Socket, read: Callable[[], list], max_messages: int, max_bytes: int) -> list[list]:
+async def _batch(
+    socket: zmq.Socket, read: Callable[[], list], max_messages: int, max_bytes: int, before_read: Ready | None = None
+) -> list[list]:
     while True:
+        if before_read is not None:
+            await before_read()
         batch: list[list] = []
         size = 0
         try:

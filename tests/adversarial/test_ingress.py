@@ -60,6 +60,13 @@ def _attack(
     return json.loads(out.strip().splitlines()[-1]), latencies, peer_counts
 
 
+def _untraced(connections: dict) -> int:
+    """Aborts traced to no reset: at most one in an attack of a few (test_abort_bans_...)."""
+    untraced = connections.get("abort_untraced", 0)
+    assert untraced <= 1, connections
+    return untraced
+
+
 def _ingress(cluster, spec) -> dict:
     return cluster.status(spec, timeout=STATUS_BOUND_S)["ingress"]
 
@@ -123,12 +130,14 @@ def test_abort_bans_refuse_a_stranger_after_two_aborts_and_the_public_socket_sta
             bans, target, "--target", target.address, "--kind", "stall-reset", seconds=5.0, curve=True
         )  # 5 s: two aborts, then at least ten reconnections refused
         status = bans.status(target)
-        assert status["ingress"]["public"]["restarts"] == 2, (
-            result,
-            status["ingress"]["public"]["exits"],
-        )  # then refused
         connections = status["traffic"]["connections"]
-        assert connections["abort_banned"] == 1 and connections["zap_denied_aborts"] >= 10, connections
+        # Two aborts traced to the stranger, then refused. An abort whose reset the node had not
+        # heard of yet (a race resets.py narrows, to about 1 in 30 here on a loaded machine)
+        # bans nobody and costs one more.
+        untraced = _untraced(connections)
+        assert status["ingress"]["public"]["restarts"] == 2 + untraced, str((result, connections))
+        assert connections["abort_traced"] == 2 and connections["abort_banned"] == 1, connections
+        assert connections["zap_denied_aborts"] >= 10, connections
         assert set(peer_counts) == {1} and max(latencies) < STATUS_BOUND_S
 
 
@@ -145,10 +154,10 @@ def test_abort_bans_refuse_an_admitted_peers_key_that_crash_loops_the_peers_sock
             bans, target, *attack, "--as-key", str(byzantine.directory / "key.pem"), seconds=8.0, curve=True
         )
         status = bans.status(target)
-        exits = status["ingress"]["peers"]["exits"]
-        assert status["ingress"]["peers"]["restarts"] == 2, (result, exits)  # then refused, 6 s more
-        assert status["ingress"]["public"]["restarts"] == 0
         connections = status["traffic"]["connections"]
+        restarts = status["ingress"]["peers"]["restarts"]
+        assert restarts == 2 + _untraced(connections), str((result, connections))  # then refused, 6 s more
+        assert status["ingress"]["public"]["restarts"] == 0
         assert connections["abort_banned"] == 1 and connections["abort_traced"] == 2, connections
         assert connections["zap_denied_aborts"] >= 10, connections  # each try since
         assert bans.alive(target) and max(latencies) < STATUS_BOUND_S
