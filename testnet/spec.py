@@ -16,7 +16,7 @@ from algorithms.data.own_data import OwnDataSpec
 from algorithms.data.setup import ScenarioSpec, scenario_of
 from algorithms.methods.poison import ATTACKS, Attack
 from algorithms.models.personal import CPU_BACKBONES
-from algorithms.registry import ALGORITHMS, apply_overrides, config_as_dict, default_config
+from algorithms.registry import ALGORITHMS, config_as_dict, run_config
 from p2pnode.learning.rounds import Schedule
 from p2pnode.learning.settings import AlgorithmSettings
 
@@ -158,8 +158,9 @@ class SimulationSpec:
         return "per-node" if self.data_per_node else self.scenario
 
     def algorithm_config(self) -> Any:
-        """The algorithm's configuration: its defaults with the run's overrides."""
-        return apply_overrides(default_config(self.algorithm), self.overrides)
+        """The algorithm's configuration for the run: its defaults with the run's overrides,
+        its schedule fitted to the run's rounds (algorithms/registry.py `run_config`)."""
+        return run_config(self.algorithm, self.overrides, self.rounds)
 
     def config_dict(self) -> dict[str, Any]:
         return config_as_dict(self.algorithm_config())

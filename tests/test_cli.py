@@ -139,9 +139,9 @@ def test_simulate_and_testnet_refuse_a_warm_up_the_run_never_ends(tmp_path, caps
     exit 2 before any data is loaded or any daemon started."""
     out = tmp_path / "out"
     argv = [command, "--algorithm", "mapl", "--dataset", "digits", "--nodes", "4", "--rounds", "12", "--out", str(out)]
-    assert main(argv) == 2
+    assert main([*argv, "--set", "warmup_rounds=12"]) == 2
     err = capsys.readouterr().err
-    assert "warmup_rounds=20 (mapl's default; set it lower with warmup_rounds=N) must be below --rounds (12)" in err
+    assert "warmup_rounds=12 (given) must be below --rounds (12)" in err
     assert "or the graph is never learned" in err
     assert main([*argv[:-2], "--set", "warmup_rounds=4", "--dataset", "mnist", "--out", str(out)]) == 2
     assert "--data-root: dataset 'mnist' is read from local files" in capsys.readouterr().err

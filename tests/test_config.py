@@ -189,9 +189,9 @@ def learning(rounds: int = 12, algorithm: str = "mapl", data: str = "", more: st
             "[transport].reconnect_ivl_max_ms: must be 0 (no backoff) or at least reconnect_ivl_ms (1000), got 500",
         ),
         (
-            learning(),  # warm-up defaults to 20 rounds
-            "[algorithm].settings: warmup_rounds=20 (mapl's default; set it lower with warmup_rounds=N) "
-            "must be below [algorithm].rounds (12), or the graph is never learned",
+            learning(more="settings = { warmup_rounds = 12 }\n"),
+            "[algorithm].settings: warmup_rounds=12 (given) must be below [algorithm].rounds (12), "
+            "or the graph is never learned",
         ),
         (
             learning(12, "mapl-dual", more="settings = { warmup_rounds = 4, distill_after = 12 }\n"),
@@ -199,8 +199,8 @@ def learning(rounds: int = 12, algorithm: str = "mapl", data: str = "", more: st
             "or nothing is ever distilled",
         ),
         (
-            learning(8, "scool-sbm"),  # prune_round defaults to 10
-            "[algorithm].settings: prune_round=10 (scool-sbm's default; set it lower with prune_round=N) "
+            learning(8, "scool-sbm", more="settings = { prune_round = 8 }\n"),
+            "[algorithm].settings: prune_round=8 (given) "
             "must be below [algorithm].rounds (8), or the neighbours are never pruned (prune_round=0: never prune)",
         ),
         (

@@ -100,16 +100,18 @@ def test_init_refuses_what_it_cannot_write(tmp_path, capsys):
 
 def test_a_failed_init_leaves_nothing_and_a_forced_one_puts_back_what_it_replaced(tmp_path, capsys):
     """Issue #45: `--rounds 10` against MAPL-Dual's warm-up of 20 failed after writing the
-    configs, so the retry needed --force."""
+    configs, so the retry needed --force (the default warm-up fits the run now: issue #44)."""
     out = tmp_path / "fleet"
-    code, _, err = init(capsys, "--nodes", "2", "--rounds", "10", "--out", str(out))
-    assert code == 2 and "warmup_rounds=20" in err and "warmup_rounds=N" in err, err
+    code, _, err = init(capsys, "--nodes", "2", "--rounds", "10", "--set", "warmup_rounds=10", "--out", str(out))
+    assert code == 2 and "warmup_rounds=10 (given) must be below [algorithm].rounds (10)" in err, err
     assert not out.exists()  # nothing left: the retry needs no --force
-    code, _, err = init(capsys, "--nodes", "2", "--rounds", "10", "--set", "warmup_rounds=3", "--out", str(out))
+    code, _, err = init(capsys, "--nodes", "2", "--rounds", "10", "--out", str(out))
     assert code == 0, err
     key = load_key(out / "node0" / "key.pem").public_key
     (out / "notes.txt").write_text("mine")
-    code, _, err = init(capsys, "--nodes", "2", "--rounds", "10", "--out", str(out), "--force")
+    code, _, err = init(
+        capsys, "--nodes", "2", "--rounds", "4", "--set", "warmup_rounds=5", "--out", str(out), "--force"
+    )
     assert code == 2, err
     assert load_key(out / "node0" / "key.pem").public_key == key  # put back as it was
     assert sorted(p.name for p in out.iterdir()) == ["node0", "node1", "notes.txt"]

@@ -15,7 +15,15 @@ from algorithms.data.partitions import PartitionSpec, make_partition
 from algorithms.data.setup import node_data
 from algorithms.models import personal as models
 from algorithms.models.losses import prototype_alignment, prototype_uniformity, supervised_contrastive
-from algorithms.registry import ALGORITHMS, ConfigOverrideError, apply_overrides, default_config, make_algorithm
+from algorithms.registry import (
+    ALGORITHMS,
+    ConfigOverrideError,
+    apply_overrides,
+    checked_config,
+    default_config,
+    make_algorithm,
+    run_config,
+)
 from algorithms.seam import NeighbourView, NodeSetup, PayloadRejected
 from protocol.messages import Head, MessageType, Model, Ping, Prototypes
 from testnet.simulator import SimulationSpec, run_simulation
@@ -81,6 +89,18 @@ def test_overrides_parse_validate_and_name_the_key():
     ):
         with pytest.raises(ConfigOverrideError, match=words):
             apply_overrides(default_config("mapl"), bad)
+
+
+def test_a_schedule_left_at_its_default_fits_the_run_and_a_given_one_is_kept():
+    """Issue #44: `init --rounds 10` needed `--set warmup_rounds=N`; a default now takes at most
+    a third of the run, and runs of 60 rounds or more keep MAPL's 20."""
+    assert run_config("mapl-dual", {}, 10).warmup_rounds == 3
+    assert run_config("mapl-dual", {}, 10).distill_after is None  # at the end of warm-up
+    assert run_config("mapl", {}, 60).warmup_rounds == run_config("mapl", {}, 400).warmup_rounds == 20
+    assert run_config("scool-sbm", {}, 12).prune_round == 4 and run_config("scool-sbm", {}, 30).prune_round == 10
+    assert run_config("mapl", {"warmup_rounds": "9"}, 12).warmup_rounds == 9
+    assert run_config("scool-sbm", {"prune_round": "0"}, 12).prune_round == 0
+    assert checked_config("mapl-dual", {}, 2).warmup_rounds == 1
 
 
 @pytest.fixture(scope="module")

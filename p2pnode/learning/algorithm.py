@@ -35,12 +35,12 @@ def build_algorithm(config: Config, node_id: str) -> Algorithm:
     import torch
 
     from algorithms.data.setup import forget_scenarios
-    from algorithms.registry import apply_overrides, default_config, make_algorithm
+    from algorithms.registry import make_algorithm, run_config
 
     model, algorithm = config.model, config.algorithm
     if model.threads:
         torch.set_num_threads(model.threads)
-    settings = apply_overrides(default_config(algorithm.name), dict(algorithm.settings))
+    settings = run_config(algorithm.name, dict(algorithm.settings), algorithm.rounds)
     setup = _node_setup(config, node_id)
     # The node keeps its own tensors only: the dataset they were cut from, and what loading
     # it left in the heap, go back to the system (docs/daemon.md, "Memory").
