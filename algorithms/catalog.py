@@ -45,6 +45,11 @@ ALGORITHMS: Mapping[str, Entry] = {
         "MAPL-Dual: MAPL + a small shared model mixed over a graph learned from its heads",
         graph_learning=True,
     ),
+    "mapl-auto": Entry(
+        "methods.auto:MaplAuto",
+        "MAPL-Auto: MAPL-Dual, plus MAPL+'s backbone averaging with neighbours that run the same model",
+        graph_learning=True,
+    ),
     "fedmrl": Entry(
         "methods.fedmrl:FedMrl",
         "FedMRL: own + small shared model fused into nested heads; the small one mixed over CGL",

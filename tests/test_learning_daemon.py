@@ -138,12 +138,15 @@ async def test_a_hostile_neighbour_is_rejected_and_counted_while_training_goes_o
 
 
 def same_keys(a: dict, b: dict, path: str = "") -> list[str]:
-    """Where two reports' keys differ, at every level (the traffic by type and the algorithm's
-    configuration are data, not schema; so is the provenance's description of what ran the
-    nodes, which a simulation's engine and a testnet's launcher tell differently)."""
+    """Where two reports' keys differ, at every level (the traffic by type, the refusals by
+    reason and the algorithm's configuration are data, not schema; so is the provenance's
+    description of what ran the nodes, which a simulation's engine and a testnet's launcher tell
+    differently; a daemon may refuse what no simulated node meets: a payload from a peer it has
+    not admitted yet)."""
+    data = ("by_type", "config", "engine", "rejections")
     differences = [f"{path}{key}" for key in sorted(set(a) ^ set(b), key=str)]
     for key in set(a) & set(b):
-        if isinstance(a[key], dict) and isinstance(b[key], dict) and key not in ("by_type", "config", "engine"):
+        if isinstance(a[key], dict) and isinstance(b[key], dict) and key not in data:
             differences += same_keys(a[key], b[key], f"{path}{key}.")
     return differences
 

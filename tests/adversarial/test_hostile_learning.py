@@ -15,6 +15,7 @@
 import numpy as np
 import pytest
 
+from p2pnode.learning.rounds import INBOX_FULL, PEER_INBOX_FULL, ROUND_AHEAD
 from testnet.learning import byzantine_program, run_learning_testnet
 from testnet.report import CheckThresholds, honest_truth
 from testnet.simulator import SimulationSpec, run_simulation
@@ -52,7 +53,10 @@ def test_one_admitted_peer_does_not_stop_or_steer_the_others_learning(tmp_path, 
     assert poisoning["poisoner_weight"]["max"] == 0.0
     assert poisoning["honest_l1_to_truth"]["mean"] <= 0.05, poisoning["honest_l1_to_truth"]
     refused = poisoning["refused_by_honest"]
-    assert set(refused) == {"out_of_scale"} and refused["out_of_scale"] >= 3  # by the honest nodes' scale check
+    # Judged by the honest nodes' scale check, and by nothing else that looks at content (on a
+    # loaded machine a payload may also come too far ahead of a node's round: the schedule's).
+    judged = set(refused) - {ROUND_AHEAD, INBOX_FULL, PEER_INBOX_FULL}
+    assert judged == {"out_of_scale"} and refused["out_of_scale"] >= 3, refused
 
 
 def test_two_colluding_peers_do_not_end_or_steer_the_others_learning(tmp_path):

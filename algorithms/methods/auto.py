@@ -1,0 +1,132 @@
+"""MAPL-Auto: MAPL-Dual everywhere, and MAPL+ between neighbours that run the same model.
+
+MAPL-Dual's small shared model lets nodes with different backbones gain from each other; where
+a node's neighbours run its own backbone, averaging that backbone (MAPL+) gains more (issue #44:
+on 2-5 devices with one model everywhere MAPL-Dual lost to Local where MAPL+ gained +5). A user
+should not have to know which fits the fleet, so the node finds out from what its peers announce:
+
+- Each MODEL it sends carries, beside the small model, its own model's architecture (`ARCH_KEY`:
+  a 16-byte digest of the names and shapes of its backbone and projector).
+- To a peer whose latest MODEL announced the same architecture, the MODEL also carries its own
+  backbone and projector (under `OWN_PREFIX`). The first round, knowing nobody yet, it sends
+  every peer the small model alone.
+- End of round: the small model is mixed as in MAPL-Dual; the own backbone and projector with the
+  learned row renormalised over the node and the peers that sent theirs (MAPL+'s mixing,
+  restricted to those it fits). A node alone with its architecture is MAPL-Dual; a fleet with one
+  backbone everywhere is MAPL+ with MAPL-Dual's small model beside it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from protocol.messages import Body, MessageType, Model
+
+from ..outliers import Scale
+from ..payloads import SharedModules
+from ..seam import Frame, NodeSetup, Outbound, PayloadRejected
+from .dual import DualConfig, MaplDual
+
+__all__ = ["ARCH_KEY", "AutoConfig", "MaplAuto", "OWN_PREFIX"]
+
+ARCH_KEY = "arch"
+OWN_PREFIX = "own."
+ARCH_BYTES = 16
+
+
+@dataclass(frozen=True)
+class AutoConfig(DualConfig):
+    # The own backbone and projector go to same-model peers every round (MAPL+ sends them to all)
+    # or, with false, only once warm-up ends and then to the learned neighbours and explored peers.
+    own_during_warmup: bool = True
+
+
+def architecture(modules: SharedModules) -> np.ndarray:
+    """A digest of the names and shapes of `modules`' state: equal where the models mix."""
+    shapes = sorted((name, tuple(tensor.shape)) for name, tensor in modules.state().items())
+    return np.frombuffer(hashlib.blake2b(repr(shapes).encode(), digest_size=ARCH_BYTES).digest(), dtype=np.uint8)
+
+
+def split_model(body: Model) -> tuple[dict[str, np.ndarray], np.ndarray | None, dict[str, np.ndarray]]:
+    """A MAPL-Auto MODEL's small model, announced architecture and own modules."""
+    small, own = {}, {}
+    for name, tensor in body.tensors.items():
+        if name.startswith(OWN_PREFIX):
+            own[name[len(OWN_PREFIX) :]] = tensor
+        elif name != ARCH_KEY:
+            small[name] = tensor
+    return small, body.tensors.get(ARCH_KEY), own
+
+
+class MaplAuto(MaplDual):
+    """MAPL-Dual, plus MAPL+'s backbone averaging with the peers whose own model is the same."""
+
+    name = "mapl-auto"
+    config_type = AutoConfig
+
+    def __init__(self, setup: NodeSetup, config: AutoConfig | None = None) -> None:
+        super().__init__(setup, config or AutoConfig())
+        self.own = SharedModules({"backbone": self.model.backbone, "projector": self.model.projector})
+        self.arch = architecture(self.own)
+        self.same_model: dict[str, bool] = {}  # peer → whether its latest MODEL announced our architecture
+
+    # -- publish and receive ----------------------------------------------------------------
+
+    def publish(self, round: int) -> list[Outbound]:
+        out = super().publish(round)  # prototypes and the small model, to the same peers
+        if not out:
+            return out
+        small = out.pop()
+        recipients = small.to
+        if self.graph.learning(round) or self.config.own_during_warmup:
+            same = tuple(peer for peer in recipients if self.same_model.get(peer))
+        else:
+            same = ()
+        tensors = {**small.body.tensors, ARCH_KEY: self.arch}
+        own = {f"{OWN_PREFIX}{name}": array for name, array in self.own.body().tensors.items()}
+        others = tuple(peer for peer in recipients if peer not in same)
+        bodies = ((same, {**tensors, **own}), (others, tensors))
+        return [*out, *(Outbound(to=to, body=Model(kind="params", tensors=t)) for to, t in bodies if to)]
+
+    def inspect(self, peer: str, round: int, body: Body) -> dict[str, Scale]:
+        if not isinstance(body, Model):
+            return super().inspect(peer, round, body)
+        small, arch, own = split_model(body)
+        if arch is not None and (arch.dtype != np.uint8 or arch.shape != (ARCH_BYTES,)):
+            raise PayloadRejected("bad_shape", f"{ARCH_KEY} is {arch.dtype} {arch.shape}, expected {ARCH_BYTES} bytes")
+        scales = super().inspect(peer, round, Model(kind=body.kind, tensors=small))
+        if own:
+            if arch is None or not np.array_equal(arch, self.arch):
+                raise PayloadRejected("bad_shape", "own modules sent under another architecture than ours")
+            self.own.check(Model(kind=body.kind, tensors=own))
+            scales["own_model"] = Scale(self.own.scale_of(own), self.own.scale())
+        return scales
+
+    def keep(self, peer: str, round: int, body: Body, frame: Frame | None) -> None:
+        if isinstance(body, Model):
+            arch = body.tensors.get(ARCH_KEY)
+            self.same_model[peer] = arch is not None and np.array_equal(arch, self.arch)
+        super().keep(peer, round, body, frame)
+
+    def set_peers(self, peers) -> None:
+        super().set_peers(peers)
+        self.same_model = {peer: same for peer, same in self.same_model.items() if peer in self.peers}
+
+    # -- aggregation ------------------------------------------------------------------------
+
+    def end_round(self, round: int) -> None:
+        super().end_round(round)  # graph step, prototypes, the small model
+        models, mix = self.mixing(MessageType.MODEL, round)
+        own_weight = mix.pop(self.node_id)
+        same = {peer: weight for peer, weight in mix.items() if split_model(models[peer])[2]}
+        total = own_weight + sum(same.values())
+        if not same or total <= 0:
+            return
+        others = [
+            (weight / total, Model(kind="params", tensors=split_model(models[peer])[2]))
+            for peer, weight in same.items()
+        ]
+        self.own.mix(own_weight / total, others)

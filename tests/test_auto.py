@@ -1,0 +1,98 @@
+"""MAPL-Auto: the own backbone travels to, and is mixed with, only the peers that announced the
+same model; everything else is MAPL-Dual's."""
+
+import numpy as np
+import pytest
+import torch
+
+from algorithms.data.datasets import load_dataset
+from algorithms.data.partitions import PartitionSpec, make_partition
+from algorithms.data.setup import node_data
+from algorithms.methods.auto import ARCH_KEY, OWN_PREFIX, split_model
+from algorithms.registry import make_algorithm
+from algorithms.seam import NodeSetup, PayloadRejected
+from protocol.messages import MessageType, Model
+
+
+@pytest.fixture(scope="module")
+def digits():
+    dataset = load_dataset("digits")
+    return dataset, make_partition(
+        dataset, PartitionSpec(scenario="1", nodes=3, samples_per_class=10, test_per_class=5)
+    )
+
+
+def _nodes(digits, backbones):
+    dataset, partition = digits
+    nodes = []
+    for index, backbone in enumerate(backbones):
+        data = node_data(dataset, partition, index, pooled=False)
+        node = make_algorithm("mapl-auto", NodeSetup(node_id=f"n{index}", data=data, backbone=backbone, seed=index))
+        node.set_peers([f"n{i}" for i in range(len(backbones)) if i != index])
+        nodes.append(node)
+    return nodes
+
+
+def _models(outbound) -> dict[str, Model]:
+    """Recipient → the MODEL it gets."""
+    return {peer: each.body for each in outbound if isinstance(each.body, Model) for peer in each.to}
+
+
+def _exchange(nodes, round: int) -> None:
+    """A local step each (untrained, their prototypes are alike: copies), then all they publish."""
+    for node in nodes:
+        node.local_step(round)
+    outbound = {node.node_id: node.publish(round) for node in nodes}
+    by_id = {node.node_id: node for node in nodes}
+    for sender, messages in outbound.items():
+        for message in messages:
+            for peer in set(message.to) & by_id.keys():
+                by_id[peer].receive(sender, round, message.body)
+
+
+def test_the_own_backbone_goes_only_to_peers_that_announced_the_same_model(digits):
+    same, also_same, other = _nodes(digits, ["convnet", "convnet", "mlp"])
+    # Round 0: nobody is known, everybody gets the small model and the architecture.
+    first = _models(same.publish(0))
+    assert set(first) == {"n1", "n2"}
+    assert all(ARCH_KEY in body.tensors and not split_model(body)[2] for body in first.values())
+    _exchange([same, also_same, other], 0)
+    assert same.same_model == {"n1": True, "n2": False}
+    later = _models(same.publish(1))
+    own = split_model(later["n1"])[2]
+    assert own.keys() == same.own.state().keys() and not split_model(later["n2"])[2]
+    # The mlp node refuses a convnet's own modules; the other convnet takes them.
+    with pytest.raises(PayloadRejected, match="another architecture"):
+        other.inspect("n0", 1, later["n1"])
+    also_same.inspect("n0", 1, later["n1"])
+
+
+def test_the_own_backbone_is_mixed_over_the_same_model_peers_renormalised(digits):
+    nodes = _nodes(digits, ["convnet", "convnet", "mlp"])
+    _exchange(nodes, 0)  # they learn who runs what
+    a = nodes[0]
+    _exchange(nodes, 1)
+    before = {name: tensor.clone() for name, tensor in a.own.state().items()}
+    sent = split_model(a.view.fresh(MessageType.MODEL, 1)["n1"])[2]
+    _, mix = a.mixing(MessageType.MODEL, 1)
+    share = mix["n1"] / (mix["n0"] + mix["n1"])  # the mlp peer's weight is not the backbone's
+    small_before = {name: tensor.clone() for name, tensor in a.share.mixed.state().items()}
+    a.end_round(1)
+    for name, tensor in a.own.state().items():
+        expected = (1 - share) * before[name] + share * torch.tensor(sent[name])
+        torch.testing.assert_close(tensor, expected, rtol=1e-5, atol=1e-6)
+    # The small model is mixed over all three, as in MAPL-Dual.
+    assert any(not torch.equal(small_before[n], t) for n, t in a.share.mixed.state().items())
+
+
+def test_a_forged_architecture_or_own_modules_of_the_wrong_shape_are_refused(digits):
+    a, b, _ = _nodes(digits, ["convnet", "convnet", "mlp"])
+    _exchange([a, b], 0)
+    body = _models(b.publish(1))["n0"]
+    bad_arch = Model(kind="params", tensors={**body.tensors, ARCH_KEY: np.zeros(3, np.uint8)})
+    with pytest.raises(PayloadRejected, match="16 bytes"):
+        a.inspect("n1", 1, bad_arch)
+    name = next(n for n in body.tensors if n.startswith(OWN_PREFIX))
+    cut = Model(kind="params", tensors={**body.tensors, name: body.tensors[name][:1]})
+    with pytest.raises(PayloadRejected, match="expected"):
+        a.inspect("n1", 1, cut)
