@@ -7,6 +7,8 @@
   test splits): the nodes are resampled with replacement, each keeping its pair, and the
   percentile interval of the mean per-node difference is returned. Nodes, not images, are the
   unit because a report keeps each node's accuracy, not each image's prediction.
+- `runs_bootstrap`: the same pooled over several runs (seeds): the runs are resampled, then the
+  nodes within each, so a run's nodes, which share its luck, are not counted as independent.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CONFIDENCE", "BOOTSTRAP_RESAMPLES", "wilson", "paired_bootstrap", "paired_difference"]
+__all__ = ["CONFIDENCE", "BOOTSTRAP_RESAMPLES", "wilson", "paired_bootstrap", "paired_difference", "runs_bootstrap"]
 
 CONFIDENCE = 0.95
 BOOTSTRAP_RESAMPLES = 10_000
@@ -64,3 +66,25 @@ def paired_difference(ours: Sequence[float | None], theirs: Sequence[float | Non
         return None
     mean, low, high = paired_bootstrap([a for a, _ in pairs], [b for _, b in pairs])
     return {"mean": mean, "low": low, "high": high, "nodes": len(pairs), "method": "paired bootstrap over nodes"}
+
+
+def runs_bootstrap(
+    differences: Sequence[Sequence[float]],
+    confidence: float = CONFIDENCE,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> tuple[float, float, float]:
+    """(mean, low, high) of per-node paired differences grouped by run: each resample draws the
+    runs with replacement, then each drawn run's nodes with replacement, and takes the mean of
+    every node drawn. The mean is the plain mean over all nodes."""
+    runs = [np.asarray(run, dtype=float) for run in differences]
+    if not runs or any(run.ndim != 1 or run.size == 0 or not np.all(np.isfinite(run)) for run in runs):
+        raise ValueError("need at least one run, each a non-empty list of finite numbers")
+    rng = np.random.default_rng(seed)
+    means = np.empty(resamples)
+    for index in range(resamples):
+        drawn = [runs[r] for r in rng.integers(0, len(runs), size=len(runs))]
+        means[index] = np.concatenate([run[rng.integers(0, run.size, size=run.size)] for run in drawn]).mean()
+    tail = (1 - confidence) / 2 * 100
+    low, high = np.percentile(means, [tail, 100 - tail])
+    return float(np.concatenate(runs).mean()), float(low), float(high)

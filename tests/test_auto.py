@@ -67,22 +67,24 @@ def test_the_own_backbone_goes_only_to_peers_that_announced_the_same_model(digit
     also_same.inspect("n0", 1, later["n1"])
 
 
-def test_the_own_backbone_is_mixed_over_the_same_model_peers_renormalised(digits):
+def test_the_own_backbone_is_shared_equally_by_the_same_model_peers_and_then_predicts(digits):
     nodes = _nodes(digits, ["convnet", "convnet", "mlp"])
     _exchange(nodes, 0)  # they learn who runs what
     a = nodes[0]
+    assert a.predictors().chosen == "ensemble"  # nothing of its own model mixed yet
     _exchange(nodes, 1)
     before = {name: tensor.clone() for name, tensor in a.own.state().items()}
     sent = split_model(a.view.fresh(MessageType.MODEL, 1)["n1"])[2]
-    _, mix = a.mixing(MessageType.MODEL, 1)
-    share = mix["n1"] / (mix["n0"] + mix["n1"])  # the mlp peer's weight is not the backbone's
     small_before = {name: tensor.clone() for name, tensor in a.share.mixed.state().items()}
     a.end_round(1)
-    for name, tensor in a.own.state().items():
-        expected = (1 - share) * before[name] + share * torch.tensor(sent[name])
-        torch.testing.assert_close(tensor, expected, rtol=1e-5, atol=1e-6)
+    for name, tensor in a.own.state().items():  # half its own, half n1's; nothing of the mlp node's
+        torch.testing.assert_close(tensor, (before[name] + torch.tensor(sent[name])) / 2, rtol=1e-5, atol=1e-6)
     # The small model is mixed over all three, as in MAPL-Dual.
     assert any(not torch.equal(small_before[n], t) for n, t in a.share.mixed.state().items())
+    assert a.predictors().chosen == "personal" and nodes[2].predictors().chosen == "ensemble"
+    restored = _nodes(digits, ["convnet", "convnet", "mlp"])[0]
+    restored.load_state_dict(a.state_dict())
+    assert restored.mixes_own and restored.same_model == {"n1": True, "n2": False}
 
 
 def test_a_forged_architecture_or_own_modules_of_the_wrong_shape_are_refused(digits):

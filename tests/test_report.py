@@ -248,3 +248,20 @@ def test_the_default_timeout_grows_with_daemons_per_core_and_a_run_that_hits_it_
 
     finals, interrupted, timed_out = _watch(Silent(), Silent(), 3, time.monotonic() + 0.2, 0.05, io.StringIO())
     assert finals == [None, None] and not interrupted and timed_out
+
+
+def test_a_pooled_interval_takes_the_run_as_its_unit():
+    """testnet/intervals.py `runs_bootstrap`: nodes of one run share its luck. Three runs whose
+    nodes agree within each run, the runs apart: the interval spans the runs' spread, far wider
+    than a bootstrap over the 12 nodes as if independent."""
+    from testnet.intervals import paired_bootstrap, runs_bootstrap
+
+    runs = [[0.01] * 4, [0.05] * 4, [-0.03] * 4]
+    mean, low, high = runs_bootstrap(runs)
+    assert mean == pytest.approx(0.01) and low == pytest.approx(-0.03) and high == pytest.approx(0.05)
+    nodes = [d for run in runs for d in run]
+    _, node_low, node_high = paired_bootstrap(nodes, [0.0] * len(nodes))
+    assert high - low > 1.5 * (node_high - node_low)
+    assert runs_bootstrap([[0.02, 0.04]]) == pytest.approx((0.03, 0.02, 0.04))  # one run: its nodes
+    with pytest.raises(ValueError):
+        runs_bootstrap([[0.1], []])

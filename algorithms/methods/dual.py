@@ -61,6 +61,7 @@ class DualConfig(MaplConfig):
     distill_after: int | None = None  # the first round with distillation (default: the end of warm-up)
     predict: str = "ensemble"  # "personal" (H) | "shared" (S) | "ensemble"
     encoding: str = "float32"  # how S travels: "float32" | "float16"
+    predict_choices: ClassVar[tuple[str, ...]] = PREDICTORS
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -74,8 +75,8 @@ class DualConfig(MaplConfig):
             raise ValueError("distill_after must be ≥ 0")
         if self.distill_into not in DISTILL_INTO:
             raise ValueError(f"distill_into must be one of {', '.join(DISTILL_INTO)}, got {self.distill_into!r}")
-        if self.predict not in PREDICTORS:
-            raise ValueError(f"predict must be one of {', '.join(PREDICTORS)}, got {self.predict!r}")
+        if self.predict not in self.predict_choices:
+            raise ValueError(f"predict must be one of {', '.join(self.predict_choices)}, got {self.predict!r}")
         if self.encoding not in ENCODINGS:
             raise ValueError(f"encoding must be one of {', '.join(ENCODINGS)}, got {self.encoding!r}")
 
