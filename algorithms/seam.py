@@ -155,6 +155,8 @@ class Evaluation:
     # Accuracy of each predictor a node can use, where it has several (MAPL-Dual: its own model,
     # the shared one, their ensemble); the fields above are those of the one it predicts with.
     by_predictor: Mapping[str, float] = field(default_factory=dict)
+    # The predictor those fields are of, where a node has several ("" otherwise).
+    predictor: str = ""
     # The class the node predicts for each test image, in the test split's order: what
     # `p2pnode predict` must agree with.
     predicted: tuple[int, ...] = ()

@@ -218,7 +218,13 @@ def assemble(
     every = [record for history in by_node for record in history.values()]
     return {
         **header,
-        "accuracy": {**_spread(accuracy), **_series(series, "accuracy", "per_round"), **_tested(finals)},
+        "accuracy": {
+            **_spread(accuracy),
+            **_series(series, "accuracy", "per_round"),
+            **_tested(finals),
+            # which of its predictors each node serves, where it has several (MAPL-Dual's, MAPL-Auto's)
+            "predictor_per_node": [None if f is None or not f.predictor else f.predictor for f in finals],
+        },
         "accuracy_own_classes": {**_spread(own_class), "per_round": series["accuracy_own_classes"]},
         "accuracy_by_predictor": _by_predictor(finals),
         "loss": {**_series(series, "loss", "train_per_round"), "test_per_round": series["test_loss"]},

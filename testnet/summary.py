@@ -183,12 +183,16 @@ def per_node_table(report: dict[str, Any]) -> str:
     methods = _methods(report)
     level = f"{CONFIDENCE * 100:.0f} %"
     daemons = _daemon_memory(report, 0) is not None  # a testnet: each node's memory, MiB
+    # which of its predictors each node serves, where it has several (MAPL-Dual, MAPL-Auto)
+    served = report["accuracy"].get("predictor_per_node") or []
+    served = served if any(served) else []
     rows = [
         "| node | backbone | classes | neighbours (w > 0) | "
+        + ("predicts with | " if served else "")
         + ("RSS / peak MiB | " if daemons else "")
         + " | ".join(f"{name} [{level} Wilson]" for name, _ in methods)
         + " |",
-        "|---|---|---|---|" + "---|" * (len(methods) + daemons),
+        "|---|---|---|---|" + "---|" * (len(methods) + daemons + bool(served)),
     ]
     sizes = [run["accuracy"].get("test_samples_per_node") or [None] * report["nodes"] for _, run in methods]
     for i in range(report["nodes"]):
@@ -197,11 +201,13 @@ def per_node_table(report: dict[str, Any]) -> str:
         ]
         classes = _classes(report, i)
         memory = f"{_daemon_memory(report, i)} | " if daemons else ""
+        predictor = f"{served[i] or '—'} | " if served else ""
         rows.append(
-            f"| {i} | {report['backbones'][i]} | {classes} | {_neighbours(report, i)} | {memory}{' | '.join(cells)} |"
+            f"| {i} | {report['backbones'][i]} | {classes} | {_neighbours(report, i)} | {predictor}{memory}"
+            f"{' | '.join(cells)} |"
         )
     means = ["—" if run["accuracy"]["mean"] is None else f"{run['accuracy']['mean'] * 100:.1f} %" for _, run in methods]
-    rows.append(f"| mean | | | | {'| ' if daemons else ''}{' | '.join(means)} |")
+    rows.append(f"| mean | | | | {'| ' if served else ''}{'| ' if daemons else ''}{' | '.join(means)} |")
     return "\n".join(rows)
 
 

@@ -107,6 +107,10 @@ class PmlNode(TrainedLocally, Algorithm):
 
     config_type = MaplConfig
     shares_prototypes: ClassVar[bool] = False  # so they start alike on every node (shared_head_init)
+    # Whether the whole model starts from the network's shared seed (one start on every node of a
+    # backbone), as models that are averaged must: MAPL-Auto's. Averaging two models started
+    # apart mixes unrelated features.
+    shared_start: ClassVar[bool] = False
 
     def __init__(self, setup: NodeSetup, config: MaplConfig | None = None) -> None:
         super().__init__(setup)
@@ -115,7 +119,7 @@ class PmlNode(TrainedLocally, Algorithm):
         # Head similarity is only comparable between heads that started from one point.
         self.spec, self.model = node_model(
             setup,
-            setup.seed,
+            setup.shared_seed + 2 if self.shared_start else setup.seed,
             latent_dim=config.latent_dim,
             projection_dim=config.projection_dim,
             head_seed=setup.shared_seed if config.shared_head_init else None,

@@ -276,5 +276,6 @@ def evaluate_predictors(predictors: Predictors, model: nn.Module, data: LocalDat
         own_class_correct=own_correct,
         loss=loss / total if total else float("nan"),
         by_predictor={name: hits / total for name, hits in correct.items()} if len(correct) > 1 and total else {},
+        predictor=chosen if len(correct) > 1 else "",
         predicted=tuple(predicted),
     )

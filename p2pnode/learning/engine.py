@@ -261,6 +261,7 @@ class RoundEngine:
             gather_s=seconds(timings.gather_s),
             round_s=seconds(timings.round_s),
             accuracy_by_predictor=evaluation.by_predictor,
+            predictor=evaluation.predictor,
             test_samples=evaluation.total,
             discovery_sent={str(kind): counts for kind, counts in (discovery_sent or {}).items()},
             local_baseline=dict(local_baseline or {}),

@@ -214,6 +214,7 @@ class RoundRecord:
     gather_s: float | None = None  # waiting for the neighbours (None: no network, as in the simulator)
     round_s: float | None = None  # the whole round, checkpoint included (None: not measured alone)
     accuracy_by_predictor: Mapping[str, float] = field(default_factory=dict)  # where a node has several
+    predictor: str = ""  # ... the one `accuracy` is of, and the node predicts with ("" with only one)
     test_samples: int = 0  # images in the node's test split: the n of its accuracy's interval (0: unknown)
     # discovery and keep-alive frames sent so far, by type, shaped as `sent` (no payload bytes)
     discovery_sent: Mapping[str, tuple[int, int, int]] = field(default_factory=dict)
