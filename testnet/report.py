@@ -218,13 +218,7 @@ def assemble(
     every = [record for history in by_node for record in history.values()]
     return {
         **header,
-        "accuracy": {
-            **_spread(accuracy),
-            **_series(series, "accuracy", "per_round"),
-            **_tested(finals),
-            # which of its predictors each node serves, where it has several (MAPL-Dual's, MAPL-Auto's)
-            "predictor_per_node": [None if f is None or not f.predictor else f.predictor for f in finals],
-        },
+        "accuracy": {**_spread(accuracy), **_series(series, "accuracy", "per_round"), **_tested(finals)},
         "accuracy_own_classes": {**_spread(own_class), "per_round": series["accuracy_own_classes"]},
         "accuracy_by_predictor": _by_predictor(finals),
         "loss": {**_series(series, "loss", "train_per_round"), "test_per_round": series["test_loss"]},
@@ -357,16 +351,19 @@ def _series(series: dict[str, list], name: str, key: str) -> dict[str, Any]:
 
 def _tested(finals: list[RoundRecord | None]) -> dict[str, Any]:
     """Each node's test-split size and the accuracy over all their images together, with its
-    Wilson interval (testnet/intervals.py); None where a node did not say how many it had."""
+    Wilson interval (testnet/intervals.py); None where a node did not say how many it had. And
+    which of its predictors each node serves, where it has several (MAPL-Dual, MAPL-Auto)."""
+    served = {"predictor_per_node": [None if f is None or not f.predictor else f.predictor for f in finals]}
     sizes = [f.test_samples if f is not None and f.test_samples > 0 else None for f in finals]
     if any(size is None for size in sizes):
-        return {"test_samples_per_node": sizes, "pooled": None}
+        return {"test_samples_per_node": sizes, "pooled": None, **served}
     correct = sum(round(f.accuracy * f.test_samples) for f in finals)  # accuracy is correct / test_samples
     n = sum(sizes)
     low, high = wilson(correct, n)
     return {
         "test_samples_per_node": sizes,
         "pooled": {"correct": correct, "n": n, "accuracy": correct / n, "low": low, "high": high},
+        **served,
     }
 
 

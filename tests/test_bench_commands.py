@@ -120,6 +120,10 @@ HETEROGENEOUS = Quick(
     "python -m tools.bench.heterogeneous --methods local --scenarios 1 --samples 1 --seeds 3 --rounds 1 "
     "--test-per-class 1 --workers 1 --out DIR"
 )
+FLEETS = Quick(
+    "python -m tools.bench.fleets --nodes 2 --backbones one --datasets digits --methods local mapl-auto --seeds 3 "
+    "--rounds 2 --samples 1 --workers 1 --out DIR"
+)
 STRAGGLERS = Quick(
     "python -m tools.bench.stragglers --rounds 1 --nodes 2 --samples 1 --test 1 --seeds 1 --workers 1 "
     "--schedule async --out DIR",
@@ -218,6 +222,7 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "python -m tools.bench.heterogeneous --out bench-out/heterogeneous "
     "--methods local mapl-dual --save heterogeneous": HETEROGENEOUS,
     "python -m tools.bench.heterogeneous --methods local mapl-dual --samples 10 --save heterogeneous": HETEROGENEOUS,
+    "python -m tools.bench.fleets --nodes 4 --datasets mnist5k --seeds 3 4 5 --save fleets": FLEETS,
     "python -m tools.bench.scool --out bench-out/scool --save scool": SCOOL,
     "python -m tools.bench.stragglers --out DIR --seeds 1 2 3 --workers 2 --schedule async --save stragglers-async": (
         STRAGGLERS

@@ -22,9 +22,12 @@ def _learning_lines(learning: dict, own_id: str) -> list[str]:
     """Algorithm, progress, last accuracy, then the heaviest neighbours with the age of the
     latest payload each sent."""
     accuracy = "-" if learning["accuracy"] is None else f"{learning['accuracy']:.3f}"
+    history = learning.get("history") or []
+    predictor = history[-1].get("predictor") if history else None  # where it has several (MAPL-Dual, -Auto)
     lines = [
         f"learning {learning['algorithm'] or '(loading data and model)'}  phase {learning['phase']}  "
         f"rounds completed {learning['completed']}/{learning['rounds']}  accuracy {accuracy}"
+        + (f"  predicting with: {predictor}" if predictor else "")
         + (f"  resumed after round {learning['resumed_from']}" if learning["resumed_from"] is not None else "")
         + (f"  catch-ups {learning['catch_ups']}" if learning["catch_ups"] else "")
         + (f"  superseded {learning['superseded']}" if learning.get("superseded") else "")
