@@ -56,7 +56,7 @@ class FleetSpec:
     hosts: tuple[str, ...] = ("127.0.0.1",)
     port: int = 7000  # the first node on a host listens here, its peers' socket one above
     network: str = "p2pnode"
-    algorithm: str = "mapl-dual"
+    algorithm: str = "mapl-auto"
     rounds: int = 60
     backbone: str = "convnet"
     settings: dict[str, object] = field(default_factory=dict)  # [algorithm.settings], TOML values

@@ -179,6 +179,13 @@ def _init(args: argparse.Namespace) -> int:
         + ("" if args.data_per_node else " (edit [data] first to learn from your own images)"),
         file=sys.stderr,
     )
+    if spec.algorithm == "mapl-auto":
+        print(
+            "each node learns with mapl-auto: its own model is averaged with the peers that run the same one "
+            f"(here {spec.backbone}), a small shared model with the peers it learns are alike; "
+            "`p2pnode status` and the report say which model each node predicts with",
+            file=sys.stderr,
+        )
     return EXIT_OK
 
 
@@ -302,8 +309,9 @@ def _add_init_parser(commands) -> None:
     init.add_argument(
         "--algorithm",
         choices=[a for a in ALGORITHM_NAMES if a != "oracle"],
-        default="mapl-dual",
-        help="[algorithm].name (default mapl-dual)",
+        default="mapl-auto",
+        help="[algorithm].name (default mapl-auto: each node shares its own model with the peers that run the "
+        "same one, and a small model with all; docs/learning.md)",
     )
     init.add_argument("--rounds", type=positive_int, default=60, help="[algorithm].rounds (default 60)")
     init.add_argument("--backbone", choices=BACKBONES, default="convnet", help="[model].backbone (default convnet)")

@@ -170,12 +170,13 @@ def test_mapl_dual_distils_only_after_warm_up_and_reports_every_predictor(digits
 
 
 @pytest.mark.parametrize(
-    "algorithm, floor",
-    # 5 classes per node on digits: chance is 0.2. Both clear their floors by a wide margin in
+    "algorithm, floor, backbones",
+    # 5 classes per node on digits: chance is 0.2. All clear their floors by a wide margin in
     # 10 rounds; the floors catch a node that stopped learning, not a tuning regression.
-    [("mapl-dual", 0.8), ("fedmrl", 0.7)],
+    # MAPL-Auto: two nodes of each backbone, so own models travel (and only between those).
+    [("mapl-dual", 0.8, None), ("fedmrl", 0.7, None), ("mapl-auto", 0.8, ("mlp", "convnet", "mlp", "convnet"))],
 )
-def test_a_digits_simulation_and_a_four_daemon_testnet_learn_the_same(tmp_path, algorithm, floor):
+def test_a_digits_simulation_and_a_four_daemon_testnet_learn_the_same(tmp_path, algorithm, floor, backbones):
     """4 nodes on digits, heterogeneous backbones, simulated and as daemons: a learned graph over
     the two clusters, accuracy above the floor, and the same numbers both ways."""
     from testnet.learning import run_learning_testnet
@@ -189,12 +190,13 @@ def test_a_digits_simulation_and_a_four_daemon_testnet_learn_the_same(tmp_path, 
         samples_per_class=20,
         test_per_class=10,
         overrides={"warmup_rounds": "4"},
+        backbones=backbones,
     )
     simulated = run_simulation(spec)
     assert simulated["accuracy"]["mean"] >= floor
     assert simulated["graph"]["within_cluster_mass"] >= 0.95 and simulated["graph"]["community_agreement"] == 1.0
     assert set(simulated["accuracy_by_predictor"]) == (
-        {"personal", "shared", "ensemble"} if algorithm == "mapl-dual" else {"mix-large", "mix-small"}
+        {"mix-large", "mix-small"} if algorithm == "fedmrl" else {"personal", "shared", "ensemble"}
     )
     assert simulated["comm"]["by_type"]["MODEL"]["messages"] > 0 and simulated["rejections"] == {}
 
@@ -208,3 +210,7 @@ def test_a_digits_simulation_and_a_four_daemon_testnet_learn_the_same(tmp_path, 
     assert report["comm"]["by_type"]["MODEL"]["messages"] == simulated["comm"]["by_type"]["MODEL"]["messages"]
     assert report["rejections"] == {}, log_lines(tmp_path / "net", "replay", "evicted", "admitted")
     assert report["processes"]["exit_codes"] == [0, 0, 0, 0]
+    served = report["accuracy"]["predictor_per_node"]
+    assert served == simulated["accuracy"]["predictor_per_node"]
+    if algorithm == "mapl-auto":  # each node's own model mixed with its same-model peer's
+        assert served == ["personal"] * 4

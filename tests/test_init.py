@@ -41,7 +41,7 @@ def test_init_writes_a_fleet_whose_configs_load_and_name_each_other(tmp_path, ca
         # The placeholder data runs as written: node i's shard of mnist5k, with the comment to replace it.
         assert (config.data.dataset, config.data.nodes, config.data.node_index) == ("mnist5k", 3, i)
         assert "YOUR DATA GOES HERE" in (out / f"node{i}" / "node.toml").read_text()
-        assert (config.algorithm.name, config.algorithm.start_peers) == ("mapl-dual", 2)
+        assert (config.algorithm.name, config.algorithm.start_peers) == ("mapl-auto", 2)
     assert "edit [data] first" in err
     # An existing fleet is not overwritten, unless --force: then every key is new.
     code, _, err = init(capsys, "--nodes", "3", "--out", str(out))

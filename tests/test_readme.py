@@ -144,6 +144,9 @@ NOT_RUN = {
     "protocol|transport --quick`",
     "python -m tools.bench.heterogeneous --methods local mapl-dual --scenarios 1 --samples 10 --seeds 3": "a "
     "benchmark: 80 rounds of ten nodes per method and scenario; test_dual.py runs mapl-dual as simulator and testnet",
+    "python -m tools.bench.fleets --nodes 4 --datasets mnist5k --seeds 3 4 5": "a benchmark: 21 runs of 40 rounds "
+    "of four nodes for BENCHMARKS.md; test_bench_commands.py runs it on tiny sizes, test_dual.py runs mapl-auto "
+    "as simulator and testnet",
     "python -m tools.bench.scale --nodes 10 30 100": "a benchmark: minutes of up to 100 daemons for BENCHMARKS.md; "
     "test_processes.py runs a 12-daemon testnet with a bounded view and test_overlay.py 100 simulated nodes",
     "python -m tools.bench.attacks": "a benchmark: floods of several seconds against fresh daemon pairs, measured "

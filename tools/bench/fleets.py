@@ -139,7 +139,8 @@ def render(result: dict) -> str:
         rows.append(_row(key, runs, local))
     rows += [
         "",
-        f"mnist5k and digits, Scenario 1, {data['samples_per_class']} training images per class per node, "
+        f"{' and '.join(sorted({run['dataset'] for run in data['runs']}))}, Scenario 1, "
+        f"{data['samples_per_class']} training images per class per node, "
         f"{data['rounds']} rounds; one backbone: the convnet everywhere, four: the CPU backbones. Seeds "
         f"{', '.join(map(str, data['tuning_seeds']))} chose settings and are not in the table. The interval "
         "resamples the seeds, then the nodes of each.",
