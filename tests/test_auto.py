@@ -98,3 +98,18 @@ def test_a_forged_architecture_or_own_modules_of_the_wrong_shape_are_refused(dig
     cut = Model(kind="params", tensors={**body.tensors, name: body.tensors[name][:1]})
     with pytest.raises(PayloadRejected, match="expected"):
         a.inspect("n1", 1, cut)
+
+
+def test_a_distrusted_peer_gets_no_share_of_the_backbone(digits):
+    """Equal shares are not the learned row: a peer refused for any part (here its prototypes)
+    is left out of them, as the learned row leaves it out."""
+    nodes = _nodes(digits, ["convnet", "convnet", "mlp"])
+    _exchange(nodes, 0)
+    a = nodes[0]
+    _exchange(nodes, 1)
+    before = {name: tensor.clone() for name, tensor in a.own.state().items()}
+    a.guard.refuse("n1", "prototypes")
+    a.end_round(1)
+    for name, tensor in a.own.state().items():
+        torch.testing.assert_close(tensor, before[name])
+    assert not a.mixes_own

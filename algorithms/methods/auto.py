@@ -159,9 +159,9 @@ class MaplAuto(MaplDual):
         super().end_round(round)  # graph step, prototypes, the small model
         models, mix = self.mixing(MessageType.MODEL, round)
         own_weight = mix.pop(self.node_id)
-        if self.config.own_mixing == "uniform":
-            own_weight = 1.0
-            mix = {peer: 1.0 for peer, body in models.items() if split_model(body)[2]}
+        if self.config.own_mixing == "uniform":  # not the learned row, but never a distrusted peer
+            own_weight, distrusted = 1.0, self.guard.distrusted()
+            mix = {peer: 1.0 for peer, body in models.items() if split_model(body)[2] and peer not in distrusted}
         same = {peer: weight for peer, weight in mix.items() if split_model(models[peer])[2]}
         total = own_weight + sum(same.values())
         if not same or total <= 0:

@@ -80,7 +80,7 @@ class Inbound:
     @property
     def in_flight(self) -> int:
         """Frames read and neither counted as received nor refused yet: being verified, waiting
-        for delivery, or parked by the gate. Every frame the ingress read (its `messages_read`)
+        for delivery, being handled, or parked by the gate. Every frame the ingress read (its `messages_read`)
         is counted once it leaves here."""
         return self._pending + self.gate.parked_frames
 
@@ -201,8 +201,7 @@ class Inbound:
             async for batch in batches:
                 await batch.done.wait()
                 for connection, frame, result in zip(batch.connections, batch.frames, batch.results, strict=True):
-                    self._pending -= 1
-                    await self._deliver_one(connection, frame, result, handle)
+                    await self._deliver_counted(connection, frame, result, handle)
                 if self.gate.parked_bytes:
                     await self._deliver_parked(handle)
 
@@ -216,8 +215,17 @@ class Inbound:
         for connection, frames in released:
             results = await trio.to_thread.run_sync(decode_all, self.decoder, frames, limiter=self.verify_limiter)
             for frame, result in zip(frames, results, strict=True):
-                self._pending -= 1
-                await self._deliver_one(connection, frame, result, handle)
+                await self._deliver_counted(connection, frame, result, handle)
+
+    async def _deliver_counted(
+        self, connection: bytes, frame: bytes, result: Envelope | ProtocolError, handle: Handler
+    ) -> None:
+        """`_deliver_one`, the frame still in `in_flight` until it is counted: the handler waits,
+        and a frame being handled was once neither in flight nor counted (a flood test saw it)."""
+        try:
+            await self._deliver_one(connection, frame, result, handle)
+        finally:
+            self._pending -= 1
 
     async def _deliver_one(
         self, connection: bytes, frame: bytes, result: Envelope | ProtocolError, handle: Handler
