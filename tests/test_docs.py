@@ -73,14 +73,14 @@ def test_documented_vectors_are_the_tested_ones():
     assert vectors.PUBLIC_KEY in SPEC and vectors.NODE_ID in SPEC
 
 
-def test_readme_python_example_runs(capsys):
+def test_protocol_python_example_runs(capsys):
     """The example decodes and admits its own frame (it prints only a refusal), and the same
     code refuses the frame once a byte of it is changed."""
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    (example,) = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
+    page = (Path(__file__).resolve().parent.parent / "docs" / "protocol.md").read_text()
+    (example,) = re.findall(r"```python\n(.*?)```", page, flags=re.S)
     names: dict = {}
-    exec(compile(example, "README.md", "exec"), names)
-    assert capsys.readouterr().out == "", "the README's example refused its own frame"
+    exec(compile(example, "docs/protocol.md", "exec"), names)
+    assert capsys.readouterr().out == "", "the protocol page's example refused its own frame"
     envelope, me = names["envelope"], names["me"]
     assert envelope.sender == me.public_key and envelope.type.name == "PROTOTYPES" and envelope.round == 0
     assert envelope.body.classes == (0, 1) and envelope.body.counts == (25, 25)
@@ -88,7 +88,7 @@ def test_readme_python_example_runs(capsys):
         "envelope = decoder.decode(frame)", "envelope = decoder.decode(frame[:-1] + bytes([frame[-1] ^ 1]))"
     )
     assert tampered != example
-    exec(compile(tampered, "README.md", "exec"), {})
+    exec(compile(tampered, "docs/protocol.md", "exec"), {})
     assert capsys.readouterr().out.startswith("refused: "), "a changed byte must be refused"
 
 

@@ -343,13 +343,6 @@ def _judge(words: list[str], readout, node: subprocess.Popen | None, node_id: st
     return node_id
 
 
-def test_the_python_example_runs(tmp_path, monkeypatch, capsys):
-    (example,) = _blocks("python")
-    monkeypatch.chdir(tmp_path)
-    exec(compile(example, "README.md", "exec"), {})
-    assert "refused" not in capsys.readouterr().out  # a fresh frame is accepted
-
-
 def _synopsis() -> dict[str, set[str]]:
     """Each command of docs/cli.md's synopsis (the README's "Command line" points there) and the
     options it shows (continuation lines included)."""
