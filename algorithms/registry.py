@@ -144,17 +144,25 @@ _FROM_ROUND = (
 )
 
 
+# Rounds left unset (None) in an algorithm's defaults that a run sets to this share of its rounds.
+_SHARE_OF_RUN = (("refit_round", 2 / 3),)  # MAPL-Auto: the choice is made, the held-out images train
+
+
 def run_config(name: str, overrides: Mapping[str, str], rounds: int) -> Any:
     """The configuration algorithm `name` runs `rounds` rounds with: its defaults with
     `overrides`, where a round named in `_FROM_ROUND` left at its default takes at most a third
     of the run (MAPL's warm-up of 20 in a run of 60 or more; the paper's is a quarter of 400), so
-    a short run learns its graph too. What is given is kept: `checked_config` says if it does not fit."""
+    a short run learns its graph too, and one in `_SHARE_OF_RUN` left unset takes its share.
+    What is given is kept: `checked_config` says if it does not fit."""
     config = apply_overrides(default_config(name), overrides)
     fitted = {}
     for key, _ in _FROM_ROUND:
         value = getattr(config, key, None)
         if key not in overrides and value:  # None and 0 mean "never" or "as warm-up": kept
             fitted[key] = min(value, max(1, rounds // 3))
+    for key, share in _SHARE_OF_RUN:
+        if key not in overrides and hasattr(config, key) and getattr(config, key) is None:
+            fitted[key] = max(1, round(rounds * share))
     return dataclasses.replace(config, **fitted) if fitted else config
 
 

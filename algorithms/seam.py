@@ -160,6 +160,10 @@ class Evaluation:
     # The class the node predicts for each test image, in the test split's order: what
     # `p2pnode predict` must agree with.
     predicted: tuple[int, ...] = ()
+    # Where the node chooses its predictor on training images it held out (MAPL-Auto): each
+    # predictor's accuracy on them, and how many there were.
+    validation: Mapping[str, float] = field(default_factory=dict)
+    validation_total: int = 0
 
     @property
     def accuracy(self) -> float:

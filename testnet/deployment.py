@@ -229,6 +229,9 @@ def _as_local(record: RoundRecord) -> RoundRecord:
         sent={},
         discovery_sent={},
         accuracy_by_predictor={},
+        predictor="",
+        validation_by_predictor={},
+        validation_samples=0,
         local_baseline={},
     )
 

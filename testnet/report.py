@@ -25,7 +25,7 @@ import numpy as np
 from algorithms.catalog import GRAPH_LEARNING
 from algorithms.graphs.graph import adjusted_rand_index, communities, l1_to_truth, within_cluster_mass
 from p2pnode.files import write_atomically
-from p2pnode.learning.rounds import RoundRecord
+from p2pnode.learning.rounds import RoundRecord, served_because
 
 from .intervals import paired_difference, wilson
 from .plots import write_plots
@@ -353,7 +353,16 @@ def _tested(finals: list[RoundRecord | None]) -> dict[str, Any]:
     """Each node's test-split size and the accuracy over all their images together, with its
     Wilson interval (testnet/intervals.py); None where a node did not say how many it had. And
     which of its predictors each node serves, where it has several (MAPL-Dual, MAPL-Auto)."""
-    served = {"predictor_per_node": [None if f is None or not f.predictor else f.predictor for f in finals]}
+    served = {
+        "predictor_per_node": [None if f is None or not f.predictor else f.predictor for f in finals],
+        # why, where it chose on images it held out (MAPL-Auto): each predictor's count right
+        "predictor_why_per_node": [
+            None
+            if f is None or not f.validation_by_predictor
+            else served_because(f.predictor, f.validation_by_predictor, f.validation_samples)
+            for f in finals
+        ],
+    }
     sizes = [f.test_samples if f is not None and f.test_samples > 0 else None for f in finals]
     if any(size is None for size in sizes):
         return {"test_samples_per_node": sizes, "pooled": None, **served}

@@ -186,6 +186,8 @@ def per_node_table(report: dict[str, Any]) -> str:
     # which of its predictors each node serves, where it has several (MAPL-Dual, MAPL-Auto)
     served = report["accuracy"].get("predictor_per_node") or []
     served = served if any(served) else []
+    # ... and why, where it chose on images it held out (MAPL-Auto)
+    reasons = report["accuracy"].get("predictor_why_per_node") or [None] * len(served)
     rows = [
         "| node | backbone | classes | neighbours (w > 0) | "
         + ("predicts with | " if served else "")
@@ -201,7 +203,7 @@ def per_node_table(report: dict[str, Any]) -> str:
         ]
         classes = _classes(report, i)
         memory = f"{_daemon_memory(report, i)} | " if daemons else ""
-        predictor = f"{served[i] or '—'} | " if served else ""
+        predictor = f"{reasons[i] or served[i] or '—'} | " if served else ""
         rows.append(
             f"| {i} | {report['backbones'][i]} | {classes} | {_neighbours(report, i)} | {predictor}{memory}"
             f"{' | '.join(cells)} |"

@@ -18,31 +18,43 @@ should not have to know which fits the fleet, so the node finds out from what it
   alike and their average is a model from the first round (with separate starts, the average
   of the first rounds mixed unrelated features: digits, 8 rounds, the convnet nodes ended at
   53 and 77 % against Local's 79 and 88).
-- It predicts with its own model once that is mixed, with MAPL-Dual's ensemble until then
-  (`predict = "auto"`).
+- It never serves a predictor worse than training alone would give, as far as it can tell:
+  it holds out a share of its training images (`validation_fraction`, selection.py), trains a
+  local-only model beside the others on the rest, and after each round serves whichever of
+  its predictors (own model, small model, their ensemble, the local model, own + local) gets
+  the most held-out images right (`predict = "auto"`). With nothing held out it predicts with
+  its own model once that is mixed, with MAPL-Dual's ensemble until then.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
+import torch
+from torch import nn
 
 from protocol.messages import Body, MessageType, Model
 
+from ..models.losses import ensemble_logits
+from ..models.selection import Choice, Chooser, held_out_accuracy, hold_out
+from ..models.training import evaluate_predictors
 from ..outliers import Scale
 from ..payloads import SharedModules
-from ..seam import Frame, NodeSetup, Outbound, PayloadRejected
-from .dual import PREDICTORS, DualConfig, DualPredictors, MaplDual
+from ..seam import Evaluation, Frame, LocalReport, NodeSetup, Outbound, PayloadRejected
+from .dual import DualConfig, DualPredictors, MaplDual
+from .mapl import Local
 
 __all__ = ["ARCH_KEY", "AutoConfig", "MaplAuto", "OWN_PREFIX"]
 
 ARCH_KEY = "arch"
 OWN_PREFIX = "own."
 ARCH_BYTES = 16
-OWN_MIXING = ("learned", "uniform")
+# Its predictors, in the order a tie on the held-out images goes: the collaborative ones first.
+AUTO_PREDICTORS = ("personal", "ensemble", "personal_local", "shared", "local")
 
 
 @dataclass(frozen=True)
@@ -50,25 +62,48 @@ class AutoConfig(DualConfig):
     # The own backbone and projector go to same-model peers every round (MAPL+ sends them to all)
     # or, with false, only once warm-up ends and then to the learned neighbours and explored peers.
     own_during_warmup: bool = True
-    # How the own backbone is mixed: "uniform" (equal weights over the node and every same-model
-    # peer that sent its own: the backbone is shared by all of them, sent to each every round,
-    # and only the head, prototypes and small model follow the learned graph, as FedRep shares a
-    # representation) or "learned" (the learned row, renormalised over the node and the
-    # same-model peers that sent theirs). Own model's accuracy, mnist5k, 4 nodes, one backbone,
-    # 40 rounds, seeds 0 / 1 / 2: uniform 94.5 / 94.8 / 95.1, learned 93.6 / 94.6 / 94.6 (MAPL+
-    # 94.0 / 96.1 / 96.0, Local 92.4 / 92.9 / 91.2).
-    own_mixing: str = "uniform"
-    # "auto": the own model (`personal`) once its backbone is mixed with a same-model neighbour's,
-    # the ensemble of the own and the small model until then (and on a node alone with its model).
-    # On one backbone everywhere the ensemble was 1.4-2.0 points below the own model (mnist5k,
-    # 4 nodes, 40 rounds, seeds 0-2): the small model, 5-7 points weaker, pulls it down.
+    # How the own backbone is mixed: own_uniform_share β of equal weights over the node and every
+    # same-model peer that sent its own (the backbone shared by all who can share it, as FedRep
+    # shares a representation, sent to each every round), 1 − β of the learned row renormalised
+    # over the node and those peers (only the cluster's). The head, prototypes and small model
+    # follow the learned graph whatever β. Own model's accuracy, mnist5k, 4 nodes, one backbone,
+    # 40 rounds, separate starts, seeds 0 / 1 / 2: β = 1 94.5 / 94.8 / 95.1, β = 0 93.6 / 94.6 /
+    # 94.6 (MAPL+ 94.0 / 96.1 / 96.0, Local 92.4 / 92.9 / 91.2).
+    own_uniform_share: float = 1.0
+    # "auto": the predictor that gets the most held-out images right (below); with none held out,
+    # the own model (`personal`) once its backbone is mixed with a same-model neighbour's, the
+    # ensemble of the own and the small model until then. On one backbone everywhere the
+    # ensemble was 1.4-2.0 points below the own model (mnist5k, 4 nodes, 40 rounds, seeds 0-2):
+    # the small model, 5-7 points weaker, pulls it down.
     predict: str = "auto"
-    predict_choices: ClassVar[tuple[str, ...]] = (*PREDICTORS, "auto")
+    # The share of each class's training images held out to choose the predictor on; the node
+    # also trains a local-only model on the rest, so it can serve that where its neighbours do
+    # not help. 0: nothing held out, no local model.
+    validation_fraction: float = 0.2
+    # From this round on the held-out images train every model too and the choice made by then
+    # stays (holding out a fifth of ten images a class for the whole run cost the own model 1.2
+    # points, mnist5k, 4 nodes, seeds 0-2). None: they are never trained on; a run's
+    # configuration (registry.run_config) sets two thirds of its rounds.
+    refit_round: int | None = None
+    # The local-only model is served only where it beats the collaborative predictor on the
+    # held-out images by this much (accuracy, mean over the last `choice_window` rounds:
+    # selection.Chooser says why).
+    switch_margin: float = 0.1
+    choice_window: int = 5
+    predict_choices: ClassVar[tuple[str, ...]] = (*AUTO_PREDICTORS, "auto")
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.own_mixing not in OWN_MIXING:
-            raise ValueError(f"own_mixing must be one of {', '.join(OWN_MIXING)}, got {self.own_mixing!r}")
+        if not 0 <= self.own_uniform_share <= 1:
+            raise ValueError(f"own_uniform_share must be in [0, 1], got {self.own_uniform_share}")
+        if not 0 <= self.validation_fraction < 1:
+            raise ValueError(f"validation_fraction must be in [0, 1), got {self.validation_fraction}")
+        if self.predict in ("local", "personal_local") and self.validation_fraction == 0:
+            raise ValueError(f"predict = {self.predict!r} needs the local model: validation_fraction > 0")
+        if self.refit_round is not None and self.refit_round < 0:
+            raise ValueError(f"refit_round must be ≥ 0, got {self.refit_round}")
+        if self.choice_window < 1 or not 0 <= self.switch_margin <= 1:
+            raise ValueError("choice_window must be ≥ 1 and switch_margin in [0, 1]")
 
 
 def architecture(modules: SharedModules) -> np.ndarray:
@@ -88,6 +123,21 @@ def split_model(body: Model) -> tuple[dict[str, np.ndarray], np.ndarray | None, 
     return small, body.tensors.get(ARCH_KEY), own
 
 
+class AutoPredictors(DualPredictors):
+    """MAPL-Dual's three, the local-only model, and the ensemble of the own and the local model."""
+
+    def __init__(self, personal: nn.Module, shared: nn.Module, local: nn.Module | None, chosen: str) -> None:
+        super().__init__(personal, shared, chosen)
+        self.local = local
+
+    def all(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        dual = super().all(images)
+        if self.local is None:
+            return dual
+        local = self.local.head(self.local.backbone(images))
+        return {**dual, "local": local, "personal_local": ensemble_logits(dual["personal"], local)}
+
+
 class MaplAuto(MaplDual):
     """MAPL-Dual, plus MAPL+'s backbone averaging with the peers whose own model is the same."""
 
@@ -96,11 +146,67 @@ class MaplAuto(MaplDual):
     shared_start = True  # same-model nodes average their backbones from the first round
 
     def __init__(self, setup: NodeSetup, config: AutoConfig | None = None) -> None:
-        super().__init__(setup, config or AutoConfig())
+        config = config or AutoConfig()
+        # Every model trains on the shard less the held-out images; the node's setup stays whole
+        # (its preprocessing, and `[algorithm].local_baseline`'s model, which trains on all of it).
+        self.held_out = hold_out(setup.data, config.validation_fraction, setup.seed)
+        fit = setup if self.held_out is None else dataclasses.replace(setup, data=self.held_out.fit)
+        super().__init__(fit, config)
+        self.setup = setup
         self.own = SharedModules({"backbone": self.model.backbone, "projector": self.model.projector})
         self.arch = architecture(self.own)
         self.same_model: dict[str, bool] = {}  # peer → whether its latest MODEL announced our architecture
         self.mixes_own = False  # whether the own backbone has been mixed with a peer's
+        self.local = None if self.held_out is None else Local(fit, config)  # what training alone gives
+        self.chooser = Chooser(config.choice_window, config.switch_margin)
+        self.choice: Choice | None = None  # the latest choice on the held-out images
+        self.refitted = False  # whether the held-out images train the models now
+
+    # -- local step, choice and prediction --------------------------------------------------
+
+    def local_step(self, round: int) -> LocalReport:
+        refit = self.config.refit_round
+        if self.held_out is not None and refit is not None and round >= refit and not self.refitted:
+            self._refit()
+        report = super().local_step(round)
+        if self.local is None:
+            return report
+        alone = self.local.local_step(round)
+        parts = {**report.parts, "local_loss": alone.loss}
+        return dataclasses.replace(report, parts=parts, steps=report.steps + alone.steps)
+
+    def _refit(self) -> None:
+        """The choice is made: the held-out images train every model from now on (a resumed
+        node gets here again in its first round, so it trains on what it trained on before)."""
+        full = self.setup.data
+        for trainer in (self.trainer, self.local.trainer):
+            trainer.images, trainer.labels = full.train_images, full.train_labels
+        self.refitted = True
+
+    def _collaborative(self) -> str:
+        """The predictor the network's models give: the own model once it is mixed."""
+        return "personal" if self.mixes_own else "ensemble"
+
+    def predictors(self) -> AutoPredictors:
+        chosen = self.config.predict
+        if chosen == "auto":
+            chosen = self._collaborative() if self.choice is None else self.choice.chosen
+        return AutoPredictors(self.model, self.small, None if self.local is None else self.local.model, chosen)
+
+    def evaluate(self) -> Evaluation:
+        models = nn.ModuleList([self.trainer.model, *([] if self.local is None else [self.local.model])])
+        evaluation = evaluate_predictors(self.predictors(), models, self.data)
+        if self.choice is None:
+            return evaluation
+        return dataclasses.replace(evaluation, validation=self.choice.accuracy, validation_total=self.choice.images)
+
+    def _choose(self) -> None:
+        """After the round's aggregation, until the refit: the predictor the node serves."""
+        if self.held_out is None or self.refitted:
+            return
+        models = nn.ModuleList([self.trainer.model, self.local.model])
+        accuracy = held_out_accuracy(self.predictors(), models, self.held_out)
+        self.choice = self.chooser.update(accuracy, len(self.held_out), self._collaborative(), "local")
 
     # -- publish and receive ----------------------------------------------------------------
 
@@ -110,7 +216,7 @@ class MaplAuto(MaplDual):
             return out
         small = out.pop()
         recipients = small.to
-        if self.config.own_mixing == "uniform":  # every same-model peer, neighbour or not
+        if self.config.own_uniform_share > 0:  # every same-model peer, neighbour or not
             same = tuple(sorted(peer for peer in self.peers if self.same_model.get(peer)))
             recipients = tuple(sorted({*recipients, *same}))
         elif self.graph.learning(round) or self.config.own_during_warmup:
@@ -147,36 +253,61 @@ class MaplAuto(MaplDual):
         super().set_peers(peers)
         self.same_model = {peer: same for peer, same in self.same_model.items() if peer in self.peers}
 
-    def predictors(self) -> DualPredictors:
-        chosen = self.config.predict
-        if chosen == "auto":
-            chosen = "personal" if self.mixes_own else "ensemble"
-        return DualPredictors(self.model, self.small, chosen)
-
     # -- aggregation ------------------------------------------------------------------------
 
     def end_round(self, round: int) -> None:
         super().end_round(round)  # graph step, prototypes, the small model
-        models, mix = self.mixing(MessageType.MODEL, round)
-        own_weight = mix.pop(self.node_id)
-        if self.config.own_mixing == "uniform":  # not the learned row, but never a distrusted peer
-            own_weight, distrusted = 1.0, self.guard.distrusted()
-            mix = {peer: 1.0 for peer, body in models.items() if split_model(body)[2] and peer not in distrusted}
-        same = {peer: weight for peer, weight in mix.items() if split_model(models[peer])[2]}
-        total = own_weight + sum(same.values())
-        if not same or total <= 0:
+        self._mix_own(round)
+        self._choose()
+
+    def _mix_own(self, round: int) -> None:
+        models, row = self.mixing(MessageType.MODEL, round)
+        owns = {peer: own for peer, body in models.items() if (own := split_model(body)[2])}
+        members = (self.node_id, *owns)
+        distrusted = self.guard.distrusted()  # out of the equal shares, as the learned row leaves them out
+        share = self.config.own_uniform_share
+        weights = _blend(
+            _normalised({peer: row.get(peer, 0.0) for peer in members}),
+            _normalised({peer: 1.0 for peer in members if peer not in distrusted}),
+            share,
+        )
+        if not any(weights.get(peer, 0.0) > 0 for peer in owns):
             return
         self.mixes_own = True
         others = [
-            (weight / total, Model(kind="params", tensors=split_model(models[peer])[2]))
-            for peer, weight in same.items()
+            (weight, Model(kind="params", tensors=owns[peer])) for peer, weight in weights.items() if peer in owns
         ]
-        self.own.mix(own_weight / total, others)
+        self.own.mix(weights.get(self.node_id, 0.0), others)
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "mixes_own": self.mixes_own, "same_model": dict(self.same_model)}
+        state = {**super().state_dict(), "mixes_own": self.mixes_own, "same_model": dict(self.same_model)}
+        if self.local is not None:
+            state["local"] = self.local.state_dict()
+            state["chooser"] = self.chooser.state_dict()
+        if self.choice is not None:
+            state["choice"] = self.choice.to_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.mixes_own = bool(state.get("mixes_own", False))
         self.same_model = {str(peer): bool(same) for peer, same in state.get("same_model", {}).items()}
+        if self.local is not None:
+            if "local" not in state:
+                raise ValueError("the saved state has no local model: it was saved with validation_fraction = 0")
+            self.local.load_state_dict(state["local"])
+            self.chooser.load_state_dict(state.get("chooser", []))
+        self.choice = Choice.from_dict(state["choice"]) if self.local is not None and "choice" in state else None
+
+
+def _normalised(weights: dict[str, float]) -> dict[str, float]:
+    total = sum(weights.values())
+    return {peer: weight / total for peer, weight in weights.items()} if total > 0 else {}
+
+
+def _blend(learned: dict[str, float], uniform: dict[str, float], share: float) -> dict[str, float]:
+    """share · uniform + (1 − share) · learned; the one present where the other is empty."""
+    if share in (0, 1) or not learned or not uniform:
+        return uniform if share == 1 or not learned else learned
+    peers = learned.keys() | uniform.keys()
+    return {peer: share * uniform.get(peer, 0.0) + (1 - share) * learned.get(peer, 0.0) for peer in peers}

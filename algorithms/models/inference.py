@@ -81,14 +81,15 @@ class EvaluatedModel:
 
     def __init__(self) -> None:
         self._template: Predictors | None = None  # frozen once, never run: what modules are copied from
-        self._kept: tuple[int, dict[str, torch.Tensor]] | None = None  # round, state
+        self._kept: tuple[int, dict[str, torch.Tensor], str] | None = None  # round, state, chosen
         self._built: tuple[int, dict[str, torch.Tensor], Predictors] | None = None
 
     def keep(self, predictors: Predictors, round: int) -> None:
         """Between the algorithm's calls: `predictors` as evaluated after `round`."""
         if self._template is None:
             self._template = frozen(predictors)
-        self._kept = round, {name: tensor.detach().clone() for name, tensor in predictors.state_dict().items()}
+        state = {name: tensor.detach().clone() for name, tensor in predictors.state_dict().items()}
+        self._kept = round, state, predictors.chosen  # which predictor may change between rounds (MAPL-Auto)
 
     def latest(self) -> tuple[int, Predictors] | None:
         """The round and the frozen predictors of the latest evaluation; None before the first."""
@@ -98,6 +99,7 @@ class EvaluatedModel:
         if built is None or built[1] is not kept[1]:
             module = copy.deepcopy(self._template)
             module.load_state_dict(kept[1])
+            module.chosen = kept[2]
             built = self._built = (kept[0], kept[1], module)
         return built[0], built[2]
 

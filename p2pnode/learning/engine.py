@@ -263,6 +263,8 @@ class RoundEngine:
             accuracy_by_predictor=evaluation.by_predictor,
             predictor=evaluation.predictor,
             test_samples=evaluation.total,
+            validation_by_predictor=evaluation.validation,
+            validation_samples=evaluation.validation_total,
             discovery_sent={str(kind): counts for kind, counts in (discovery_sent or {}).items()},
             local_baseline=dict(local_baseline or {}),
             ended_at=seconds(timings.ended_at),

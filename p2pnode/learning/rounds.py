@@ -24,6 +24,7 @@ from protocol import UNEXPECTED_TYPE, MessageType
 
 __all__ = [
     "RoundRecord",
+    "served_because",
     "RoundState",
     "Gather",
     "Schedule",
@@ -216,6 +217,10 @@ class RoundRecord:
     accuracy_by_predictor: Mapping[str, float] = field(default_factory=dict)  # where a node has several
     predictor: str = ""  # ... the one `accuracy` is of, and the node predicts with ("" with only one)
     test_samples: int = 0  # images in the node's test split: the n of its accuracy's interval (0: unknown)
+    # where the node chooses `predictor` on training images it held out: each predictor's accuracy
+    # on them, and how many there were
+    validation_by_predictor: Mapping[str, float] = field(default_factory=dict)
+    validation_samples: int = 0
     # discovery and keep-alive frames sent so far, by type, shaped as `sent` (no payload bytes)
     discovery_sent: Mapping[str, tuple[int, int, int]] = field(default_factory=dict)
     # `[algorithm].local_baseline`: the local-only model trained beside this one on the same data
@@ -236,6 +241,7 @@ class RoundRecord:
             "sent": {kind: list(counts) for kind, counts in self.sent.items()},
             "discovery_sent": {kind: list(counts) for kind, counts in self.discovery_sent.items()},
             "accuracy_by_predictor": dict(self.accuracy_by_predictor),
+            "validation_by_predictor": dict(self.validation_by_predictor),
             "local_baseline": dict(self.local_baseline),
         }
 
@@ -508,3 +514,15 @@ class RoundState(Generic[Item]):
         self.completed = self.round = last_round + 1
         self.resumed_from = last_round
         self.lost_s, self.skipped = max(0.0, lost_s), 0
+
+
+def served_because(chosen: str, validation: Mapping[str, float], images: int, alone: str = "local") -> str:
+    """Why a node serves `chosen`, in a few words for `status` and the report: its accuracy on the
+    images the node held out (the mean over the rounds it chose on), beside the local-only
+    model's, or beside the best collaborative one where it serves the local model."""
+    if not validation or images <= 0 or chosen not in validation:
+        return chosen
+    others = [name for name in validation if name != chosen and (chosen == alone or name == alone)]
+    other = max(others, key=lambda name: validation[name], default=None)
+    beside = "" if other is None else f", {other} {validation[other] * 100:.0f} %"
+    return f"{chosen} (held-out {validation[chosen] * 100:.0f} %{beside}; {images} images)"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from p2pnode.learning.rounds import served_because
+
 __all__ = ["format_status", "format_fleet"]
 
 
@@ -23,7 +25,10 @@ def _learning_lines(learning: dict, own_id: str) -> list[str]:
     latest payload each sent."""
     accuracy = "-" if learning["accuracy"] is None else f"{learning['accuracy']:.3f}"
     history = learning.get("history") or []
-    predictor = history[-1].get("predictor") if history else None  # where it has several (MAPL-Dual, -Auto)
+    last = history[-1] if history else {}
+    predictor = last.get("predictor")  # where it has several (MAPL-Dual, -Auto), and why where it chose
+    if predictor and last.get("validation_by_predictor"):
+        predictor = served_because(predictor, last["validation_by_predictor"], last.get("validation_samples", 0))
     lines = [
         f"learning {learning['algorithm'] or '(loading data and model)'}  phase {learning['phase']}  "
         f"rounds completed {learning['completed']}/{learning['rounds']}  accuracy {accuracy}"

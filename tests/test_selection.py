@@ -1,0 +1,151 @@
+"""A node chooses the predictor it serves on training images it held out (issue #44: never worse
+off for joining): the cut, the choice, and MAPL-Auto serving what it chose."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from algorithms.data.datasets import load_dataset
+from algorithms.data.partitions import PartitionSpec, make_partition
+from algorithms.data.setup import node_data
+from algorithms.methods.auto import AUTO_PREDICTORS
+from algorithms.methods.mapl import Local
+from algorithms.models.inference import EvaluatedModel
+from algorithms.models.selection import Choice, Chooser, hold_out
+from algorithms.registry import apply_overrides, default_config, make_algorithm
+from algorithms.seam import LocalData, NodeSetup
+
+
+@pytest.fixture(scope="module")
+def digits():
+    dataset = load_dataset("digits")
+    partition = make_partition(dataset, PartitionSpec(scenario="1", nodes=2, samples_per_class=10, test_per_class=5))
+    return [node_data(dataset, partition, index, pooled=False) for index in range(2)]
+
+
+def _rows(images: torch.Tensor) -> set[bytes]:
+    return {image.numpy().tobytes() for image in images}
+
+
+def test_hold_out_cuts_each_class_and_keeps_every_class_training(digits):
+    data = digits[0]
+    held = hold_out(data, 0.2, seed=3)
+    counts, fit_counts = data.class_counts, held.fit.class_counts
+    for k, n in enumerate(counts):
+        assert n - fit_counts[k] == (min(n - 1, max(1, round(n * 0.2))) if n >= 2 else 0)
+    # Disjoint, and together the whole shard; the test split is not touched.
+    assert not _rows(held.images) & _rows(held.fit.train_images)
+    assert len(held) + len(held.fit.train_labels) == len(data.train_labels)
+    assert held.fit.test_images is data.test_images
+    # The node's seed draws it: the same seed, the same cut.
+    assert torch.equal(hold_out(data, 0.2, seed=3).labels, held.labels)
+    assert _rows(hold_out(data, 0.2, seed=4).images) != _rows(held.images)
+    assert hold_out(data, 0.0, seed=3) is None
+
+
+def test_a_class_with_one_image_is_never_held_out():
+    images = torch.rand(5, 1, 8, 8)
+    data = LocalData(images, torch.tensor([0, 1, 1, 1, 1]), images[:1], torch.tensor([0]), num_classes=2)
+    held = hold_out(data, 0.5, seed=0)
+    assert held.labels.tolist() == [1, 1] and held.fit.class_counts.tolist() == [1, 2]
+    lonely = LocalData(images[:2], torch.tensor([0, 1]), images[:1], torch.tensor([0]), num_classes=2)
+    assert hold_out(lonely, 0.5, seed=0) is None
+    with pytest.raises(ValueError, match=r"\[0, 1\)"):
+        hold_out(data, 1.0, seed=0)
+
+
+def test_the_local_model_is_served_only_where_it_is_clearly_better():
+    chooser = Chooser(window=3, margin=0.1)
+    # One image of ten better (ten points, the margin): local; less, the network's.
+    assert chooser.update({"personal": 0.8, "local": 0.9}, 10, "personal", "local").chosen == "local"
+    choice = chooser.update({"personal": 0.9, "local": 0.9}, 10, "personal", "local")
+    assert choice.chosen == "personal" and choice.accuracy == pytest.approx({"personal": 0.85, "local": 0.9})
+    # The mean over the window: one round's luck does not switch it back.
+    assert chooser.update({"personal": 0.6, "local": 1.0}, 10, "personal", "local").chosen == "local"
+    for _ in range(3):
+        choice = chooser.update({"personal": 1.0, "local": 0.9}, 10, "personal", "local")
+    assert choice.chosen == "personal" and choice.rounds == 3
+    restored = Chooser(window=3, margin=0.1)
+    restored.load_state_dict(chooser.state_dict())
+    assert restored.update({"personal": 0.0, "local": 1.0}, 10, "personal", "local") == chooser.update(
+        {"personal": 0.0, "local": 1.0}, 10, "personal", "local"
+    )
+    with pytest.raises(ValueError, match="window"):
+        Chooser(window=0, margin=0.1)
+
+
+def _auto(data: LocalData, **settings: str):
+    config = apply_overrides(default_config("mapl-auto"), settings)
+    return make_algorithm("mapl-auto", NodeSetup(node_id="n0", data=data, backbone="convnet", seed=5), config)
+
+
+def test_mapl_auto_trains_nothing_on_what_it_holds_out_until_it_has_chosen(digits):
+    node = _auto(digits[0], refit_round="2")
+    held = node.held_out
+    fit_rows = _rows(held.fit.train_images)
+    assert _rows(node.trainer.images) == fit_rows and _rows(node.local.trainer.images) == fit_rows
+    assert node.setup.data is digits[0]  # preprocessing and `local_baseline` see the whole shard
+    # The local model is the Local algorithm on the same cut: the same weights after two rounds.
+    alone = Local(dataclasses.replace(node.setup, data=held.fit), node.config)
+    for round in range(2):
+        node.local_step(round)
+        alone.local_step(round)
+        node.end_round(round)
+    for name, tensor in alone.model.state_dict().items():
+        torch.testing.assert_close(node.local.model.state_dict()[name], tensor)
+    chosen = node.choice
+    assert chosen is not None and chosen.rounds == 2
+    # From refit_round on every model trains on the whole shard, and the choice stays.
+    node.local_step(2)
+    whole = _rows(digits[0].train_images)
+    assert _rows(node.trainer.images) == whole and _rows(node.local.trainer.images) == whole
+    node.end_round(2)
+    assert node.choice == chosen
+    # A node resumed after the refit trains on the whole shard from its first round.
+    resumed = _auto(digits[0], refit_round="2")
+    resumed.load_state_dict(node.state_dict())
+    resumed.local_step(3)
+    assert _rows(resumed.trainer.images) == whole and resumed.choice == chosen
+
+
+def test_a_node_whose_collaborative_models_are_useless_serves_what_scores_best_held_out(digits):
+    node = _auto(digits[0])
+    for round in range(8):
+        node.local.local_step(round)  # only the local model learns
+    with torch.no_grad():  # the collaborative models say nothing
+        node.model.head.weight.zero_()
+        node.model.head.bias.zero_()
+        node.small.head.weight.zero_()
+        node.small.head.bias.zero_()
+    node.end_round(0)  # alone: nothing to mix; the choice is made
+    choice = node.choice
+    assert set(choice.accuracy) == set(AUTO_PREDICTORS)
+    assert choice.chosen == "local" and choice.accuracy["local"] >= choice.accuracy["ensemble"] + 0.1
+    evaluation = node.evaluate()
+    assert evaluation.predictor == "local" and evaluation.accuracy == evaluation.by_predictor["local"]
+    assert evaluation.validation == choice.accuracy and evaluation.validation_total == len(node.held_out)
+    # What it chose and the local model survive a checkpoint.
+    restored = _auto(digits[0])
+    restored.load_state_dict(node.state_dict())
+    assert restored.choice == choice and restored.predictors().chosen == "local"
+    torch.testing.assert_close(restored.local.model.head.weight, node.local.model.head.weight)
+
+
+def test_without_held_out_images_there_is_no_local_model_to_serve(digits):
+    node = _auto(digits[0], validation_fraction="0")
+    assert node.held_out is None and node.local is None
+    assert "local" not in node.predictors().all(digits[0].test_images[:2])
+    with pytest.raises(ValueError, match="needs the local model"):
+        apply_overrides(default_config("mapl-auto"), {"validation_fraction": "0", "predict": "local"})
+
+
+def test_the_kept_model_serves_the_predictor_chosen_when_it_was_kept(digits):
+    node = _auto(digits[0])
+    kept = EvaluatedModel()
+    first = node.predictors()
+    kept.keep(first, 0)
+    node.choice = Choice(chosen="local")
+    kept.keep(node.predictors(), 1)
+    round, predictors = kept.latest()
+    assert round == 1 and predictors.chosen == "local" and first.chosen != "local"
