@@ -160,6 +160,9 @@ class Evaluation:
     # The class the node predicts for each test image, in the test split's order: what
     # `p2pnode predict` must agree with.
     predicted: tuple[int, ...] = ()
+    # Whether each of those predictions is right: what pairs two methods image by image where a
+    # fleet has too few nodes for an interval over nodes (testnet/intervals.py).
+    right: tuple[bool, ...] = ()
     # Where the node chooses its predictor on training images it held out (MAPL-Auto): each
     # predictor's accuracy on them, and how many there were.
     validation: Mapping[str, float] = field(default_factory=dict)

@@ -182,8 +182,10 @@ def _init(args: argparse.Namespace) -> int:
     if spec.algorithm == "mapl-auto":
         print(
             "each node learns with mapl-auto: its own model is averaged with the peers that run the same one "
-            f"(here {spec.backbone}), a small shared model with the peers it learns are alike; "
-            "`p2pnode status` and the report say which model each node predicts with",
+            f"(here {spec.backbone}), a small shared model with the peers it learns are alike; it holds out a "
+            "fifth of its training images until two thirds of the run and serves a model trained on its own "
+            "data alone where that is clearly better on them; `p2pnode status` and the report say which "
+            "model each node predicts with and why",
             file=sys.stderr,
         )
     return EXIT_OK
@@ -208,6 +210,7 @@ def _toml_settings(items) -> dict:
 def _report(args: argparse.Namespace) -> int:
     """report.md and the plots of deployed nodes, from their history files (testnet/deployment.py)."""
     from testnet.deployment import DeploymentReportError, deployment_report, load_histories
+    from testnet.summary import difference_text
 
     configs = [_config(path, check_learning=False) for path in args.config]
     try:
@@ -222,9 +225,7 @@ def _report(args: argparse.Namespace) -> int:
     difference = (report["local_baseline_gain"] or {}).get("difference")
     if difference is not None:
         print(
-            f"collaboration gained {difference['mean'] * 100:+.1f} points over the local baseline "
-            f"[{difference['low'] * 100:+.1f}, {difference['high'] * 100:+.1f}] (95 % paired bootstrap over "
-            f"{difference['nodes']} nodes)"
+            f"collaboration gained {difference_text(difference)} over the local baseline, {difference['nodes']} nodes"
         )
     return EXIT_OK
 

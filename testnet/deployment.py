@@ -229,6 +229,7 @@ def _as_local(record: RoundRecord) -> RoundRecord:
         sent={},
         discovery_sent={},
         accuracy_by_predictor={},
+        test_right=str(baseline.get("test_right", "")),
         predictor="",
         validation_by_predictor={},
         validation_samples=0,

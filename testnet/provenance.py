@@ -13,7 +13,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PACKAGES", "provenance", "git_state", "versions"]
+__all__ = ["PACKAGES", "cpu", "provenance", "git_state", "versions"]
 
 # Distributions whose version can change a result (the learning stack, the wire, the plots).
 PACKAGES = (
@@ -31,6 +31,21 @@ PACKAGES = (
     "matplotlib",
 )
 CODE_ROOT = Path(__file__).resolve().parent.parent
+# The CPU features that change which kernels torch runs, and so the digits of a seeded run
+# (the same commit and seed gave Local 93.47 here and 94.27 on another CPU: issue #44).
+ISA_FLAGS = (
+    "sse4_2",
+    "avx",
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512_bf16",
+    "avx512_vnni",
+    "amx_bf16",
+    "amx_int8",
+    "neon",
+    "asimd",
+)
 GIT_TIMEOUT_S = 5.0
 
 
@@ -45,10 +60,32 @@ def provenance(seed: int, device: str = "cpu", *, root: Path = CODE_ROOT) -> dic
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
+        "cpu": cpu(),
         "python": platform.python_version(),
         "packages": versions(),
         "git": git_state(root),
     }
+
+
+def cpu() -> dict[str, Any]:
+    """The CPU's model, the instruction set torch's kernels use on it, and its flags among ISA_FLAGS."""
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model in ("", platform.machine(), platform.processor()):
+                model = value.strip()
+            elif key.strip() in ("flags", "Features"):  # x86, arm
+                flags |= set(value.split())
+    except OSError:
+        pass
+    try:
+        import torch
+
+        capability = torch.backends.cpu.get_cpu_capability()
+    except (ImportError, AttributeError):
+        capability = None
+    return {"model": model, "torch_capability": capability, "flags": [flag for flag in ISA_FLAGS if flag in flags]}
 
 
 def versions() -> dict[str, str | None]:

@@ -25,11 +25,11 @@ import numpy as np
 from algorithms.catalog import GRAPH_LEARNING
 from algorithms.graphs.graph import adjusted_rand_index, communities, l1_to_truth, within_cluster_mass
 from p2pnode.files import write_atomically
-from p2pnode.learning.rounds import RoundRecord, served_because
+from p2pnode.learning.rounds import RoundRecord, right_from_bits, served_because
 
 from .intervals import paired_difference, wilson
 from .plots import write_plots
-from .summary import write_summary
+from .summary import difference_text, write_summary
 
 __all__ = [
     "REQUIRED_KEYS",
@@ -278,9 +278,19 @@ def attach_baselines(report: dict[str, Any], baselines: Mapping[str, Mapping[str
         report["baselines"][name] = {
             **{key: other[key] for key in BASELINE_KEYS},
             "comm": {"messages": other["comm"]["messages"], "bytes": other["comm"]["bytes"]},
-            "difference": paired_difference(report["accuracy"]["per_node"], other["accuracy"]["per_node"]),
+            "difference": paired_difference(
+                report["accuracy"]["per_node"], other["accuracy"]["per_node"], _rights(report), _rights(other)
+            ),
         }
     return report
+
+
+def _rights(report: Mapping[str, Any]) -> list[np.ndarray | None]:
+    """Each node's right/wrong per test image, as `_tested` recorded it (None where unknown)."""
+    accuracy = report["accuracy"]
+    bits = accuracy.get("test_right_per_node") or [None] * len(accuracy["per_node"])
+    sizes = accuracy.get("test_samples_per_node") or [None] * len(bits)
+    return [None if b is None or n is None else right_from_bits(b, n) for b, n in zip(bits, sizes, strict=True)]
 
 
 def _by_predictor(finals: list[RoundRecord | None]) -> dict[str, dict[str, Any]]:
@@ -364,6 +374,9 @@ def _tested(finals: list[RoundRecord | None]) -> dict[str, Any]:
         ],
     }
     sizes = [f.test_samples if f is not None and f.test_samples > 0 else None for f in finals]
+    # which test images each node's served predictor got right (rounds.right_bits; "" unknown):
+    # what a small fleet's difference between methods is paired on
+    served["test_right_per_node"] = [None if f is None or not f.test_right else f.test_right for f in finals]
     if any(size is None for size in sizes):
         return {"test_samples_per_node": sizes, "pooled": None, **served}
     correct = sum(round(f.accuracy * f.test_samples) for f in finals)  # accuracy is correct / test_samples
@@ -575,4 +588,7 @@ def summary_line(report: dict[str, Any]) -> str:
             f"≤ {poisoning['poisoner_weight']['max']:.3f}, honest rows' L1 to the honest truth "
             f"{poisoning['honest_l1_to_truth']['mean']:.3f}"
         )
+    local = report.get("baselines", {}).get("local")
+    if local is not None and local["accuracy"]["mean"] is not None:  # the headline: what collaboration gained
+        line += f"; Local {local['accuracy']['mean'] * 100:.1f} %, gain {difference_text(local['difference'])}"
     return line

@@ -15,18 +15,38 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .intervals import CONFIDENCE, wilson
+from .intervals import CONFIDENCE, SMALL_FLEET, wilson
 
-__all__ = ["SUMMARY_NAME", "gap_share", "write_summary", "summary_page", "per_node_table", "methods_table"]
+__all__ = [
+    "SUMMARY_NAME",
+    "difference_text",
+    "gap_share",
+    "write_summary",
+    "summary_page",
+    "per_node_table",
+    "methods_table",
+]
 
 SUMMARY_NAME = "report.md"
 MAX_LISTED_NEIGHBOURS = 6  # more than this and the per-node table gives a count
 INTERVALS_SAID = (
     'Intervals (docs/learning.md, "Intervals"): the Wilson interval covers the luck of the test '
     "images (all nodes' together here, each node's own in the table below), not that of training: "
-    "another seed can move a figure further. The paired bootstrap resamples the nodes, each with its "
-    "pair of accuracies; with fewer than about 10 nodes it is too narrow."
+    "another seed can move a figure further. A difference between methods is a paired bootstrap: "
+    f"over the nodes, each with its pair of accuracies, from {SMALL_FLEET} nodes on; below that, over "
+    "the test images, each with its pair of outcomes (the images' luck, not training's)."
 )
+
+
+def difference_text(difference: dict[str, Any] | None) -> str:
+    """A paired difference (testnet/intervals.py `paired_difference`) in points, with its interval
+    and what that interval rests on."""
+    if difference is None:
+        return "—"
+    if difference.get("low") is None:
+        return f"{difference['mean'] * 100:+.1f} points ({difference['method']})"
+    interval = _interval(difference["low"], difference["high"], "+")
+    return f"{difference['mean'] * 100:+.1f} points {interval} ({CONFIDENCE * 100:.0f} % {difference['method']})"
 
 
 def gap_share(method: float, local: float, oracle: float) -> float | None:
@@ -147,7 +167,7 @@ def methods_table(report: dict[str, Any]) -> str:
     level = f"{CONFIDENCE * 100:.0f} %"
     rows = [
         f"| method | mean ± std over nodes | all test images | {level} Wilson | "
-        f"{report['algorithm']} − method [{level} paired bootstrap over nodes] |",
+        f"{report['algorithm']} − method [{level} interval] |",
         "|---|---|---|---|---|",
     ]
     for name, run in _methods(report):
@@ -156,12 +176,7 @@ def methods_table(report: dict[str, Any]) -> str:
         mean = "—" if accuracy["mean"] is None else f"{accuracy['mean'] * 100:.1f} ± {accuracy['std'] * 100:.1f} %"
         counted = "—" if pooled is None else f"{pooled['correct']}/{pooled['n']} = {pooled['accuracy'] * 100:.1f} %"
         interval = "—" if pooled is None else _interval(pooled["low"], pooled["high"])
-        difference = run.get("difference")
-        delta = (
-            "—"
-            if difference is None
-            else f"{difference['mean'] * 100:+.1f} points {_interval(difference['low'], difference['high'], '+')}"
-        )
+        delta = "—" if run is report else difference_text(run.get("difference"))
         rows.append(f"| {name} | {mean} | {counted} | {interval} | {delta} |")
     return "\n".join(rows)
 
@@ -290,9 +305,7 @@ def _gain(report: dict[str, Any]) -> str:
     overall = (
         "no node has both accuracies"
         if difference is None
-        else f"collaboration gained {difference['mean'] * 100:+.1f} points here (mean over {difference['nodes']} "
-        f"nodes, {CONFIDENCE * 100:.0f} % paired bootstrap over nodes "
-        f"{_interval(difference['low'], difference['high'], '+')})"
+        else f"collaboration gained {difference_text(difference)}, the mean over {difference['nodes']} nodes"
     )
     per_node = [
         f"- node {e['node']}: collaboration gained {e['gain'] * 100:+.1f} points here"

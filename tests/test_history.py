@@ -143,7 +143,8 @@ async def test_the_local_baseline_is_checkpointed_and_resumes_where_it_was(tmp_p
     assert stopped.starts[-1]["local_baseline"] and stopped.starts[-1]["classes"]
     for ours, theirs in zip(stopped.records, straight.records, strict=True):
         assert ours.local_baseline == pytest.approx(theirs.local_baseline)
-        assert set(ours.local_baseline) == {"accuracy", "own_class_accuracy", "loss", "test_loss", "since"}
+        figures = {"accuracy", "own_class_accuracy", "loss", "test_loss", "since", "test_right"}
+        assert set(ours.local_baseline) == figures
 
 
 def test_report_of_three_daemons_with_a_local_baseline(tmp_path, capsys):
@@ -198,8 +199,12 @@ def test_report_of_three_daemons_with_a_local_baseline(tmp_path, capsys):
     assert "## What collaboration gained" in page
     for i, value in enumerate(gains):
         assert f"node {i}: collaboration gained {value * 100:+.1f} points here" in page
-    overall = f"collaboration gained {sum(gains) / 3 * 100:+.1f} points"
-    assert f"Overall: {overall} here" in page and overall in printed
+    overall = f"collaboration gained {sum(gains) / 3 * 100:+.1f} points ["
+    assert f"Overall: {overall}" in page and overall in printed
+    # Three nodes are too few for an interval over nodes: it is over their test images, pairs kept.
+    images = sum(report["accuracy"]["test_samples_per_node"])
+    assert gain["difference"]["unit"] == "images" and gain["difference"]["images"] == images
+    assert f"paired bootstrap over the {images} test images of 3 nodes" in printed
     assert report["baselines"]["local"]["accuracy"]["per_node"] == [e.local_baseline["accuracy"] for e in finals]
     assert {"graph.png", "accuracy.png", "loss.png"} <= {path.name for path in out.iterdir()}
     # --files: each node's held-out images by name, what it predicts for each, as its accuracy says.

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 
 from algorithms.graphs.graph import adjusted_rand_index, communities
+from p2pnode.learning.rounds import right_bits
 from testnet.intervals import wilson
-from testnet.report import CheckThresholds, Truth, assemble, attach_baselines, check
+from testnet.report import CheckThresholds, Truth, assemble, attach_baselines, check, summary_line
 
 from .test_rounds import record
 
@@ -154,7 +155,7 @@ def hello_ping(round: int) -> dict:
 
 
 def test_baselines_go_beside_the_run_with_a_paired_interval():
-    def run(accuracies, algorithm="mapl"):
+    def run(accuracies, algorithm="mapl", rights=None):
         header = {
             "algorithm": algorithm,
             "node_ids": IDS,
@@ -165,15 +166,33 @@ def test_baselines_go_beside_the_run_with_a_paired_interval():
             "config": {},
             "backbones": ["mlp"] * 4,
         }
-        records = [record(node, 0, accuracy=a, test_samples=20) for node, a in zip(IDS, accuracies, strict=True)]
+        rights = rights or [[] for _ in accuracies]
+        records = [
+            record(node, 0, accuracy=a, test_samples=20, test_right=right_bits(r))
+            for node, a, r in zip(IDS, accuracies, rights, strict=True)
+        ]
         return assemble(header, records, TRUTH, rejections={}, wall_s=1.0)
 
+    # Four nodes are too few for an interval over nodes; without each image's outcome, no interval.
     report = attach_baselines(run([0.8, 0.9, 0.7, 0.8]), {"local": run([0.75, 0.85, 0.65, 0.75], "local")})
     local = report["baselines"]["local"]
     assert local["algorithm"] == "local" and local["accuracy"]["per_node"] == [0.75, 0.85, 0.65, 0.75]
-    # Every node gains exactly 5 points: every resample of the nodes says so.
-    assert local["difference"]["mean"] == pytest.approx(0.05)
-    assert local["difference"]["low"] == pytest.approx(0.05) and local["difference"]["high"] == pytest.approx(0.05)
+    assert local["difference"]["mean"] == pytest.approx(0.05) and local["difference"]["low"] is None
+    assert "no interval" in local["difference"]["method"]
+    # With them, the interval is over the 80 images, pairs kept: each node's method gets one image
+    # of 20 right that Local does not.
+    ours = [[True] * (k + 1) + [False] * (19 - k) for k in (15, 17, 13, 15)]
+    theirs = [[True] * k + [False] * (20 - k) for k in (15, 17, 13, 15)]
+    paired = attach_baselines(
+        run([0.8, 0.9, 0.7, 0.8], rights=ours), {"local": run([0.75, 0.85, 0.65, 0.75], "local", rights=theirs)}
+    )
+    difference = paired["baselines"]["local"]["difference"]
+    assert difference["unit"] == "images" and difference["images"] == 80 and difference["nodes"] == 4
+    assert difference["mean"] == pytest.approx(0.05) and 0 < difference["low"] < 0.05 < difference["high"] <= 0.1
+    # The line the CLI ends with says it too.
+    line = summary_line(paired)
+    assert "; Local 75.0 %, gain +5.0 points [" in line and "over the 80 test images of 4 nodes" in line
+    assert "gain +5.0 points (no interval" in summary_line(report)
     other_seed = {**run([0.5] * 4, "local"), "seed": 1}
     with pytest.raises(ValueError, match="seed differ"):
         attach_baselines(run([0.8] * 4), {"local": other_seed})

@@ -149,3 +149,28 @@ def test_the_kept_model_serves_the_predictor_chosen_when_it_was_kept(digits):
     kept.keep(node.predictors(), 1)
     round, predictors = kept.latest()
     assert round == 1 and predictors.chosen == "local" and first.chosen != "local"
+
+
+def test_status_and_the_report_say_what_a_node_serves_and_why():
+    from p2pnode.learning.rounds import served_because
+    from p2pnode.operations.status import _learning_lines
+
+    held_out = {"personal": 0.72, "local": 0.9, "ensemble": 0.8, "shared": 0.6, "personal_local": 0.85}
+    assert served_because("local", held_out, 10) == "local (held-out 90 %, ensemble 80 %; 10 images)"
+    assert served_because("personal", held_out, 10) == "personal (held-out 72 %, local 90 %; 10 images)"
+    assert served_because("ensemble", {}, 0) == "ensemble"  # nothing held out: no reason to give
+    record = {"predictor": "local", "validation_by_predictor": held_out, "validation_samples": 10}
+    learning = {
+        "accuracy": 0.9,
+        "history": [record],
+        "algorithm": "mapl-auto",
+        "phase": "gather",
+        "completed": 3,
+        "rounds": 40,
+        "resumed_from": None,
+        "catch_ups": 0,
+        "neighbours": {},
+        "missing_payloads": {},
+    }
+    (line,) = _learning_lines(learning, "n0")
+    assert "predicting with: local (held-out 90 %, ensemble 80 %; 10 images)" in line

@@ -4,9 +4,11 @@ import json
 import math
 import subprocess
 
+import numpy as np
 import pytest
 
-from testnet.intervals import paired_bootstrap, paired_difference, wilson
+from p2pnode.learning.rounds import right_bits, right_from_bits
+from testnet.intervals import SMALL_FLEET, images_bootstrap, paired_bootstrap, paired_difference, wilson
 from testnet.plots import PLOTS
 from testnet.provenance import PACKAGES, git_state, provenance
 
@@ -38,6 +40,33 @@ def test_paired_bootstrap_against_known_values():
     assert paired_difference([None], [0.5]) is None
     with pytest.raises(ValueError):
         paired_bootstrap([0.5, math.nan], [0.5, 0.5])
+
+
+def test_a_small_fleet_is_compared_image_by_image():
+    both_right = np.ones(40, dtype=bool)
+    assert images_bootstrap([both_right], [both_right]) == (0.0, 0.0, 0.0)
+    # One node, 10 images: the method wins 5, ties 5. The resampled difference is k/10 with
+    # k ~ Binomial(10, 1/2): its 95 % interval is [0.2, 0.8].
+    ours, theirs = np.ones(10, dtype=bool), np.array([True] * 5 + [False] * 5)
+    assert images_bootstrap([ours], [theirs]) == pytest.approx((0.5, 0.2, 0.8))
+    # The mean is over nodes, as the headline's: 0.5 on one node, 0 on the other.
+    mean, low, high = images_bootstrap([ours, both_right], [theirs, both_right])
+    assert mean == pytest.approx(0.25) and low == pytest.approx(0.1) and high == pytest.approx(0.4)
+    # paired_difference: images below SMALL_FLEET nodes, nodes from it on.
+    small = paired_difference([1.0, 1.0], [0.5, 1.0], [ours, both_right[:10]], [theirs, both_right[:10]])
+    assert small["unit"] == "images" and small["images"] == 20 and "20 test images of 2 nodes" in small["method"]
+    many = paired_difference([0.9] * SMALL_FLEET, [0.8] * SMALL_FLEET)
+    assert many["unit"] == "nodes" and many["low"] == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="same non-empty"):
+        images_bootstrap([ours], [theirs[:5]])
+
+
+def test_a_records_right_images_survive_the_round_trip():
+    right = [True, False, True, True, False, False, True, False, True, True, False]
+    bits = right_bits(right)
+    assert right_from_bits(bits, len(right)).tolist() == right
+    assert right_bits([]) == "" and right_from_bits("", 3) is None
+    assert right_from_bits(bits, 30) is None and right_from_bits("zz", 2) is None
 
 
 def test_provenance_names_the_code_the_packages_and_the_machine():

@@ -28,7 +28,7 @@ from testnet.learning import run_learning_testnet
 from testnet.progress import RoundProgress
 from testnet.report import CheckThresholds, attach_baselines, summary_line, write_report
 from testnet.simulator import SimulationSpec, run_baselines
-from testnet.summary import methods_table, per_node_table
+from testnet.summary import difference_text, methods_table, per_node_table
 from tools.bench.results import capture, save
 
 
@@ -82,11 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     print(summary_line(mapl))
     gain = mapl["baselines"].get("local", {}).get("difference")
     if gain is not None:
-        verdict = "above 0: collaboration helped" if gain["low"] > 0 else "not above 0"
-        print(
-            f"MAPL-Dual − Local: {gain['mean'] * 100:+.1f} points, 95 % paired interval "
-            f"[{gain['low'] * 100:+.1f}, {gain['high'] * 100:+.1f}] ({verdict})"
-        )
+        verdict = "above 0: collaboration helped" if (gain["low"] or 0) > 0 else "not above 0"
+        print(f"{mapl['algorithm']} − Local: {difference_text(gain)}; {verdict}")
     for failure in mapl.get("check", {}).get("failures", []):
         print(f"check failed: {failure}")
     print(f"report and plots: {', '.join(str(path) for path in written[1:])}; daemon logs: {out}/node*/node.log")
@@ -155,7 +152,11 @@ def render(result: dict) -> str:
 
 
 def _points(difference: dict) -> str:
-    return f"{difference['mean'] * 100:+.1f} points [{difference['low'] * 100:+.1f}, {difference['high'] * 100:+.1f}]"
+    if difference.get("low") is None:  # a small fleet whose nodes did not keep their images' outcomes
+        return f"{difference['mean'] * 100:+.1f} points (no interval)"
+    over = " over images" if difference.get("unit") == "images" else ""  # below SMALL_FLEET nodes
+    low, high = difference["low"] * 100, difference["high"] * 100
+    return f"{difference['mean'] * 100:+.1f} points [{low:+.1f}, {high:+.1f}]{over}"
 
 
 if __name__ == "__main__":

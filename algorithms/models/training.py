@@ -257,6 +257,7 @@ def evaluate_predictors(predictors: Predictors, model: nn.Module, data: LocalDat
     own_correct = 0
     loss = 0.0
     predicted: list[int] = []
+    right: list[bool] = []
     chosen = predictors.chosen
     for start in range(0, len(data.test_labels), batch_size):
         images = data.test_images[start : start + batch_size]
@@ -266,6 +267,7 @@ def evaluate_predictors(predictors: Predictors, model: nn.Module, data: LocalDat
             correct[name] = correct.get(name, 0) + int((each.argmax(1) == labels).sum())
         logits = outputs[chosen]
         predicted += logits.argmax(1).tolist()
+        right += (logits.argmax(1) == labels).tolist()
         loss += F.cross_entropy(logits, labels, reduction="sum").item()
         own_correct += int((logits.masked_fill(~own, -math.inf).argmax(1) == labels).sum())
     model.train(was_training)
@@ -278,4 +280,5 @@ def evaluate_predictors(predictors: Predictors, model: nn.Module, data: LocalDat
         by_predictor={name: hits / total for name, hits in correct.items()} if len(correct) > 1 and total else {},
         predictor=chosen if len(correct) > 1 else "",
         predicted=tuple(predicted),
+        right=tuple(right),
     )

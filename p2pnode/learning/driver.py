@@ -37,7 +37,7 @@ from .capabilities import learning_capability
 from .checkpoint import Checkpoint, CheckpointError, HeldOut
 from .engine import RoundEngine, Timings, round_state, seconds
 from .history import HistoryFile
-from .rounds import ROUND_AHEAD, RoundRecord, Schedule
+from .rounds import ROUND_AHEAD, RoundRecord, Schedule, right_bits
 
 if TYPE_CHECKING:
     from algorithms.models.inference import EvaluatedModel
@@ -277,7 +277,7 @@ class RoundDriver:
         await self._in_thread(self.engine.step, round)
         await paced(self.slowdown, began)
 
-    def _local_baseline_round(self, round: int) -> dict[str, float]:
+    def _local_baseline_round(self, round: int) -> dict[str, float | str]:
         """The local baseline's step and evaluation in `round` (in the worker thread)."""
         report = self.local_baseline.local_step(round)
         evaluation = self.local_baseline.evaluate()
@@ -287,6 +287,7 @@ class RoundDriver:
             "loss": report.loss,
             "test_loss": evaluation.loss,
             "since": self.local_baseline_since,
+            "test_right": right_bits(evaluation.right),  # image by image, for a small fleet's interval
         }
 
     async def _history_start(self) -> None:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from protocol import Envelope
 
-from .rounds import ADAPTIVE, AdaptiveDeadline, Gather, Progress, RoundRecord, RoundState, Schedule
+from .rounds import ADAPTIVE, AdaptiveDeadline, Gather, Progress, RoundRecord, RoundState, Schedule, right_bits
 
 if TYPE_CHECKING:
     from algorithms.seam import Algorithm, Evaluation, LocalReport, Outbound, PayloadRejected
@@ -263,6 +263,7 @@ class RoundEngine:
             accuracy_by_predictor=evaluation.by_predictor,
             predictor=evaluation.predictor,
             test_samples=evaluation.total,
+            test_right=right_bits(evaluation.right),
             validation_by_predictor=evaluation.validation,
             validation_samples=evaluation.validation_total,
             discovery_sent={str(kind): counts for kind, counts in (discovery_sent or {}).items()},

@@ -16,14 +16,18 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter, deque
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
+
+import numpy as np
 
 from protocol import UNEXPECTED_TYPE, MessageType
 
 __all__ = [
     "RoundRecord",
+    "right_bits",
+    "right_from_bits",
     "served_because",
     "RoundState",
     "Gather",
@@ -217,6 +221,9 @@ class RoundRecord:
     accuracy_by_predictor: Mapping[str, float] = field(default_factory=dict)  # where a node has several
     predictor: str = ""  # ... the one `accuracy` is of, and the node predicts with ("" with only one)
     test_samples: int = 0  # images in the node's test split: the n of its accuracy's interval (0: unknown)
+    # which of them the served predictor got right, as `right_bits` packs them ("": not recorded):
+    # what pairs two methods image by image on a fleet too small for an interval over nodes
+    test_right: str = ""
     # where the node chooses `predictor` on training images it held out: each predictor's accuracy
     # on them, and how many there were
     validation_by_predictor: Mapping[str, float] = field(default_factory=dict)
@@ -225,8 +232,8 @@ class RoundRecord:
     discovery_sent: Mapping[str, tuple[int, int, int]] = field(default_factory=dict)
     # `[algorithm].local_baseline`: the local-only model trained beside this one on the same data
     # and split, evaluated in the same round (accuracy, own_class_accuracy, loss, test_loss,
-    # since: the first round it trained); empty without one
-    local_baseline: Mapping[str, float] = field(default_factory=dict)
+    # since: the first round it trained; test_right, as above); empty without one
+    local_baseline: Mapping[str, float | str] = field(default_factory=dict)
     # When the round ended, in seconds since the node's learning started: the daemon's real time
     # (from its first round), the simulator's simulated time (testnet/clock.py); None in records
     # written before it existed
@@ -516,13 +523,30 @@ class RoundState(Generic[Item]):
         self.lost_s, self.skipped = max(0.0, lost_s), 0
 
 
+def right_bits(right: Sequence[bool]) -> str:
+    """Right or wrong per test image, packed 8 a byte (numpy.packbits order), as hex."""
+    return np.packbits(np.asarray(right, dtype=bool)).tobytes().hex() if len(right) else ""
+
+
+def right_from_bits(bits: str, n: int) -> np.ndarray | None:
+    """The inverse of `right_bits` for a test split of `n` images; None if `bits` does not hold them."""
+    try:
+        unpacked = np.unpackbits(np.frombuffer(bytes.fromhex(bits), dtype=np.uint8))
+    except ValueError:
+        return None
+    return unpacked[:n].astype(bool) if n > 0 and len(unpacked) >= n and len(bits) == 2 * ((n + 7) // 8) else None
+
+
 def served_because(chosen: str, validation: Mapping[str, float], images: int, alone: str = "local") -> str:
     """Why a node serves `chosen`, in a few words for `status` and the report: its accuracy on the
     images the node held out (the mean over the rounds it chose on), beside the local-only
     model's, or beside the best collaborative one where it serves the local model."""
     if not validation or images <= 0 or chosen not in validation:
         return chosen
-    others = [name for name in validation if name != chosen and (chosen == alone or name == alone)]
+    if chosen == alone:  # beside the best predictor the network gave (not one mixed with the local model)
+        others = [name for name in validation if alone not in name]
+    else:
+        others = [name for name in validation if name == alone]
     other = max(others, key=lambda name: validation[name], default=None)
     beside = "" if other is None else f", {other} {validation[other] * 100:.0f} %"
     return f"{chosen} (held-out {validation[chosen] * 100:.0f} %{beside}; {images} images)"

@@ -40,10 +40,12 @@ def provenance_line(name: str, provenance: Mapping[str, Any]) -> str:
     seeds = ", ".join(map(str, provenance["seeds"])) or "—"
     threads = provenance["threads"] if provenance["threads"] is not None else "—"
     gpu = f", {machine['gpu']}" if machine.get("gpu") else ""
+    isa = (machine.get("instruction_set") or {}).get("torch")  # older results do not say
+    cpu = f"{machine['cpu']}, torch on {isa}" if isa else machine["cpu"]
     load = f"load {machine['load_before'][0]:g} → {machine.get('load_after', ['?'])[0]:g}"
     return (
         f"<sub>From `tools/bench/results/{name}.json`: `{provenance['command']}` at {commit[:10]}{dirty}, "
-        f"{provenance['date']}, {machine['cpu']} ({machine['cores']} cores{gpu}, {load}); "
+        f"{provenance['date']}, {cpu} ({machine['cores']} cores{gpu}, {load}); "
         f"settings other than a user's defaults: {changed}; seeds {seeds}; torch threads {threads}; "
         f"runs {provenance['runs']}.</sub>"
     )

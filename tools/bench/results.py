@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from testnet.provenance import git_state, versions
+from testnet.provenance import cpu, git_state, versions
 
 __all__ = ["RESULTS", "REQUIRED", "capture", "save", "publish", "load", "machine"]
 
@@ -38,20 +38,11 @@ ROOT = Path(__file__).resolve().parents[2]
 REQUIRED = ("commit", "dirty", "date", "machine", "command", "settings", "seeds", "threads", "runs")
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def machine() -> dict[str, Any]:
     """The machine a figure was measured on, and the packages that can change it."""
     return {
-        "cpu": _cpu_model(),
+        "cpu": (found := cpu())["model"],
+        "instruction_set": {"torch": found["torch_capability"], "flags": found["flags"]},
         "cores": os.cpu_count(),
         "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
         "platform": platform.platform(),
