@@ -188,16 +188,18 @@ def _baseline(groups: dict, samples: int, scenario: str, runs: list[dict]) -> tu
 
 def _pooled(runs: list[dict], base: dict[int, dict], key: str, predictor: str | None = None) -> str:
     """The mean per-node difference to the baseline over the nodes of every seed, with its
-    paired bootstrap interval, in points."""
-    from testnet.intervals import paired_difference
+    interval in points: the seeds resampled, then the nodes of each (`runs_bootstrap`: a run's
+    nodes share its luck)."""
+    from testnet.intervals import runs_bootstrap
 
     def per_node(run: dict) -> list[float]:
         return run[key][predictor]["per_node"] if predictor else run[key]["per_node"]
 
-    ours = [a for run in runs for a in per_node(run)]
-    theirs = [b for run in runs for b in base[run["seed"]]["accuracy"]["per_node"]]
-    d = paired_difference(ours, theirs)
-    return f"{d['mean'] * 100:+.1f} [{d['low'] * 100:+.1f}, {d['high'] * 100:+.1f}]"
+    differences = [
+        [a - b for a, b in zip(per_node(run), base[run["seed"]]["accuracy"]["per_node"], strict=True)] for run in runs
+    ]
+    mean, low, high = runs_bootstrap(differences)
+    return f"{mean * 100:+.1f} [{low * 100:+.1f}, {high * 100:+.1f}]"
 
 
 def _predictor_table(groups: dict) -> list[str]:

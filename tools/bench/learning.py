@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
 def render(result: dict) -> str:
     """One row per scenario and method: accuracy per seed and their mean, the gain over Local
     paired on the same nodes over every seed, the graph, and traffic (means over seeds)."""
-    from testnet.intervals import paired_difference
+    from testnet.intervals import runs_bootstrap
     from testnet.summary import gap_share
 
     runs = result["data"]["runs"]
@@ -103,13 +103,13 @@ def render(result: dict) -> str:
             mean = statistics.fmean(means)
             versus, share = "—", None
             if method != "local" and None not in local:
-                pooled = [
-                    (a, b)
+                # the seeds resampled, then the nodes of each: a run's nodes share its luck
+                differences = [
+                    [a - b for a, b in zip(run["accuracy"]["per_node"], base["accuracy"]["per_node"], strict=True)]
                     for run, base in zip(mine, local, strict=True)
-                    for a, b in zip(run["accuracy"]["per_node"], base["accuracy"]["per_node"], strict=True)
                 ]
-                d = paired_difference([a for a, _ in pooled], [b for _, b in pooled])
-                versus = f"{d['mean'] * 100:+.1f} [{d['low'] * 100:+.1f}, {d['high'] * 100:+.1f}]"
+                gain, low, high = runs_bootstrap(differences)
+                versus = f"{gain * 100:+.1f} [{low * 100:+.1f}, {high * 100:+.1f}]"
             if None not in local and None not in oracle:  # without both, no gap to realise
                 share = gap_share(
                     mean,
