@@ -319,6 +319,9 @@ ALLOWED = {
         "SbmPrior.state_dict",
         "tensor",
     ): "numpy state, for the checkpoint (read on the CPU)",
+    ("algorithms/models/selection.py", "hold_out", "randperm"): "drawn on the CPU with the node's CPU generator: "
+    "the same images held out on any device",
+    ("algorithms/models/selection.py", "hold_out", "zeros"): "the mask is built on the CPU beside the draw, then moved",
 }
 
 

@@ -18,12 +18,12 @@ should not have to know which fits the fleet, so the node finds out from what it
   alike and their average is a model from the first round (with separate starts, the average
   of the first rounds mixed unrelated features: digits, 8 rounds, the convnet nodes ended at
   53 and 77 % against Local's 79 and 88).
-- It never serves a predictor worse than training alone would give, as far as it can tell:
-  it holds out a share of its training images (`validation_fraction`, selection.py), trains a
-  local-only model beside the others on the rest, and after each round serves whichever of
-  its predictors (own model, small model, their ensemble, the local model, own + local) gets
-  the most held-out images right (`predict = "auto"`). With nothing held out it predicts with
-  its own model once that is mixed, with MAPL-Dual's ensemble until then.
+- It serves its own model where same-model peers share it this round (`SHARED_MIN`), MAPL-Dual's
+  ensemble otherwise; and not that either where training alone is clearly better: it holds out
+  a share of its training images (`validation_fraction`, selection.py), trains a local-only
+  model beside the others on the rest, and serves that model where it gets 10 points more of
+  the held-out images right (`switch_margin`, over `choice_window` rounds). From `refit_round`
+  the held-out images train every model and the choice stays (`predict = "auto"`).
 """
 
 from __future__ import annotations
@@ -53,6 +53,9 @@ __all__ = ["ARCH_KEY", "AutoConfig", "MaplAuto", "OWN_PREFIX"]
 ARCH_KEY = "arch"
 OWN_PREFIX = "own."
 ARCH_BYTES = 16
+# The share of same-model peers in a round's mix of the own model from which the node serves that
+# model: a node alone in its cluster keeps 1 % on the others in its learned row (mnist5k, 3 nodes).
+SHARED_MIN = 0.05
 # Its predictors, in the order a tie on the held-out images goes: the collaborative ones first.
 AUTO_PREDICTORS = ("personal", "ensemble", "personal_local", "shared", "local")
 
@@ -70,11 +73,12 @@ class AutoConfig(DualConfig):
     # 40 rounds, separate starts, seeds 0 / 1 / 2: β = 1 94.5 / 94.8 / 95.1, β = 0 93.6 / 94.6 /
     # 94.6 (MAPL+ 94.0 / 96.1 / 96.0, Local 92.4 / 92.9 / 91.2).
     own_uniform_share: float = 1.0
-    # "auto": the predictor that gets the most held-out images right (below); with none held out,
-    # the own model (`personal`) once its backbone is mixed with a same-model neighbour's, the
-    # ensemble of the own and the small model until then. On one backbone everywhere the
-    # ensemble was 1.4-2.0 points below the own model (mnist5k, 4 nodes, 40 rounds, seeds 0-2):
-    # the small model, 5-7 points weaker, pulls it down.
+    # "auto": the own model (`personal`) where same-model peers share it this round, the ensemble
+    # of the own and the small model otherwise, unless the local model is clearly better on the
+    # held-out images (below). On one backbone everywhere the ensemble was 1.4-2.0 points below
+    # the own model (mnist5k, 4 nodes, 40 rounds, seeds 0-2): the small model, 5-7 points
+    # weaker, pulls it down; on resnet and mobilenet nodes without one to share with, the own
+    # model was far below the ensemble (docs/learning.md).
     predict: str = "auto"
     # The share of each class's training images held out to choose the predictor on; the node
     # also trains a local-only model on the rest, so it can serve that where its neighbours do
@@ -156,7 +160,7 @@ class MaplAuto(MaplDual):
         self.own = SharedModules({"backbone": self.model.backbone, "projector": self.model.projector})
         self.arch = architecture(self.own)
         self.same_model: dict[str, bool] = {}  # peer → whether its latest MODEL announced our architecture
-        self.mixes_own = False  # whether the own backbone has been mixed with a peer's
+        self.mixes_own = False  # whether same-model peers hold SHARED_MIN of this round's own mix
         self.local = None if self.held_out is None else Local(fit, config)  # what training alone gives
         self.chooser = Chooser(config.choice_window, config.switch_margin)
         self.choice: Choice | None = None  # the latest choice on the held-out images
@@ -184,7 +188,7 @@ class MaplAuto(MaplDual):
         self.refitted = True
 
     def _collaborative(self) -> str:
-        """The predictor the network's models give: the own model once it is mixed."""
+        """The predictor the network's models give: the own model where same-model peers share it."""
         return "personal" if self.mixes_own else "ensemble"
 
     def predictors(self) -> AutoPredictors:
@@ -271,9 +275,11 @@ class MaplAuto(MaplDual):
             _normalised({peer: 1.0 for peer in members if peer not in distrusted}),
             share,
         )
+        # Served where it is shared this round: on resnet and mobilenet nodes an own model mixed
+        # with no one of its cluster was far below MAPL-Dual's ensemble (docs/learning.md).
+        self.mixes_own = sum(weight for peer, weight in weights.items() if peer in owns) >= SHARED_MIN
         if not any(weights.get(peer, 0.0) > 0 for peer in owns):
             return
-        self.mixes_own = True
         others = [
             (weight, Model(kind="params", tensors=owns[peer])) for peer, weight in weights.items() if peer in owns
         ]
