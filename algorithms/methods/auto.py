@@ -10,10 +10,10 @@ should not have to know which fits the fleet, so the node finds out from what it
 - To every peer whose latest MODEL announced the same architecture, neighbour or not, the MODEL
   also carries its own backbone and projector (under `OWN_PREFIX`). The first round, knowing
   nobody yet, it sends every peer the small model alone.
-- End of round: the small model is mixed as in MAPL-Dual; the own backbone and projector with
-  equal weights over the node and the peers that sent theirs (`own_mixing`: the features are
-  shared by all who can share them; what is personal, the head and prototypes, follows the
-  learned graph). A node alone with its architecture is MAPL-Dual.
+- End of round: the small model is mixed as in MAPL-Dual; the own backbone and projector over
+  the node and the peers that sent theirs, in equal shares, over the learned row, or a blend
+  (`own_uniform_share`); what is personal, the head and prototypes, follows the learned graph.
+  A node alone with its architecture is MAPL-Dual.
 - Every node starts its own model from the network's shared seed, so same-model nodes start
   alike and their average is a model from the first round (with separate starts, the average
   of the first rounds mixed unrelated features: digits, 8 rounds, the convnet nodes ended at
