@@ -71,7 +71,7 @@ def test_the_own_backbone_goes_only_to_peers_that_announced_the_same_model(digit
 
 def test_the_own_backbone_is_shared_equally_by_the_same_model_peers_and_then_predicts(digits):
     # Nothing held out: the predictor follows the mixing (test_selection.py: chosen on held-out images).
-    nodes = _nodes(digits, ["convnet", "convnet", "mlp"], validation_fraction="0")
+    nodes = _nodes(digits, ["convnet", "convnet", "mlp"], validation_fraction="0", own_uniform_share="1")
     _exchange(nodes, 0)  # they learn who runs what
     a = nodes[0]
     assert a.predictors().chosen == "ensemble"  # nothing of its own model mixed yet
@@ -85,7 +85,7 @@ def test_the_own_backbone_is_shared_equally_by_the_same_model_peers_and_then_pre
     # The small model is mixed over all three, as in MAPL-Dual.
     assert any(not torch.equal(small_before[n], t) for n, t in a.share.mixed.state().items())
     assert a.predictors().chosen == "personal" and nodes[2].predictors().chosen == "ensemble"
-    restored = _nodes(digits, ["convnet", "convnet", "mlp"], validation_fraction="0")[0]
+    restored = _nodes(digits, ["convnet", "convnet", "mlp"], validation_fraction="0", own_uniform_share="1")[0]
     restored.load_state_dict(a.state_dict())
     assert restored.mixes_own and restored.same_model == {"n1": True, "n2": False}
 
@@ -106,7 +106,7 @@ def test_a_forged_architecture_or_own_modules_of_the_wrong_shape_are_refused(dig
 def test_a_distrusted_peer_gets_no_share_of_the_backbone(digits):
     """Equal shares are not the learned row: a peer refused for any part (here its prototypes)
     is left out of them, as the learned row leaves it out."""
-    nodes = _nodes(digits, ["convnet", "convnet", "mlp"])
+    nodes = _nodes(digits, ["convnet", "convnet", "mlp"], own_uniform_share="1")
     _exchange(nodes, 0)
     a = nodes[0]
     _exchange(nodes, 1)

@@ -69,10 +69,11 @@ class AutoConfig(DualConfig):
     # same-model peer that sent its own (the backbone shared by all who can share it, as FedRep
     # shares a representation, sent to each every round), 1 − β of the learned row renormalised
     # over the node and those peers (only the cluster's). The head, prototypes and small model
-    # follow the learned graph whatever β. Own model's accuracy, mnist5k, 4 nodes, one backbone,
-    # 40 rounds, separate starts, seeds 0 / 1 / 2: β = 1 94.5 / 94.8 / 95.1, β = 0 93.6 / 94.6 /
-    # 94.6 (MAPL+ 94.0 / 96.1 / 96.0, Local 92.4 / 92.9 / 91.2).
-    own_uniform_share: float = 1.0
+    # follow the learned graph whatever β. On 3 and 4 nodes β made no difference beyond the
+    # seeds' spread; on 10 nodes equal shares mix clusters (seeds 0-2, 40 rounds, gain over Local
+    # and the worst node: digits, one backbone, β = 1 +0.6 / -3.8, β = 0 +1.9 / -2.3; mnist5k,
+    # four backbones, -2.2 / -19.2 and +2.4 / -9.0, with SHARED_MIN; docs/learning.md).
+    own_uniform_share: float = 0.0
     # "auto": the own model (`personal`) where same-model peers share it this round, the ensemble
     # of the own and the small model otherwise, unless the local model is clearly better on the
     # held-out images (below). On one backbone everywhere the ensemble was 1.4-2.0 points below
