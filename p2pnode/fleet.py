@@ -35,7 +35,7 @@ from protocol import Identity
 from .config import ConfigError, load_config
 from .wire.keystore import write_key
 
-__all__ = ["FleetSpec", "FleetError", "write_fleet", "check_fleet", "node_directory", "MAX_FLEET"]
+__all__ = ["FleetSpec", "FleetError", "write_fleet", "check_fleet", "fleet_configs", "node_directory", "MAX_FLEET"]
 
 MAX_FLEET = 257  # every node names all the others, and a bootstrap list holds at most 256 entries
 KEY_FILE, CONFIG_FILE = "key.pem", "node.toml"
@@ -82,6 +82,11 @@ class _Slot:
 def node_directory(spec: FleetSpec, index: int) -> Path:
     """DIR/node<i>, numbered with as many digits as the largest index, so they sort in order."""
     return spec.out / f"node{index:0{len(str(spec.nodes - 1))}d}"
+
+
+def fleet_configs(directory: Path) -> list[Path]:
+    """The configs of a fleet directory as `init` writes it: every DIR/*/node.toml, in name order."""
+    return sorted(Path(directory).glob(f"*/{CONFIG_FILE}"))
 
 
 def write_fleet(spec: FleetSpec) -> list[Path]:

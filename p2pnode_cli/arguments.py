@@ -106,6 +106,53 @@ def add_learning_arguments(parser: argparse.ArgumentParser) -> None:
         help="override a hyper-parameter, e.g. --set warmup_rounds=10 --set graph.l2_weight=2",
     )
     add_check_arguments(parser)
+    add_fleet_argument(parser)
+
+
+# The flags of a run's scenario that `--fleet DIR` takes from the fleet's configs instead.
+FLEET_REPLACES = (
+    "algorithm",
+    "nodes",
+    "device",
+    "mixed_precision",
+    "dataset",
+    "data_root",
+    "data",
+    "data_per_node",
+    "class_names",
+    "image_size",
+    "channels",
+    "test_fraction",
+    "max_memory_mb",
+    "scenario",
+    "clusters",
+    "samples_per_class",
+    "test_per_class",
+    "rounds",
+    "seed",
+    "backbones",
+    "schedule",
+    "set",
+)
+
+
+def add_fleet_argument(parser: argparse.ArgumentParser) -> None:
+    """--fleet DIR, and what it replaces: added last, once every flag it replaces is there."""
+    parser.add_argument(
+        "--fleet",
+        metavar="DIR",
+        help="rehearse the fleet `p2pnode init` wrote in DIR: the algorithm, rounds, settings, backbones, data "
+        "and seeds of its DIR/*/node.toml, node i being the config with [data].node_index = i (a Local "
+        "baseline too where [algorithm].local_baseline is set); the flags that would say otherwise are refused",
+    )
+    # What --fleet reads from the configs: a flag of these given beside it is an error (scenario.py).
+    parser.set_defaults(
+        fleet_replaces={
+            action.dest: (action.option_strings[0], action.default)
+            for action in parser._actions
+            if action.dest in FLEET_REPLACES
+        }
+    )
 
 
 def add_own_data_arguments(parser: argparse.ArgumentParser) -> None:

@@ -63,7 +63,9 @@ def _status_configs(args: argparse.Namespace) -> list[str]:
     """--config, each given; --fleet DIR, every DIR/*/node.toml (as `init` writes them)."""
     configs = list(args.config or ())
     if args.fleet:
-        found = sorted(str(path) for path in Path(args.fleet).glob("*/node.toml"))
+        from p2pnode.fleet import fleet_configs
+
+        found = [str(path) for path in fleet_configs(Path(args.fleet))]
         if not found:
             raise CommandError(
                 f"--fleet {args.fleet}: no */node.toml there (p2pnode init writes DIR/node<i>/node.toml)"

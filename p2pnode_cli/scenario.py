@@ -18,6 +18,10 @@ def learning_spec(args: argparse.Namespace):
     from testnet.simulator import SimulationSpec
     from testnet.spec import parse_slow
 
+    if args.fleet:
+        return fleet_rehearsal(args).spec
+    if args.algorithm is None or args.nodes is None:
+        raise CommandError(f"give --{'algorithm' if args.algorithm is None else 'nodes'} (or --fleet DIR)", EXIT_USAGE)
     overrides = {}
     for item in args.set or ():
         key, sep, value = item.partition("=")
@@ -58,6 +62,31 @@ def learning_spec(args: argparse.Namespace):
     if missing is not None:
         raise CommandError(f"--data-root: {missing}", EXIT_USAGE)
     return spec
+
+
+def fleet_rehearsal(args: argparse.Namespace):
+    """--fleet DIR's run (testnet/rehearsal.py); a scenario flag given beside it is refused, as
+    the configs say what it would."""
+    from testnet.rehearsal import FleetRehearsalError, read_fleet
+
+    given = [flag for dest, (flag, default) in args.fleet_replaces.items() if getattr(args, dest) != default]
+    if given:
+        raise CommandError(
+            f"{given[0]}: --fleet {args.fleet} takes it from the fleet's configs; remove it (or edit the configs)",
+            EXIT_USAGE,
+        )
+    try:
+        return read_fleet(Path(args.fleet))
+    except FleetRehearsalError as exc:
+        raise CommandError(str(exc), EXIT_USAGE) from None
+
+
+def baseline_names(args: argparse.Namespace) -> list[str]:
+    """--baselines, and Local where a --fleet's configs train `[algorithm].local_baseline`."""
+    names = list(args.baselines)
+    if args.fleet and "local" not in names and fleet_rehearsal(args).local_baseline:
+        names.insert(0, "local")
+    return names
 
 
 def _own_data(args: argparse.Namespace):

@@ -9,7 +9,7 @@ from p2pnode.exits import EXIT_FAILED, EXIT_OK
 
 from .arguments import add_learning_arguments, add_poisoning_arguments, positive_float, positive_int
 from .errors import EXIT_USAGE, CommandError
-from .scenario import add_baselines, device_present, learning_spec, thresholds, write_report
+from .scenario import add_baselines, baseline_names, device_present, learning_spec, thresholds, write_report
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -26,9 +26,9 @@ def _simulate(args: argparse.Namespace) -> int:
         device_present(spec)
     try:
         report = run_simulation(
-            spec, progress=RoundProgress(args.algorithm), thresholds=thresholds(args), engine=engine
+            spec, progress=RoundProgress(spec.algorithm), thresholds=thresholds(args), engine=engine
         )
-        add_baselines(report, spec, args.baselines, engine)
+        add_baselines(report, spec, baseline_names(args), engine)
     except (DatasetError, PartitionError, ConfigOverrideError) as exc:
         raise CommandError(str(exc), EXIT_USAGE) from None
     except SimulationError as exc:
@@ -61,8 +61,8 @@ def add_parser(commands) -> None:
         help="run a learning algorithm on all nodes without a network (in worker processes, or on Ray) and "
         "write a report",
     )
-    simulate.add_argument("--algorithm", choices=ALGORITHM_NAMES, required=True)
-    simulate.add_argument("--nodes", type=positive_int, default=10)
+    simulate.add_argument("--algorithm", choices=ALGORITHM_NAMES, help="required, unless --fleet DIR names it")
+    simulate.add_argument("--nodes", type=positive_int, default=10, help="default 10 (--fleet: its configs)")
     simulate.add_argument("--out", required=True, metavar="DIR", help="report.json and PNGs go here")
     add_learning_arguments(simulate)
     simulate.add_argument(

@@ -10,17 +10,18 @@ from pathlib import Path
 
 from .arguments import add_learning_arguments, add_poisoning_arguments, positive_float, positive_int
 from .errors import EXIT_USAGE, CommandError
-from .scenario import add_baselines, device_present, learning_spec, thresholds, write_report
+from .scenario import add_baselines, baseline_names, device_present, learning_spec, thresholds, write_report
 
 
 def _testnet(args: argparse.Namespace) -> int:
     churn = _churn(args)
     restart = _restart(args)
-    if args.algorithm == "none" and args.duration is None:
-        raise CommandError("--algorithm none needs --duration S", EXIT_USAGE)
+    if args.algorithm == "none" and not args.fleet and (args.duration is None or args.nodes is None):
+        needed = "--nodes N" if args.nodes is None else "--duration S"
+        raise CommandError(f"--algorithm none needs {needed}", EXIT_USAGE)
     if args.hold is not None and not args.exit_on_mesh:
         raise CommandError("--hold goes with --exit-on-mesh", EXIT_USAGE)
-    spec = None if args.algorithm == "none" else learning_spec(args)
+    spec = None if args.algorithm == "none" and not args.fleet else learning_spec(args)
     if spec is not None:
         device_present(spec)
     if args.barrage and not args.poisoners:
@@ -38,7 +39,7 @@ def _testnet(args: argparse.Namespace) -> int:
     except (ClusterStartError, PlacementError) as exc:
         raise CommandError(str(exc)) from None
     if code != 130:
-        add_baselines(report, spec, args.baselines)
+        add_baselines(report, spec, baseline_names(args))
     write_report(report, Path(args.out))
     return code
 
@@ -158,7 +159,7 @@ def add_parser(commands) -> None:
     from algorithms.catalog import ALGORITHM_NAMES
 
     testnet = commands.add_parser("testnet", help="launch N daemons on this machine and check they converge")
-    testnet.add_argument("--nodes", type=positive_int, required=True, help="number of daemons")
+    testnet.add_argument("--nodes", type=positive_int, help="number of daemons (required, unless --fleet DIR)")
     testnet.add_argument(
         "--algorithm",
         choices=["none", *(a for a in ALGORITHM_NAMES if a != "oracle")],

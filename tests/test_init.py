@@ -1,11 +1,15 @@
 """`p2pnode init`: a fleet's keys and configs, each loading as `start` would load it, and three
-daemons started from them on loopback that find each other and learn from their own images."""
+daemons started from them on loopback that find each other and learn from their own images, as
+`p2pnode simulate --fleet` rehearsed them."""
 
+import json
 import signal
 import socket
 import stat
 import time
 import tomllib
+
+import pytest
 
 from p2pnode.config import load_config
 from p2pnode.wire.keystore import load_key
@@ -134,6 +138,39 @@ def test_init_writes_a_local_baseline_and_data_paths_relative_to_the_config(tmp_
     assert config.algorithm.local_baseline and config.data.path.resolve() == tmp_path / "e" / "images" / "b"
 
 
+def test_a_fleet_rehearsal_is_what_its_configs_say_and_refuses_what_they_do_not(tmp_path, capsys):
+    """`simulate --fleet DIR` reads the run from init's configs: node i the one with
+    `[data].node_index = i`, each node's backbone, the settings; a flag that would say otherwise,
+    or nodes that disagree on what one run shares, are usage errors naming what to change."""
+    from testnet.rehearsal import FleetRehearsalError, read_fleet
+
+    code, paths, err = init(
+        capsys, "--nodes", "3", "--out", str(tmp_path / "f"), "--rounds", "9", "--set", "warmup_rounds=2"
+    )
+    assert code == 0, err
+    # Node 1 moved to a directory that sorts first, and given another backbone: still node 1.
+    (tmp_path / "f" / "node1").rename(tmp_path / "f" / "a-node")
+    moved = tmp_path / "f" / "a-node" / "node.toml"
+    moved.write_text(moved.read_text().replace('backbone = "convnet"', 'backbone = "mlp"'))
+    rehearsal = read_fleet(tmp_path / "f")
+    spec = rehearsal.spec
+    assert (spec.algorithm, spec.nodes, spec.rounds, spec.dataset, spec.seed) == ("mapl-auto", 3, 9, "mnist5k", 0)
+    assert spec.node_backbones() == ["convnet", "mlp", "convnet"] and spec.overrides == {"warmup_rounds": "2"}
+    assert rehearsal.configs[1] == moved and not rehearsal.local_baseline
+
+    assert main(["simulate", "--fleet", str(tmp_path / "f"), "--rounds", "3", "--out", str(tmp_path / "o")]) == 2
+    assert "--rounds: --fleet" in capsys.readouterr().err
+    paths = sorted((tmp_path / "f").glob("*/node.toml"))
+    paths[2].write_text(paths[2].read_text().replace("warmup_rounds = 2", "warmup_rounds = 3"))
+    with pytest.raises(FleetRehearsalError, match=r"\[algorithm\].settings differs between"):
+        read_fleet(tmp_path / "f")
+    paths[2].write_text(paths[2].read_text().replace("node_index = 2", "node_index = 1"))
+    with pytest.raises(FleetRehearsalError, match="must number the 3 nodes 0 to 2"):
+        read_fleet(tmp_path / "f")
+    with pytest.raises(FleetRehearsalError, match=r"no \*/node\.toml there"):
+        read_fleet(tmp_path / "empty")
+
+
 def _free_ports(count: int) -> int:
     """A base port with `count` free ports above it (the fleet's are fixed in its configs)."""
     for _ in range(50):
@@ -191,10 +228,11 @@ def _stop(specs) -> None:
                 raise
 
 
-def test_three_daemons_from_init_find_each_other_and_learn(tmp_path, capsys):
-    """`p2pnode init --nodes 3` on folders of real digit PNGs (one per node, class subsets that
-    overlap), then `p2pnode start` of each config as written: all three become peers over CURVE
-    and complete every round with both others' payloads."""
+def test_three_daemons_from_init_find_each_other_and_learn_as_rehearsed(tmp_path, capsys):
+    """`p2pnode init --nodes 3 --local-baseline` on folders of real digit PNGs (one per node,
+    class subsets that overlap), then `p2pnode start` of each config as written: all three become
+    peers over CURVE and complete every round with both others' payloads, and each ends where
+    `p2pnode simulate --fleet` of the same directory put it, seed for seed, Local beside it too."""
     subsets = ((0, 1, 2), (2, 3, 4), (4, 5, 0))
     for index, classes in enumerate(subsets):
         write_digit_pngs(tmp_path / "images" / f"device{index}", classes, part=index, parts=3, per_class=20)
@@ -203,7 +241,7 @@ def test_three_daemons_from_init_find_each_other_and_learn(tmp_path, capsys):
         capsys,
         *("--nodes", "3", "--out", str(tmp_path / "fleet"), "--port", str(_free_ports(6))),
         *("--data-per-node", str(tmp_path / "images"), "--image-size", "8", "--backbone", "mlp"),
-        *("--rounds", str(rounds), "--set", f"warmup_rounds={rounds - 1}"),
+        *("--rounds", str(rounds), "--set", f"warmup_rounds={rounds - 1}", "--local-baseline"),
     )
     assert code == 0, err
     assert load_config(paths[0]).data.class_names == ("0", "1", "2", "3", "4", "5")
@@ -220,3 +258,11 @@ def test_three_daemons_from_init_find_each_other_and_learn(tmp_path, capsys):
         ]
         assert not {"MODEL", "PROTOTYPES"} & set(status["traffic"]["send_dropped"]), status["traffic"]
         assert status["learning"]["accuracy"] > 0.5  # three classes each: chance is 1/3
+    # The rehearsal, from the same directory and nothing else, gave each node what its daemon got.
+    assert main(["simulate", "--fleet", str(tmp_path / "fleet"), "--out", str(tmp_path / "rehearsal")]) == 0
+    rehearsed = json.loads((tmp_path / "rehearsal" / "report.json").read_text())
+    assert rehearsed["algorithm"] == "mapl-auto" and rehearsed["backbones"] == ["mlp"] * 3
+    deployed = [status["learning"]["accuracy"] for status in statuses]
+    assert rehearsed["accuracy"]["per_node"] == pytest.approx(deployed, abs=1e-9)
+    local = [status["learning"]["history"][-1]["local_baseline"]["accuracy"] for status in statuses]
+    assert rehearsed["baselines"]["local"]["accuracy"]["per_node"] == pytest.approx(local, abs=1e-9)
