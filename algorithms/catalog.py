@@ -81,6 +81,10 @@ GRAPH_LEARNING = tuple(name for name, entry in ALGORITHMS.items() if entry.graph
 CPU_BACKBONES = ("convnet", "resnet", "mobilenet", "mlp")
 GPU_BACKBONES = ("resnet18", "shufflenet", "googlenet", "alexnet")
 BACKBONES = CPU_BACKBONES + GPU_BACKBONES
+# A user's own backbone: "module:callable" (algorithms/models/user_backbone.py), beside the names above.
+USER_BACKBONE_PATTERN = r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*"
+BACKBONE_PATTERN = "|".join((*BACKBONES, USER_BACKBONE_PATTERN))
+BACKBONE_FORMS = f"one of {', '.join(BACKBONES)}, or your own as MODULE:CALLABLE"
 BASELINES = ("local", "oracle")  # beside a run: the floor (alone) and the ceiling (true cluster's pooled data)
 # A poisoning peer's attacks (algorithms/methods/poison.py)
 ATTACKS = ("scale", "rescale", "sign-flip", "random", "rotate", "copy", "none")

@@ -34,6 +34,7 @@ from protocol.kinds import UNEXPECTED_TYPE
 from protocol.messages import Body, MessageType
 
 from .models.device import CPU
+from .models.user_backbone import NO_FILES, BackboneFiles
 
 __all__ = [
     "LocalData",
@@ -108,6 +109,7 @@ class NodeSetup:
     shared_seed: int = 0  # the same on every node: where the algorithm wants a common initialisation
     device: torch.device = CPU
     mixed_precision: bool = False
+    backbone_files: BackboneFiles = NO_FILES  # `[model].code` and `weights`
 
     def __post_init__(self) -> None:
         if self.mixed_precision and self.device.type != "cuda":

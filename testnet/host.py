@@ -8,6 +8,7 @@ travel to it, and only signed frames and records come back.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Sequence
@@ -55,6 +56,7 @@ class Host(Shard):
                 device=self.device,
                 mixed_precision=self.mixed_precision,
             )
+            setup = dataclasses.replace(setup, backbone_files=spec.backbone_files)
             node = make_algorithm(spec.algorithm, setup, config)
             nodes[i] = PoisoningNode(node, attack, seed=spec.seed * 1000 + i) if i in spec.poisoners else node
         # An attacker signs whatever it likes; the honest decoders keep the real norm bound.

@@ -103,6 +103,7 @@ def node_settings(
             "threads": 1,
             "device": spec.device,
             "mixed_precision": spec.mixed_precision,
+            **_backbone_files(spec),
         },
         "algorithm": {
             "name": spec.algorithm,
@@ -122,6 +123,12 @@ def node_settings(
         # `--pace` and `--slow`: this daemon emulates a slower device (p2pnode/learning/driver.py, `paced`)
         **({"node": {"slowdown": slowdown}} if slowdown > 1 else {}),
     }
+
+
+def _backbone_files(spec: SimulationSpec) -> dict[str, str]:
+    """`[model].code` and `weights` of every daemon, absolute: its config lives elsewhere."""
+    files = {"code": spec.backbone_files.code, "weights": spec.backbone_files.weights}
+    return {name: str(Path(path).resolve()) for name, path in files.items() if path is not None}
 
 
 def daemon_schedule(spec: SimulationSpec, round_deadline_s: float) -> Schedule:

@@ -3,11 +3,12 @@ from its configs alone, so what is rehearsed is what is deployed.
 
 Each `DIR/*/node.toml` is loaded as `p2pnode start` loads it (a config the daemon would refuse is
 refused here with the daemon's message), and the run is put together from what they say: the
-algorithm, its rounds and settings, each node's backbone, data (its own folder or `.npz`, or its
-shard of a benchmark), seed and device, and the gather rule. Node i of the rehearsal is the config
-whose `[data].node_index` is i, which is what seeds its model on the device too, so simulated node
-i and daemon i start from the same weights and data. A setting that must be the same on every node
-for one run to describe them (the algorithm, its settings, the seed, the classes) and is not, is
+algorithm, its rounds and settings, each node's backbone (a user backbone's code and weights too),
+data (its own folder or `.npz`, or its shard of a benchmark), seed and device, and the gather rule.
+Node i of the rehearsal is the config whose `[data].node_index` is i, which is what seeds its
+model on the device too, so simulated node i and daemon i start from the same weights and data. A
+setting that must be the same on every node for one run to describe them (the algorithm, its
+settings, the seed, the classes) and is not, is
 an error naming the two configs that differ.
 """
 
@@ -22,6 +23,7 @@ from typing import Any
 from algorithms.catalog import DATASET_FROM_PATH
 from p2pnode.config import Config, ConfigError, load_config
 from p2pnode.fleet import fleet_configs
+from p2pnode.learning.algorithm import backbone_files
 from p2pnode.learning.rounds import Schedule
 
 from .spec import SimulationSpec
@@ -66,6 +68,8 @@ SHARED: dict[str, Callable[[Config], Any]] = {
             c.data.root,
         )
     ),
+    "[model].code": lambda c: c.model.code,
+    "[model].weights": lambda c: c.model.weights,
     "[model].device": lambda c: c.model.device,
     "[model].mixed_precision": lambda c: c.model.mixed_precision,
 }
@@ -90,6 +94,7 @@ def read_fleet(directory: Path) -> Rehearsal:
             rounds=first.algorithm.rounds,
             seed=first.data.seed,
             backbones=tuple(config.model.backbone for config in configs),
+            backbone_files=backbone_files(first),
             overrides=dict(first.algorithm.settings),
             device=first.model.device,
             mixed_precision=first.model.mixed_precision,

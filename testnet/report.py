@@ -107,6 +107,11 @@ class CheckThresholds:
     rounds_completed: bool = True  # every node ran up to the last round (skipping some is allowed)
 
 
+def _weights(spec) -> str | None:
+    files = getattr(spec, "backbone_files", None)
+    return None if files is None or files.weights is None else str(files.weights)
+
+
 def run_header(
     kind: str,
     spec,
@@ -136,6 +141,8 @@ def run_header(
         "partition_notes": list(partition.notes),
         "node_ids": ids,
         "backbones": backbones,
+        # `[model].weights` every backbone started from (None: a fresh initialisation)
+        "weights": _weights(spec),
         "node_classes": [list(shard.classes) for shard in partition.shards],
         "class_names": getattr(spec, "class_names", None),  # the ids' names, where the data is one's own
         "config": config,

@@ -16,6 +16,7 @@ from algorithms.data.own_data import OwnDataSpec
 from algorithms.data.setup import ScenarioSpec, scenario_of
 from algorithms.methods.poison import ATTACKS, Attack
 from algorithms.models.personal import CPU_BACKBONES
+from algorithms.models.user_backbone import NO_FILES, BackboneFiles
 from algorithms.registry import ALGORITHMS, config_as_dict, run_config
 from p2pnode.learning.rounds import Schedule
 from p2pnode.learning.settings import AlgorithmSettings
@@ -71,6 +72,7 @@ class SimulationSpec:
     samples_per_class: int = 25
     test_per_class: int = 15
     backbones: tuple[str, ...] | None = None  # node i runs backbones[i % len]; None: the CPU family
+    backbone_files: BackboneFiles = NO_FILES  # a user backbone's code folder; weights every node starts from
     dataset_root: str | None = None
     overrides: Mapping[str, str] = field(default_factory=dict)
     poisoners: tuple[int, ...] = ()  # indices of the nodes that poison what they send

@@ -125,12 +125,32 @@ def test_init_writes_a_local_baseline_and_data_paths_relative_to_the_config(tmp_
     data = tmp_path / "s" / "images"
     for name in ("a", "b"):
         write_digit_pngs(data / name, (0, 1), per_class=3)
+    code_folder = tmp_path / "s" / "code"  # the user's own backbone, and weights for it
+    code_folder.mkdir()
+    (code_folder / "user_net_init.py").write_text("from torch import nn\n\ndef backbone():\n    return nn.Flatten()\n")
+    (code_folder / "start.pt").write_bytes(b"")
     out = tmp_path / "s" / "f"
-    code, _, err = init(capsys, "--nodes", "2", "--local-baseline", "--data-per-node", str(data), "--out", str(out))
+    own = (
+        "--backbone",
+        "user_net_init:backbone",
+        "--code",
+        str(code_folder),
+        "--weights",
+        str(code_folder / "start.pt"),
+    )
+    code, _, err = init(
+        capsys, "--nodes", "2", "--local-baseline", "--data-per-node", str(data), "--out", str(out), *own
+    )
     assert code == 0, err
     raw = tomllib.loads((out / "node1" / "node.toml").read_text())
     assert raw["algorithm"]["local_baseline"] is True
     assert raw["data"]["path"] == "../../images/b"  # no path of the machine init ran on
+    assert raw["model"] == {
+        "backbone": "user_net_init:backbone",
+        "threads": 1,
+        "code": "../../code",
+        "weights": "../../code/start.pt",
+    }
     assert raw["data"]["node_index"] == 1  # seeded as node 1 of its rehearsal (simulate --data-per-node)
     # The fleet and its data moved together (copied to a device, say) still load.
     (tmp_path / "s").rename(tmp_path / "e")  # short: the control socket's path has 107 bytes

@@ -120,7 +120,7 @@ class FedMrl(InNeighbourhood, TrainedLocally, Algorithm):
         small = shared_small_model(setup, cfg.small_latent_dim)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(setup.seed)  # the node's own part starts where the node's seed puts it
-            own = make_backbone(setup.backbone, image_shape, cfg.latent_dim)
+            own = make_backbone(setup.backbone, image_shape, cfg.latent_dim, setup.backbone_files)
             # Built on the CPU (the same start on any device), then moved; `small` is there already.
             self.model = Matryoshka(small, own, cfg.latent_dim, data.num_classes).to(setup.device)
         self.share = SmallShare(small, cfg.encoding)

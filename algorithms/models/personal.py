@@ -13,6 +13,9 @@ Two families of backbones:
   (nothing is downloaded) and adapted to small images: ResNet-18 and ShuffleNetV2 get a 3×3
   stride-1 stem without max pooling; AlexNet and GoogLeNet keep their stems and see images
   upsampled to 64 px. All take any channel count and end in a Linear to `latent_dim`. Slow on CPU.
+
+A user's own backbone, `"module:callable"`, and weights to start any backbone from:
+user_backbone.py.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from .user_backbone import NO_FILES, BackboneFiles, UserBackbone, is_user_backbone, load_weights, user_module
 
 __all__ = [
     "BACKBONES",
@@ -62,10 +67,13 @@ class ModelSpec:
     # The same for every backbone, so that heads and prototypes of heterogeneous peers compare.
     latent_dim: int = 128
     projection_dim: int = 128
+    files: BackboneFiles = NO_FILES  # a user backbone's code folder, weights to start from
 
     def __post_init__(self) -> None:
-        if self.backbone not in BACKBONES:
-            raise ModelError(f"unknown backbone {self.backbone!r}; known: {', '.join(BACKBONES)}")
+        if self.backbone not in BACKBONES and not is_user_backbone(self.backbone):
+            raise ModelError(
+                f"unknown backbone {self.backbone!r}; known: {', '.join(BACKBONES)}, or your own as MODULE:CALLABLE"
+            )
         shape = self.image_shape
         if not isinstance(shape, Sequence) or len(shape) != 3 or not all(_is_positive_int(side) for side in shape):
             raise ModelError(f"image_shape must be (channels, height, width) of positive ints, not {shape!r}")
@@ -323,11 +331,20 @@ _BUILDERS: dict[str, Callable[[tuple[int, int, int], int], nn.Module]] = {
 }
 
 
-def make_backbone(name: str, image_shape: Sequence[int], latent_dim: int) -> nn.Module:
+def make_backbone(name: str, image_shape: Sequence[int], latent_dim: int, files: BackboneFiles = NO_FILES) -> nn.Module:
     """A freshly initialised backbone mapping N×C×H×W images to N×`latent_dim` (no activation
-    on the output). Initialisation draws from torch's global RNG."""
+    on the output), from `files.weights` where given. Initialisation draws from torch's global
+    RNG. Raises BackboneError if the user's backbone or weights do not fit."""
     spec = ModelSpec(name, tuple(image_shape), num_classes=1, latent_dim=latent_dim)  # validates
-    return _BUILDERS[spec.backbone](spec.image_shape, spec.latent_dim)
+    if is_user_backbone(spec.backbone):
+        body = user_module(spec.backbone, files.code)
+        if files.weights is not None:
+            load_weights(body, files.weights)
+        return UserBackbone(body, spec.image_shape, spec.latent_dim)
+    backbone = _BUILDERS[spec.backbone](spec.image_shape, spec.latent_dim)
+    if files.weights is not None:
+        load_weights(backbone, files.weights)
+    return backbone
 
 
 # --- The personal model -------------------------------------------------------------------
@@ -347,7 +364,7 @@ class PersonalModel(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
         self.spec = spec
-        self.backbone = make_backbone(spec.backbone, spec.image_shape, spec.latent_dim)
+        self.backbone = make_backbone(spec.backbone, spec.image_shape, spec.latent_dim, spec.files)
         # Exchanged between peers, so a plain Linear whose logits no activation follows.
         self.head = nn.Linear(spec.latent_dim, spec.num_classes)
         self.projector = nn.Sequential(

@@ -82,6 +82,7 @@ def node_model(
     data = setup.data
     spec = ModelSpec(
         backbone=setup.backbone,
+        files=setup.backbone_files,
         image_shape=tuple(data.train_images.shape[1:]),
         num_classes=data.num_classes,
         latent_dim=latent_dim,

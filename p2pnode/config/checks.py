@@ -73,7 +73,7 @@ def cross_checks(config: Config, check_learning: bool = True) -> list[str]:
     except ValueError as exc:
         problems.append(f"[node].network: {exc}")
     problems += _limit_checks(config.limits) + _transport_checks(config.transport) + _buffer_checks(config)
-    return problems + (_learning_checks(config) if check_learning else [])
+    return problems + (_learning_checks(config) + _model_checks(config) if check_learning else [])
 
 
 def _limit_checks(limits: LimitSettings) -> list[str]:
@@ -186,6 +186,27 @@ def _learning_checks(config: Config) -> list[str]:
         checked_config(algorithm.name, dict(algorithm.settings), algorithm.rounds, "[algorithm].rounds")
     except ConfigOverrideError as exc:
         problems.append(f"[algorithm].settings: {exc}")
+    return problems
+
+
+def _model_checks(config: Config) -> list[str]:
+    """A user backbone's module and callable, found (not yet called: that builds it, at start);
+    `[model].weights` a file. Whether they fit the node's images is known when its model is built."""
+    model = config.model
+    if config.algorithm.name == "none":
+        return []
+    problems = []
+    if model.weights is not None and not model.weights.is_file():
+        problems.append(f"[model].weights: {model.weights} is not a file")
+    if ":" in model.backbone:
+        from algorithms.models.user_backbone import BackboneError, user_builder
+
+        try:
+            user_builder(model.backbone, model.code or config.source.resolve().parent)
+        except BackboneError as exc:
+            problems.append(f"[model].backbone: {exc}")
+    if model.code is not None and not model.code.is_dir():
+        problems.append(f"[model].code: {model.code} is not a folder")
     return problems
 
 

@@ -3,6 +3,7 @@ builds it in a worker thread), and the log lines that describe its data."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
@@ -13,12 +14,20 @@ from .capabilities import labels_capability
 if TYPE_CHECKING:
     import torch
 
+    from algorithms.models.user_backbone import BackboneFiles
     from algorithms.seam import Algorithm, NodeSetup
 
     from ..config import Config
     from .settings import ModelSettings
 
-__all__ = ["LearningSetupError", "build_algorithm", "build_local_baseline", "class_list_text", "data_summary"]
+__all__ = [
+    "LearningSetupError",
+    "backbone_files",
+    "build_algorithm",
+    "build_local_baseline",
+    "class_list_text",
+    "data_summary",
+]
 
 log = logging.getLogger("p2pnode.learning")
 
@@ -35,19 +44,30 @@ def build_algorithm(config: Config, node_id: str) -> Algorithm:
     import torch
 
     from algorithms.data.setup import forget_scenarios
+    from algorithms.models.user_backbone import BackboneError
     from algorithms.registry import make_algorithm, run_config
 
     model, algorithm = config.model, config.algorithm
     if model.threads:
         torch.set_num_threads(model.threads)
     settings = run_config(algorithm.name, dict(algorithm.settings), algorithm.rounds)
-    setup = _node_setup(config, node_id)
+    setup = dataclasses.replace(_node_setup(config, node_id), backbone_files=backbone_files(config))
     # The node keeps its own tensors only: the dataset they were cut from, and what loading
     # it left in the heap, go back to the system (docs/daemon.md, "Memory").
     forget_scenarios()
-    built = make_algorithm(algorithm.name, setup, settings)
+    try:
+        built = make_algorithm(algorithm.name, setup, settings)
+    except BackboneError as exc:
+        raise LearningSetupError(f"[model]: {exc}") from None
     trim_now()
     return built
+
+
+def backbone_files(config: Config) -> BackboneFiles:
+    """`[model].code` (default: the config file's folder) and `[model].weights`."""
+    from algorithms.models.user_backbone import BackboneFiles
+
+    return BackboneFiles(code=config.model.code or config.source.resolve().parent, weights=config.model.weights)
 
 
 def build_local_baseline(algorithm: Algorithm, overrides: Mapping[str, str]) -> Algorithm:

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 # Names only: the data modules import numpy (15 MB), which a node that learns nothing never needs.
 from algorithms.catalog import (
     ALGORITHM_NAMES,
-    BACKBONES,
+    BACKBONE_FORMS,
+    BACKBONE_PATTERN,
     DATASET_FROM_PATH,
     DATASETS,
     DEVICE_FORMS,
@@ -121,9 +122,20 @@ class DataSettings:
 @dataclass(frozen=True, kw_only=True)
 class ModelSettings:
     backbone: str = option(
-        Text(choices=BACKBONES),
+        Text(BACKBONE_PATTERN, what=BACKBONE_FORMS),
         "convnet",
-        "this node's backbone; nodes may differ, except under mapl+, dfedavgm, scool-* and sfmtl",
+        "this node's backbone; nodes may differ, except under mapl+, dfedavgm, scool-* and sfmtl. Your own: "
+        '`"module:callable"`, a callable of no arguments returning a torch `nn.Module` that maps an image batch '
+        "to features, imported from `code` (docs/own-model.md)",
+    )
+    code: Path | None = option(
+        FilePath(), None, "the folder a `module:callable` backbone is imported from first (default: this file's)"
+    )
+    weights: Path | None = option(
+        FilePath(),
+        None,
+        "a state dict the backbone starts from (`torch.save(module.state_dict(), PATH)`; for your own backbone, "
+        "of the module your callable returns), e.g. pretrained weights saved on the device: nothing is downloaded",
     )
     device: str = option(
         Text(DEVICE_PATTERN, what=DEVICE_FORMS),
