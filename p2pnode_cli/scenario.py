@@ -20,7 +20,8 @@ def learning_spec(args: argparse.Namespace):
 
     if args.fleet:
         return fleet_rehearsal(args).spec
-    if args.algorithm is None or args.nodes is None:
+    nodes = node_count(args)
+    if args.algorithm is None or nodes is None:
         raise CommandError(f"give --{'algorithm' if args.algorithm is None else 'nodes'} (or --fleet DIR)", EXIT_USAGE)
     overrides = {}
     for item in args.set or ():
@@ -28,13 +29,13 @@ def learning_spec(args: argparse.Namespace):
         if not sep or not key:
             raise CommandError(f"--set wants KEY=VALUE, got {item!r}", EXIT_USAGE)
         overrides[key.strip()] = value.strip()
-    data, data_per_node = _own_data(args)
+    data, data_per_node = _own_data(args, nodes)
     try:
         spec = SimulationSpec(
             algorithm=args.algorithm,
             dataset=args.dataset or "mnist5k",
             scenario=args.scenario,
-            nodes=args.nodes,
+            nodes=nodes,
             rounds=args.rounds,
             seed=args.seed,
             clusters=args.clusters,
@@ -108,7 +109,17 @@ def _backbone_files(args: argparse.Namespace):
     return NO_FILES if weights is None and code is None else BackboneFiles(code=code, weights=weights)
 
 
-def _own_data(args: argparse.Namespace):
+def node_count(args: argparse.Namespace) -> int | None:
+    """--nodes; without it, one node per entry of --data-per-node DIR, else the command's default."""
+    if args.nodes is not None:
+        return args.nodes
+    folder = Path(args.data_per_node) if args.data_per_node else None
+    if folder is not None and folder.is_dir():
+        return sum(not entry.name.startswith(".") for entry in folder.iterdir()) or None
+    return args.default_nodes
+
+
+def _own_data(args: argparse.Namespace, nodes: int):
     """--data or --data-per-node (testnet/own_data.py), checked as a daemon checks [data].path."""
     from testnet.own_data import DataArgumentError, OwnDataArguments, own_data_specs
 
@@ -125,7 +136,7 @@ def _own_data(args: argparse.Namespace):
         args.max_memory_mb,
     )
     try:
-        return own_data_specs(arguments, args.nodes, args.seed)
+        return own_data_specs(arguments, nodes, args.seed)
     except DataArgumentError as exc:
         raise CommandError(str(exc), EXIT_USAGE) from None
 

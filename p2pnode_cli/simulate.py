@@ -62,7 +62,9 @@ def add_parser(commands) -> None:
         "write a report",
     )
     simulate.add_argument("--algorithm", choices=ALGORITHM_NAMES, help="required, unless --fleet DIR names it")
-    simulate.add_argument("--nodes", type=positive_int, default=10, help="default 10 (--fleet: its configs)")
+    simulate.add_argument(
+        "--nodes", type=positive_int, help="default 10, or one per entry of --data-per-node DIR (--fleet: its configs)"
+    )
     simulate.add_argument("--out", required=True, metavar="DIR", help="report.json and PNGs go here")
     add_learning_arguments(simulate)
     simulate.add_argument(
@@ -96,4 +98,4 @@ def add_parser(commands) -> None:
         "(default 1800); a worker that takes longer, dies or raises stops the run with exit 1",
     )
     add_poisoning_arguments(simulate)
-    simulate.set_defaults(run=_simulate)
+    simulate.set_defaults(run=_simulate, default_nodes=10)

@@ -159,7 +159,9 @@ def add_parser(commands) -> None:
     from algorithms.catalog import ALGORITHM_NAMES
 
     testnet = commands.add_parser("testnet", help="launch N daemons on this machine and check they converge")
-    testnet.add_argument("--nodes", type=positive_int, help="number of daemons (required, unless --fleet DIR)")
+    testnet.add_argument(
+        "--nodes", type=positive_int, help="number of daemons (required, unless --data-per-node DIR or --fleet DIR)"
+    )
     testnet.add_argument(
         "--algorithm",
         choices=["none", *(a for a in ALGORITHM_NAMES if a != "oracle")],
@@ -280,4 +282,4 @@ def add_parser(commands) -> None:
         help="the poisoners also send, each round, their payload tagged with other rounds, NaN, wrong shapes, "
         "frames past the bounds, a 60 MB MODEL and a burst of SCOREs (testnet/byzantine.py)",
     )
-    testnet.set_defaults(run=_testnet)
+    testnet.set_defaults(run=_testnet, default_nodes=None)

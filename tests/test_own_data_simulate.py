@@ -84,7 +84,8 @@ def test_each_node_its_own_folder(tmp_path, capsys):
         write_digit_pngs(nodes / f"device{index}", classes, part=index, parts=3, per_class=30)
     out = tmp_path / "sim"
     arguments = ["--data-per-node", str(nodes), "--image-size", "8", "--test-fraction", "0.3", "--out", str(out)]
-    run = [*("--algorithm", "mapl-dual", "--nodes", "3", "--rounds", "4", "--set", "warmup_rounds=2"), *RUN[-6:]]
+    # No --nodes: one node per folder, in simulate and testnet alike.
+    run = [*("--algorithm", "mapl-dual", "--rounds", "4", "--set", "warmup_rounds=2"), *RUN[-6:]]
     assert main(["simulate", *run, "--baselines", "local", "oracle", *arguments]) == 0
     report = json.loads((out / "report.json").read_text())
     assert report["scenario"] == "per-node" and report["dataset"] == str(nodes)
@@ -103,7 +104,7 @@ def test_each_node_its_own_folder(tmp_path, capsys):
     net = tmp_path / "net"
     # A 3 s deadline: node 2, alone in its cluster, waits it out once when the others stop sending
     # to it after the warm-up (rounds take a tenth of a second; the first waits for every load).
-    assert main(["testnet", *run[:8], "--backbones", "mlp", "--round-deadline", "3", *arguments[:-1], str(net)]) == 0
+    assert main(["testnet", *run[:6], "--backbones", "mlp", "--round-deadline", "3", *arguments[:-1], str(net)]) == 0
     daemons = json.loads((net / "report.json").read_text())
     assert daemons["processes"]["exit_codes"] == [0, 0, 0]
     assert daemons["node_classes"] == report["node_classes"] and daemons["accuracy"]["test_samples_per_node"] == tested
