@@ -134,6 +134,9 @@ async def test_predict_refusals_are_clear(tmp_path, capsys):
     code, _, err = predict(capsys, "--config", config_path, str(big), str(tmp_path / "missing.png"))
     assert code == 1 and f"skipped {big}: larger than [node].predict_max_image_mb (0.001 MB)" in err
     assert f"skipped {tmp_path / 'missing.png'}: cannot be read" in err
+    # Export into a folder that is not there: said at once, before any of its work.
+    assert main(["export", "--config", config_path, "--out", str(tmp_path / "absent" / "model.pt2")]) == 1
+    assert f"{tmp_path / 'absent'} is not a folder (create it first)" in capsys.readouterr().err
 
 
 def test_every_algorithm_evaluates_what_it_predicts_with_and_training_leaves_the_kept_copy_alone():

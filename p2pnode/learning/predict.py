@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ..files import describe_os_error, write_atomically
-from ..operations.control import MAX_REQUEST_BYTES, NotRunning, request
+from ..operations.control import MAX_REQUEST_BYTES, ControlError, NotRunning, request
 from .checkpoint import CHECKPOINT_NAME, Checkpoint, CheckpointError
 
 if TYPE_CHECKING:
@@ -216,8 +216,6 @@ def predict_files(config: Config, paths: Sequence[str], full_config: Callable[[]
 
 
 def _ask_node(config: Config, blobs: list[bytes]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    from ..operations.control import ControlError
-
     per_request = config.node.predict_max_images
     about: dict[str, Any] = {"source": "node"}
     results = []
@@ -249,6 +247,11 @@ def checkpoint_model(config: Config) -> tuple[UsableModel, Checkpoint]:
         raise PredictError("this node does not learn ([algorithm].name is none): it has no model")
     path = config.node.data_dir / CHECKPOINT_NAME
     if not path.exists():
+        if _answers(config):
+            raise PredictError(
+                f"no checkpoint yet ({path} does not exist): the node runs but has not finished its first round; "
+                "try again once it has (`p2pnode status` shows its rounds)"
+            )
         raise PredictError(
             f"no checkpoint yet ({path} does not exist): no node runs with this configuration and none has "
             "finished a round here ([algorithm].checkpoint must be on); start it with `p2pnode start`"
@@ -271,10 +274,22 @@ def checkpoint_model(config: Config) -> tuple[UsableModel, Checkpoint]:
     return model, saved
 
 
+def _answers(config: Config) -> bool:
+    """Whether a node runs with this configuration (its control socket answers)."""
+    try:
+        request(config.control_socket, "status", timeout=2.0)
+    except ControlError:  # NotRunning among them
+        return False
+    return True
+
+
 def export_model(config: Config, out: Path) -> dict[str, Any]:
     """Write the node's model (from its checkpoint) to `out` as a `torch.export` program on the
     CPU, for any batch size, with its metadata inside and in `out`.json; returns the metadata."""
     import torch
+
+    if not out.parent.is_dir():  # said before the seconds of loading and tracing, not after
+        raise PredictError(f"cannot write {out}: {out.parent} is not a folder (create it first)")
 
     model, saved = checkpoint_model(config)
     predictors = model.predictors.cpu()
