@@ -156,6 +156,7 @@ def test_config_refuses_bad_image_folders_naming_the_field(tmp_path):
     write_digit_pngs(tmp_path / "one", (3,), per_class=5)
     write_digit_pngs(tmp_path / "bad", (3, 4), per_class=5)
     (tmp_path / "bad" / "4" / "broken.png").write_bytes(b"not a png at all")
+    (tmp_path / "bad" / "3" / "torn.png").write_bytes(b"\x89PNG torn")
     write_digit_pngs(tmp_path / "typo", (3,), per_class=5)
     (tmp_path / "typo" / "seven").mkdir()
     for png in (tmp_path / "typo" / "3").iterdir():
@@ -167,7 +168,8 @@ def test_config_refuses_bad_image_folders_naming_the_field(tmp_path):
         "missing": (str(tmp_path / "nowhere"), "[data].path: ", "does not exist"),
         "empty": (str(tmp_path / "empty"), "[data].path: ", "holds no class folders"),
         "one": (str(tmp_path / "one"), "[data].path: ", "images of 1 class ('3'); a node needs at least 2"),
-        "bad": (str(tmp_path / "bad"), "[data].path: ", "broken.png is not a readable image"),
+        # every unreadable file named, and the setting that would leave them out
+        "bad": (str(tmp_path / "bad"), "[data].path: ", "2 of its images cannot be read: "),
         "typo": (str(tmp_path / "typo"), "[data].path: ", "class folders ['seven']"),
         "lonely": (str(tmp_path / "lonely"), "[data].path: ", "none can be held out for testing"),
         "hollow": (str(tmp_path / "hollow"), "[data].path: ", "holds no images (.png"),
@@ -175,6 +177,9 @@ def test_config_refuses_bad_image_folders_naming_the_field(tmp_path):
     for name, (path, field, words) in cases.items():
         text = data_problems(tmp_path, name, path=path, class_names=names)
         assert field in text and words in text, (name, text)
+    text = data_problems(tmp_path, "bad", path=str(tmp_path / "bad"), class_names=names)
+    assert "torn.png is not a readable image" in text and "broken.png is not a readable image" in text
+    assert "([data].skip_damaged = true leaves them out)" in text
     # A bound on memory, checked before any image is decoded: 10 images of 3×1024×1024 floats are 120 MB.
     write_digit_pngs(tmp_path / "big", (0, 1), per_class=10)
     text = data_problems(

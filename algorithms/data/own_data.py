@@ -63,6 +63,7 @@ NPZ_KEYS = ("x", "y", "x_test", "y_test")
 DEFAULT_IMAGE_SIZE = 28  # the side of mnist5k's images, which every backbone is tuned for
 DEFAULT_CHANNELS = 1
 DEFAULT_TEST_FRACTION = 0.2
+DAMAGED_NAMED = 5  # unreadable images an error names before it counts the rest
 # Every backbone works from 8 px (the `digits` set's side) up; a larger side only costs memory.
 MIN_SIDE, MAX_SIDE = 8, 1024
 _FLOAT32_BYTES = 4
@@ -251,21 +252,25 @@ def _inspect_folder(spec: OwnDataSpec) -> Inventory:
         if not images:
             raise OwnDataError(f"class folder {folder} holds no images ({', '.join(IMAGE_EXTENSIONS)})")
         _memory_check(spec, len(files) + len(images), shape)
-        images = [path for path in images if _readable(path, spec.skip_damaged, damaged)]
+        images = [path for path in images if _readable(path, damaged)]
         counts[ids[folder.name]] = len(images)
         files += [(path, ids[folder.name]) for path in images]
+    if damaged and not spec.skip_damaged:
+        more = f"; and {len(damaged) - DAMAGED_NAMED} more" if len(damaged) > DAMAGED_NAMED else ""
+        raise OwnDataError(
+            f"{len(damaged)} of its images cannot be read: {'; '.join(damaged[:DAMAGED_NAMED])}{more} "
+            "([data].skip_damaged = true leaves them out)"
+        )
     files.sort(key=lambda entry: _reading_order(entry[0], root))
     return Inventory(shape, tuple(counts), None, tuple(files), tuple(damaged))
 
 
-def _readable(path: Path, skip: bool, damaged: list[str]) -> bool:
-    """Whether the image's header reads; one that does not fails the load, or with `skip` is
-    noted in `damaged` and left out."""
+def _readable(path: Path, damaged: list[str]) -> bool:
+    """Whether the image's header reads; one that does not is noted in `damaged` (the load then
+    fails naming them all, or with `[data].skip_damaged` leaves them out)."""
     try:
         _check_header(path)
     except OwnDataError as exc:
-        if not skip:
-            raise
         damaged.append(str(exc))
         return False
     return True
