@@ -421,6 +421,7 @@ class Node:
             rejected=self.metrics.rejected,
             sent=self.metrics.learning_sent,
             discovery_sent=self.metrics.discovery_sent,
+            excluded=self.learning_peers.excluded,
         )
         self.driver = RoundDriver(
             self.config.algorithm,

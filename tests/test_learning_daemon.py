@@ -456,3 +456,15 @@ async def test_a_finished_run_restarted_is_done_at_once_not_waiting_for_peers(tm
         learning = again.driver.status()
         assert (learning["resumed_from"], learning["completed"], learning["phase"]) == (2, 3, "done")
         again.request_stop()
+
+
+def test_the_alone_warning_names_the_peers_left_out_of_learning_and_why():
+    """A node alone among admitted peers (another class list, another algorithm) says which and
+    why in the same line, not only in a warning seconds before."""
+    from p2pnode.learning.driver import _left_out
+
+    assert _left_out({}) == ""
+    excluded = {"a": "learns over other classes", "b": "runs no algorithm", "c": "learns mapl", "d": "learns mapl"}
+    assert _left_out(excluded) == (
+        "; admitted but left out: a learns over other classes; b runs no algorithm; c learns mapl; and 1 more"
+    )

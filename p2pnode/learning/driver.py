@@ -53,6 +53,19 @@ log = logging.getLogger("p2pnode.learning")
 # one line per round was most of a long run's log.
 CHECKPOINT_LOG_EVERY = 10
 
+EXCLUDED_NAMED = 3  # peers left out of learning that the "no learning peers" warning names
+
+
+def _left_out(excluded: Mapping[str, str]) -> str:
+    """The admitted peers that do not learn with this node, and why (the warning's reader looks
+    here first: a class list or algorithm that differs, said seconds before in another line)."""
+    if not excluded:
+        return ""
+    named = "; ".join(f"{peer} {why}" for peer, why in list(excluded.items())[:EXCLUDED_NAMED])
+    more = f"; and {len(excluded) - EXCLUDED_NAMED} more" if len(excluded) > EXCLUDED_NAMED else ""
+    return f"; admitted but left out: {named}{more}"
+
+
 # A node that communicates but has had no learning peer for this many rounds in a row says so
 # in its log, once per such streak: it is training alone, which is rarely what was meant.
 ALONE_ROUNDS = 3
@@ -67,6 +80,7 @@ class Network:
     rejected: Callable[[str, int], None]  # count a refused payload: reason, frame size
     sent: Callable[[], Mapping[MessageType, tuple[int, int, int]]]  # learning frames sent so far, by type
     discovery_sent: Callable[[], Mapping[MessageType, tuple[int, int, int]]]  # discovery frames so far, by type
+    excluded: Callable[[], Mapping[str, str]] = dict  # ready peers that are not learning peers: node id → why
 
 
 @dataclass(frozen=True)
@@ -329,10 +343,11 @@ class RoundDriver:
             if self._alone_rounds == ALONE_ROUNDS:
                 log.warning(
                     "no learning peers for %d rounds (since round %d): training alone; a learning peer is an "
-                    "admitted peer that announces %s (check [discovery].bootstrap and the peers' [algorithm].name)",
+                    "admitted peer that announces %s (check [discovery].bootstrap and the peers' [algorithm].name)%s",
                     ALONE_ROUNDS,
                     self._alone_since,
                     learning_capability(self.algorithm.name),
+                    _left_out(self.network.excluded()),
                     extra={"round": round, "alone_rounds": ALONE_ROUNDS},
                 )
             return
