@@ -532,7 +532,7 @@ class Node:
         if command == "stop":
             log.info("stop requested through the control socket")
             self.request_stop()
-            return {"ok": True}
+            return {"ok": True, "pid": os.getpid()}  # `p2pnode stop` waits for this process to end
         if command == PREDICT:
             return await answer_predict(request, self.driver, self.config)
         return {"ok": False, "error": f"unknown command {command!r} (known: status, stop, {PREDICT})"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -101,14 +102,26 @@ def _fleet_status(configs: list[str], as_json: bool) -> int:
 def _stop(args: argparse.Namespace) -> int:
     import time
 
-    config, _ = _ask(args.config, "stop")
+    config, answer = _ask(args.config, "stop")
     deadline = time.monotonic() + args.timeout
-    while config.control_socket.exists():  # removed by the node as it exits
+    # The socket goes first, as the node begins to exit; its process ends seconds later.
+    while config.control_socket.exists() or not _ended(answer.get("pid")):
         if time.monotonic() > deadline:
             raise CommandError(f"the node accepted the stop but is still running after {args.timeout:g} s")
         time.sleep(0.05)
     print("stopped", file=sys.stderr)
     return EXIT_OK
+
+
+def _ended(pid: int | None) -> bool:
+    """Whether the node's process has ended (a zombie has: only its parent's wait is left)."""
+    if pid is None or pid == os.getpid():  # too old to say; or a node run inside this process (tests)
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True  # no such process (or no /proc: the socket's going is all there is to go by)
+    return state in ("Z", "X")
 
 
 def _predict(args: argparse.Namespace) -> int:

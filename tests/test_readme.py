@@ -336,6 +336,7 @@ def _judge(words: list[str], readout, node: subprocess.Popen | None, node_id: st
         assert "peers 0/64" in printed.out and "traffic" in printed.out
     elif command == "stop":
         assert printed.err.strip() == "stopped"
+        assert node.poll() is not None  # "stopped" once the process has ended, not before
         _, log = node.communicate(timeout=10)
         assert node.returncode == 0 and f"node {node_id} stopped" in log, log
     else:
