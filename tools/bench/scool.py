@@ -2,13 +2,14 @@
 SCooL-attention on mnist5k's non-IID SBM partition (groups of nodes with a disjoint pair of
 classes each), 10 training samples per class per node, 10 and 20 nodes, 3 seeds, simulated.
 
-    python -m tools.bench.scool --out bench-out/scool [--rounds 30] [--seeds 3 4 5] [--workers 2]
+    python -m tools.bench.scool --out bench-out/scool [--rounds 30] [--seeds 13 14 15] [--workers 2]
                                 [--save scool]
 
 Prints mean ± std over seeds of the 10-way and own-class accuracy, the worst node, L1 to truth at
 rounds 10 and 20 and at the end (worst seed), peers talked to after pruning, and bytes per node
 per round. SCooL's defaults (T = 3, pruning at round 10, ...) were chosen on this benchmark's
-seeds 0, 1 and 2, so those are refused: the figures come from seeds the choices never saw. Each
+seeds 0, 1 and 2, and the scale guard while looking at 3 and 4, so a saved table refuses 0 to 4:
+its figures come from seeds the choices never saw. Each
 run is one process with one torch thread, whatever `--workers`; a finished run of the same spec
 and commit is reused (tools/bench/runs.py).
 """
@@ -27,7 +28,9 @@ from .results import capture, save
 from .runs import simulate_all, write_summary
 
 METHODS = ("scool-local", "scool-dirac", "scool-sbm", "scool-attention")
-TUNING_SEEDS = (0, 1, 2)  # T, the pruning round and the score batch were chosen on them
+# T, the pruning round and the score batch were chosen on 0-2; the scale guard (outliers.py) was
+# fitted while looking at 3 and 4, which turned their table from failing to passing (issue #44)
+TUNING_SEEDS = (0, 1, 2, 3, 4)
 THREADS = 1  # runs.py: every run one torch thread
 
 
@@ -100,13 +103,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--nodes", type=int, nargs="+", default=[10, 20])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[3, 4, 5], help="evaluation seeds (not 0, 1, 2)")
+    parser.add_argument(
+        "--seeds", type=int, nargs="+", default=[13, 14, 15], help="evaluation seeds (a saved table: not 0 to 4)"
+    )
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     parser.add_argument("--save", metavar="NAME", help="write the table's runs to tools/bench/results/NAME.json")
     args = parser.parse_args(argv)
     tuned = sorted(set(args.seeds) & set(TUNING_SEEDS))
-    if tuned:
-        parser.error(f"--seeds: seed {tuned[0]} tuned SCooL's defaults; evaluate on others (3 and up)")
+    if tuned and args.save:
+        parser.error(f"--save: seed {tuned[0]} tuned SCooL's defaults; a saved table comes from others (5 and up)")
     samples, test = 10, 15
 
     def spec(method: str, nodes: int, seed: int) -> SimulationSpec:

@@ -1,7 +1,7 @@
 """The stragglers benchmark of BENCHMARKS.md (issue #29): what slow devices cost the fast ones
 under today's synchronous rounds, on the simulator's clock; prints one markdown table.
 
-    python -m tools.bench.stragglers --out bench-out/stragglers [--seeds 1 2] [--workers 2]
+    python -m tools.bench.stragglers --out bench-out/stragglers [--seeds 13 14 15] [--workers 2]
                                      [--slow 0.3:5] [--schedule async] [--staleness-decay λ]
                                      [--max-staleness N] [--async-gather-s S] [--save stragglers]
 
@@ -38,6 +38,9 @@ from .results import capture, save
 from .runs import simulate_all
 
 THREADS = 1  # runs.py: every run one torch thread
+# The async schedule's settings were chosen on seed 0; max_staleness went from 40 to 80 after
+# seeds 1 and 3 showed nodes below sync, seed 2 ran beside them (issue #44's audit).
+TUNING_SEEDS = (0, 1, 2, 3)
 KEYS = ("seed", "backbones", "slow", "accuracy", "time_to_accuracy", "missing_payloads", "rejections", "timing")
 GOAL_RATIO = 1.25  # issue #29: the fast nodes reach their equal-run final accuracy within 1.25 × its time
 GOAL_POINTS = 1.0  # ... every node's final accuracy within 1 point of the equal run's
@@ -101,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=10, help="training images per class and node")
     parser.add_argument("--test", type=int, default=80, help="test images per own class and node")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[13, 14, 15])
     parser.add_argument("--slow", default="0.3:5", metavar="FRACTION:FACTOR")
     parser.add_argument("--schedule", choices=(SYNC, ASYNC), default=SYNC, help="sync: the baseline runs only")
     knobs = Schedule()
@@ -111,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overtime-rounds", type=int, default=knobs.overtime_rounds, help="async: rounds")
     parser.add_argument("--save", metavar="NAME", help="write the runs to tools/bench/results/NAME.json")
     args = parser.parse_args(argv)
+    seen = sorted(set(args.seeds) & set(TUNING_SEEDS))
+    if seen and args.save:
+        parser.error(f"--save: seed {seen[0]} chose the async schedule's settings; a saved table comes from others")
     tuned = {name: getattr(args, name) for name in ASYNC_KNOBS if getattr(args, name) != getattr(knobs, name)}
     asynchronous = Schedule(schedule=ASYNC, **{name: getattr(args, name) for name in ASYNC_KNOBS})
     jobs, schedules = jobs_of(args, asynchronous, tuned)
