@@ -210,8 +210,8 @@ def render(result: dict) -> str:
         f"{data['nodes']} devices, each with its own {data['per_class']} images of each of the digits 5-9 "
         f"(mnist5k; a fifth held out for testing: {tests} test images in all), {data['rounds']} rounds; the "
         f"backbone: torchvision's ShuffleNetV2 ×0.5 from `mynet.py` (docs/own-model.md), from scratch or from "
-        f"`pretrained.pt`: {pre['epochs']} epochs on the {pre['images']} mnist5k images of the digits 0-4 "
-        f"({pre['wall_s']:.0f} s). Gains in points, 95 % paired bootstrap over the test images.",
+        f"`pretrained.pt`: {pre['epochs']} epochs on the {pre['images']} mnist5k images of the digits 0-4. "
+        "Gains in points, 95 % paired bootstrap over the test images.",
     ]
     return "\n".join(rows)
 
