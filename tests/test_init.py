@@ -12,6 +12,7 @@ import tomllib
 import pytest
 
 from p2pnode.config import load_config
+from p2pnode.operations.status import format_status
 from p2pnode.wire.keystore import load_key
 from p2pnode_cli import main
 from testnet.forkserver import ForkServer
@@ -285,4 +286,6 @@ def test_three_daemons_from_init_find_each_other_and_learn_as_rehearsed(tmp_path
     deployed = [status["learning"]["accuracy"] for status in statuses]
     assert rehearsed["accuracy"]["per_node"] == pytest.approx(deployed, abs=1e-9)
     local = [status["learning"]["history"][-1]["local_baseline"]["accuracy"] for status in statuses]
+    gain = 100 * (deployed[0] - local[0])
+    assert f"local baseline {local[0]:.3f} (gain {gain:+.1f} points)" in format_status(statuses[0])  # `p2pnode status`
     assert rehearsed["baselines"]["local"]["accuracy"]["per_node"] == pytest.approx(local, abs=1e-9)

@@ -20,6 +20,15 @@ def _memory(status: dict) -> str:
 TOP_NEIGHBOURS = 5  # neighbours listed by weight; the rest are counted
 
 
+def _local_baseline_text(accuracy: float | None, baseline: dict | None) -> str:
+    """`[algorithm].local_baseline`'s last accuracy, and what collaboration gained over it."""
+    local = (baseline or {}).get("accuracy")
+    if local is None:
+        return ""
+    gain = "" if accuracy is None else f" (gain {100 * (accuracy - local):+.1f} points)"
+    return f"  local baseline {local:.3f}{gain}"
+
+
 def _learning_lines(learning: dict, own_id: str) -> list[str]:
     """Algorithm, progress, last accuracy, then the heaviest neighbours with the age of the
     latest payload each sent."""
@@ -33,6 +42,7 @@ def _learning_lines(learning: dict, own_id: str) -> list[str]:
         f"learning {learning['algorithm'] or '(loading data and model)'}  phase {learning['phase']}  "
         f"rounds completed {learning['completed']}/{learning['rounds']}  accuracy {accuracy}"
         + (f"  predicting with: {predictor}" if predictor else "")
+        + _local_baseline_text(learning["accuracy"], last.get("local_baseline"))
         + (f"  resumed after round {learning['resumed_from']}" if learning["resumed_from"] is not None else "")
         + (f"  catch-ups {learning['catch_ups']}" if learning["catch_ups"] else "")
         + (f"  superseded {learning['superseded']}" if learning.get("superseded") else "")
