@@ -66,6 +66,18 @@ def learning_spec(args: argparse.Namespace):
     return spec
 
 
+def backbones_note(args: argparse.Namespace, spec) -> None:
+    """Say which backbones the nodes got when none were asked for: not what `init` writes."""
+    if args.fleet or args.backbones or len(set(spec.node_backbones())) == 1:
+        return
+    print(
+        f"note: the nodes run {', '.join(dict.fromkeys(spec.node_backbones()))} in turn (the benchmarks' mixed "
+        "fleet); `p2pnode init` writes convnet on every node: --backbones convnet rehearses that, --fleet DIR "
+        "an init directory as written",
+        file=sys.stderr,
+    )
+
+
 def fleet_rehearsal(args: argparse.Namespace):
     """--fleet DIR's run (testnet/rehearsal.py); a scenario flag given beside it is refused, as
     the configs say what it would."""

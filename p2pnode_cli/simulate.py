@@ -9,7 +9,15 @@ from p2pnode.exits import EXIT_FAILED, EXIT_OK
 
 from .arguments import add_learning_arguments, add_poisoning_arguments, positive_float, positive_int
 from .errors import EXIT_USAGE, CommandError
-from .scenario import add_baselines, baseline_names, device_present, learning_spec, thresholds, write_report
+from .scenario import (
+    add_baselines,
+    backbones_note,
+    baseline_names,
+    device_present,
+    learning_spec,
+    thresholds,
+    write_report,
+)
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -21,6 +29,7 @@ def _simulate(args: argparse.Namespace) -> int:
     from testnet.simulator import run_simulation
 
     spec = learning_spec(args)
+    backbones_note(args, spec)
     engine = _engine(args, spec.nodes)
     if engine.kind != "ray":  # a Ray cluster's machines may have devices this one lacks
         device_present(spec)

@@ -10,7 +10,15 @@ from pathlib import Path
 
 from .arguments import add_learning_arguments, add_poisoning_arguments, positive_float, positive_int
 from .errors import EXIT_USAGE, CommandError
-from .scenario import add_baselines, baseline_names, device_present, learning_spec, thresholds, write_report
+from .scenario import (
+    add_baselines,
+    backbones_note,
+    baseline_names,
+    device_present,
+    learning_spec,
+    thresholds,
+    write_report,
+)
 
 
 def _testnet(args: argparse.Namespace) -> int:
@@ -23,6 +31,7 @@ def _testnet(args: argparse.Namespace) -> int:
         raise CommandError("--hold goes with --exit-on-mesh", EXIT_USAGE)
     spec = None if args.algorithm == "none" and not args.fleet else learning_spec(args)
     if spec is not None:
+        backbones_note(args, spec)
         device_present(spec)
     if args.barrage and not args.poisoners:
         raise CommandError("--barrage goes with --poisoners I", EXIT_USAGE)

@@ -148,6 +148,15 @@ def test_simulate_and_testnet_refuse_a_warm_up_the_run_never_ends(tmp_path, caps
     assert not out.exists()
 
 
+def test_simulate_says_its_mixed_backbones_are_not_what_init_writes(tmp_path, capsys):
+    argv = ["simulate", "--algorithm", "local", "--dataset", "digits", "--nodes", "2", "--rounds", "1"]
+    argv += ["--samples-per-class", "1", "--test-per-class", "1", "--engine", "inline", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    assert "note: the nodes run convnet, resnet in turn" in capsys.readouterr().err
+    assert main([*argv, "--backbones", "convnet"]) == 0
+    assert "note: the nodes run" not in capsys.readouterr().err
+
+
 def test_testnet_hands_its_poisoners_and_barrage_to_the_launcher(tmp_path, capsys, monkeypatch):
     """`testnet --poisoners I --attack A --attack-factor X --barrage` reaches run_learning_testnet
     (the run itself: tests/adversarial/test_hostile_learning.py); --barrage needs poisoners."""
