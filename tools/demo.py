@@ -31,6 +31,10 @@ from testnet.simulator import SimulationSpec, run_baselines
 from testnet.summary import difference_text, methods_table, per_node_table
 from tools.bench.results import capture, save
 
+# Seed 0 chose MAPL-Dual's defaults; the demo's figures come from a seed nothing was chosen on
+# (issue #44), never run before it was the demo's.
+SEED = 6
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -50,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         scenario="1",
         nodes=args.nodes,
         rounds=args.rounds,
+        seed=SEED,
         samples_per_class=10,
         test_per_class=80,
         overrides={"warmup_rounds": "1"} if args.quick else {},
@@ -62,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     check = CheckThresholds(accuracy=0.0, within_cluster_mass=0.0) if args.quick else CheckThresholds()
     words = ["python", "-m", "tools.demo", *(sys.argv[1:] if argv is None else argv)]
     settings = {"algorithm.warmup_rounds": 1} if args.quick else {}
-    with capture(words, settings=settings, threads=1, runs=1 + len(args.baselines)) as provenance:
+    with capture(words, settings=settings, seeds=[SEED], threads=1, runs=1 + len(args.baselines)) as provenance:
         started = time.monotonic()
         code, mapl = run_learning_testnet(spec, out, check=check)
         if args.baselines and code != 130:
