@@ -58,21 +58,32 @@ def test_a_class_with_one_image_is_never_held_out():
 def test_the_local_model_is_served_only_where_it_is_clearly_better():
     chooser = Chooser(window=3, margin=0.1)
     # One image of ten better (ten points, the margin): local; less, the network's.
-    assert chooser.update({"personal": 0.8, "local": 0.9}, 10, "personal", "local").chosen == "local"
-    choice = chooser.update({"personal": 0.9, "local": 0.9}, 10, "personal", "local")
+    assert chooser.update({"personal": 0.8, "local": 0.9}, 10, "personal", ("local",)).chosen == "local"
+    choice = chooser.update({"personal": 0.9, "local": 0.9}, 10, "personal", ("local",))
     assert choice.chosen == "personal" and choice.accuracy == pytest.approx({"personal": 0.85, "local": 0.9})
     # The mean over the window: one round's luck does not switch it back.
-    assert chooser.update({"personal": 0.6, "local": 1.0}, 10, "personal", "local").chosen == "local"
+    assert chooser.update({"personal": 0.6, "local": 1.0}, 10, "personal", ("local",)).chosen == "local"
     for _ in range(3):
-        choice = chooser.update({"personal": 1.0, "local": 0.9}, 10, "personal", "local")
+        choice = chooser.update({"personal": 1.0, "local": 0.9}, 10, "personal", ("local",))
     assert choice.chosen == "personal" and choice.rounds == 3
     restored = Chooser(window=3, margin=0.1)
     restored.load_state_dict(chooser.state_dict())
-    assert restored.update({"personal": 0.0, "local": 1.0}, 10, "personal", "local") == chooser.update(
-        {"personal": 0.0, "local": 1.0}, 10, "personal", "local"
+    assert restored.update({"personal": 0.0, "local": 1.0}, 10, "personal", ("local",)) == chooser.update(
+        {"personal": 0.0, "local": 1.0}, 10, "personal", ("local",)
     )
     with pytest.raises(ValueError, match="window"):
         Chooser(window=0, margin=0.1)
+
+
+def test_of_several_predictors_clearly_better_the_best_is_served():
+    """An own model that learns too slowly (the small shared model far ahead of it): served
+    what the held-out images show, not the local model merely because it is the alternative."""
+    chooser = Chooser(window=2, margin=0.1)
+    scores = {"personal": 0.2, "ensemble": 0.6, "shared": 0.9, "local": 0.3}
+    assert chooser.update(scores, 30, "personal", tuple(scores)).chosen == "shared"
+    level = {"personal": 0.9, "ensemble": 0.95, "shared": 0.95, "local": 0.9}
+    chooser = Chooser(window=2, margin=0.1)
+    assert chooser.update(level, 30, "personal", tuple(level)).chosen == "personal"  # none clearly better
 
 
 def _auto(data: LocalData, **settings: str):

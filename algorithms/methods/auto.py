@@ -19,10 +19,10 @@ should not have to know which fits the fleet, so the node finds out from what it
   of the first rounds mixed unrelated features: digits, 8 rounds, the convnet nodes ended at
   53 and 77 % against Local's 79 and 88).
 - It serves its own model where same-model peers share it this round (`SHARED_MIN`), MAPL-Dual's
-  ensemble otherwise; and not that either where training alone is clearly better: it holds out
-  a share of its training images (`validation_fraction`, selection.py), trains a local-only
-  model beside the others on the rest, and serves that model where it gets 10 points more of
-  the held-out images right (`switch_margin`, over `choice_window` rounds). From `refit_round`
+  ensemble otherwise; and not that either where another is clearly better: it holds out a share
+  of its training images (`validation_fraction`, selection.py), trains a local-only model beside
+  the others on the rest, and serves whichever predictor gets 10 points more of the held-out
+  images right (`switch_margin`, over `choice_window` rounds; training alone first on a tie). From `refit_round`
   the held-out images train every model and the choice stays (`predict = "auto"`).
 """
 
@@ -58,6 +58,9 @@ ARCH_BYTES = 16
 SHARED_MIN = 0.05
 # Its predictors, in the order a tie on the held-out images goes: the collaborative ones first.
 AUTO_PREDICTORS = ("personal", "ensemble", "personal_local", "shared", "local")
+# What may replace the collaborative predictor where it is clearly worse, ties to the first:
+# training alone, then the small shared model, then mixes.
+ALTERNATIVES = ("local", "shared", "ensemble", "personal", "personal_local")
 
 
 @dataclass(frozen=True)
@@ -211,7 +214,7 @@ class MaplAuto(MaplDual):
             return
         models = nn.ModuleList([self.trainer.model, self.local.model])
         accuracy = held_out_accuracy(self.predictors(), models, self.held_out)
-        self.choice = self.chooser.update(accuracy, len(self.held_out), self._collaborative(), "local")
+        self.choice = self.chooser.update(accuracy, len(self.held_out), self._collaborative(), ALTERNATIVES)
 
     # -- publish and receive ----------------------------------------------------------------
 
