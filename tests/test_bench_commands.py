@@ -124,6 +124,10 @@ FLEETS = Quick(
     "python -m tools.bench.fleets --nodes 2 --backbones one --datasets digits --methods local mapl-auto --seeds 3 "
     "--rounds 2 --samples 1 --workers 1 --out DIR"
 )
+PRETRAINED = Quick(
+    "python -m tools.bench.pretrained --seeds 3 --rounds 1 --nodes 2 --per-class 5 --epochs 1 --pretrain-images 64 "
+    "--workers 1 --out DIR"
+)
 STRAGGLERS = Quick(
     "python -m tools.bench.stragglers --rounds 1 --nodes 2 --samples 1 --test 1 --seeds 1 --workers 1 "
     "--schedule async --out DIR",
@@ -224,6 +228,7 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "python -m tools.bench.heterogeneous --methods local mapl-dual --samples 10 --save heterogeneous": HETEROGENEOUS,
     "python -m tools.bench.fleets --nodes 3 4 10 --datasets mnist5k digits --seeds 7 8 9 --save fleets": FLEETS,
     "python -m tools.bench.scool --out bench-out/scool --save scool": SCOOL,
+    "python -m tools.bench.pretrained --out DIR --seeds 3 4 --workers 1 --save pretrained": PRETRAINED,
     "python -m tools.bench.stragglers --out DIR --seeds 1 2 3 --workers 2 --schedule async --save stragglers-async": (
         STRAGGLERS
     ),

@@ -2,7 +2,7 @@
 from weights trained on other data gains on a few dozen images per class.
 
     python -m tools.bench.pretrained --out bench-out/pretrained [--seeds 3 4] [--rounds 30]
-        [--nodes 4] [--per-class 40] [--epochs 4] [--workers 2] [--save pretrained]
+        [--nodes 4] [--per-class 40] [--epochs 4] [--pretrain-images N] [--workers 2] [--save pretrained]
 
 What a user would do, step by step, in `--out`: `mynet.py` is the user's backbone (torchvision's
 ShuffleNetV2 ×0.5, its stem made 3×3 stride 1 and one channel for 28 px digits, its classifier
@@ -61,6 +61,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--per-class", type=int, default=40, help="each device's images of each of its classes")
     parser.add_argument("--epochs", type=int, default=4, help="pretraining epochs on the digits 0-4")
+    parser.add_argument(
+        "--pretrain-images", type=int, metavar="N", help="pretrain on the first N of them only (default: all)"
+    )
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--save", metavar="NAME", help="write the table's runs to tools/bench/results/NAME.json")
     return parser
@@ -73,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "mynet.py").write_text(USER_FILE)
     words = ["python", "-m", "tools.bench.pretrained", *(sys.argv[1:] if argv is None else argv)]
     with capture(words, seeds=args.seeds, threads=1, runs=len(args.seeds) * 4) as provenance:
-        pretraining = pretrain(out, args.epochs)
+        pretraining = pretrain(out, args.epochs, args.pretrain_images)
         write_own_images(out / "images", args.nodes, args.per_class)
         starts = {
             "scratch": BackboneFiles(code=out),
@@ -95,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     return publish(data["runs"], render({"data": data}), provenance, args.save, "tools.bench.pretrained", data)
 
 
-def pretrain(out: Path, epochs: int) -> dict:
+def pretrain(out: Path, epochs: int, limit: int | None = None) -> dict:
     """The user's backbone and a linear head trained on every mnist5k image of the digits 0-4;
     the backbone's state dict saved as `out`/pretrained.pt. Returns what it did."""
     import torch
@@ -108,6 +111,7 @@ def pretrain(out: Path, epochs: int) -> dict:
     torch.set_num_threads(2)
     data = load_dataset("mnist5k").train
     keep = np.isin(data.labels, list(PRETRAIN_CLASSES))
+    keep[np.flatnonzero(keep)[limit:] if limit is not None else []] = False
     images, labels = torch.from_numpy(data.images[keep]), torch.from_numpy(data.labels[keep])
     body = user_module(BACKBONE, out)
     model = nn.Sequential(body, nn.Flatten(), nn.Linear(feature_size(body, (1, 28, 28)), len(PRETRAIN_CLASSES)))
