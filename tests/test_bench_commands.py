@@ -126,7 +126,8 @@ FLEETS = Quick(
 )
 PRETRAINED = Quick(
     "python -m tools.bench.pretrained --seeds 3 --rounds 1 --nodes 2 --per-class 5 --epochs 1 --pretrain-images 64 "
-    "--workers 1 --out DIR"
+    "--workers 1 --out DIR",
+    heavy=True,
 )
 STRAGGLERS = Quick(
     "python -m tools.bench.stragglers --rounds 1 --nodes 2 --samples 1 --test 1 --seeds 1 --workers 1 "
