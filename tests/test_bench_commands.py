@@ -234,6 +234,8 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
         STRAGGLERS
     ),
     "python -m tools.bench.churn --save churn-async": CHURN,
+    "python -m tools.bench.stragglers --out DIR --seeds 13 14 15 --workers 2 --schedule async "
+    "--save stragglers-async-fresh": STRAGGLERS,
     "python -m tools.bench.stragglers_testnet --save stragglers-testnet": STRAGGLERS_TESTNET,
     "python -m tools.bench.poisoning --out bench-out/poisoning --seeds 1 2 --save poisoning": POISONING,
     "python -m tools.bench.parity --preset scool --seeds 3 --out DIR --save parity-scool": PARITY,
