@@ -4,7 +4,7 @@
 
 The daemons run the MAPL-Dual testnet (Scenario 1: two clusters with disjoint classes, 10
 training and 80 test samples per class per node, the four CPU backbones): the setting where
-collaboration pays, +5 points over Local in BENCHMARKS.md. The same nodes then run the baselines
+collaboration pays, +6 points over Local in BENCHMARKS.md. The same nodes then run the baselines
 in the simulator: Local (each node alone) and Oracle (each node on its true cluster's pooled
 data, the ceiling). It prints one row per node, each accuracy with its 95 % Wilson interval, and
 the methods compared with paired bootstrap intervals (the gain over Local and its 95 % interval);
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="demo-out")
     parser.add_argument("--nodes", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=80)
-    # Local by default (100 s in BENCHMARKS.md's `make demo`); Oracle, the ceiling, on request: it took
+    # Local by default (38 s in BENCHMARKS.md's `make demo`); Oracle, the ceiling, on request: it took
     # 160 s more in the learning benchmark's Scenario 1.
     parser.add_argument("--baselines", nargs="*", choices=BASELINES, default=["local"])
     parser.add_argument("--quick", action="store_true", help="warm-up 1 round, no thresholds: a smoke test")
