@@ -229,6 +229,7 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "python -m tools.bench.heterogeneous --methods local mapl-dual --samples 10 --save heterogeneous": HETEROGENEOUS,
     "python -m tools.bench.fleets --nodes 3 4 10 --datasets mnist5k digits --seeds 7 8 9 --save fleets": FLEETS,
     "python -m tools.bench.scool --out bench-out/scool --save scool": SCOOL,
+    "python -m tools.bench.scool --out DIR --seeds 13 14 15 --workers 2 --save scool-fresh": SCOOL,
     "python -m tools.bench.pretrained --out DIR --seeds 3 4 --workers 1 --save pretrained": PRETRAINED,
     "python -m tools.bench.stragglers --out DIR --seeds 1 2 3 --workers 2 --schedule async --save stragglers-async": (
         STRAGGLERS
