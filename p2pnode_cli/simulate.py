@@ -29,10 +29,10 @@ def _simulate(args: argparse.Namespace) -> int:
     from testnet.simulator import run_simulation
 
     spec = learning_spec(args)
-    backbones_note(args, spec)
     engine = _engine(args, spec.nodes)
     if engine.kind != "ray":  # a Ray cluster's machines may have devices this one lacks
         device_present(spec)
+    backbones_note(args, spec)
     try:
         report = run_simulation(
             spec, progress=RoundProgress(spec.algorithm), thresholds=thresholds(args), engine=engine

@@ -107,11 +107,6 @@ class CheckThresholds:
     rounds_completed: bool = True  # every node ran up to the last round (skipping some is allowed)
 
 
-def _weights(spec) -> str | None:
-    files = getattr(spec, "backbone_files", None)
-    return None if files is None or files.weights is None else str(files.weights)
-
-
 def run_header(
     kind: str,
     spec,
@@ -142,7 +137,7 @@ def run_header(
         "node_ids": ids,
         "backbones": backbones,
         # `[model].weights` every backbone started from (None: a fresh initialisation)
-        "weights": _weights(spec),
+        "weights": getattr(spec, "weights_label", None),
         "node_classes": [list(shard.classes) for shard in partition.shards],
         "class_names": getattr(spec, "class_names", None),  # the ids' names, where the data is one's own
         "config": config,

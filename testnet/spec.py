@@ -155,6 +155,12 @@ class SimulationSpec:
         return None if own is None or not own.class_names else list(own.class_names)
 
     @property
+    def weights_label(self) -> str | None:
+        """The report's `weights`: the state dict every backbone started from (None: none)."""
+        weights = self.backbone_files.weights
+        return None if weights is None else str(weights)
+
+    @property
     def scenario_label(self) -> str:
         """The report's scenario: the partition's, or "per-node" where each node brings its own data."""
         return "per-node" if self.data_per_node else self.scenario

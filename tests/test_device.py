@@ -287,6 +287,8 @@ ALLOWED = {
     ("algorithms/models/inference.py", "Preprocessing.batch", "from_numpy"): "images to classify are decoded on the "
     "CPU; `classify` moves them to the model's device",
     ("algorithms/models/personal.py", "_flattened_size", "zeros"): "models are built on the CPU, then moved",
+    ("algorithms/models/user_backbone.py", "feature_size", "zeros"): "a user's backbone is measured as it is "
+    "built, on the CPU, then moved with the model",
     (
         "algorithms/models/personal.py",
         "PersonalModel.__init__",

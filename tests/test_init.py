@@ -284,7 +284,12 @@ def test_three_daemons_from_init_find_each_other_and_learn_as_rehearsed(tmp_path
     rehearsed = json.loads((tmp_path / "rehearsal" / "report.json").read_text())
     assert rehearsed["algorithm"] == "mapl-auto" and rehearsed["backbones"] == ["mlp"] * 3
     deployed = [status["learning"]["accuracy"] for status in statuses]
-    assert rehearsed["accuracy"]["per_node"] == pytest.approx(deployed, abs=1e-9)
+    # Seed for seed, to one test image: alone on the machine they agree exactly; in CI's full
+    # suite one node of three once ended one image apart (its rounds' timing differs, as the
+    # daemons' gathers run on the wall clock: a payload after the gather closes counts later).
+    accuracy = rehearsed["accuracy"]
+    pairs = zip(accuracy["per_node"], deployed, accuracy["test_samples_per_node"], strict=True)
+    assert all(abs(simulated - daemon) * tested <= 1 + 1e-9 for simulated, daemon, tested in pairs), deployed
     local = [status["learning"]["history"][-1]["local_baseline"]["accuracy"] for status in statuses]
     gain = 100 * (deployed[0] - local[0])
     assert f"local baseline {local[0]:.3f} (gain {gain:+.1f} points)" in format_status(statuses[0])  # `p2pnode status`
