@@ -4,6 +4,7 @@ the report both write."""
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
@@ -81,7 +82,7 @@ def backbones_note(args: argparse.Namespace, spec) -> None:
 def fleet_rehearsal(args: argparse.Namespace):
     """--fleet DIR's run (testnet/rehearsal.py); a scenario flag given beside it is refused, as
     the configs say what it would."""
-    from testnet.rehearsal import FleetRehearsalError, read_fleet
+    from testnet.rehearsal import FleetRehearsalError
 
     given = [flag for dest, (flag, default) in args.fleet_replaces.items() if getattr(args, dest) != default]
     if given:
@@ -90,9 +91,17 @@ def fleet_rehearsal(args: argparse.Namespace):
             EXIT_USAGE,
         )
     try:
-        return read_fleet(Path(args.fleet))
+        return _read_fleet(str(Path(args.fleet).resolve()))
     except FleetRehearsalError as exc:
         raise CommandError(str(exc), EXIT_USAGE) from None
+
+
+@functools.lru_cache(maxsize=1)
+def _read_fleet(directory: str):
+    """The fleet's configs are loaded once a command (the spec, then its baselines ask)."""
+    from testnet.rehearsal import read_fleet
+
+    return read_fleet(Path(directory))
 
 
 def baseline_names(args: argparse.Namespace) -> list[str]:

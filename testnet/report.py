@@ -291,7 +291,11 @@ def _rights(report: Mapping[str, Any]) -> list[np.ndarray | None]:
     """Each node's right/wrong per test image, as `_tested` recorded it (None where unknown)."""
     accuracy = report["accuracy"]
     bits = accuracy.get("test_right_per_node") or [None] * len(accuracy["per_node"])
-    sizes = accuracy.get("test_samples_per_node") or [None] * len(bits)
+    return rights_of(bits, accuracy.get("test_samples_per_node") or [None] * len(bits))
+
+
+def rights_of(bits: Sequence[str | None], sizes: Sequence[int | None]) -> list[np.ndarray | None]:
+    """Per node, its recorded right/wrong bits decoded for its test images (None where unknown)."""
     return [None if b is None or n is None else right_from_bits(b, n) for b, n in zip(bits, sizes, strict=True)]
 
 

@@ -182,16 +182,14 @@ def _kept(start: str, method: str, report: dict) -> dict:
 def render(result: dict) -> str:
     """Per seed and start (from scratch, from the weights): Local and MAPL-Auto, and the paired
     gains: pretraining's (each method, pretrained − scratch) and collaboration's (MAPL-Auto − Local)."""
-    from p2pnode.learning.rounds import right_from_bits
+    from testnet.report import rights_of
 
     data = result["data"]
     runs = {(run["start"], run["method"], run["seed"]): run for run in data["runs"]}
 
-    def rights(run: dict) -> list:
-        return [right_from_bits(bits, n) for bits, n in zip(run["right"], run["test_per_node"], strict=True)]
-
     def gain(a: dict, b: dict) -> str:
-        d = paired_difference(a["per_node"], b["per_node"], rights(a), rights(b))
+        rights = rights_of(a["right"], a["test_per_node"]), rights_of(b["right"], b["test_per_node"])
+        d = paired_difference(a["per_node"], b["per_node"], *rights)
         return f"{d['mean'] * 100:+.1f} [{d['low'] * 100:+.1f}, {d['high'] * 100:+.1f}]"
 
     rows = [
