@@ -28,7 +28,18 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from protocol import DISCOVERY_TYPES, Body, Decoder, Encoder, Envelope, Hello, MessageType, ProtocolError, ReplayGuard
+from protocol import (
+    DISCOVERY_TYPES,
+    QUERY_TYPES,
+    Body,
+    Decoder,
+    Encoder,
+    Envelope,
+    Hello,
+    MessageType,
+    ProtocolError,
+    ReplayGuard,
+)
 
 from .config import Config
 from .discovery.beacon import run_beacon
@@ -37,11 +48,12 @@ from .discovery.hello import capabilities, own_hello
 from .discovery.peers import Membership
 from .files import describe_os_error
 from .learning.algorithm import LearningSetupError, build_algorithm
+from .learning.asking import Asking
 from .learning.checkpoint import CHECKPOINT_NAME
 from .learning.driver import Network, RoundDriver
 from .learning.history import HISTORY_NAME
 from .learning.learning_peers import LearningPeers
-from .learning.predict import PREDICT, answer_predict, control_request_bytes
+from .learning.predict import PREDICT, LiveModel, answer_predict, control_request_bytes
 from .operations.control import serve_control
 from .operations.memory import process_memory, trim_now
 from .operations.metrics import NOT_LEARNING, UNKNOWN_PEER, Metrics
@@ -141,6 +153,7 @@ class Node:
         # Who may connect (zap.py); admitted peers' transport keys pass the connection caps.
         self.peer_transport_keys = PeerTransportKeys(config.security.curve)
         self.connections = Connections(config.security, self.metrics.connections, self.peer_transport_keys.__contains__)
+        self.peer_transport_keys.on_admitted = lambda key: self.connections.peer_admitted(key, trio.current_time())
         # The inbound sockets, each in a process of its own, forked by one zygote (ingress.py).
         self.zygote = Zygote()
         self.ingress = self._inbound_sockets(curve)
@@ -166,6 +179,9 @@ class Node:
         self.learning_peers = LearningPeers(
             lambda: self.membership.ready(), config.algorithm.name, config.data, config.discovery.max_peers
         )
+        # `predict` and `predict --ask-peers`, and the peers' asks (learning/asking.py).
+        self.live_model = LiveModel(lambda: self.driver, config)
+        self.asking = Asking(config.node, self.learning_peers.chosen, self.send_payload, self.live_model)
         # Bootstrap addresses by their entry's number in [discovery].bootstrap: their dials are
         # watched, so that a wrong key in an entry is named as such (carry_out.py).
         self._bootstrap_entries = {
@@ -238,6 +254,7 @@ class Node:
                             nursery.start_soon(self._beacon)
                         if config.algorithm.name != "none":
                             nursery.start_soon(self._learn, data_dir)
+                            nursery.start_soon(self.asking.serve)
                         log.info(
                             "node %s listening on %s (peers' socket %s), advertising %s",
                             self.identity.node_id,
@@ -404,7 +421,13 @@ class Node:
                 self._wake_maintain.set()  # e.g. a dial opened now, whose challenge is due soon
             return refusal
         if not membership.on_frame(envelope.sender, now):
-            return UNKNOWN_PEER  # learning payloads are taken from admitted peers only
+            return UNKNOWN_PEER  # learning payloads and queries are taken from admitted peers only
+        if envelope.type in QUERY_TYPES:
+            if self.config.algorithm.name == "none":
+                return NOT_LEARNING
+            if envelope.type is MessageType.ASK:
+                return self.asking.on_ask(envelope, now)
+            return self.asking.on_answer(envelope, frame)
         if self.on_payload is None:
             return NOT_LEARNING
         self.on_payload(envelope)
@@ -534,5 +557,5 @@ class Node:
             self.request_stop()
             return {"ok": True, "pid": os.getpid()}  # `p2pnode stop` waits for this process to end
         if command == PREDICT:
-            return await answer_predict(request, self.driver, self.config)
+            return await answer_predict(request, self.live_model, self.asking.ask_about)
         return {"ok": False, "error": f"unknown command {command!r} (known: status, stop, {PREDICT})"}

@@ -129,7 +129,7 @@ def _predict(args: argparse.Namespace) -> int:
 
     config = _config(args.config, load_identity=False, check_learning=False)  # enough to ask a running node
     try:
-        report = predict_files(config, args.files, lambda: _config(args.config))
+        report = predict_files(config, args.files, lambda: _config(args.config), ask_peers=args.ask_peers)
     except PredictError as exc:
         raise CommandError(str(exc)) from None
     predictions = report["predictions"]
@@ -139,11 +139,41 @@ def _predict(args: argparse.Namespace) -> int:
         if "error" in entry:
             print(f"p2pnode: skipped {entry['file']}: {entry['error']}", file=sys.stderr)
         elif not args.json:
-            print(f"{entry['file']}\t{entry['class_name']}\t{entry['probability']:.4f}")
+            print("\t".join(_prediction_line(entry)))
+    _unknown_summary(report, predictions, args.ask_peers)
     failed = sum("error" in entry for entry in predictions)
     if failed:
         raise CommandError(f"{failed} of {len(predictions)} files could not be classified")
     return EXIT_OK
+
+
+def _prediction_line(entry: dict) -> list[str]:
+    """FILE, CLASS, PROBABILITY; for an image not of the node's classes, why, and what its peers said."""
+    line = [entry["file"], entry["class_name"], f"{entry['probability']:.4f}"]
+    if entry.get("known", True):
+        return line
+    line.append(f"not one of my classes ({entry['why_unknown']})")
+    if "peers" in entry:
+        answer = entry["answer"]
+        if answer is None:
+            line.append(f"no peer knows it ({len(entry['peers'])} answered)")
+        else:
+            line.append(f"peer {answer['node_id']} says {answer['class_name']} {answer['probability']:.4f}")
+    return line
+
+
+def _unknown_summary(report: dict, predictions: list[dict], asked: bool) -> None:
+    unknown = sum(entry.get("known") is False for entry in predictions)
+    if not unknown or "known_classes" not in report:
+        return
+    hint = "" if asked else "; `--ask-peers` asks the node's learning peers about them"
+    print(
+        f"p2pnode: {unknown} of {len(predictions)} images are not one of this node's classes "
+        f"({', '.join(report['known_classes'])}){hint}",
+        file=sys.stderr,
+    )
+    if asked:
+        print(f"p2pnode: asked {len(report.get('asked', []))} learning peers", file=sys.stderr)
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -281,11 +311,18 @@ def add_parsers(commands) -> None:
 
     predict = commands.add_parser(
         "predict",
-        help="classify image files with a node's model: the running node's, else its checkpoint's (docs/usage.md)",
+        help="classify image files with a node's model (the running node's, else its checkpoint's) and say which are "
+        "not one of its classes (docs/usage.md)",
     )
     predict.add_argument("--config", required=True, metavar="TOML")
     predict.add_argument("files", nargs="+", metavar="FILE", help="image files (any format PIL reads)")
     predict.add_argument("--json", action="store_true", help="print JSON instead of FILE, CLASS, PROBABILITY lines")
+    predict.add_argument(
+        "--ask-peers",
+        action="store_true",
+        help="the running node asks its learning peers about the images it calls not one of its classes "
+        "(sends those images to them; docs/usage.md)",
+    )
     predict.set_defaults(run=_predict)
 
     export = commands.add_parser(

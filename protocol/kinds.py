@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["MessageType", "DISCOVERY_TYPES", "LEARNING_TYPES", "UNEXPECTED_TYPE"]
+__all__ = ["MessageType", "DISCOVERY_TYPES", "QUERY_TYPES", "LEARNING_TYPES", "UNEXPECTED_TYPE"]
 
 
 class MessageType(enum.StrEnum):
-    """Every message type. Two families: discovery (who is out there and alive: the daemon's
-    own business) and learning (an algorithm's payloads, handed to its round driver)."""
+    """Every message type. Three families: discovery (who is out there and alive: the daemon's
+    own business), queries (`predict --ask-peers`: a user's images and a peer's answer about
+    them, outside the rounds) and learning (an algorithm's payloads, handed to its round driver)."""
 
     HELLO = "HELLO"
     PEERS = "PEERS"
@@ -24,6 +25,8 @@ class MessageType(enum.StrEnum):
     HEAD = "HEAD"
     SCORE = "SCORE"
     MODEL = "MODEL"
+    ASK = "ASK"
+    ANSWER = "ANSWER"
 
     @property
     def is_learning(self) -> bool:
@@ -31,8 +34,9 @@ class MessageType(enum.StrEnum):
 
 
 DISCOVERY_TYPES = frozenset({MessageType.HELLO, MessageType.PEERS, MessageType.PING, MessageType.PONG, MessageType.BYE})
-# A new algorithm's payload type is one more member above, listed here, with its body below.
-LEARNING_TYPES = frozenset(MessageType) - DISCOVERY_TYPES
+QUERY_TYPES = frozenset({MessageType.ASK, MessageType.ANSWER})
+# A new algorithm's payload type is one more member above, with its body in messages.py.
+LEARNING_TYPES = frozenset(MessageType) - DISCOVERY_TYPES - QUERY_TYPES
 # The refusal counted for a learning payload of a type the receiving algorithm never takes:
 # the daemon refuses it on arrival (p2pnode/learning/rounds.py), the algorithm once more when handed one.
 UNEXPECTED_TYPE = "unexpected_type"

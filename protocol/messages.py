@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeVar
 
 from .errors import ProtocolError, Reason
-from .kinds import DISCOVERY_TYPES, LEARNING_TYPES, MessageType
+from .kinds import DISCOVERY_TYPES, LEARNING_TYPES, QUERY_TYPES, MessageType
 from .schema import Blob, Choice, Codec, ListOf, Nullable, Real, Tensor, TensorMap, Text, UInt, is_array, malformed
 
 if TYPE_CHECKING:
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MessageType",
     "DISCOVERY_TYPES",
+    "QUERY_TYPES",
     "LEARNING_TYPES",
     "Body",
     "Hello",
@@ -34,6 +35,9 @@ __all__ = [
     "Head",
     "Score",
     "Model",
+    "Ask",
+    "Answer",
+    "MAX_ASKED_IMAGES",
     "BODY_TYPES",
     "MAX_RELAYED_HELLOS",
     "PUBLIC_KEY_SIZE",
@@ -171,6 +175,7 @@ TCP_ADDRESS = Text(
 )
 MAX_CLASSES = 4096
 MAX_RELAYED_HELLOS = 64
+MAX_ASKED_IMAGES = 64
 
 
 def _hello_frame_limit(limits: Limits) -> int:
@@ -309,3 +314,49 @@ class Model(Body):
                     Reason.BAD_TENSOR,
                     f"MODEL: update[{name!r}] has shape {delta.shape}, tensors[{name!r}] {self.tensors[name].shape}",
                 )
+
+
+def _ask_frame_limit(limits: Limits) -> int:
+    return limits.max_frame_bytes_for(MessageType.ASK)
+
+
+@body(MessageType.ASK)
+class Ask(Body):
+    """A user's images, for the peer to classify with its own model (`p2pnode predict --ask-peers`):
+    each a PNG of the asker's model input, pixels only. Images, not features: a peer that knows
+    classes the asker does not learns apart from it, so the asker's features mean nothing to it."""
+
+    query: int = wire(UInt(64))  # the asker's name for this question, echoed in the ANSWER
+    images: tuple[bytes, ...] = wire(
+        ListOf(Blob(max_len=_ask_frame_limit, what="a PNG image"), min_len=1, max_len=MAX_ASKED_IMAGES)
+    )
+
+
+@body(MessageType.ANSWER)
+class Answer(Body):
+    """What the peer's model says of each asked image, in order: its class (over the classes the
+    network shares), that class's probability, and the best probability among the peer's own
+    classes alone; the image is one of the peer's classes when its class is in `classes` and
+    that probability is at least `threshold` (its own, set on its own held-out images).
+    `refused` names why a peer answers none (then the lists are empty)."""
+
+    query: int = wire(UInt(64))
+    classes: tuple[int, ...] = wire(ListOf(UInt(16), max_len=MAX_CLASSES, unique=True))  # the peer's own
+    threshold: float = wire(Real())
+    labels: tuple[int, ...] = wire(ListOf(UInt(16), max_len=MAX_ASKED_IMAGES))
+    probabilities: tuple[float, ...] = wire(ListOf(Real(), max_len=MAX_ASKED_IMAGES))
+    own_probabilities: tuple[float, ...] = wire(ListOf(Real(), max_len=MAX_ASKED_IMAGES))
+    refused: str | None = wire(Nullable(TOKEN), None)
+
+    def check(self, limits: Limits) -> None:
+        if not len(self.labels) == len(self.probabilities) == len(self.own_probabilities):
+            raise malformed(
+                "ANSWER",
+                f"{len(self.labels)} labels, {len(self.probabilities)} probabilities, "
+                f"{len(self.own_probabilities)} own probabilities",
+            )
+        if self.refused is not None and self.labels:
+            raise malformed("ANSWER", "a refusal carries no labels")
+        values = (self.threshold, *self.probabilities, *self.own_probabilities)
+        if not all(0.0 <= value <= 1.0 for value in values):
+            raise malformed("ANSWER", "probabilities and the threshold lie in [0, 1]")

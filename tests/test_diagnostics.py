@@ -16,9 +16,11 @@ from p2pnode.learning.capabilities import (
     learning_verdict,
 )
 from p2pnode.operations.status import format_status
+from p2pnode.wire.zap import PEERS
 from protocol import Identity
 
-from .daemon import start_node, wait_until
+from .adversarial.attacker import Attacker
+from .daemon import bootstrap_entry, full_mesh, start_node, wait_until
 
 QUICK = {"dial_attempts": 3, "dial_retry_initial_s": 0.05, "dial_retry_max_s": 0.2}
 
@@ -135,6 +137,62 @@ def test_the_status_table_names_excluded_peers_and_failed_connections_by_reason(
     )
     plain = format_status(_status()).splitlines()  # no learning: no exclusions
     assert "peers 2/64" in plain and not [line for line in plain if "not learning" in line]
+
+
+RACE_LINE = (
+    "start-up race (resolved): zap_denied_not_peer {} from keys admitted as peers within "
+    "[security].not_peer_race_s after (normal when nodes start together; not counted above)"
+)
+
+
+def test_the_start_up_race_is_shown_apart_from_refusals():
+    """Issue #45: a peer's connection refused before this node admitted it, and the handshake it
+    failed, are no trouble once that peer is admitted: a line of their own, and the refusals
+    line only where something else was refused."""
+    status = _status()
+    race = {"handshake_failed": 3, "handshake_succeeded": 4, "zap_denied_not_peer": 3, "not_peer_race_resolved": 3}
+    status["traffic"]["connections"] = race
+    table = format_status(status).splitlines()
+    assert RACE_LINE.format(3) in table
+    assert not [line for line in table if line.startswith("connections refused or failed")], table
+    # A stranger's refusal (and its handshake) stays one.
+    status["traffic"]["connections"] = {**race, "handshake_failed": 4, "zap_denied_not_peer": 4}
+    table = format_status(status).splitlines()
+    assert "connections refused or failed: handshake_failed 1, zap_denied_not_peer 1" in table
+    assert RACE_LINE.format(3) in table
+
+
+async def test_a_real_status_tells_the_start_up_race_from_a_strangers_refusal(tmp_path):
+    """A daemon with CURVE: a peer's key knocks at its peers' socket before it is admitted (the
+    start-up race, forced here), then its node starts and is admitted; a stranger knocks too. The
+    status table shows the peer's refusal as the race, the stranger's as a refusal."""
+    curve = {"security": {"curve": True}}
+    peer = Identity.generate()
+    async with trio.open_nursery() as nursery:
+        a = await start_node(nursery, tmp_path / "a", **curve)
+        early, stranger = (
+            Attacker(a.ingress[PEERS].endpoint, curve=(who, a.identity.public_key))
+            for who in (peer, Identity.generate())
+        )
+        try:
+            for knocker in (early, stranger):
+                await knocker.send(b"knock")  # queued until a handshake that is refused
+            connections = a.metrics.connections
+            await wait_until(lambda: connections["zap_denied_not_peer"] >= 2, timeout=5)
+            b = await start_node(nursery, tmp_path / "b", [bootstrap_entry(a)], peer, **curve)
+            await wait_until(lambda: full_mesh([a, b]), timeout=10)
+            await wait_until(lambda: connections["handshake_failed"] == connections["zap_denied_not_peer"], timeout=5)
+        finally:
+            early.close()
+            stranger.close()
+        status = a.status()
+        for node in (a, b):
+            node.request_stop()
+    resolved = status["traffic"]["connections"].get("not_peer_race_resolved", 0)
+    assert resolved >= 1 and status["traffic"]["connections"]["zap_denied_not_peer"] == resolved + 1
+    table = format_status(status).splitlines()
+    assert RACE_LINE.format(resolved) in table
+    assert "connections refused or failed: handshake_failed 1, zap_denied_not_peer 1" in table, table
 
 
 def test_the_images_per_class_found_and_held_out_are_logged_at_start(tmp_path, caplog):

@@ -12,6 +12,7 @@ from protocol import (
     DOMAIN_TAG,
     HEADER_MAX_BYTES,
     LEARNING_TYPES,
+    QUERY_TYPES,
     MessageType,
     Reason,
 )
@@ -39,7 +40,7 @@ def test_every_reason_and_type_is_documented():
     for reason in Reason:
         assert f"| `{reason.value}` |" in SPEC
     assert " ".join(kind.value for kind in MessageType) in SPEC
-    for family, kinds in (("Discovery", DISCOVERY_TYPES), ("Learning", LEARNING_TYPES)):
+    for family, kinds in (("Discovery", DISCOVERY_TYPES), ("Queries", QUERY_TYPES), ("Learning", LEARNING_TYPES)):
         listed = " ".join(kind.value for kind in MessageType if kind in kinds)
         assert f"**{family}**: `{listed}" in SPEC.replace("\n", " "), family
 

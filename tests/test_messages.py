@@ -59,6 +59,16 @@ VALID = {
         },
         "update": None,
     },
+    "ASK": {"query": 7, "images": [b"\x89PNG..."]},
+    "ANSWER": {
+        "query": 7,
+        "classes": [0, 1],
+        "threshold": 0.6,
+        "labels": [1],
+        "probabilities": [0.9],
+        "own_probabilities": [0.95],
+        "refused": None,
+    },
 }
 
 
@@ -126,6 +136,15 @@ BAD_FIELDS = [
     ("MODEL", "update", [wire_tensor(np.ones((2, 2), np.float32))]),
     ("PROTOTYPES", "classes", [0, 0]),
     ("PROTOTYPES", "classes", [0, 70000]),
+    ("ASK", "images", []),
+    ("ASK", "images", [b"x"] * 65),
+    ("ASK", "images", ["not bin"]),
+    ("ANSWER", "labels", [1, 2]),  # two labels, one probability
+    ("ANSWER", "probabilities", [1.5]),
+    ("ANSWER", "own_probabilities", [float("nan")]),
+    ("ANSWER", "threshold", -0.1),
+    ("ANSWER", "refused", "busy"),  # a refusal with labels
+    ("ANSWER", "classes", [1, 1]),
 ]
 
 

@@ -159,6 +159,8 @@ NOT_RUN = {
     "testnets for BENCHMARKS.md; tests/adversarial/test_ingress.py runs each for 2.5 to 10 s",
     "p2pnode predict --config node.toml photo.png": "needs a node that has learned; tests/test_predict.py trains "
     "one and runs predict on every held-out image, through the running node and from its checkpoint",
+    "p2pnode predict --config node.toml --ask-peers zebra.png": "needs two nodes that have learned; "
+    "tests/test_ask_peers.py trains two with other classes and runs it on one with the other's images",
     "p2pnode export --config node.toml --out model.pt2": "needs a node that has learned; tests/test_predict.py "
     "exports one and loads the file with docs/usage.md's example in a Python that never imports p2pnode",
 }

@@ -7,8 +7,9 @@ import pytest
 import zmq
 
 from p2pnode.wire.settings import SecuritySettings
-from p2pnode.wire.zap import PEERS_DOMAIN, ZAP_DOMAIN, Connections
+from p2pnode.wire.zap import PEERS_DOMAIN, ZAP_DOMAIN, Connections, PeerTransportKeys
 from p2pnode.wire.zmqsetup import PEERS, PUBLIC
+from protocol import Identity
 
 pytestmark = pytest.mark.quick  # no daemons, no training: make test-quick runs it
 
@@ -157,3 +158,59 @@ def test_strangers_from_one_prefix_hold_its_share_and_newcomers_from_others_get_
     for fd in range(300):
         _accept(one_host, fd, "127.0.0.1", 0.0)
         assert _allowed(one_host, "127.0.0.1", OTHER_KEY, 0.0)
+
+
+def _refused_as_not_peer(connections: Connections, key: bytes, now: float) -> None:
+    assert connections.reply(_request("10.0.0.2", key, PEERS_DOMAIN), now)[3] == b"zap_denied_not_peer"
+
+
+def test_refusals_of_keys_admitted_soon_after_are_the_start_up_race_and_the_others_stay_refusals():
+    """Issue #45: two nodes that start together admit each other a moment apart, and the first
+    one's connection to the other's peers' socket is refused until then. Those refusals are
+    counted apart once the key is admitted within `not_peer_race_s`; a stranger's, or one
+    admitted later than that, stay refusals."""
+    connections = _connections(not_peer_race_s=30.0)
+    racer, late, stranger = b"r" * 32, b"l" * 32, b"s" * 32
+    _refused_as_not_peer(connections, late, 0.0)
+    _refused_as_not_peer(connections, racer, 1.0)
+    _refused_as_not_peer(connections, racer, 3.0)  # it dialled again before it was admitted
+    _refused_as_not_peer(connections, stranger, 3.0)
+    connections.peer_admitted(racer, 4.0)
+    assert connections.counts["not_peer_race_resolved"] == 2 and connections.counts["zap_denied_not_peer"] == 4
+    connections.peer_admitted(late, 30.5)  # admitted, but too long after its refusal
+    connections.peer_admitted(racer, 5.0)  # admitted again (evicted in between): nothing new
+    assert connections.counts["not_peer_race_resolved"] == 2
+    _refused_as_not_peer(connections, late, 40.0)  # refused anew: counted from then
+    connections.peer_admitted(late, 69.0)
+    assert connections.counts["not_peer_race_resolved"] == 3
+    assert list(connections.not_peer.pending) == []  # the stranger's, past the window, forgotten too
+    # 0: no refusal is ever taken for the race.
+    off = _connections(not_peer_race_s=0.0)
+    _refused_as_not_peer(off, racer, 1.0)
+    off.peer_admitted(racer, 1.1)
+    assert off.counts["not_peer_race_resolved"] == 0 and not off.not_peer.pending
+
+
+def test_a_stranger_with_many_keys_holds_no_more_than_not_peer_race_keys():
+    connections = _connections(not_peer_race_s=60.0, not_peer_race_keys=16)
+    keys = [i.to_bytes(32, "big") for i in range(10_000)]
+    for i, key in enumerate(keys):
+        _refused_as_not_peer(connections, key, i * 0.001)
+        assert len(connections.not_peer.pending) <= 16
+    connections.peer_admitted(keys[0], 10.0)  # forgotten, the oldest: its refusal stays one
+    connections.peer_admitted(keys[-1], 10.0)  # among the latest 16: the race
+    assert connections.counts["not_peer_race_resolved"] == 1
+    assert connections.counts["zap_denied_not_peer"] == 10_000
+
+
+def test_the_node_tells_the_refusals_which_keys_membership_admits():
+    """As p2pnode/node.py wires them: `PeerTransportKeys` reports each transport key admitted."""
+    keys = PeerTransportKeys(curve=True)
+    connections = Connections(SecuritySettings(curve=True), Counter(), keys.__contains__)
+    keys.on_admitted = lambda key: connections.peer_admitted(key, 2.0)
+    peer = Identity.generate()
+    transport_key = peer.curve_keypair()[1]
+    _refused_as_not_peer(connections, transport_key, 1.0)
+    keys.track(peer.public_key, admitted=True)
+    assert connections.counts["not_peer_race_resolved"] == 1
+    assert connections.reply(_request("10.0.0.2", transport_key, PEERS_DOMAIN), 2.5)[2] == b"200"

@@ -5,10 +5,11 @@ writes them; p2pnode/learning/predict.py does the I/O)."""
 from __future__ import annotations
 
 import copy
+import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 import torch
@@ -17,8 +18,9 @@ from ..data.datasets import _scaled
 from ..data.own_data import decode_image
 from ..seam import LocalData, Predictors
 
-__all__ = ["Preprocessing", "EvaluatedModel", "frozen", "classify"]
+__all__ = ["Preprocessing", "EvaluatedModel", "Prediction", "KnownClasses", "frozen", "classify"]
 
+_BATCH = 512  # images classified in one forward pass
 PIXEL_SCALE = 255.0  # 8-bit pixels to [0, 1], as the node's own images and the bundled datasets
 
 
@@ -45,6 +47,16 @@ class Preprocessing:
     def decode(self, source: Path | BinaryIO) -> np.ndarray:
         """uint8 pixels C×H×W; raises own_data.OwnDataError for an image that cannot be decoded."""
         return decode_image(source, self.shape)
+
+    def png(self, pixels: np.ndarray) -> bytes:
+        """Decoded pixels (C×H×W uint8) as a PNG file: how a node asks its peers about an image."""
+        from PIL import Image
+
+        buffer = io.BytesIO()
+        Image.fromarray(pixels.transpose(1, 2, 0).squeeze(2) if self.channels == 1 else pixels.transpose(1, 2, 0)).save(
+            buffer, format="PNG"
+        )
+        return buffer.getvalue()
 
     def batch(self, pixels: Sequence[np.ndarray]) -> torch.Tensor:
         """The model's input, float32 N×C×H×W, from decoded images."""
@@ -104,11 +116,74 @@ class EvaluatedModel:
         return built[0], built[2]
 
 
+class Prediction(NamedTuple):
+    """What the chosen predictor says of one image."""
+
+    label: int  # the class it gives the image, over all classes
+    probability: float  # that class's softmax probability (an ensemble's: its members' mean)
+    own_probability: float  # the best of the node's own classes, softmaxed over those alone
+
+
 @torch.no_grad()
-def classify(predictors: Predictors, images: torch.Tensor) -> list[tuple[int, float]]:
-    """For each image, the class the chosen predictor gives it and that class's probability
-    (the softmax of its logits; for an ensemble, its members' mean probability)."""
+def classify(predictors: Predictors, images: torch.Tensor, own_classes: Sequence[int]) -> list[Prediction]:
+    """For each image, what the chosen predictor says of it (one forward pass per 512 images)."""
     device = next(predictors.parameters()).device
-    probabilities = torch.softmax(predictors(images.to(device)).float(), dim=1).cpu()
-    best, classes = probabilities.max(dim=1)
-    return list(zip(classes.tolist(), best.tolist(), strict=True))
+    own = torch.tensor(list(own_classes), dtype=torch.long)
+    predictions = []
+    for start in range(0, len(images), _BATCH):
+        logits = predictors(images[start : start + _BATCH].to(device)).float().cpu()
+        best, labels = torch.softmax(logits, dim=1).max(dim=1)
+        own_best = torch.softmax(logits[:, own], dim=1).max(dim=1).values
+        predictions += map(Prediction, labels.tolist(), best.tolist(), own_best.tolist())
+    return predictions
+
+
+@dataclass(frozen=True)
+class KnownClasses:
+    """Whether an image is one of the classes a node has training images of, judged on what its
+    own held-out images look like to its model (not a constant): an image is one of them when the
+    chosen predictor gives it one of them (the class over all classes) with an own-class
+    probability (`Prediction.own_probability`) of at least `threshold`, the `quantile` of that
+    probability over the node's held-out images. About `quantile` of images of its own classes
+    are then called unknown; how many images of other classes pass depends on how alike they
+    look (docs/usage.md has measured rates). A node with one class cannot tell (its own-class
+    probability is always 1): only the class over all classes can say no."""
+
+    classes: tuple[int, ...]
+    threshold: float
+    quantile: float
+    held_out: int  # images the threshold was set on
+
+    @classmethod
+    def calibrate(cls, predictors: Predictors, data: LocalData, quantile: float) -> KnownClasses:
+        """The threshold from the node's test split: images it never trained on, of its classes."""
+        classes = data.own_classes
+        scores = [p.own_probability for p in classify(predictors, data.test_images, classes)]
+        threshold = float(np.quantile(scores, quantile)) if scores else 0.0
+        return cls(classes, threshold, quantile, len(scores))
+
+    def covers(self, prediction: Prediction) -> bool:
+        return prediction.label in self.classes and prediction.own_probability >= self.threshold
+
+    def why_not(self, prediction: Prediction, names: Sequence[str]) -> str:
+        """Why an image this does not cover is not one of the node's classes."""
+        if prediction.label not in self.classes:
+            return f"its class {names[prediction.label]} is not one this node trained on"
+        return (
+            f"own-class probability {prediction.own_probability:.3f} below this node's threshold "
+            f"{self.threshold:.3f} ({self.quantile:g} of its {self.held_out} held-out images fall below it)"
+        )
+
+    def describe(self, names: Sequence[str]) -> dict[str, Any]:
+        """For `predict`'s answer and the exported model's metadata: how to judge as the node does."""
+        return {
+            "known_classes": [names[k] for k in self.classes],
+            "known_class_ids": list(self.classes),
+            "unknown_threshold": self.threshold,
+            "unknown_quantile": self.quantile,
+            "threshold_held_out_images": self.held_out,
+            "unknown_rule": (
+                "softmax over the logits of known_class_ids alone; an image is one of them when the argmax "
+                "over all logits is in known_class_ids and that softmax's largest value is >= unknown_threshold"
+            ),
+        }

@@ -93,6 +93,29 @@ class NodeSettings:
         4.0,
         "largest image file `predict` takes (MB); `p2pnode predict` names a larger one and skips it",
     )
+    predict_unknown_quantile: float = option(
+        Number(0, 0.5),
+        0.05,
+        "`predict` calls an image not one of the node's classes below this quantile of the own-class probability "
+        "its held-out images get (about this fraction of its own images are then called unknown; 0: only an image "
+        "given another class is)",
+    )
+    ask_max_peers: int = option(
+        Integer(1, 64), 8, "learning peers `predict --ask-peers` asks about the images the node calls not its own"
+    )
+    ask_timeout_s: float = option(Number(0.1, 600), 10.0, "how long `predict --ask-peers` waits for the peers' answers")
+    ask_queue: int = option(
+        Integer(1, 64),
+        4,
+        "peers' asks waiting to be answered (one at a time; a full queue refuses, counted `ask_busy`), and this "
+        "node's own asks waiting for answers",
+    )
+    ask_per_minute: float = option(
+        Number(0.1, 6000), 12.0, "asks each learning peer may put to this node a minute (more: `ask_rate_limited`)"
+    )
+    ask_max_image_side: int = option(
+        Integer(8, 4096), 512, "largest width or height of an image a peer asks about (a PNG; larger: `ask_bad_image`)"
+    )
 
 
 SECTIONS: dict[str, type] = {

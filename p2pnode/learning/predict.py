@@ -20,7 +20,7 @@ import binascii
 import io
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,8 +32,8 @@ from ..operations.control import MAX_REQUEST_BYTES, ControlError, NotRunning, re
 from .checkpoint import CHECKPOINT_NAME, Checkpoint, CheckpointError
 
 if TYPE_CHECKING:
-    from algorithms.models.inference import Preprocessing
-    from algorithms.seam import Predictors
+    from algorithms.models.inference import KnownClasses, Prediction, Preprocessing
+    from algorithms.seam import LocalData, Predictors
 
     from ..config import Config, NodeSettings
     from .driver import RoundDriver
@@ -44,6 +44,7 @@ __all__ = [
     "EXPORT_FORMAT",
     "PredictError",
     "UsableModel",
+    "LiveModel",
     "answer_predict",
     "checkpoint_model",
     "control_request_bytes",
@@ -85,17 +86,28 @@ def class_names(config: Config) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class UsableModel:
-    """A node's predictor, frozen, and how an image file becomes its input."""
+    """A node's predictor, frozen, how an image file becomes its input, and which images it
+    calls one of its classes."""
 
     predictors: Predictors
     preprocessing: Preprocessing
+    known: KnownClasses
     class_names: tuple[str, ...]
     algorithm: str
     round: int  # the round whose evaluation scored it
 
+    @classmethod
+    def of(cls, predictors: Predictors, data: LocalData, config: Config, algorithm: str, round: int) -> UsableModel:
+        """`predictors` with their unknown-image threshold set on the node's held-out images `data`."""
+        from algorithms.models.inference import KnownClasses, Preprocessing
+
+        known = KnownClasses.calibrate(predictors, data, config.node.predict_unknown_quantile)
+        return cls(predictors, Preprocessing.of(data), known, class_names(config), algorithm, round)
+
     def classify(self, blobs: Sequence[bytes]) -> list[dict[str, Any]]:
-        """For each image file's bytes: its class, the class's name and probability, or an
-        error for a file that cannot be decoded."""
+        """For each image file's bytes: its class, the class's name and probability, whether it
+        is one of the node's classes (and if not, why not); or an error for a file that cannot
+        be decoded."""
         from algorithms.data.own_data import OwnDataError
         from algorithms.models.inference import classify
 
@@ -106,31 +118,67 @@ class UsableModel:
                 answers.append(None)
             except OwnDataError as exc:
                 answers.append({"error": str(exc)})
-        results = iter(classify(self.predictors, self.preprocessing.batch(decoded)) if decoded else ())
+        images = self.preprocessing.batch(decoded) if decoded else None
+        results = iter(classify(self.predictors, images, self.known.classes) if decoded else ())
         for index, answer in enumerate(answers):
             if answer is None:
-                k, probability = next(results)
-                answers[index] = {"class": k, "class_name": self.class_names[k], "probability": probability}
+                answers[index] = self._answer(next(results))
         return answers
 
+    def _answer(self, prediction: Prediction) -> dict[str, Any]:
+        known = self.known.covers(prediction)
+        answer = {
+            "class": prediction.label,
+            "class_name": self.class_names[prediction.label],
+            "probability": prediction.probability,
+            "known": known,
+            "own_probability": prediction.own_probability,
+        }
+        if not known:
+            answer["why_unknown"] = self.known.why_not(prediction, self.class_names)
+        return answer
+
+    def input_pngs(self, blobs: Sequence[bytes]) -> list[bytes]:
+        """Image files (each one `classify` decoded) as the model's input, a PNG each."""
+        return [self.preprocessing.png(self.preprocessing.decode(io.BytesIO(blob))) for blob in blobs]
+
     def about(self) -> dict[str, Any]:
-        return {"algorithm": self.algorithm, "predictor": self.predictors.chosen, "round": self.round}
+        return {
+            "algorithm": self.algorithm,
+            "predictor": self.predictors.chosen,
+            "round": self.round,
+            **self.known.describe(self.class_names),
+        }
 
 
 # --- the node's side ------------------------------------------------------------------------
 
 
-async def answer_predict(request: dict, driver: RoundDriver | None, config: Config) -> dict[str, Any]:
+# Asks the learning peers about images (asking.py's Asking.ask_about): model, files, this node's results for them.
+AskPeers = Callable[["UsableModel", list[bytes], list[dict[str, Any]]], Awaitable[dict[str, Any]]]
+
+
+async def answer_predict(request: dict, live: LiveModel, ask_peers: AskPeers | None = None) -> dict[str, Any]:
     """The control command `predict`: `images`, a list of base64-encoded image files, at most
     `[node].predict_max_images` of at most `[node].predict_max_image_mb` each; one answer per
-    image, in order."""
+    image, in order. With `ask_peers` true, the images the node calls not one of its classes
+    are put to its learning peers (asking.py) and their answers go with them."""
     try:
-        blobs = _request_images(request, config.node)
-        model = await trio.to_thread.run_sync(_live_model, driver, config)  # once a round, a copy of the model
+        blobs = _request_images(request, live.config.node)
+        model = await trio.to_thread.run_sync(live.get)
     except PredictError as exc:
         return {"ok": False, "error": str(exc)}
     results = await trio.to_thread.run_sync(model.classify, blobs)
-    return {"ok": True, **model.about(), "results": results}
+    about = model.about()
+    if request.get("ask_peers") is True:
+        if ask_peers is None:
+            return {"ok": False, "error": "this node does not learn ([algorithm].name is none): it has no peers to ask"}
+        unknown = [index for index, result in enumerate(results) if result.get("known") is False]
+        try:
+            about["asked"] = await ask_peers(model, [blobs[i] for i in unknown], [results[i] for i in unknown])
+        except PredictError as exc:
+            return {"ok": False, "error": str(exc)}
+    return {"ok": True, **about, "results": results}
 
 
 def _request_images(request: dict, settings: NodeSettings) -> list[bytes]:
@@ -153,22 +201,35 @@ def _request_images(request: dict, settings: NodeSettings) -> list[bytes]:
     return blobs
 
 
-def _live_model(driver: RoundDriver | None, config: Config) -> UsableModel:
-    """What the node's last evaluation scored; PredictError while there is none."""
-    from algorithms.models.inference import Preprocessing
+class LiveModel:
+    """What the node's last evaluation scored, as a UsableModel, made once a round (its threshold
+    costs a pass over the held-out images); `get` runs in worker threads."""
 
-    if driver is None:
-        raise PredictError("this node does not learn ([algorithm].name is none): it has no model")
-    if driver.algorithm is None:
-        raise PredictError("the node is still loading its data and model; try again in a moment")
-    latest = driver.evaluated.latest()
-    if latest is None:
-        raise PredictError(
-            f"no round finished yet (round {driver.round} in progress): the model is there after the first round"
-        )
-    round, predictors = latest
-    algorithm = driver.algorithm
-    return UsableModel(predictors, Preprocessing.of(algorithm.setup.data), class_names(config), algorithm.name, round)
+    def __init__(self, driver: Callable[[], RoundDriver | None], config: Config) -> None:
+        self._driver, self.config = driver, config
+        self._made: tuple[object, UsableModel] | None = None  # the predictors it was made of, and it
+
+    def get(self) -> UsableModel:
+        """PredictError while there is none."""
+        driver = self._driver()
+        if driver is None:
+            raise PredictError("this node does not learn ([algorithm].name is none): it has no model")
+        if driver.algorithm is None:
+            raise PredictError("the node is still loading its data and model; try again in a moment")
+        latest = driver.evaluated.latest()
+        if latest is None:
+            raise PredictError(
+                f"no round finished yet (round {driver.round} in progress): the model is there after the first round"
+            )
+        round, predictors = latest
+        made = self._made
+        if made is None or made[0] is not predictors:  # a module handed out is never changed (EvaluatedModel)
+            algorithm = driver.algorithm
+            made = self._made = (
+                predictors,
+                UsableModel.of(predictors, algorithm.setup.data, self.config, algorithm.name, round),
+            )
+        return made[1]
 
 
 # --- the command line's side ----------------------------------------------------------------
@@ -193,19 +254,28 @@ def _read_images(paths: Sequence[str], settings: NodeSettings) -> list[tuple[str
     return files
 
 
-def predict_files(config: Config, paths: Sequence[str], full_config: Callable[[], Config]) -> dict[str, Any]:
+def predict_files(
+    config: Config, paths: Sequence[str], full_config: Callable[[], Config], ask_peers: bool = False
+) -> dict[str, Any]:
     """Classify the image files `paths`: by the running node, or, if none runs, from its
     checkpoint (`full_config()` then gives the configuration with its identity and learning
     checked). Every file gets an entry, in order: its class, the class's name and probability,
-    and the round of the model that gave them; or an error."""
+    whether it is one of the node's classes, and the round of the model that gave them; or an
+    error. `ask_peers`: the running node asks its learning peers about the images it calls not
+    one of its classes (asking.py)."""
     files = _read_images(paths, config.node)
     blobs = [blob for _, blob, _ in files if blob is not None]
     about: dict[str, Any] = {"source": None}
     results: list[dict[str, Any]] = []
     if blobs:
         try:
-            about, results = _ask_node(config, blobs)
+            about, results = _ask_node(config, blobs, ask_peers)
         except NotRunning:
+            if ask_peers:
+                raise PredictError(
+                    "--ask-peers asks through the running node, and none runs with this configuration "
+                    "(start it with `p2pnode start`, or leave --ask-peers out to use its checkpoint)"
+                ) from None
             model = checkpoint_model(full_config())[0]
             about = {"source": "checkpoint", **model.about()}
             for start in range(0, len(blobs), _LOCAL_BATCH):
@@ -215,14 +285,16 @@ def predict_files(config: Config, paths: Sequence[str], full_config: Callable[[]
     return {**about, "predictions": predictions}
 
 
-def _ask_node(config: Config, blobs: list[bytes]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _ask_node(config: Config, blobs: list[bytes], ask_peers: bool) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     per_request = config.node.predict_max_images
     about: dict[str, Any] = {"source": "node"}
-    results = []
+    results, asked = [], []
     for start in range(0, len(blobs), per_request):
         images = [base64.b64encode(blob).decode() for blob in blobs[start : start + per_request]]
         try:
-            answer = request(config.control_socket, PREDICT, timeout=PREDICT_TIMEOUT_S, images=images)
+            answer = request(
+                config.control_socket, PREDICT, timeout=PREDICT_TIMEOUT_S, images=images, ask_peers=ask_peers
+            )
         except NotRunning:
             if start:
                 raise PredictError("the node stopped while answering") from None
@@ -231,15 +303,18 @@ def _ask_node(config: Config, blobs: list[bytes]) -> tuple[dict[str, Any], list[
             raise PredictError(str(exc)) from None
         if not answer.get("ok"):
             raise PredictError(f"the node refused: {answer.get('error')}")
-        about.update(algorithm=answer["algorithm"], predictor=answer["predictor"], round=answer["round"])
+        asked += answer.pop("asked", {}).get("peers", [])
+        about.update((key, value) for key, value in answer.items() if key not in ("ok", "results"))
         results += [{**result, "round": answer["round"]} for result in answer["results"]]
+    if ask_peers:
+        about["asked"] = sorted(set(asked))
     return about, results
 
 
 def checkpoint_model(config: Config) -> tuple[UsableModel, Checkpoint]:
     """The node's model as its checkpoint holds it, rebuilt as its configuration describes
     (its data is loaded: the model's input shape comes from it)."""
-    from algorithms.models.inference import Preprocessing, frozen
+    from algorithms.models.inference import frozen
 
     from .algorithm import LearningSetupError, build_algorithm
 
@@ -264,13 +339,7 @@ def checkpoint_model(config: Config) -> tuple[UsableModel, Checkpoint]:
         raise PredictError(str(exc)) from None
     except (KeyError, ValueError) as exc:  # a model the configuration describes otherwise than the saved one
         raise PredictError(f"{path} does not fit the model [model] and [data] describe: {exc}") from None
-    model = UsableModel(
-        frozen(algorithm.predictors()),
-        Preprocessing.of(algorithm.setup.data),
-        class_names(config),
-        algorithm.name,
-        saved.round,
-    )
+    model = UsableModel.of(frozen(algorithm.predictors()), algorithm.setup.data, config, algorithm.name, saved.round)
     return model, saved
 
 

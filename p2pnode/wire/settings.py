@@ -79,6 +79,20 @@ class SecuritySettings:
         "connection of a stranger (not an admitted peer's key) per this many seconds "
         "(`zap_denied_prefix_throttled`): an attacker with many addresses gets a bounded share",
     )
+    not_peer_race_s: float = option(
+        Number(0, 3600),
+        60.0,
+        "a connection to the peers' socket refused because its key was not an admitted peer yet "
+        "(`zap_denied_not_peer`), whose key this node then admits within this long, was the start-up "
+        "race (two nodes admit each other a moment apart): counted in `not_peer_race_resolved` and "
+        "shown apart by `p2pnode status`, not as a refusal (0: never)",
+    )
+    not_peer_race_keys: int = option(
+        Integer(1, 1_000_000),
+        1024,
+        "keys refused as not yet peers remembered at once for `not_peer_race_s`; beyond it the oldest "
+        "is forgotten and its refusals stay refusals, so a stranger with many keys costs no more",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

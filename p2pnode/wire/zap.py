@@ -20,6 +20,12 @@ handshake, before any frame of the connection is read:
 - an accepted CURVE connection gets the client's X25519 key (hex) as its User-Id, which ZeroMQ
   attaches to every frame it carries: the gate (gate.py) binds frames to it.
 
+The start-up race: when nodes start together, one admits another a moment before the other
+admits it, and its first connection to the other's peers' socket is refused
+(`zap_denied_not_peer`, and so `handshake_failed`) until it dials again. Such a refusal whose key
+this node admits within `not_peer_race_s` after it is counted once more, in
+`not_peer_race_resolved`, which `p2pnode status` shows apart (`NotPeerRefusals`).
+
 Who aborted an inbound socket's process (ingress.py): the connections reset by their other end
 (resets.py) within `abort_suspect_s` before the abort, and nobody else. Each such source
 address gets a strike, and with CURVE so does the key that connected from that address to that
@@ -60,6 +66,7 @@ KEYS_KEPT = 4096
 
 __all__ = [
     "Connections",
+    "NotPeerRefusals",
     "PeerTransportKeys",
     "ZAP_DOMAIN",
     "PEERS_DOMAIN",
@@ -76,6 +83,8 @@ class PeerTransportKeys:
     def __init__(self, curve: bool) -> None:
         self.curve = curve
         self.keys: set[bytes] = set()
+        # Told each transport key admitted: `Connections.peer_admitted` (the start-up race).
+        self.on_admitted: Callable[[bytes], None] | None = None
 
     def __contains__(self, transport_key: bytes) -> bool:
         return transport_key in self.keys
@@ -90,8 +99,49 @@ class PeerTransportKeys:
             return  # no transport key: it cannot connect over CURVE anyway
         if admitted:
             self.keys.add(transport_key)
+            if self.on_admitted is not None:
+                self.on_admitted(transport_key)
         else:
             self.keys.discard(transport_key)
+
+
+class NotPeerRefusals:
+    """The `zap_denied_not_peer` refusals of the last `not_peer_race_s`, by key: (when the first
+    of them was, how many). A key that membership then admits within `not_peer_race_s` of that
+    first one resolves them: they were the start-up race, counted in `not_peer_race_resolved`.
+    Older refusals stay refusals (a key refused again later starts anew). At most
+    `not_peer_race_keys` keys are remembered, the oldest forgotten first (their refusals stay
+    refusals too): a stranger with many keys costs that bound and no more."""
+
+    def __init__(self, settings: SecuritySettings, counts: Counter[str]) -> None:
+        self.window_s, self.max_keys, self.counts = settings.not_peer_race_s, settings.not_peer_race_keys, counts
+        self.pending: dict[bytes, tuple[float, int]] = {}  # key -> (first refusal, refusals); oldest first
+
+    def refused(self, key: bytes, now: float) -> None:
+        """A connection of `key` to the peers' socket was refused at `now` (`zap_denied_not_peer`)."""
+        self._expire(now)
+        if not self.window_s:
+            return
+        first, count = self.pending.get(key, (now, 0))
+        if not count:
+            while len(self.pending) >= self.max_keys:
+                del self.pending[next(iter(self.pending))]  # the oldest: its refusals stay refusals
+        self.pending[key] = (first, count + 1)  # an update keeps its place: the dict stays oldest first
+
+    def admitted(self, key: bytes, now: float) -> None:
+        """`key` (a transport key) was admitted as a peer at `now`: its refusals of the last
+        `not_peer_race_s` were the start-up race."""
+        self._expire(now)
+        _, count = self.pending.pop(key, (now, 0))
+        if count:
+            self.counts["not_peer_race_resolved"] += count
+
+    def _expire(self, now: float) -> None:
+        while self.pending:
+            key = next(iter(self.pending))
+            if now - self.pending[key][0] <= self.window_s:
+                break
+            del self.pending[key]
 
 
 class Connections:
@@ -123,6 +173,12 @@ class Connections:
         self.prefix_strikes: dict[str, tuple[int, float]] = {}  # source prefix -> traced aborts, the last's time
         self.throttled: dict[str, float] = {}  # source prefix -> throttled until then
         self.prefix_taken: dict[str, float] = {}  # throttled prefix -> when a stranger last got in from it
+        self.not_peer = NotPeerRefusals(settings, counts)  # the start-up race, told from refusals
+
+    def peer_admitted(self, transport_key: bytes, now: float) -> None:
+        """Membership admitted the peer of `transport_key` at `now` (`PeerTransportKeys`): its
+        connections refused as not a peer's within `not_peer_race_s` were the start-up race."""
+        self.not_peer.admitted(transport_key, now)
 
     def on_event(self, event: int, fd: int, address: str | None, socket: str = PUBLIC, now: float = 0.0) -> None:
         """One monitor event of an inbound socket at `now`; `address`: the source address of an
@@ -276,6 +332,8 @@ class Connections:
         refusal = self.decide(address, mechanism, credentials, request[2], now)
         if refusal is not None:
             self.counts[refusal] += 1
+            if refusal == "zap_denied_not_peer":
+                self.not_peer.refused(credentials[0], now)
             return [b"1.0", request[1], b"400", refusal.encode(), b"", b""]
         self.counts["zap_allowed"] += 1
         prefix = subnet_of(address)
