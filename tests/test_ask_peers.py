@@ -46,7 +46,7 @@ async def test_a_node_says_which_images_are_not_its_own_and_its_peer_answers_the
         a = await start_node(nursery, tmp_path / "a", **sections(tmp_path / "first", start_peers=0))
         b = await start_node(nursery, tmp_path / "b", [a.address], **sections(tmp_path / "second", start_peers=1))
         await wait_until(lambda: all(n.driver is not None and n.driver.phase == "done" for n in (a, b)), timeout=90)
-        own, own_labels = held_out_files(a.config)
+        own, _ = held_out_files(a.config)
         others, other_labels = held_out_files(b.config)
         config_path = str(a.config.source)
 

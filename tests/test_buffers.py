@@ -1,5 +1,6 @@
 """The bound on what ZeroMQ holds (p2pnode/wire/buffers.py): the bookkeeping, and the kernel's counters."""
 
+import contextlib
 import socket
 import sys
 
@@ -98,49 +99,56 @@ def test_the_kernel_counts_what_a_connection_received_and_a_shut_down_connection
             assert accepted.fileno() >= 0  # the descriptor stays the owner's to close
 
 
-async def test_what_connections_that_left_held_beyond_their_own_room_is_given_back(monkeypatch):
+async def test_what_connections_that_left_held_beyond_their_own_room_is_given_back(monkeypatch, autojump_clock):
     # A sender of parts that never finish, which leaves by itself, is never shed: libzmq frees
     # its parts, but the freed pages stayed in the heap (+7 MB held for good after 12 MB of parts).
-    size, trims, scans = [100 * MB], [], [0]
+    # On trio's mock clock (it jumps while every task sleeps): each wait below is for checks the
+    # watcher made, and a watcher that never checks fails at once instead of passing.
+    size, trims, seen = [100 * MB], [], []
     monkeypatch.setattr(buffers, "resident_bytes", lambda: size[0])
     monkeypatch.setattr(buffers, "trim_now", lambda: trims.append(size[0]))
     scan = buffers._scan
 
-    def counted(*args):
-        scans[0] += 1
-        return scan(*args)
+    def looked(connections, ended_too):
+        seen.append((len(connections), size[0]))  # what this check of the watcher's saw
+        return scan(connections, ended_too)
 
-    monkeypatch.setattr(buffers, "_scan", counted)
+    monkeypatch.setattr(buffers, "_scan", looked)
 
-    async def checks(count: int) -> None:
-        """Until the watcher has checked `count` more times: what did not happen then did not."""
-        with trio.fail_after(10):  # a check every 10 ms, however loaded the machine
-            target = scans[0] + count
-            while scans[0] < target:
-                await trio.sleep(0.01)
+    async def until(condition) -> None:
+        with trio.fail_after(10):  # mock seconds: at once in real time where it never comes
+            while not condition():
+                await trio.sleep(0.005)
 
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        clients = [socket.create_connection(server.getsockname()) for _ in range(3)]
-        accepted = [server.accept()[0] for _ in clients]
+    async def checks(count: int) -> list[tuple[int, int]]:
+        """The watcher's next `count` checks: the connections and the process's size each saw. A
+        trim one of them called for is done before the next check."""
+        start = len(seen)
+        await until(lambda: len(seen) >= start + count)
+        return seen[start:]
+
+    with socket.create_server(("127.0.0.1", 0)) as server, contextlib.ExitStack() as sockets:
+        clients = [sockets.enter_context(socket.create_connection(server.getsockname())) for _ in range(3)]
+        accepted = [sockets.enter_context(server.accept()[0]) for _ in clients]
         live = [(s.fileno(), s.getpeername()) for s in accepted]
         async with trio.open_nursery() as nursery:
             nursery.start_soon(buffers.watch_buffers, lambda: list(live), lambda: (0, 0), 1 << 30, 0.01, {})
-            await checks(2)
+            assert await checks(2) == [(3, 100 * MB)] * 2
             size[0] += GROWTH_TRIGGER + MB
-            await checks(3)
-            assert trims == []  # grown, but everyone is still there: what it holds is in use
+            # Grown, but everyone is still there: what it holds is in use. Kept, by checks that
+            # saw it.
+            assert await checks(3) == [(3, size[0])] * 3 and trims == []
             live.pop()
-            with trio.move_on_after(10):  # a check every 10 ms, however loaded the machine
-                while not trims:
-                    await trio.sleep(0.01)
-            await checks(3)
-            assert trims == [size[0]]  # once, and not again until it grows anew
+            await until(lambda: trims)
+            assert trims == [size[0]]
+            assert await checks(3) == [(2, size[0])] * 3 and trims == [size[0]]  # once, not again until it grows anew
             # Two leave, the process having grown by no more than their own room (and the
-            # trigger): kept, for the next connections.
+            # trigger): kept, for the next connections...
             size[0] += GROWTH_TRIGGER + 2 * PER_CONNECTION_BYTES
             live.clear()
-            await checks(3)
-            assert len(trims) == 1
+            assert await checks(3) == [(0, size[0])] * 3 and len(trims) == 1
+            # ... and a byte more is given back: the watcher was still looking, at that bound.
+            size[0] += 1
+            await checks(2)
+            assert trims[1:] == [size[0]]
             nursery.cancel_scope.cancel()
-        for each in clients + accepted:
-            each.close()

@@ -1,3 +1,4 @@
+import hashlib
 import json
 import os
 import stat
@@ -9,7 +10,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from p2pnode.wire.keystore import KeyFileError, load_key, write_key
 from p2pnode_cli import main
-from protocol import NODE_ID_LENGTH, Identity, node_id
+from protocol import Identity, node_id
 
 pytestmark = pytest.mark.quick  # no daemons, no training: make test-quick runs it
 
@@ -23,10 +24,14 @@ def test_keygen_writes_a_private_key_and_prints_the_node_id(tmp_path, capsys):
     assert main(["keygen", "--out", str(key)]) == 0
     out, err = capsys.readouterr()
     printed_id = out.strip()
-    assert len(printed_id) == NODE_ID_LENGTH and set(printed_id) <= set("0123456789abcdef")
+    # The id of the key written, as docs/protocol.md §9 derives it, from the file itself (not
+    # through load_key and node_id, which would agree with a wrong id as well).
+    private = serialization.load_pem_private_key(key.read_bytes(), password=None)
+    public = private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    assert printed_id == hashlib.sha256(b"p2pnode.node-id\x00" + public).hexdigest()[:16]  # 64 bits
     assert mode(key) == 0o600
     assert load_key(key).node_id == printed_id
-    assert "public key" in err
+    assert f"public key {public.hex()}" in err
 
 
 def test_keygen_ignores_a_permissive_umask(tmp_path):
