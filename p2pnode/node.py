@@ -48,15 +48,15 @@ from .discovery.hello import capabilities, own_hello
 from .discovery.peers import Membership
 from .files import describe_os_error
 from .learning.algorithm import LearningSetupError, build_algorithm
-from .learning.asking import Asking
 from .learning.checkpoint import CHECKPOINT_NAME
 from .learning.driver import Network, RoundDriver
 from .learning.history import HISTORY_NAME
 from .learning.learning_peers import LearningPeers
-from .learning.predict import PREDICT, LiveModel, answer_predict, control_request_bytes
+from .memory import process_memory, trim_now
+from .metrics import NOT_LEARNING, UNKNOWN_PEER, Metrics
 from .operations.control import serve_control
-from .operations.memory import process_memory, trim_now
-from .operations.metrics import NOT_LEARNING, UNKNOWN_PEER, Metrics
+from .serving.asking import Asking
+from .serving.predict import PREDICT, LiveModel, answer_predict, control_request_bytes
 from .state import DataDir, DataDirError
 from .wire import sequence, signing
 from .wire.gate import Gate
@@ -179,7 +179,7 @@ class Node:
         self.learning_peers = LearningPeers(
             lambda: self.membership.ready(), config.algorithm.name, config.data, config.discovery.max_peers
         )
-        # `predict` and `predict --ask-peers`, and the peers' asks (learning/asking.py).
+        # `predict` and `predict --ask-peers`, and the peers' asks (serving/asking.py).
         self.live_model = LiveModel(lambda: self.driver, config)
         self.asking = Asking(config.node, self.learning_peers.chosen, self.send_payload, self.live_model)
         # Bootstrap addresses by their entry's number in [discovery].bootstrap: their dials are

@@ -10,8 +10,8 @@ import trio
 
 from .config import Config
 from .exits import EXIT_FAILED, EXIT_USAGE
+from .memory import limit_arenas
 from .node import Node, NodeStartError
-from .operations.memory import limit_arenas
 
 __all__ = ["run_until_signalled", "start", "StartFailed"]
 

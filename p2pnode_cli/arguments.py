@@ -112,8 +112,8 @@ def add_learning_arguments(parser: argparse.ArgumentParser) -> None:
         "--slow",
         metavar="FRACTION:FACTOR",
         help="emulate slower devices: round(FRACTION × nodes) nodes, drawn by the seed, take FACTOR times as long "
-        "per local step and end of round (simulate: on its simulated clock; testnet: the daemon's [node].slowdown); "
-        "report.json names them",
+        "per local step and end of round (simulate: on its simulated clock, docs/architecture.md; testnet: the "
+        "daemon's [node].slowdown); report.json names them and gives each node's time_to_accuracy",
     )
     parser.add_argument(
         "--schedule",
@@ -185,7 +185,8 @@ def add_own_data_arguments(parser: argparse.ArgumentParser) -> None:
         "--data",
         metavar="PATH",
         help="your own images instead of --dataset, as a daemon's [data].path takes them (a folder of class "
-        "folders, or a .npz), dealt out by --scenario like a benchmark",
+        'folders, or a .npz), dealt out by --scenario like a benchmark (docs/learning.md, "Your own data in '
+        'simulate and testnet")',
     )
     parser.add_argument(
         "--data-per-node",
@@ -241,7 +242,14 @@ def add_poisoning_arguments(parser: argparse.ArgumentParser) -> None:
     from algorithms.catalog import ATTACKS
 
     parser.add_argument(
-        "--poisoners", type=int, nargs="+", default=[], metavar="I", help="nodes that poison what they send"
+        "--poisoners",
+        type=int,
+        nargs="+",
+        default=[],
+        metavar="I",
+        help='nodes that poison what they send (docs/learning.md, "Poisoning peers"; testnet: Byzantine daemons, '
+        "testnet/byzantine.py, docs/security.md); --check then judges the honest nodes, a poisoner counted as no "
+        "one's cluster-mate",
     )
     parser.add_argument("--attack", choices=ATTACKS, default="sign-flip", help="how they poison it")
     parser.add_argument(

@@ -25,7 +25,14 @@ def add_parsers(commands) -> None:
     benches = bench.add_subparsers(dest="bench", metavar="BENCHMARK", required=True)
     for name, summary, trials, seconds, quick_seconds in (
         ("protocol", "signed-envelope encode/decode rate next to bare Ed25519 sign/verify", 9, 0.1, 0.02),
-        ("transport", "signed messages between two transports under trio, next to blocking pyzmq", 3, 1.0, 0.02),
+        (
+            "transport",
+            "signed messages between two transports under trio, next to blocking pyzmq; under a user's default "
+            "[transport] limits and with the rate limit lifted, side by side; refusals reported, never a hang",
+            3,
+            1.0,
+            0.02,
+        ),
         ("adapters", "raw frames through each trio-ZeroMQ integration, next to blocking pyzmq", 3, 0.5, 0.1),
     ):
         command = benches.add_parser(name, help=summary)

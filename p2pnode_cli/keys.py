@@ -37,11 +37,19 @@ def _keyinfo(args: argparse.Namespace) -> int:
 
 
 def add_parsers(commands) -> None:
-    keygen = commands.add_parser("keygen", help="create a node key (Ed25519, PEM, mode 0600) and print its node id")
+    keygen = commands.add_parser(
+        "keygen",
+        help="create a node key (Ed25519, PEM, mode 0600) and print its node id",
+        description="Writes an Ed25519 key as PKCS#8 PEM, mode 0600, and prints the node id alone on stdout, for "
+        "scripts: ID=$(p2pnode keygen --out k.pem). A key file that group or others can access is refused when "
+        "loaded (exit 2).",
+    )
     keygen.add_argument("--out", required=True, metavar="PATH", help="key file to create")
     keygen.add_argument("--force", action="store_true", help="replace an existing key file")
     keygen.set_defaults(run=_keygen)
 
     keyinfo = commands.add_parser("keyinfo", help="print the node id and public key of a key file, as JSON")
-    keyinfo.add_argument("key", metavar="PATH")
+    keyinfo.add_argument(
+        "key", metavar="PATH", help='a key file; prints {"node_id": ..., "public_key": HEX} (exit 2 if unusable)'
+    )
     keyinfo.set_defaults(run=_keyinfo)

@@ -125,7 +125,7 @@ def _ended(pid: int | None) -> bool:
 
 
 def _predict(args: argparse.Namespace) -> int:
-    from p2pnode.learning.predict import PredictError, predict_files
+    from p2pnode.serving.predict import PredictError, predict_files
 
     config = _config(args.config, load_identity=False, check_learning=False)  # enough to ask a running node
     try:
@@ -177,7 +177,7 @@ def _unknown_summary(report: dict, predictions: list[dict], asked: bool) -> None
 
 
 def _export(args: argparse.Namespace) -> int:
-    from p2pnode.learning.predict import PredictError, export_model
+    from p2pnode.serving.predict import PredictError, export_model
 
     out = Path(args.out)
     try:
@@ -289,21 +289,47 @@ def _held_out_files(configs, out: Path) -> None:
             print(f"node {index} ({loaded.source}): no list of held-out images: {exc}", file=sys.stderr)
 
 
+# What `p2pnode COMMAND --help` says above the options (docs/cli.md is generated from it).
+CONFIG_HELP = "the node's configuration (docs/config.md)"
+PREDICT_DESCRIPTION = (
+    "Prints each image file's class name and probability, from the running node's model or, with none running, "
+    "its checkpoint's. An image that is not one of the node's classes (a threshold set on its held-out images) is "
+    "said so; with --ask-peers the running node asks its learning peers about those, and their signed answers come "
+    "back (docs/usage.md)."
+)
+INIT_DESCRIPTION = (
+    "Writes a key (mode 0600) and a ready-to-run DIR/node<i>/node.toml per node: CURVE on, every other node a "
+    "KEY@tcp://HOST:PORT bootstrap entry, hosts round-robin, own ports and data directory; [data] each node's "
+    "folder of --data-per-node (relative to the config), or a placeholder to fill; with --local-baseline a Local "
+    "model beside each. Nothing is left behind if a config does not load (docs/deploy.md)."
+)
+REPORT_DESCRIPTION = (
+    "Renders, as simulate does, report.md, report.json and the plots of deployed nodes from the history.jsonl in "
+    "each one's data directory; with [algorithm].local_baseline, what collaboration gained over training alone, "
+    'per node and overall (docs/daemon.md, "A node\'s result").'
+)
+
+
 def add_parsers(commands) -> None:
     start = commands.add_parser("start", help="run a node in the foreground until SIGINT/SIGTERM or `p2pnode stop`")
-    start.add_argument("--config", required=True, metavar="TOML", help="node configuration (docs/config.md)")
+    start.add_argument("--config", required=True, metavar="TOML", help=CONFIG_HELP)
     start.set_defaults(run=_start)
 
     status = commands.add_parser(
         "status", help="ask a running node for its status; with --fleet DIR (or several --config), one table of all"
     )
     status.add_argument("--config", action="append", metavar="TOML", help="a node's configuration; repeat for several")
-    status.add_argument("--fleet", metavar="DIR", help="every DIR/*/node.toml, as `p2pnode init` wrote them")
+    status.add_argument(
+        "--fleet",
+        metavar="DIR",
+        help="every DIR/*/node.toml, as `p2pnode init` wrote them: one line per node, its round, peers, accuracy, "
+        "its local baseline's and the gain, or why it is down",
+    )
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
     status.set_defaults(run=_status)
 
     stop = commands.add_parser("stop", help="ask a running node to shut down, and wait until it has")
-    stop.add_argument("--config", required=True, metavar="TOML")
+    stop.add_argument("--config", required=True, metavar="TOML", help=CONFIG_HELP)
     stop.add_argument(
         "--timeout", type=positive_float, default=10.0, help="seconds to wait for the node to exit (default 10)"
     )
@@ -313,8 +339,9 @@ def add_parsers(commands) -> None:
         "predict",
         help="classify image files with a node's model (the running node's, else its checkpoint's) and say which are "
         "not one of its classes (docs/usage.md)",
+        description=PREDICT_DESCRIPTION,
     )
-    predict.add_argument("--config", required=True, metavar="TOML")
+    predict.add_argument("--config", required=True, metavar="TOML", help=CONFIG_HELP)
     predict.add_argument("files", nargs="+", metavar="FILE", help="image files (any format PIL reads)")
     predict.add_argument("--json", action="store_true", help="print JSON instead of FILE, CLASS, PROBABILITY lines")
     predict.add_argument(
@@ -329,9 +356,12 @@ def add_parsers(commands) -> None:
         "export",
         help="write a node's model from its checkpoint as a torch.export program plain torch loads (docs/usage.md)",
     )
-    export.add_argument("--config", required=True, metavar="TOML")
+    export.add_argument("--config", required=True, metavar="TOML", help=CONFIG_HELP)
     export.add_argument(
-        "--out", required=True, metavar="FILE", help="the program (.pt2); its metadata goes to FILE.json"
+        "--out",
+        required=True,
+        metavar="FILE",
+        help="the program (.pt2); its class names, preprocessing and unknown-image threshold go to FILE.json",
     )
     export.set_defaults(run=_export)
 
@@ -343,7 +373,9 @@ def _add_init_parser(commands) -> None:
     from algorithms.catalog import ALGORITHM_NAMES
 
     init = commands.add_parser(
-        "init", help="write a key and a ready-to-run config per node of a small fleet (CURVE keys in the bootstrap)"
+        "init",
+        help="write a key and a ready-to-run config per node of a small fleet (CURVE keys in the bootstrap)",
+        description=INIT_DESCRIPTION,
     )
     init.add_argument("--nodes", type=positive_int, required=True, help="nodes in the fleet")
     init.add_argument("--out", required=True, metavar="DIR", help="DIR/node<i>/ gets key.pem and node.toml")
@@ -418,7 +450,9 @@ def _add_init_model_arguments(init) -> None:
 
 def _add_report_parser(commands) -> None:
     report = commands.add_parser(
-        "report", help="report.md and the plots of deployed nodes, from the history files in their data directories"
+        "report",
+        help="report.md and the plots of deployed nodes, from the history files in their data directories",
+        description=REPORT_DESCRIPTION,
     )
     report.add_argument(
         "--config",

@@ -69,6 +69,10 @@ def add_parser(commands) -> None:
         "simulate",
         help="run a learning algorithm on all nodes without a network (in worker processes, or on Ray) and "
         "write a report",
+        description="All nodes, real frames, no sockets (docs/learning.md): in this process, on --workers processes "
+        "or on Ray actors, the same report on each, with the testnet's keys: report.json, report.md and the plots in "
+        "--out. --fleet DIR rehearses the fleet `p2pnode init` wrote, and its daemons end where the rehearsal did. "
+        '--slow runs on a simulated clock (docs/architecture.md, "The simulator\'s clock").',
     )
     simulate.add_argument("--algorithm", choices=ALGORITHM_NAMES, help="required, unless --fleet DIR names it")
     simulate.add_argument(

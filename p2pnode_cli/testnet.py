@@ -167,7 +167,19 @@ def _learning_testnet(args: argparse.Namespace, spec, churn, restart, placement)
 def add_parser(commands) -> None:
     from algorithms.catalog import ALGORITHM_NAMES
 
-    testnet = commands.add_parser("testnet", help="launch N daemons on this machine and check they converge")
+    testnet = commands.add_parser(
+        "testnet",
+        help="launch N daemons on this machine and check they converge",
+        description="With --algorithm none: N daemons on 127.0.0.1 that discover each other for --duration S; exit 0 "
+        "iff every view reached its target (all others, for N ≤ active view + 1) in time and the overlay is "
+        "connected. Past 8 daemons per core they get the settings that hold crowded (view 8, at most 10 peers, "
+        "liveness every 5 s; printed, in the report; --daemon overrides them); --active-view and --max-peers set "
+        "every daemon's, e.g. 8 and 10 for many nodes: every view at its target, not a full mesh (docs/daemon.md, "
+        '"Testnet"). With a learning --algorithm: N learning daemons on the scenario simulate takes, the same '
+        "report.json, report.md and plots; --check: exit 1 unless every node ran to the last round, mean accuracy "
+        "≥ --check-accuracy and, for the algorithms that learn a graph (mapl, mapl+, mapl-dual, mapl-auto, fedmrl, "
+        'scool-sbm, scool-attention, sfmtl), in-cluster mass ≥ --check-mass (docs/daemon.md, "Learning testnet").',
+    )
     testnet.add_argument(
         "--nodes", type=positive_int, help="number of daemons (required, unless --data-per-node DIR or --fleet DIR)"
     )

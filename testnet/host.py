@@ -17,7 +17,7 @@ from algorithms.data.setup import build_setup, forget_scenarios
 from algorithms.methods.poison import Attack, PoisoningNode
 from algorithms.models.device import placement
 from algorithms.registry import ALGORITHMS, make_algorithm
-from p2pnode.operations.memory import process_memory, trim_now
+from p2pnode.memory import process_memory, trim_now
 from protocol import Limits
 
 from .shard import Shard, simulation_identity
@@ -32,7 +32,7 @@ class Host(Shard):
     ) -> None:
         """Nodes `block` of `spec`; `threads`: torch's CPU threads in this process (None: as
         they are); `worker`: this process is the host's alone, so the dataset the shards were
-        cut from is dropped once they are (as a daemon does: p2pnode/operations/memory.py)."""
+        cut from is dropped once they are (as a daemon does: p2pnode/memory.py)."""
         self._cpu_started = time.process_time()
         if threads is not None:
             import torch

@@ -41,7 +41,7 @@ from algorithms.seam import Algorithm, Outbound
 from p2pnode.learning.engine import RoundEngine, Timings, round_state
 from p2pnode.learning.rounds import Gather, RoundRecord, Schedule
 from p2pnode.learning.settings import AlgorithmSettings
-from p2pnode.operations.metrics import SentTraffic
+from p2pnode.metrics import SentTraffic
 from protocol import DEFAULT_LIMITS, LEARNING_TYPES, Decoder, Encoder, Identity, Limits, ProtocolError
 
 __all__ = ["Shard", "Sent", "GatherRule", "Closed", "SimulationError", "NodeFailed", "simulation_identity", "NETWORK"]

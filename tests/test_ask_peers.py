@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import trio
 
-from p2pnode.learning.asking import (
+from p2pnode.serving.asking import (
     ANSWER_MISMATCHED,
     ANSWER_UNEXPECTED,
     ASK_BAD_IMAGE,

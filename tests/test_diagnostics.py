@@ -8,13 +8,13 @@ import re
 import numpy as np
 import trio
 
-from p2pnode.learning.algorithm import data_summary
-from p2pnode.learning.capabilities import (
+from p2pnode.discovery.capabilities import (
     announced_algorithm,
     labels_capability,
     learning_capability,
     learning_verdict,
 )
+from p2pnode.learning.algorithm import data_summary
 from p2pnode.operations.status import format_status
 from p2pnode.wire.zap import PEERS
 from protocol import Identity

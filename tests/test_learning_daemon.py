@@ -9,7 +9,7 @@ import trio
 
 from algorithms.catalog import ALGORITHM_NAMES, GRAPH_LEARNING
 from p2pnode.config import ConfigError, load_config
-from p2pnode.learning.capabilities import learning_capability
+from p2pnode.discovery.capabilities import learning_capability
 from p2pnode.learning.checkpoint import CHECKPOINT_NAME
 from p2pnode.learning.history import HISTORY_NAME, read_history
 from p2pnode.learning.rounds import DUPLICATE_PAYLOAD

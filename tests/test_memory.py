@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from p2pnode.operations.memory import MIB, process_memory, resident_bytes
+from p2pnode.memory import MIB, process_memory, resident_bytes
 
 from .daemon import ANY_PORT, write_config
 from .test_learning_daemon import learning_sections
@@ -35,7 +35,7 @@ def test_status_is_read_in_kib_and_a_missing_one_is_unknown(tmp_path):
 def test_the_peak_is_this_process_s_own_not_its_parent_s():
     """getrusage's ru_maxrss survives exec: a child of a large parent would report the parent's."""
     block = np.ones(128 * MIB // 8)
-    code = "from p2pnode.operations.memory import process_memory; print(process_memory()['peak_rss_mb'])"
+    code = "from p2pnode.memory import process_memory; print(process_memory()['peak_rss_mb'])"
     child_peak = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
     assert child_peak < process_memory()["peak_rss_mb"] - 100 and block.sum() == len(block)
 
@@ -66,7 +66,7 @@ def test_a_built_node_keeps_its_shard_not_the_dataset(tmp_path):
 
 ARENAS = """
 import ctypes, sys, threading
-from p2pnode.operations.memory import limit_arenas
+from p2pnode.memory import limit_arenas
 if int(sys.argv[1]):
     assert limit_arenas(int(sys.argv[1]))
 together = threading.Barrier(4)

@@ -13,7 +13,7 @@ from PIL import Image
 from algorithms.data.datasets import load_dataset
 from algorithms.data.own_data import OwnDataError, OwnDataSpec, held_out_count, held_out_split, load_own_data
 from p2pnode.config import ConfigError, load_config
-from p2pnode.learning.capabilities import announced_labels, labels_capability
+from p2pnode.discovery.capabilities import announced_labels, labels_capability
 
 from .daemon import ANY_PORT, full_mesh, start_node, wait_until, write_config
 

@@ -14,7 +14,7 @@ import trio
 from algorithms.data.own_data import held_out_split, inspect_own_data
 from p2pnode.config import load_config
 from p2pnode.learning.checkpoint import CHECKPOINT_NAME, Checkpoint
-from p2pnode.learning.predict import PREDICT
+from p2pnode.serving.predict import PREDICT
 from p2pnode_cli import main
 
 from .daemon import start_node, wait_until

@@ -1,6 +1,6 @@
 """A node's model put to use on new images: the preprocessing its own images had, and its
 predictors frozen for use outside training (`p2pnode predict` runs them, `p2pnode export`
-writes them; p2pnode/learning/predict.py does the I/O)."""
+writes them; p2pnode/serving/predict.py does the I/O)."""
 
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ class Prediction(NamedTuple):
 def classify(predictors: Predictors, images: torch.Tensor, own_classes: Sequence[int]) -> list[Prediction]:
     """For each image, what the chosen predictor says of it (one forward pass per 512 images)."""
     device = next(predictors.parameters()).device
-    own = torch.tensor(list(own_classes), dtype=torch.long)
+    own = list(own_classes)  # indexes the logits on the CPU
     predictions = []
     for start in range(0, len(images), _BATCH):
         logits = predictors(images[start : start + _BATCH].to(device)).float().cpu()

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from protocol import Body
 
+PURE = True  # no I/O and no clock: time comes in as arguments (tests/test_layering.py checks)
+
 __all__ = [
     "Dial",
     "DialPeers",

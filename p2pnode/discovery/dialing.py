@@ -15,6 +15,8 @@ from .peer import Peer
 from .settings import DiscoverySettings
 from .subnets import Subnets, host_of
 
+PURE = True  # no I/O and no clock: time comes in as arguments (tests/test_layering.py checks)
+
 STRANGERS = 256  # each bounded memory of strangers' keys keeps the latest this many
 
 

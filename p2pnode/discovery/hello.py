@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from protocol import PROTOCOL_VERSION, Hello
 
-from ..learning.capabilities import learning_capability
+from .capabilities import learning_capability
 
 __all__ = ["capabilities", "own_hello"]
 

@@ -15,6 +15,8 @@ from .actions import Informant
 from .peer import Peer
 from .settings import DiscoverySettings
 
+PURE = True  # no I/O and no clock: time comes in as arguments (tests/test_layering.py checks)
+
 
 @dataclass
 class Known:

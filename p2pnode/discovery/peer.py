@@ -8,6 +8,8 @@ from protocol import Envelope, Hello, node_id
 
 from .actions import Action, DialPeers
 
+PURE = True  # no I/O and no clock: time comes in as arguments (tests/test_layering.py checks)
+
 
 @dataclass
 class Peer:

@@ -61,7 +61,7 @@ from protocol import (
     Pong,
 )
 
-from ..operations.metrics import UNKNOWN_PEER
+from ..metrics import UNKNOWN_PEER
 from .actions import Action, Admitted, DialPeers, Direct, Evicted, Hangup, Informant, Send, SendHello
 from .dialing import STRANGERS, Dialing, Dials
 from .passive import Passive
@@ -69,6 +69,8 @@ from .peer import Peer
 from .room import Room
 from .settings import DiscoverySettings
 from .subnets import Subnets
+
+PURE = True  # no I/O and no clock: time comes in as arguments (tests/test_layering.py checks)
 
 __all__ = ["Peer", "Membership"]
 

@@ -11,6 +11,8 @@ from .dialing import Dials
 from .peer import Peer
 from .settings import DiscoverySettings
 
+PURE = True  # no I/O and no clock: time comes in as arguments (tests/test_layering.py checks)
+
 
 class Room:
     """The rules on room in the active view. It reads the peer table and the verifications in

@@ -6,6 +6,8 @@ import ipaddress
 
 from ..wire.gate import subnet_of
 
+PURE = True  # no I/O and no clock: time comes in as arguments (tests/test_layering.py checks)
+
 
 def host_of(address: str) -> str:
     """The host of a tcp:// address, without IPv6 brackets."""

@@ -8,8 +8,8 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from ..operations.memory import trim_now
-from .capabilities import labels_capability
+from ..discovery.capabilities import labels_capability
+from ..memory import trim_now
 
 if TYPE_CHECKING:
     import torch
@@ -17,8 +17,7 @@ if TYPE_CHECKING:
     from algorithms.models.user_backbone import BackboneFiles
     from algorithms.seam import Algorithm, NodeSetup
 
-    from ..config import Config
-    from .settings import ModelSettings
+    from .settings import LearningConfig, ModelSettings
 
 __all__ = [
     "LearningSetupError",
@@ -38,7 +37,7 @@ class LearningSetupError(Exception):
     """Learning cannot start (data, model, algorithm or checkpoint); the message names the part."""
 
 
-def build_algorithm(config: Config, node_id: str) -> Algorithm:
+def build_algorithm(config: LearningConfig, node_id: str) -> Algorithm:
     """The node's algorithm, its share of the configured data and its model (slow: loads data
     and builds the model; run it in a worker thread)."""
     import torch
@@ -63,7 +62,7 @@ def build_algorithm(config: Config, node_id: str) -> Algorithm:
     return built
 
 
-def backbone_files(config: Config) -> BackboneFiles:
+def backbone_files(config: LearningConfig) -> BackboneFiles:
     """`[model].code` (default: the config file's folder) and `[model].weights`."""
     from algorithms.models.user_backbone import BackboneFiles
 
@@ -82,7 +81,7 @@ def build_local_baseline(algorithm: Algorithm, overrides: Mapping[str, str]) -> 
     )
 
 
-def _node_setup(config: Config, node_id: str) -> NodeSetup:
+def _node_setup(config: LearningConfig, node_id: str) -> NodeSetup:
     """The node's data (its own files, its shard of them, or its shard of the configured
     dataset) on its device."""
     from algorithms.catalog import DATASET_FROM_PATH

@@ -30,10 +30,10 @@ import trio
 
 from protocol import Body, Envelope, MessageType
 
+from ..discovery.capabilities import learning_capability
 from ..files import describe_os_error
-from ..operations.memory import trim_now
+from ..memory import trim_now
 from .algorithm import LearningSetupError, build_local_baseline
-from .capabilities import learning_capability
 from .checkpoint import Checkpoint, CheckpointError, HeldOut
 from .engine import RoundEngine, Timings, round_state, seconds
 from .history import HistoryFile

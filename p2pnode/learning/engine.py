@@ -8,7 +8,7 @@ both drive, so the round exists once.
 
 The engine decides what is accepted (`RoundState.offer`), who has arrived, when the gather ends
 and what the round's record says; it reads no clock and touches no socket: times come in as
-numbers, traffic as the counts the driver keeps (p2pnode/operations/metrics.py's `SentTraffic`, the one
+numbers, traffic as the counts the driver keeps (p2pnode/metrics.py's `SentTraffic`, the one
 counter of frames sent, in the daemon and in the simulator alike). Its heavy calls (`step`,
 `respond`, `end_round`) run wherever the driver puts them: a worker thread in the daemon
 (p2pnode/learning/driver.py), in line in the simulator (testnet/shard.py). What each driver keeps is
@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from algorithms.seam import Algorithm, Evaluation, LocalReport, Outbound, PayloadRejected
 
     from ..learning.settings import AlgorithmSettings
+
+PURE = True  # no I/O and no clock: time comes in as arguments (tests/test_layering.py checks)
 
 __all__ = ["RoundEngine", "Timings", "round_state", "seconds"]
 

@@ -7,8 +7,8 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
+from ..discovery.capabilities import labels_capability, learning_verdict
 from .algorithm import class_list_text
-from .capabilities import labels_capability, learning_verdict
 
 if TYPE_CHECKING:
     from ..discovery.peers import Peer

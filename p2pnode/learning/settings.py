@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 # Names only: the data modules import numpy (15 MB), which a node that learns nothing never needs.
 from algorithms.catalog import (
@@ -263,3 +263,13 @@ class AlgorithmSettings:
         "(about doubles the local training time)",
     )
     settings: Mapping[str, str] = option(Overrides(), {}, "hyper-parameters overriding the algorithm's defaults")
+
+
+class LearningConfig(Protocol):
+    """What learning reads of a node's configuration (config.Config is one): its sections above,
+    and the file it came from (relative paths are the file's folder's)."""
+
+    source: Path
+    data: DataSettings
+    model: ModelSettings
+    algorithm: AlgorithmSettings

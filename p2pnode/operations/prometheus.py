@@ -19,8 +19,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 if TYPE_CHECKING:
     from ..learning.driver import RoundDriver
+    from ..metrics import Metrics
     from ..operations.settings import MetricsSettings
-    from .metrics import Metrics
 
 __all__ = ["NodeCollector", "serve_prometheus", "registry_for"]
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from ..operations.memory import PAGE_BYTES, resident_bytes, trim_now
+from ..memory import PAGE_BYTES, resident_bytes, trim_now
 from .silence import SILENT, SilentConnections
 
 __all__ = [

@@ -43,8 +43,10 @@ from dataclasses import dataclass, field
 from protocol import Header, MessageType
 from protocol.curve import ed25519_y, ed25519_y_of_curve_public
 
-from ..operations.metrics import HANDSHAKE_FIRST, RATE_LIMITED, STRANGER_RATE_LIMITED, WRONG_SENDER
+from ..metrics import HANDSHAKE_FIRST, RATE_LIMITED, STRANGER_RATE_LIMITED, WRONG_SENDER
 from ..wire.settings import HANDSHAKE_KINDS, TransportSettings
+
+PURE = True  # no I/O and no clock: time comes in as arguments (tests/test_layering.py checks)
 
 __all__ = ["Gate", "TokenBuckets", "ReadPace", "HANDSHAKE_TYPES", "CHALLENGE_TYPES", "PARK", "subnet_of"]
 

@@ -22,7 +22,7 @@ import trio
 
 from protocol import Decoder, Envelope, MessageType, ProtocolError, Reason, ReplayGuard, node_id
 
-from ..operations.metrics import HANDSHAKE_FIRST, MULTIPART, UNKNOWN_PEER, Metrics
+from ..metrics import HANDSHAKE_FIRST, MULTIPART, UNKNOWN_PEER, Metrics
 from ..wire.settings import TransportSettings
 from .gate import CHALLENGE_TYPES, PARK, Gate
 from .ingress import Ingress

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from ..operations.memory import process_memory
+from ..memory import process_memory
 from ..wire.settings import TransportSettings
 from .pipes import MessagePipe, PipeError, socket_pair
 from .transport import CURVE_SLACK, TransportError

@@ -16,7 +16,7 @@ import trio
 
 from protocol import Body, SequenceCounter, SequenceExhausted
 
-from ..operations.metrics import Metrics
+from ..metrics import Metrics
 from ..state import DataDir, DataDirError
 
 __all__ = ["RESERVATION_RETRY_S", "SequenceReservation"]

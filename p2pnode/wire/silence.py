@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+PURE = True  # no I/O and no clock: time comes in as arguments (tests/test_layering.py checks)
+
 __all__ = ["HANDSHAKE_BYTES", "SILENT", "SilentConnections"]
 
 SILENT = "shut_silent"  # Metrics.connections

@@ -12,7 +12,7 @@ from typing import Any
 import trio
 import zmq
 
-from p2pnode.operations.memory import resident_bytes
+from p2pnode.memory import resident_bytes
 from p2pnode.wire.zmqtrio import send_waiting
 from protocol import PROTOCOL_VERSION, Encoder, Hello, Identity
 from protocol.curve import curve_public_from_ed25519

@@ -74,7 +74,7 @@ async def test_a_garbage_flood_at_full_rate_leaves_status_answering_and_every_fr
         assert max(latencies) < 1.0, f"status took up to {max(latencies):.2f} s during the flood"
         assert full_mesh([a, b]) and not any(key.startswith("evicted") for key in a.membership.counts)
         assert peak - rss_before < 50, f"RSS grew {peak - rss_before:.0f} MB during the flood"
-        # The node gives freed heap pages back after a burst (p2pnode/operations/memory.py).
+        # The node gives freed heap pages back after a burst (p2pnode/memory.py).
         await _gives_memory_back(a, rss_before)
         a.request_stop()
         b.request_stop()

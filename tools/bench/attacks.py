@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from p2pnode.operations.memory import resident_bytes
+from p2pnode.memory import resident_bytes
 from testnet.cluster import Cluster, NodeSpec
 
 from .results import capture, save

@@ -138,7 +138,7 @@ def _stages(algorithm: str, rounds: int) -> list[dict]:
 
 def _measure_stages(config_path: Path, rounds: int) -> int:
     """The --stages child: one JSON line per stage on stdout."""
-    from p2pnode.operations.memory import limit_arenas, process_memory, trim_now
+    from p2pnode.memory import limit_arenas, process_memory, trim_now
 
     def stage(name: str) -> None:
         print(json.dumps({"stage": name, **process_memory()}), flush=True)

@@ -52,7 +52,7 @@ import numpy as np
 import trio
 import zmq
 
-from p2pnode.operations.metrics import Metrics
+from p2pnode.metrics import Metrics
 from p2pnode.wire.gate import Gate
 from p2pnode.wire.inbound import Inbound
 from p2pnode.wire.ingress import Ingress

@@ -28,15 +28,15 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ..files import describe_os_error, write_atomically
+from ..learning.checkpoint import CHECKPOINT_NAME, Checkpoint, CheckpointError
 from ..operations.control import MAX_REQUEST_BYTES, ControlError, NotRunning, request
-from .checkpoint import CHECKPOINT_NAME, Checkpoint, CheckpointError
 
 if TYPE_CHECKING:
     from algorithms.models.inference import KnownClasses, Prediction, Preprocessing
     from algorithms.seam import LocalData, Predictors
 
     from ..config import Config, NodeSettings
-    from .driver import RoundDriver
+    from ..learning.driver import RoundDriver
 
 __all__ = [
     "PREDICT",
@@ -316,7 +316,7 @@ def checkpoint_model(config: Config) -> tuple[UsableModel, Checkpoint]:
     (its data is loaded: the model's input shape comes from it)."""
     from algorithms.models.inference import frozen
 
-    from .algorithm import LearningSetupError, build_algorithm
+    from ..learning.algorithm import LearningSetupError, build_algorithm
 
     if config.algorithm.name == "none":
         raise PredictError("this node does not learn ([algorithm].name is none): it has no model")

@@ -7,6 +7,8 @@ from __future__ import annotations
 import hashlib
 import json
 
+PURE = True  # no I/O and no clock: time comes in as arguments (tests/test_layering.py checks)
+
 __all__ = ["announced_algorithm", "announced_labels", "labels_capability", "learning_capability", "learning_verdict"]
 
 LABELS_PREFIX = "labels:"

@@ -8,6 +8,8 @@ from collections import Counter
 
 from protocol import DISCOVERY_TYPES, LEARNING_TYPES, MessageType
 
+PURE = True  # no I/O and no clock: time comes in as arguments (tests/test_layering.py checks)
+
 __all__ = [
     "Metrics",
     "SentTraffic",
