@@ -163,7 +163,7 @@ class Evaluation:
     # `p2pnode predict` must agree with.
     predicted: tuple[int, ...] = ()
     # Whether each of those predictions is right: what pairs two methods image by image where a
-    # fleet has too few nodes for an interval over nodes (testnet/intervals.py).
+    # fleet has too few nodes for an interval over nodes (testnet/reporting/intervals.py).
     right: tuple[bool, ...] = ()
     # Where the node chooses its predictor on training images it held out (MAPL-Auto): each
     # predictor's accuracy on them, and how many there were.

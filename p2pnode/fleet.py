@@ -40,7 +40,7 @@ __all__ = ["FleetSpec", "FleetError", "write_fleet", "check_fleet", "fleet_confi
 MAX_FLEET = 257  # every node names all the others, and a bootstrap list holds at most 256 entries
 KEY_FILE, CONFIG_FILE = "key.pem", "node.toml"
 # Inbound connections one node holds from each other node on its host: the public and the peers'
-# socket, and for a while a restarted peer's old ones (testnet/cluster.py sizes its caps alike).
+# socket, and for a while a restarted peer's old ones (testnet/launch/cluster.py sizes its caps alike).
 CONNECTIONS_PER_NEIGHBOUR = 4
 DEFAULT_PER_ADDRESS = 32  # [security].max_connections_per_address's default
 

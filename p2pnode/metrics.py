@@ -1,6 +1,6 @@
 """Counters the node keeps about its traffic, shown by `p2pnode status`; and `SentTraffic`, the
 one count of frames sent, kept by the daemon (`Metrics`) and by each simulated node
-(testnet/shard.py) alike, which every round's record copies (p2pnode/learning/engine.py)."""
+(testnet/simulation/shard.py) alike, which every round's record copies (p2pnode/learning/engine.py)."""
 
 from __future__ import annotations
 

@@ -461,7 +461,7 @@ class Node:
 
     def build_algorithm(self) -> Algorithm:
         """The node's algorithm over its data and model (slow: the round driver runs it in a
-        worker thread). A rehearsal's Byzantine node (testnet/byzantine.py) wraps it."""
+        worker thread). A rehearsal's Byzantine node (testnet/launch/byzantine.py) wraps it."""
         return build_algorithm(self.config, self.identity.node_id)
 
     # --- periodic work -------------------------------------------------------------------

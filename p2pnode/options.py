@@ -1,6 +1,13 @@
 """The option framework of the node's configuration: each setting is declared once, as a dataclass
 field with its kind (how a TOML value is checked and read), default and documentation; loading,
-error messages and docs/config.md all come from those declarations."""
+error messages and docs/config.md all come from those declarations.
+
+A section is a frozen dataclass of `option(...)` fields deriving from `Section`; a rule between
+settings of that one section (`peer_timeout_s` above 2 × `ping_interval_s`) is its `check` method,
+beside the declarations it relates. Rules that need two or more sections live in p2pnode/config/checks.py.
+
+This module sits below every part that declares a section (wire/, discovery/, learning/,
+operations/ and config/ import it), so it cannot live inside config/, on a floor above them."""
 
 from __future__ import annotations
 
@@ -296,6 +303,29 @@ class Overrides(Kind):
 
     def describe(self):
         return "table of hyper-parameter → value (docs/learning.md), e.g. `{ warmup_rounds = 10 }`"
+
+
+# --- sections and their own rules -----------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckContext:
+    """What a section's rules may look at besides its own values."""
+
+    given: frozenset[str]  # the keys the file gave in the section (a rule may be about giving one at all)
+    base: Path  # the config file's folder
+    # The node learns ([algorithm].name is not "none") and the loader checks learning (`status` and
+    # `stop` do not): only then do the rules that read files or import the learning stack run.
+    learns: bool
+
+
+class Section:
+    """The base of a settings section: its rules between its own settings, run once every
+    section has loaded on its own (a setting of the wrong kind is reported instead)."""
+
+    def check(self, context: CheckContext) -> list[str]:
+        """One line per broken rule, "[section].key: ..." as parse_section says a key's problem."""
+        return []
 
 
 _REQUIRED = dataclasses.MISSING

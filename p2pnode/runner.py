@@ -72,6 +72,6 @@ async def _serve(node: Node) -> None:
 
 def run_until_signalled(config: Config, make_node: Callable[[Config], Node] = Node) -> None:
     """Raises NodeStartError, naming every problem, if the node cannot start. `make_node`: the
-    node (a rehearsal's Byzantine node, testnet/byzantine.py, is one)."""
+    node (a rehearsal's Byzantine node, testnet/launch/byzantine.py, is one)."""
     limit_arenas(config.node.malloc_arenas)  # before the node's threads start (docs/daemon.md, "Memory")
     trio.run(_serve, make_node(config))

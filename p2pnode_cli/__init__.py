@@ -1,6 +1,6 @@
-"""The `p2pnode` command line, above everything it runs: the daemon (p2pnode/), the launcher and
-the simulator (testnet/), the benchmarks (tools/). One module per command group; nothing imports
-this package.
+"""The `p2pnode` command line, above everything it runs: the daemon (p2pnode/), the launcher
+(testnet/launch/), the simulator (testnet/simulation/) and its reports (testnet/reporting/), the
+benchmarks (tools/). One module per command group; nothing imports this package.
 
 Exit codes: 0 success; 1 the command failed (the message says why and what to do); 2 bad usage,
 an invalid configuration file or a key file that cannot be used (p2pnode/exits.py).

@@ -248,8 +248,8 @@ def add_poisoning_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="I",
         help='nodes that poison what they send (docs/learning.md, "Poisoning peers"; testnet: Byzantine daemons, '
-        "testnet/byzantine.py, docs/security.md); --check then judges the honest nodes, a poisoner counted as no "
-        "one's cluster-mate",
+        "testnet/launch/byzantine.py, docs/security.md); --check then judges the honest nodes, a poisoner counted "
+        "as no one's cluster-mate",
     )
     parser.add_argument("--attack", choices=ATTACKS, default="sign-flip", help="how they poison it")
     parser.add_argument(

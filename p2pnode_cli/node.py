@@ -255,9 +255,9 @@ def _toml_settings(items) -> dict:
 
 
 def _report(args: argparse.Namespace) -> int:
-    """report.md and the plots of deployed nodes, from their history files (testnet/deployment.py)."""
-    from testnet.deployment import DeploymentReportError, deployment_report, load_histories
-    from testnet.summary import difference_text
+    """report.md and the plots of deployed nodes, from their history files (testnet/reporting/deployment.py)."""
+    from testnet.reporting.deployment import DeploymentReportError, deployment_report, load_histories
+    from testnet.reporting.summary import difference_text
 
     configs = [_config(path, check_learning=False) for path in args.config]
     try:
@@ -278,8 +278,8 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _held_out_files(configs, out: Path) -> None:
-    """`report --files`: OUT/held_out/node<i>.csv, node i as the report numbers it (testnet/held_out.py)."""
-    from testnet.held_out import write_held_out
+    """`report --files`: OUT/held_out/node<i>.csv, node i as the report numbers it (testnet/reporting/held_out.py)."""
+    from testnet.reporting.held_out import write_held_out
 
     for index, loaded in enumerate(configs):
         try:

@@ -16,8 +16,8 @@ def learning_spec(args: argparse.Namespace):
     from algorithms.data.datasets import missing_files
     from algorithms.registry import ConfigOverrideError, checked_config
     from p2pnode.learning.rounds import Schedule
-    from testnet.simulator import SimulationSpec
-    from testnet.spec import parse_slow
+    from testnet.simulation.simulator import SimulationSpec
+    from testnet.simulation.spec import parse_slow
 
     if args.fleet:
         return fleet_rehearsal(args).spec
@@ -80,9 +80,9 @@ def backbones_note(args: argparse.Namespace, spec) -> None:
 
 
 def fleet_rehearsal(args: argparse.Namespace):
-    """--fleet DIR's run (testnet/rehearsal.py); a scenario flag given beside it is refused, as
+    """--fleet DIR's run (testnet/simulation/rehearsal.py); a scenario flag given beside it is refused, as
     the configs say what it would."""
-    from testnet.rehearsal import FleetRehearsalError
+    from testnet.simulation.rehearsal import FleetRehearsalError
 
     given = [flag for dest, (flag, default) in args.fleet_replaces.items() if getattr(args, dest) != default]
     if given:
@@ -99,7 +99,7 @@ def fleet_rehearsal(args: argparse.Namespace):
 @functools.lru_cache(maxsize=1)
 def _read_fleet(directory: str):
     """The fleet's configs are loaded once a command (the spec, then its baselines ask)."""
-    from testnet.rehearsal import read_fleet
+    from testnet.simulation.rehearsal import read_fleet
 
     return read_fleet(Path(directory))
 
@@ -141,8 +141,8 @@ def node_count(args: argparse.Namespace) -> int | None:
 
 
 def _own_data(args: argparse.Namespace, nodes: int):
-    """--data or --data-per-node (testnet/own_data.py), checked as a daemon checks [data].path."""
-    from testnet.own_data import DataArgumentError, OwnDataArguments, own_data_specs
+    """--data or --data-per-node (testnet/simulation/own_data.py), checked as a daemon checks [data].path."""
+    from testnet.simulation.own_data import DataArgumentError, OwnDataArguments, own_data_specs
 
     if (args.data or args.data_per_node) and (args.dataset or args.data_root):
         flag = "--dataset" if args.dataset else "--data-root"
@@ -176,7 +176,7 @@ def device_present(spec) -> None:
 
 
 def thresholds(args: argparse.Namespace):
-    from testnet.report import CheckThresholds
+    from testnet.reporting.report import CheckThresholds
 
     return CheckThresholds(accuracy=args.check_accuracy, within_cluster_mass=args.check_mass) if args.check else None
 
@@ -187,10 +187,10 @@ def add_baselines(report: dict, spec, names: list[str], engine=None) -> None:
     Local costs about what `simulate --baselines local` adds, not 10× (issue #45)."""
     if not names:
         return
-    from testnet.engines import default_engine
-    from testnet.progress import RoundProgress
-    from testnet.report import attach_baselines
-    from testnet.simulator import run_baselines
+    from testnet.reporting.report import attach_baselines
+    from testnet.simulation.hosting import default_engine
+    from testnet.simulation.progress import RoundProgress
+    from testnet.simulation.simulator import run_baselines
 
     engine = engine or default_engine(spec.nodes)
     attach_baselines(report, run_baselines(spec, names, progress=RoundProgress, engine=engine))
@@ -198,7 +198,7 @@ def add_baselines(report: dict, spec, names: list[str], engine=None) -> None:
 
 def write_report(report: dict, out: Path) -> None:
     """Write report.json and the plots; say how it went and what failed its check."""
-    from testnet.report import summary_line, write_report
+    from testnet.reporting.report import summary_line, write_report
 
     written = write_report(report, out)
     for note in report["partition_notes"]:

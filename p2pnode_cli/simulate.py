@@ -24,9 +24,9 @@ def _simulate(args: argparse.Namespace) -> int:
     from algorithms.data.datasets import DatasetError
     from algorithms.data.partitions import PartitionError
     from algorithms.registry import ConfigOverrideError
-    from testnet.progress import RoundProgress
-    from testnet.shard import SimulationError
-    from testnet.simulator import run_simulation
+    from testnet.simulation.progress import RoundProgress
+    from testnet.simulation.shard import SimulationError
+    from testnet.simulation.simulator import run_simulation
 
     spec = learning_spec(args)
     engine = _engine(args, spec.nodes)
@@ -47,10 +47,10 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _engine(args: argparse.Namespace, nodes: int):
-    """The engine of `simulate` (testnet/engines.py): processes when more than one worker would
+    """The engine of `simulate` (testnet/simulation/hosting.py): processes when more than one worker would
     have nodes to run, else inline, unless --engine says otherwise."""
-    from testnet.engines import Engine, cores
-    from testnet.optional import ray_missing
+    from testnet.ray_extra import ray_missing
+    from testnet.simulation.hosting import Engine, cores
 
     kind = args.engine or ("inline" if min(args.workers or cores(), nodes) == 1 else "processes")
     missing = ray_missing() if kind == "ray" else None

@@ -37,8 +37,8 @@ def _testnet(args: argparse.Namespace) -> int:
         raise CommandError("--barrage goes with --poisoners I", EXIT_USAGE)
     if args.poisoners and spec is None:
         raise CommandError("--poisoners needs a learning --algorithm", EXIT_USAGE)
-    from testnet.cluster import ClusterStartError
-    from testnet.placement import PlacementError
+    from testnet.launch.cluster import ClusterStartError
+    from testnet.launch.placement import PlacementError
 
     try:
         with _placement(args) as placement:
@@ -54,7 +54,7 @@ def _testnet(args: argparse.Namespace) -> int:
 
 
 def _churn(args: argparse.Namespace):
-    from testnet.churn import ChurnSpec
+    from testnet.launch.churn import ChurnSpec
 
     try:
         return None if args.churn is None else ChurnSpec.parse(args.churn)
@@ -63,8 +63,8 @@ def _churn(args: argparse.Namespace):
 
 
 def _restart(args: argparse.Namespace):
-    """`--restart`'s policy (testnet/churn.py), or None without it."""
-    from testnet.churn import RestartPolicy
+    """`--restart`'s policy (testnet/launch/churn.py), or None without it."""
+    from testnet.launch.churn import RestartPolicy
 
     chosen = {"max_restarts": args.max_restarts, "backoff_s": args.restart_backoff}
     if not args.restart:
@@ -98,7 +98,7 @@ def _daemon_settings(args: argparse.Namespace) -> dict[str, dict]:
 
 def _placement(args: argparse.Namespace):
     """Where the testnet's daemons run (`--engine`); a missing Ray is a usage error."""
-    from testnet.choose_placement import EngineUnavailable, open_placement
+    from testnet.launch.choose_placement import EngineUnavailable, open_placement
 
     if args.ray_address is not None and args.engine != "ray":
         raise CommandError("--ray-address goes with --engine ray", EXIT_USAGE)
@@ -109,7 +109,7 @@ def _placement(args: argparse.Namespace):
 
 
 def _discovery_testnet(args: argparse.Namespace, churn, restart, placement) -> int:
-    from testnet.discovery import run_discovery_testnet
+    from testnet.launch.discovery import run_discovery_testnet
 
     code, _ = run_discovery_testnet(
         Path(args.out),
@@ -141,7 +141,7 @@ def unpaced_warning(spec, engine: str, cores: int) -> str | None:
 def _learning_testnet(args: argparse.Namespace, spec, churn, restart, placement):
     from algorithms.data.datasets import DatasetError
     from algorithms.data.partitions import PartitionError
-    from testnet.learning import run_learning_testnet
+    from testnet.launch.learning import run_learning_testnet
 
     warning = unpaced_warning(spec, args.engine, os.cpu_count() or 1)
     if warning:
@@ -301,6 +301,6 @@ def add_parser(commands) -> None:
         "--barrage",
         action="store_true",
         help="the poisoners also send, each round, their payload tagged with other rounds, NaN, wrong shapes, "
-        "frames past the bounds, a 60 MB MODEL and a burst of SCOREs (testnet/byzantine.py)",
+        "frames past the bounds, a 60 MB MODEL and a burst of SCOREs (testnet/launch/byzantine.py)",
     )
     testnet.set_defaults(run=_testnet, default_nodes=None)

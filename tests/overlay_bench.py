@@ -5,7 +5,7 @@
                                   [--gap S] [--latency S] [--limit S] [--set KEY=VALUE ...]
 
 Joins: `hub`, all at once through node 0 (as tests/test_overlay.py); `chain`, all at once, each
-through the one before; `waves`, as the real launcher starts them (testnet/cluster.py,
+through the one before; `waves`, as the real launcher starts them (testnet/launch/cluster.py,
 `start_all`): node 0 first, then one node every `--gap` seconds, each joining through node 0
 and one random earlier node. Every node: `active_view` 8, `max_peers` 10 and the liveness of
 tools/bench/scale.py. Prints, per join and seed, the simulated seconds from the last start to

@@ -15,9 +15,9 @@ import time
 import pytest
 
 from p2pnode_cli import EXIT_OK, EXIT_USAGE, main
-from testnet.churn import NOT_RESTARTED, ChurnSpec, RestartPolicy, Supervisor
-from testnet.discovery import run_discovery_testnet
-from testnet.placement import LocalPlacement, NodeSpec, read_status
+from testnet.launch.churn import NOT_RESTARTED, ChurnSpec, RestartPolicy, Supervisor
+from testnet.launch.discovery import run_discovery_testnet
+from testnet.launch.placement import LocalPlacement, NodeSpec, read_status
 
 from .daemon import signal_each_start
 

@@ -160,7 +160,7 @@ def test_simulate_says_its_mixed_backbones_are_not_what_init_writes(tmp_path, ca
 def test_testnet_hands_its_poisoners_and_barrage_to_the_launcher(tmp_path, capsys, monkeypatch):
     """`testnet --poisoners I --attack A --attack-factor X --barrage` reaches run_learning_testnet
     (the run itself: tests/adversarial/test_hostile_learning.py); --barrage needs poisoners."""
-    import testnet.learning
+    import testnet.launch.learning
 
     seen = {}
 
@@ -168,7 +168,7 @@ def test_testnet_hands_its_poisoners_and_barrage_to_the_launcher(tmp_path, capsy
         seen.update(spec=spec, barrage=options["barrage"])
         raise KeyboardInterrupt  # enough: the run is not the point here
 
-    monkeypatch.setattr(testnet.learning, "run_learning_testnet", launcher)
+    monkeypatch.setattr(testnet.launch.learning, "run_learning_testnet", launcher)
     argv = ["testnet", "--algorithm", "mapl", "--dataset", "digits", "--nodes", "4", "--rounds", "8"]
     argv += ["--set", "warmup_rounds=3", "--out", str(tmp_path / "out")]
     assert main([*argv, "--barrage"]) == 2
@@ -179,7 +179,7 @@ def test_testnet_hands_its_poisoners_and_barrage_to_the_launcher(tmp_path, capsy
 
 
 def test_hold_goes_with_exit_on_mesh_and_reaches_the_discovery_run(tmp_path, monkeypatch, capsys):
-    import testnet.discovery
+    import testnet.launch.discovery
 
     seen = {}
 
@@ -187,7 +187,7 @@ def test_hold_goes_with_exit_on_mesh_and_reaches_the_discovery_run(tmp_path, mon
         seen.update(options)
         return 0, {}
 
-    monkeypatch.setattr(testnet.discovery, "run_discovery_testnet", launcher)
+    monkeypatch.setattr(testnet.launch.discovery, "run_discovery_testnet", launcher)
     argv = ["testnet", "--nodes", "3", "--algorithm", "none", "--duration", "30", "--out", str(tmp_path / "out")]
     assert main([*argv, "--hold", "5"]) == 2
     assert "--hold goes with --exit-on-mesh" in capsys.readouterr().err and not seen

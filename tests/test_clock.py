@@ -1,4 +1,4 @@
-"""The simulator's clock (testnet/clock.py, testnet/exchange.py's `Timeline`), on simulated time
+"""The simulator's clock (testnet/simulation/clock.py, testnet/simulation/exchange.py's `Timeline`), on simulated time
 only: a step costs what it is said to, a slow node holds a fast neighbour back by exactly the
 daemon's gather rule and never past its deadline, and runs repeat exactly."""
 
@@ -6,7 +6,9 @@ import dataclasses
 
 import pytest
 
-from testnet.clock import (
+from testnet.reporting.report import time_to_accuracy
+from testnet.reporting.summary import summary_page
+from testnet.simulation.clock import (
     ARRIVAL,
     BEGIN,
     CLOSE,
@@ -17,12 +19,10 @@ from testnet.clock import (
     end_costs,
     step_costs,
 )
-from testnet.engines import INLINE, open_hosts
-from testnet.exchange import simulation_identity
-from testnet.report import time_to_accuracy
-from testnet.simulator import SimulationSpec, run_simulation, timeline
-from testnet.spec import Slow, parse_slow
-from testnet.summary import summary_page
+from testnet.simulation.exchange import simulation_identity
+from testnet.simulation.hosting import INLINE, open_hosts
+from testnet.simulation.simulator import SimulationSpec, run_simulation, timeline
+from testnet.simulation.spec import Slow, parse_slow
 
 # MAPL's graph fixed all-to-all: every node expects every other in every round.
 SPEC = SimulationSpec(
@@ -182,7 +182,7 @@ def test_while_everyone_waits_for_everyone_the_latency_moves_the_clock_only():
 def test_a_testnet_paces_every_daemon_and_the_slow_ones_by_their_factor_too():
     """`testnet --pace K`: every daemon's `[node].slowdown` is K, K × FACTOR on `--slow`'s nodes;
     without it only the slow ones are slowed. The simulator's clock ignores the pace."""
-    from testnet.learning import node_settings
+    from testnet.launch.learning import node_settings
 
     spec = dataclasses.replace(SPEC, nodes=10, slow=Slow(0.3, 5), pace=10)
     slow = spec.slow_nodes()
@@ -209,7 +209,7 @@ def test_a_paced_testnet_stretches_the_async_gather_as_it_stretches_the_computat
     """In slow motion (`--pace K`) the async gather lasts K × `async_gather_s`, at most the round
     deadline, so it catches what it catches at full speed; sync's waits are unchanged."""
     from p2pnode.learning.rounds import ASYNC, Schedule
-    from testnet.learning import node_settings
+    from testnet.launch.learning import node_settings
 
     asynchronous = dataclasses.replace(SPEC, schedule=Schedule(schedule=ASYNC, async_gather_s=0.1))
 

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from testnet.cluster import Cluster
-from testnet.placement import NodeSpec, spawn_daemon
+from testnet.launch.cluster import Cluster
+from testnet.launch.placement import NodeSpec, spawn_daemon
 
 # Creates the "control socket" once SIGTERM is handled; on SIGTERM removes it (the node has
 # stopped: its nursery is closed) and then exits after `argv[1]` seconds (interpreter teardown).

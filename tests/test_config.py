@@ -1,10 +1,19 @@
+import ast
+import dataclasses
+import inspect
 import os
+import re
 from pathlib import Path
 
 import pytest
 
 from p2pnode.config import ConfigError, load_config, reference_markdown
+from p2pnode.config.sections import SECTIONS
+from p2pnode.discovery.settings import DiscoverySettings
+from p2pnode.learning.settings import AlgorithmSettings
+from p2pnode.options import CheckContext, Section
 from p2pnode.wire.keystore import write_key
+from p2pnode.wire.settings import TransportSettings
 from protocol import Identity, MessageType
 
 pytestmark = pytest.mark.quick  # no daemons, no training: make test-quick runs it
@@ -247,3 +256,50 @@ def test_a_dataset_root_holding_the_files_passes(home):
     (home / "roots" / _LAYOUT["mnist"][0]).unlink()
     (found,) = problems(config(home, text))
     assert found.startswith("[data].root: dataset 'mnist' not found under root") and _LAYOUT["mnist"][0] in found
+
+
+# --- where the rules live (issue #47 item 3) ---------------------------------------------------
+
+
+def section_names_in_messages(tree: ast.AST) -> list[set[str]]:
+    """The sections each problem message in `tree` names ("[discovery].bootstrap: ... [security].curve")."""
+    found = []
+    parts = {id(part) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for part in node.values}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            text = "".join(part.value for part in node.values if isinstance(part, ast.Constant))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in parts:
+            text = node.value
+        else:
+            continue
+        if re.match(r"\[(\w+)\]\.", text):
+            found.append(set(re.findall(r"\[(\w+)\]", text)) & set(SECTIONS))
+    return found
+
+
+def test_each_section_checks_its_own_rules_and_config_only_those_across_sections():
+    """A rule between settings of one section is that section's `check`, beside its declarations;
+    p2pnode/config/checks.py keeps the rules that need two or more sections, and nothing else."""
+    assert all(issubclass(cls, Section) for cls in SECTIONS.values())
+    across = section_names_in_messages(ast.parse((ROOT / "p2pnode" / "config" / "checks.py").read_text()))
+    assert len(across) >= 5 and all(len(names) >= 2 for names in across), across
+    for name, cls in SECTIONS.items():
+        source = Path(inspect.getsourcefile(cls))
+        (declared,) = (n for n in ast.walk(ast.parse(source.read_text())) if getattr(n, "name", None) == cls.__name__)
+        methods = [node for node in declared.body if isinstance(node, ast.FunctionDef)]
+        for names in (names for method in methods for names in section_names_in_messages(method)):
+            assert names == {name}, f"{cls.__name__} reports a problem naming {sorted(names)}: a rule across sections"
+
+
+def test_a_section_checks_itself_without_a_file(tmp_path):
+    context = CheckContext(given=frozenset(), base=tmp_path, learns=False)
+    assert DiscoverySettings(ping_interval_s=3, peer_timeout_s=5).check(context) == [
+        "[discovery].peer_timeout_s: must exceed 2 × ping_interval_s (6), got 5"
+    ]
+    assert TransportSettings(reconnect_ivl_ms=1000, reconnect_ivl_max_ms=0).check(context) == []  # 0: no backoff
+    odd = AlgorithmSettings(name="local", inbox_frames=1, peer_inbox_frames=2)
+    assert odd.check(context) == []  # the learning rules: for a node that learns, by a loader that checks them
+    assert odd.check(dataclasses.replace(context, learns=True)) == [
+        "[algorithm].peer_inbox_frames: must not exceed [algorithm].inbox_frames (1), got 2: "
+        "it is one peer's share of that queue"
+    ]

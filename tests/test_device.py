@@ -25,8 +25,8 @@ from algorithms.models.device import CPU, DeviceError, placement, resolve_device
 from algorithms.registry import ALGORITHMS, apply_overrides, default_config, make_algorithm
 from p2pnode.config import ConfigError, load_config
 from p2pnode.learning.checkpoint import Checkpoint
-from testnet.exchange import Exchange, simulation_identity
-from testnet.simulator import SimulationSpec, run_simulation
+from testnet.simulation.exchange import Exchange, simulation_identity
+from testnet.simulation.simulator import SimulationSpec, run_simulation
 
 from .daemon import ANY_PORT, write_config
 

@@ -19,7 +19,7 @@ from algorithms.models.small import HEAD_KEY, SmallShare, encode_state
 from algorithms.registry import make_algorithm
 from algorithms.seam import NodeSetup, PayloadRejected
 from protocol.messages import MessageType, Model
-from testnet.simulator import SimulationSpec, run_simulation
+from testnet.simulation.simulator import SimulationSpec, run_simulation
 
 from .daemon import log_lines
 
@@ -180,8 +180,8 @@ def test_mapl_dual_distils_only_after_warm_up_and_reports_every_predictor(digits
 def test_a_digits_simulation_and_a_four_daemon_testnet_learn_the_same(tmp_path, algorithm, floor, backbones):
     """4 nodes on digits, heterogeneous backbones, simulated and as daemons: a learned graph over
     the two clusters, accuracy above the floor, and the same numbers both ways."""
-    from testnet.learning import run_learning_testnet
-    from testnet.report import CheckThresholds
+    from testnet.launch.learning import run_learning_testnet
+    from testnet.reporting.report import CheckThresholds
 
     spec = SimulationSpec(
         algorithm=algorithm,

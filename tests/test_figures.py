@@ -343,7 +343,7 @@ FIGURES: tuple[Figure, ...] = (
     Figure(
         "the bounded view for many nodes, and liveness when crowded",
         Place(
-            "testnet/discovery.py",
+            "testnet/launch/discovery.py",
             r'"active_view": (?P<active>\d+),\s*"max_peers": (?P<max>\d+),\s*'
             r'"ping_interval_s": (?P<ping>\d+)\.0,\s*"peer_timeout_s": (?P<timeout>\d+)\.0,',
         ),

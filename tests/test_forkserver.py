@@ -1,4 +1,4 @@
-"""testnet/forkserver.py: a daemon forked from the warm parent is what `python -m` would have
+"""testnet/launch/forkserver.py: a daemon forked from the warm parent is what `python -m` would have
 started, as the launcher sees it (exit codes, signals, waiting) and as the program sees itself
 (argv, its own process group, stdin, its log, fresh random seeds, default signal handlers)."""
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from testnet.forkserver import ForkServer
+from testnet.launch.forkserver import ForkServer
 
 PROGRAM = ("tests.forked_program",)
 

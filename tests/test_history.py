@@ -1,6 +1,6 @@
 """A deployed node's result (issue #28, item 2): the history file each daemon appends a record to
 per round (p2pnode/learning/history.py), the local baseline beside the collaborative model, and
-`p2pnode report` over the histories of a fleet (testnet/deployment.py)."""
+`p2pnode report` over the histories of a fleet (testnet/reporting/deployment.py)."""
 
 import csv
 import json

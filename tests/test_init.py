@@ -15,8 +15,8 @@ from p2pnode.config import load_config
 from p2pnode.operations.status import format_status
 from p2pnode.wire.keystore import load_key
 from p2pnode_cli import main
-from testnet.forkserver import ForkServer
-from testnet.placement import DAEMON, NodeSpec, read_status
+from testnet.launch.forkserver import ForkServer
+from testnet.launch.placement import DAEMON, NodeSpec, read_status
 
 from .test_own_data import write_digit_pngs
 
@@ -163,7 +163,7 @@ def test_a_fleet_rehearsal_is_what_its_configs_say_and_refuses_what_they_do_not(
     """`simulate --fleet DIR` reads the run from init's configs: node i the one with
     `[data].node_index = i`, each node's backbone, the settings; a flag that would say otherwise,
     or nodes that disagree on what one run shares, are usage errors naming what to change."""
-    from testnet.rehearsal import FleetRehearsalError, read_fleet
+    from testnet.simulation.rehearsal import FleetRehearsalError, read_fleet
 
     code, paths, err = init(
         capsys, "--nodes", "3", "--out", str(tmp_path / "f"), "--rounds", "9", "--set", "warmup_rounds=2"
@@ -213,7 +213,7 @@ def _free_ports(count: int) -> int:
 def run_fleet(directories, timeout_s: float = 90) -> list[dict]:
     """`p2pnode start` of each node directory's node.toml, until every node's learning is done;
     returns their statuses, after stopping them (each must exit 0). The daemons are forked from a
-    warm parent (testnet/forkserver.py: `python -m p2pnode_cli start --config …`, its imports
+    warm parent (testnet/launch/forkserver.py: `python -m p2pnode_cli start --config …`, its imports
     done once), as a local testnet's are."""
     specs = [NodeSpec(index, directory, {}) for index, directory in enumerate(directories)]
     server = ForkServer()

@@ -77,8 +77,39 @@ def test_importing_protocol_loads_no_torch_trio_or_zmq():
     assert result.stdout.strip() == "[]"
 
 
-RAY_MODULES = {Path("testnet/rayhosts.py"), Path("testnet/raynodes.py")}  # the engines' Ray sides
-RAY_PROBE = Path("testnet/optional.py")  # asks whether Ray is installed, importing it in a function
+# The rooms of testnet/ (testnet/__init__.py): each imports only those below it; a module at the
+# top of testnet/ (ray_extra.py) sits below every room.
+TESTNET_ROOMS = {"reporting": set(), "simulation": {"reporting"}, "launch": {"simulation", "reporting"}}
+
+
+def rooms_imported_by(path: Path) -> set[str]:
+    """The rooms of testnet/ a module of it imports (relative imports resolved; inside functions too)."""
+    package = path.relative_to(ROOT).with_suffix("").parts[:-1]
+    rooms = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else ()
+            names = [(*base, *(node.module.split(".") if node.module else ()), alias.name) for alias in node.names]
+        elif isinstance(node, ast.Import):
+            names = [tuple(alias.name.split(".")) for alias in node.names]
+        else:
+            continue
+        rooms.update(name[1] for name in names if name[0] == "testnet" and len(name) > 1 and name[1] in TESTNET_ROOMS)
+    return rooms
+
+
+def test_testnet_rooms_import_only_rooms_below():
+    assert {path.parent.name for path in files("testnet")} == {"testnet", *TESTNET_ROOMS}, "a room without a rule"
+    for path in files("testnet"):
+        room = path.parent.name
+        allowed = TESTNET_ROOMS.get(room, set()) | {room}
+        bad = rooms_imported_by(path) - allowed
+        assert not bad, f"{path.relative_to(ROOT)} imports testnet's {sorted(bad)}, not a room below {room}"
+    assert rooms_imported_by(ROOT / "testnet" / "launch" / "learning.py") == {"launch", "simulation", "reporting"}
+
+
+RAY_MODULES = {Path("testnet/simulation/rayhosts.py"), Path("testnet/launch/raynodes.py")}  # the engines' Ray sides
+RAY_PROBE = Path("testnet/ray_extra.py")  # asks whether Ray is installed, importing it in a function
 
 
 def test_ray_stays_optional_importing_every_module_loads_no_ray():

@@ -26,7 +26,7 @@ from algorithms.registry import (
 )
 from algorithms.seam import NeighbourView, NodeSetup, PayloadRejected
 from protocol.messages import Head, MessageType, Model, Ping, Prototypes
-from testnet.simulator import SimulationSpec, run_simulation
+from testnet.simulation.simulator import SimulationSpec, run_simulation
 
 
 def test_supervised_contrastive_on_a_hand_computed_case():

@@ -153,8 +153,8 @@ def same_keys(a: dict, b: dict, path: str = "") -> list[str]:
 
 def three_digits_daemons_one_slow(rounds: int, factor: float, **spec):
     """3 mapl-nocgl nodes on digits (the `mlp`, 10 images per class), one drawn `factor`× slower."""
-    from testnet.simulator import SimulationSpec
-    from testnet.spec import Slow
+    from testnet.simulation.simulator import SimulationSpec
+    from testnet.simulation.spec import Slow
 
     return SimulationSpec(
         algorithm="mapl-nocgl",
@@ -173,7 +173,7 @@ def async_run_with_a_slow_daemon(tmp_path_factory):
     """3 daemons, one drawn 20× slower (`testnet --slow`), under the async schedule: one run,
     read by the two tests below. Its spec, the slow node, report.json and each node's history."""
     from p2pnode.learning.rounds import Schedule
-    from testnet.learning import run_learning_testnet
+    from testnet.launch.learning import run_learning_testnet
 
     out = tmp_path_factory.mktemp("async-slow") / "net"
     schedule = Schedule(schedule="async", async_gather_s=0.05, overtime_rounds=12)
@@ -226,9 +226,9 @@ def same_records(spec, histories) -> None:
     """One round engine (p2pnode/learning/engine.py) builds every record: the daemons' and the simulator's
     have the same fields, all filled in, and agree on what the round was (node i of the testnet
     against node i of the simulation, round by round)."""
-    from testnet.engines import INLINE, open_hosts
-    from testnet.exchange import simulation_identity
-    from testnet.simulator import timeline
+    from testnet.simulation.exchange import simulation_identity
+    from testnet.simulation.hosting import INLINE, open_hosts
+    from testnet.simulation.simulator import timeline
 
     ids = [simulation_identity(spec.seed, i).node_id for i in range(spec.nodes)]
     with open_hosts(spec, INLINE) as hosts:
@@ -264,9 +264,9 @@ def test_a_late_joiner_is_picked_up(tmp_path):
     none (a fresh node has lost no time: what its peers say is no ground for a skip, issue #43),
     and the others learn from it. (Killed and resumed daemons: tests/test_churn.py's learning
     run.)"""
-    from testnet.cluster import Cluster
-    from testnet.learning import DISCOVERY, node_settings
-    from testnet.simulator import SimulationSpec
+    from testnet.launch.cluster import Cluster
+    from testnet.launch.learning import DISCOVERY, node_settings
+    from testnet.simulation.simulator import SimulationSpec
 
     # Tens of milliseconds each: far more than the test waits for (it stops them sooner). 600 ran
     # out once in a loaded suite: the two first daemons finished while the third was still loading.

@@ -17,7 +17,7 @@ import pytest
 
 from p2pnode.wire.keystore import write_key
 from protocol import Identity
-from testnet.cluster import Cluster, NodeSpec
+from testnet.launch.cluster import Cluster, NodeSpec
 
 from .daemon import write_config
 from .test_processes import peer_ids, wait_for

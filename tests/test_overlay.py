@@ -132,7 +132,7 @@ def test_the_passive_view_is_bounded(passive_view):
 def test_a_crowded_testnet_chooses_the_settings_that_hold_unless_told_otherwise():
     """Issue #28: past CROWDED_PER_CORE daemons per core the testnet's daemons get the bounded
     view, slow liveness and memory poll the 100-daemon benchmark held with; a setting given wins."""
-    from testnet.discovery import CROWDED, CROWDED_PER_CORE, crowded_settings
+    from testnet.launch.discovery import CROWDED, CROWDED_PER_CORE, crowded_settings
 
     few = CROWDED_PER_CORE * 2
     assert crowded_settings(few, {"discovery": {"active_view": 4}}, cores=2) == ({"discovery": {"active_view": 4}}, {})

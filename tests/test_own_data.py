@@ -319,8 +319,8 @@ def test_three_daemons_learn_from_their_own_folders_of_digit_pngs(tmp_path):
     `[data] path`: every round completes with both peers' payloads, and each node predicts its
     own test images far above chance. All rounds but the last are MAPL's warm-up (all-to-all),
     so what is checked is the exchange, not which neighbours its graph learning picks."""
-    from testnet.cluster import Cluster
-    from testnet.learning import DISCOVERY
+    from testnet.launch.cluster import Cluster
+    from testnet.launch.learning import DISCOVERY
 
     subsets = ((0, 1, 2, 3), (3, 4, 5, 6), (6, 7, 8, 9))
     rounds = 5

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from testnet.discovery import run_discovery_testnet
+from testnet.launch.discovery import run_discovery_testnet
 
 from .test_learning_daemon import same_keys
 from .test_netns import _ip, _namespaces_work
@@ -39,7 +39,8 @@ needs_ray = pytest.mark.skipif(ray is None, reason="needs Ray: pip install '.[ra
 
 def test_importing_the_daemon_and_the_testnet_loads_no_ray():
     code = (
-        "import sys, p2pnode_cli, testnet.cluster, testnet.discovery, testnet.learning, testnet.choose_placement; "
+        "import sys, p2pnode_cli, testnet.launch.cluster, testnet.launch.discovery, testnet.launch.learning, "
+        "testnet.launch.choose_placement; "
         "print('ray' in sys.modules)"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
@@ -82,7 +83,7 @@ def test_a_ray_address_where_nothing_answers_fails_at_once_naming_it(tmp_path):
 def local_ray():
     """One local Ray instance for the module (about 5 s to start on an idle machine), shipping
     this checkout's code to its workers as `p2pnode testnet --engine ray` does."""
-    from testnet.raynodes import code
+    from testnet.launch.raynodes import code
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env=code())
     yield ray.nodes()[0]["NodeManagerAddress"]
@@ -90,7 +91,7 @@ def local_ray():
 
 
 def _placement():
-    from testnet.raynodes import RayPlacement
+    from testnet.launch.raynodes import RayPlacement
 
     return RayPlacement.connect(None, progress=io.StringIO())  # joins the module's Ray
 
@@ -128,9 +129,9 @@ def test_a_discovery_testnet_on_ray_reaches_full_mesh_with_the_local_reports_sha
 
 @needs_ray
 def test_a_learning_testnet_on_ray_finishes_with_check(tmp_path, local_ray):
-    from testnet.learning import run_learning_testnet
-    from testnet.report import CheckThresholds
-    from testnet.simulator import SimulationSpec, run_simulation
+    from testnet.launch.learning import run_learning_testnet
+    from testnet.reporting.report import CheckThresholds
+    from testnet.simulation.simulator import SimulationSpec, run_simulation
 
     spec = SimulationSpec(
         algorithm="mapl",
@@ -159,7 +160,7 @@ def test_a_learning_testnet_on_ray_finishes_with_check(tmp_path, local_ray):
 
 @needs_ray
 def test_churn_restarts_a_daemon_on_its_ray_node(tmp_path, local_ray):
-    from testnet.churn import ChurnSpec
+    from testnet.launch.churn import ChurnSpec
 
     with _placement() as placement:
         code, report = run_discovery_testnet(
@@ -181,8 +182,8 @@ def test_churn_restarts_a_daemon_on_its_ray_node(tmp_path, local_ray):
 def test_a_lost_launcher_takes_its_daemons_with_it_and_they_count_as_exited(tmp_path, local_ray):
     """The actor's process dies (killed as a lost Ray node would lose it): its daemons get
     SIGTERM from PR_SET_PDEATHSIG, nothing is left running, and the launcher reports them lost."""
-    from testnet.cluster import Cluster
-    from testnet.raynodes import LOST
+    from testnet.launch.cluster import Cluster
+    from testnet.launch.raynodes import LOST
 
     with _placement() as placement, Cluster.prepare(tmp_path, 2, placement=placement) as cluster:
         cluster.start_all()
@@ -299,7 +300,7 @@ def test_daemons_on_two_ray_hosts_reach_full_mesh_over_tcp(tmp_path, ray_on_two_
 
 @needs_ray
 def test_daemons_are_spread_over_ray_nodes_in_proportion_to_their_cpus():
-    from testnet.raynodes import next_node
+    from testnet.launch.raynodes import next_node
 
     def spread(cpus: list[float], daemons: int) -> list[int]:
         load = [0] * len(cpus)

@@ -232,7 +232,7 @@ def _spec(command: str):
 def test_the_mapl_testnet_matches_the_simulator_on_the_same_options(ran):
     """The README's 4 MAPL daemons beside its simulation of them: the report has the simulator's
     schema and numbers, and one round engine made both sides' records."""
-    from testnet.summary import summary_page
+    from testnet.reporting.summary import summary_page
 
     from .test_learning_daemon import same_keys, same_records
 

@@ -5,8 +5,8 @@ import pytest
 
 from algorithms.graphs.graph import adjusted_rand_index, communities
 from p2pnode.learning.rounds import right_bits
-from testnet.intervals import wilson
-from testnet.report import CheckThresholds, Truth, assemble, attach_baselines, check, summary_line
+from testnet.reporting.intervals import wilson
+from testnet.reporting.report import CheckThresholds, Truth, assemble, attach_baselines, check, summary_line
 
 from .test_rounds import record
 
@@ -201,7 +201,7 @@ def test_baselines_go_beside_the_run_with_a_paired_interval():
 def test_without_a_truth_the_figures_measured_against_it_are_null_and_the_page_says_so(tmp_path):
     """A deployment on its own data knows no W* nor clusters: those figures are null, not made
     up, and report.md and graph.png are drawn from the learned W alone."""
-    from testnet.report import summary_line, write_report
+    from testnet.reporting.report import summary_line, write_report
 
     records = [record(node, r, weights={node: 0.6, IDS[i ^ 1]: 0.4}) for r in range(2) for i, node in enumerate(IDS)]
     header = {
@@ -236,7 +236,7 @@ def test_without_a_truth_the_figures_measured_against_it_are_null_and_the_page_s
 
 
 def test_the_default_timeout_grows_with_daemons_per_core_and_a_run_that_hits_it_says_so():
-    from testnet.learning import _watch, default_timeout_s
+    from testnet.launch.learning import _watch, default_timeout_s
 
     assert default_timeout_s(4, 8, 5.0, cores=2) == 180 + 10 + 8 * 10  # few daemons: as before, plus loading
     assert default_timeout_s(20, 30, 5.0, cores=2) == 180 + 50 + 30 * 10 * 2  # twice the daemons the cores step
@@ -270,10 +270,10 @@ def test_the_default_timeout_grows_with_daemons_per_core_and_a_run_that_hits_it_
 
 
 def test_a_pooled_interval_takes_the_run_as_its_unit():
-    """testnet/intervals.py `runs_bootstrap`: nodes of one run share its luck. Three runs whose
+    """testnet/reporting/intervals.py `runs_bootstrap`: nodes of one run share its luck. Three runs whose
     nodes agree within each run, the runs apart: the interval spans the runs' spread, far wider
     than a bootstrap over the 12 nodes as if independent."""
-    from testnet.intervals import paired_bootstrap, runs_bootstrap
+    from testnet.reporting.intervals import paired_bootstrap, runs_bootstrap
 
     runs = [[0.01] * 4, [0.05] * 4, [-0.03] * 4]
     mean, low, high = runs_bootstrap(runs)

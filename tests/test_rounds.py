@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from p2pnode.learning.engine import RoundEngine, Timings
+from p2pnode.learning.engine import ROUND, Command, RoundEngine, RoundOrderError, Timings
 from p2pnode.learning.rounds import (
     DUPLICATE_PAYLOAD,
     INBOX_FULL,
@@ -338,6 +338,9 @@ class Scripted:
     def receive(self, peer, round, body, frame):
         self.received.append((peer, round, body))
 
+    def respond(self):
+        return []
+
     def end_round(self, round):
         pass
 
@@ -366,6 +369,7 @@ def test_the_engine_runs_a_round_and_builds_its_record_from_what_the_driver_hand
     assert engine.offer("b", 0, Payload(MODEL, "model")) == UNEXPECTED_TYPE  # it takes prototypes only
     engine.begin(0)
     engine.step(0)
+    assert engine.deliver() == [] and engine.respond() == []  # nothing came during the step
     for out in engine.publish(0):
         engine.published(engine.tag(out, 0), out, ("b",), 7)  # c could not be reached
     assert engine.expect(0) == {"b", "c"}
@@ -376,6 +380,8 @@ def test_the_engine_runs_a_round_and_builds_its_record_from_what_the_driver_hand
     assert engine.deliver() == [] and algorithm.received == [("b", 0, "from b")]
     assert engine.close_gather() == {"b"}
     assert engine.offer("c", 0, Payload(PROTOTYPES, "late")) is None  # queued, but the gather is over
+    assert engine.deliver() == [] and engine.respond() == []  # handed over before the round ends
+    assert algorithm.received[-1] == ("c", 0, "late")
     engine.end_round(0)
     sent = {PROTOTYPES: (1, 120, 100)}
     record = engine.record(Evaluation(3, 4, 4, 0.5), Timings(0.123456, 2.5, 2.75, 42.000012), sent)
@@ -456,3 +462,65 @@ async def test_an_emulated_slow_device_lasts_slowdown_times_the_cpu_time_not_the
     assert await computation(0.5, 1.5, 4) == pytest.approx(2.0)  # crowded: the same 2 s, not 4 × 1.5
     assert await computation(0.5, 3.0, 4) == pytest.approx(3.0)  # it took longer already: no more
     assert await computation(0.5, 0.5, 1) == pytest.approx(0.5)  # not emulating: never waits
+
+
+def drive(engine: RoundEngine, arrive: list[str]) -> list[Command]:
+    """Run `engine` to its end by its commands alone, as a driver does: each round the peers in
+    `arrive` send their prototypes during the gather, which lasts one simulated second."""
+    from algorithms.seam import Evaluation
+
+    carried_out, now = [], 0.0
+    while (command := engine.next_command()) is not Command.DONE:
+        carried_out.append(command)
+        r = engine.round
+        if command is Command.BEGIN:
+            engine.begin(r)
+        elif command is Command.STEP:
+            engine.step(r)
+        elif command is Command.DELIVER:
+            engine.deliver()
+            engine.respond()
+        elif command is Command.PUBLISH:
+            for out in engine.publish(r):
+                engine.published(engine.tag(out, r), out, out.to, 1)
+        elif command is Command.GATHER:
+            engine.expect(r)
+            gather = engine.gather(now, quorum=1.0, deadline_s=1.0, grace_s=0.0)
+            for peer in arrive:
+                engine.offer(peer, r, Payload(PROTOTYPES, f"{peer} {r}"))
+            engine.deliver()
+            now += 1.0
+            assert engine.gather_finished(gather, now)
+            engine.close_gather()
+        elif command is Command.END_ROUND:
+            engine.end_round(r)
+        elif command is Command.RECORD:
+            engine.record(Evaluation(1, 2), Timings(0.1, 1.0, 1.2, now), {})
+        else:
+            engine.next_round({"b", "c"})
+    return carried_out
+
+
+def test_a_run_is_driven_by_the_engines_commands_alone_and_a_call_out_of_order_raises():
+    engine, algorithm = RoundEngine(state(rounds=3, waits_for=frozenset())), Scripted()
+    engine.attach(algorithm)
+    assert engine.next_command() is Command.BEGIN
+    with pytest.raises(RoundOrderError, match="step called in round 0 while the round waits for begin"):
+        engine.step(0)
+    assert drive(engine, ["b", "c"]) == list(ROUND) * 3
+    assert [(record.round, record.arrived) for record in engine.state.history] == [(0, 2), (1, 2), (2, 2)]
+    assert algorithm.received == [(peer, r, f"{peer} {r}") for r in range(3) for peer in ("b", "c")]
+    assert engine.next_command() is Command.DONE
+    with pytest.raises(RoundOrderError, match="begin called in round 3 while the round waits for done"):
+        engine.begin(3)
+    # Mid-round, every call but the one due raises: here the round waits for its gather.
+    engine = RoundEngine(state(rounds=3, waits_for=frozenset()))
+    engine.attach(Scripted())
+    engine.begin(0)
+    engine.step(0)
+    engine.deliver()
+    engine.respond()
+    engine.publish(0)
+    for wrong in (lambda: engine.end_round(0), lambda: engine.publish(0), lambda: engine.next_round(set())):
+        with pytest.raises(RoundOrderError, match="while the round waits for gather"):
+            wrong()

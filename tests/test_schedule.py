@@ -9,15 +9,15 @@ import pytest
 
 from algorithms.graphs.collaboration import InNeighbourhood, UniformGraph
 from algorithms.seam import NeighbourView, Staleness
-from p2pnode.learning.engine import RoundEngine
+from p2pnode.learning.engine import RoundEngine, Timings
 from p2pnode.learning.rounds import ASYNC, AdaptiveDeadline, Progress, RoundState, Schedule
 from p2pnode.learning.settings import AlgorithmSettings
 from protocol import MessageType
 from protocol.messages import Prototypes
-from testnet.engines import INLINE, open_hosts
-from testnet.exchange import simulation_identity
-from testnet.simulator import SimulationSpec, run_simulation, timeline
-from testnet.spec import Slow
+from testnet.simulation.exchange import simulation_identity
+from testnet.simulation.hosting import INLINE, open_hosts
+from testnet.simulation.simulator import SimulationSpec, run_simulation, timeline
+from testnet.simulation.spec import Slow
 
 PROTOTYPES = MessageType.PROTOTYPES
 ASYNC_SCHEDULE = Schedule(schedule=ASYNC, async_gather_s=0.05, staleness_decay=0.5, max_staleness=4)
@@ -69,27 +69,47 @@ def test_the_adaptive_deadline_keeps_its_bounds():
     assert deadlines.expected_delay_s("b") is None and deadlines.deadline_s({"b"}, fixed_s=30) == 30
 
 
+def up_to_the_gather(engine: RoundEngine, round: int) -> None:
+    """The round's commands before its gather (engine.py's ROUND)."""
+    engine.begin(round)
+    engine.step(round)
+    engine.deliver()
+    engine.respond()
+    engine.publish(round)
+    engine.expect(round)
+
+
+def after_the_gather(engine: RoundEngine, peers: set[str]) -> None:
+    """The round's commands from the gather's close on, and the choice of the next round."""
+    from algorithms.seam import Evaluation
+
+    engine.close_gather()
+    engine.deliver()
+    engine.respond()
+    engine.end_round(engine.round)
+    engine.record(Evaluation(1, 1), Timings(0.0, 0.0, 0.0, 0.0), {})
+    engine.next_round(peers)
+
+
 def test_an_adaptive_engine_learns_each_peers_delay_from_its_gathers():
     engine = RoundEngine(round_state(), Schedule(deadline="adaptive", deadline_mads=1.0, deadline_min_s=0.1))
     engine.attach(Listener())
     for round, delay in enumerate([2.0, 2.0, 2.0, 3.0]):
-        engine.begin(round)
-        engine.expect(round)
+        up_to_the_gather(engine, round)
         gather = engine.gather(100.0 * round, quorum=1.0, deadline_s=30, grace_s=2)
         # three rounds of delays before it: the fixed deadline, then median 2 + 1 × MAD 0
         assert gather.deadline - 100.0 * round == (30 if round < 3 else 2.0)
         engine.offer("b", round, Envelope(PROTOTYPES))
         assert engine.gather_finished(gather, 100.0 * round + delay)
-        engine.close_gather()
-        engine.state.completed = round + 1
+        after_the_gather(engine, {"b"})
+        assert engine.round == round + 1
     assert list(engine.deadlines._delays["b"]) == [2.0, 2.0, 2.0, 3.0]
 
 
 def test_an_async_engine_gathers_briefly_takes_any_round_and_never_catches_up():
     engine = RoundEngine(round_state(), ASYNC_SCHEDULE)
     engine.attach(Listener())
-    engine.begin(0)
-    engine.expect(0)
+    up_to_the_gather(engine, 0)
     assert engine.gather(10.0, quorum=1.0, deadline_s=30, grace_s=2).deadline == pytest.approx(10.05)
     for peer in ("b", "c"):
         assert engine.offer(peer, 9, Envelope(PROTOTYPES)) is None  # far ahead: taken all the same
@@ -97,8 +117,8 @@ def test_an_async_engine_gathers_briefly_takes_any_round_and_never_catches_up():
     engine.deliver()
     assert engine.algorithm.received == [("b", 9), ("c", 9)] and engine.state.queued == 0
     assert engine.state.superseded == 1
-    engine.state.completed = 1
-    assert engine.next_round({"b", "c"}) == 1  # both peers far ahead: sync would jump to round 9
+    after_the_gather(engine, {"b", "c"})
+    assert engine.round == 1  # both peers far ahead: sync would jump to round 9
 
 
 def test_progress_reads_each_peers_pace_from_its_payloads_and_tells_a_silent_one():
@@ -128,14 +148,15 @@ def test_async_overtime_waits_for_a_slower_neighbour_not_for_a_faster_one_that_f
         engine = RoundEngine(round_state(), Schedule(schedule=ASYNC, max_staleness=40, overtime_rounds=40))
         engine.attach(Weighing(set(sent)))
         for ours in range(20):
-            engine.begin(ours)
+            up_to_the_gather(engine, ours)
+            engine.gather(float(ours), quorum=1.0, deadline_s=1.0, grace_s=0.0)
             for peer, rounds in sent.items():
                 for theirs, during in rounds:
                     if during == ours:
                         engine.offer(peer, theirs, Envelope(PROTOTYPES))
             engine.deliver()
-            engine.state.completed = ours + 1
-        engine.next_round(set(sent))
+            after_the_gather(engine, set(sent))
+            assert engine.round == ours + 1  # async: never a catch-up
         return engine.done()
 
     slower = [(theirs, 5 * theirs) for theirs in range(4)]  # rounds 0-3, the last during our 15
@@ -301,6 +322,20 @@ class Listener:
 
     def set_staleness(self, staleness):
         self.staleness = staleness
+
+    def local_step(self, round):
+        from algorithms.seam import LocalReport
+
+        return LocalReport(loss=0.0)
+
+    def publish(self, round):
+        return []
+
+    def respond(self):
+        return []
+
+    def end_round(self, round):
+        pass
 
     def expected(self, round):
         return ("b",)

@@ -25,7 +25,7 @@ from algorithms.registry import make_algorithm
 from algorithms.seam import Frame, NodeSetup, PayloadRejected
 from protocol.identity import Identity
 from protocol.messages import Model, Score
-from testnet.simulator import SimulationSpec, run_simulation
+from testnet.simulation.simulator import SimulationSpec, run_simulation
 
 
 def logistic(x):

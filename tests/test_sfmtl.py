@@ -25,7 +25,7 @@ from algorithms.methods.sfmtl import (
 from algorithms.registry import ConfigOverrideError, apply_overrides, default_config
 from algorithms.seam import NodeSetup, PayloadRejected
 from protocol.messages import Head, Model, Prototypes
-from testnet.simulator import SimulationSpec, run_simulation
+from testnet.simulation.simulator import SimulationSpec, run_simulation
 
 from .test_learning_daemon import same_keys
 
@@ -230,8 +230,8 @@ def test_simulation_on_digits_finds_the_two_clusters_and_learns():
 
 def test_testnet_learns_and_matches_the_simulator(tmp_path):
     """4 daemons on digits: the simulator's communities, accuracy and traffic, over real sockets."""
-    from testnet.learning import run_learning_testnet
-    from testnet.report import CheckThresholds
+    from testnet.launch.learning import run_learning_testnet
+    from testnet.reporting.report import CheckThresholds
 
     spec = digits_spec()
     code, report = run_learning_testnet(

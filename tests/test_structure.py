@@ -89,7 +89,7 @@ def test_a_runs_partition_is_put_together_in_one_place():
     algorithms/data/setup.py:scenario_of builds it from either, so daemon i and simulated node i
     are dealt the same data."""
     assert set(calls_of("PartitionSpec")) == {"algorithms/data/setup.py"}
-    assert set(calls_of("scenario_of")) == {"p2pnode/learning/algorithm.py", "testnet/spec.py"}
+    assert set(calls_of("scenario_of")) == {"p2pnode/learning/algorithm.py", "testnet/simulation/spec.py"}
 
 
 def test_the_algorithms_are_listed_once():

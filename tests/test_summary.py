@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from p2pnode.learning.rounds import right_bits, right_from_bits
-from testnet.intervals import SMALL_FLEET, images_bootstrap, paired_bootstrap, paired_difference, wilson
-from testnet.plots import PLOTS
-from testnet.provenance import PACKAGES, git_state, provenance
+from testnet.reporting.intervals import SMALL_FLEET, images_bootstrap, paired_bootstrap, paired_difference, wilson
+from testnet.reporting.plots import PLOTS
+from testnet.reporting.provenance import PACKAGES, git_state, provenance
 
 
 def test_wilson_against_hand_computed_values():

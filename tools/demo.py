@@ -23,12 +23,12 @@ import time
 from pathlib import Path
 
 from algorithms.catalog import BASELINES
-from testnet.engines import default_engine
-from testnet.learning import run_learning_testnet
-from testnet.progress import RoundProgress
-from testnet.report import CheckThresholds, attach_baselines, summary_line, write_report
-from testnet.simulator import SimulationSpec, run_baselines
-from testnet.summary import difference_text, methods_table, per_node_table
+from testnet.launch.learning import run_learning_testnet
+from testnet.reporting.report import CheckThresholds, attach_baselines, summary_line, write_report
+from testnet.reporting.summary import difference_text, methods_table, per_node_table
+from testnet.simulation.hosting import default_engine
+from testnet.simulation.progress import RoundProgress
+from testnet.simulation.simulator import SimulationSpec, run_baselines
 from tools.bench.results import capture, save
 
 # Seed 0 chose MAPL-Dual's defaults; the demo's figures come from a seed nothing was chosen on

@@ -3,9 +3,10 @@
 Each setting is declared once, as a dataclass field with its kind, default and documentation
 (the framework: p2pnode/options.py), in the section of the part it configures: [node] in
 sections.py, the others in `wire/`, `discovery/`, `learning/` and `operations/` (each a
-`settings.py`). This package puts the sections together (sections.py), loads a file (loading.py)
-and runs the checks across sections (checks.py); every problem names its field
-(`[discovery].max_peers: ...`); all problems are reported at once."""
+`settings.py`), and so is each rule between settings of one section (the section's `check`).
+This package puts the sections together (sections.py), loads a file (loading.py) and runs the
+sections' rules and the rules that need two or more sections (checks.py); every problem names its
+field (`[discovery].max_peers: ...`); all problems are reported at once."""
 
 from ..options import ConfigError
 from .loading import load_config, reference_markdown

@@ -1,5 +1,6 @@
-"""Loading a configuration file: every section parsed by its declarations, then the checks across
-sections; and the settings reference of docs/config.md, generated from the same declarations."""
+"""Loading a configuration file: every section parsed by its declarations, then each section's own
+rules and the rules across sections (checks.py); and the settings reference of docs/config.md,
+generated from the same declarations."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from ..options import (
     unknown_key,
 )
 from ..wire.keystore import KeyFileError, load_key
-from .checks import cross_checks, own_data_checks
+from .checks import check_config
 from .sections import SECTIONS, Config
 
 # Settings that existed once, and why they do not any more: a config naming one is told so.
@@ -56,7 +57,7 @@ def load_config(path: str | Path, *, load_identity: bool = True, check_learning:
     if problems:
         raise ConfigError(source, problems)
     config = Config(source=path, **sections)
-    problems = cross_checks(config, check_learning) + own_data_checks(config, raw.get("data", {}), check_learning)
+    problems = check_config(config, raw, base, check_learning)
     identity = None
     if load_identity:
         try:

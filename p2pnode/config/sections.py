@@ -1,28 +1,31 @@
-"""The sections of a configuration put together: `[node]`, declared here, and the others from the
-parts they configure; `Config`, what a loaded file gives."""
+"""The sections of a configuration put together: `[node]`, declared here with its rules, and the
+others from the parts they configure; `Config`, what a loaded file gives."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from protocol import Identity
+from protocol import Identity, check_network_id
 
 from ..discovery.settings import BeaconSettings, DiscoverySettings
 from ..learning.settings import AlgorithmSettings, DataSettings, ModelSettings
 from ..operations.settings import LogSettings, MetricsSettings
 from ..options import (
+    CheckContext,
     Endpoint,
     FilePath,
     Integer,
     ListOf,
     Number,
+    Section,
     Text,
     option,
 )
 from ..wire.settings import LimitSettings, SecuritySettings, TransportSettings
 
 CONTROL_SOCKET_NAME = "control.sock"
+_MAX_UNIX_SOCKET_PATH = 107  # sun_path is 108 bytes on Linux, one for the terminating NUL
 
 
 # --- sections -------------------------------------------------------------------------------
@@ -31,7 +34,7 @@ _TOKEN = r"[a-z0-9][a-z0-9._:-]{0,63}"
 
 
 @dataclass(frozen=True, kw_only=True)
-class NodeSettings:
+class NodeSettings(Section):
     key: Path = option(FilePath(), doc="Ed25519 key file of this node (`p2pnode keygen --out PATH`), mode 0600")
     data_dir: Path = option(
         FilePath(),
@@ -117,8 +120,31 @@ class NodeSettings:
         Integer(8, 4096), 512, "largest width or height of an image a peer asks about (a PNG; larger: `ask_bad_image`)"
     )
 
+    @property
+    def control_socket(self) -> Path:
+        return self.data_dir / CONTROL_SOCKET_NAME
 
-SECTIONS: dict[str, type] = {
+    def check(self, context: CheckContext) -> list[str]:
+        problems = []
+        if self.advertise is None and self.listen.startswith(("tcp://*:", "tcp://0.0.0.0:", "tcp://[::]:")):
+            problems.append(
+                "[node].advertise: required when listen binds all "
+                f"interfaces ({self.listen}): say how peers reach this node"
+            )
+        socket_path = str(self.control_socket)
+        if len(socket_path.encode()) > _MAX_UNIX_SOCKET_PATH:
+            problems.append(
+                "[node].data_dir: path too long for the control socket "
+                f"({socket_path!r} has more than {_MAX_UNIX_SOCKET_PATH} bytes)"
+            )
+        try:
+            check_network_id(self.network)
+        except ValueError as exc:
+            problems.append(f"[node].network: {exc}")
+        return problems
+
+
+SECTIONS: dict[str, type[Section]] = {
     "node": NodeSettings,
     "discovery": DiscoverySettings,
     "beacon": BeaconSettings,
@@ -151,7 +177,4 @@ class Config:
 
     @property
     def control_socket(self) -> Path:
-        return self.node.data_dir / CONTROL_SOCKET_NAME
-
-
-# --- loading --------------------------------------------------------------------------------
+        return self.node.control_socket

@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 
-from ..options import BootstrapEntry, Flag, Integer, ListOf, Network, Number, Text, option, split_bootstrap
+from protocol.curve import curve_public_from_ed25519
+
+from ..options import (
+    BootstrapEntry,
+    CheckContext,
+    Flag,
+    Integer,
+    ListOf,
+    Network,
+    Number,
+    Section,
+    Text,
+    option,
+    split_bootstrap,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
-class DiscoverySettings:
+class DiscoverySettings(Section):
     bootstrap: tuple[str, ...] = option(
         ListOf(BootstrapEntry(), 256),
         (),
@@ -81,13 +96,36 @@ class DiscoverySettings:
         "networks the two subnet limits do not apply to (loopback: every node there is this host)",
     )
 
+    def check(self, context: CheckContext) -> list[str]:
+        problems = []
+        if self.peer_timeout_s <= 2 * self.ping_interval_s:
+            problems.append(
+                "[discovery].peer_timeout_s: must exceed 2 × ping_interval_s "
+                f"({2 * self.ping_interval_s:g}), got {self.peer_timeout_s:g}"
+            )
+        if self.hello_max_age_s <= self.hello_refresh_s:
+            problems.append(
+                "[discovery].hello_max_age_s: must exceed hello_refresh_s "
+                f"({self.hello_refresh_s:g}), got {self.hello_max_age_s:g}"
+            )
+        if self.dial_retry_max_s < self.dial_retry_initial_s:
+            problems.append("[discovery].dial_retry_max_s: must not be below dial_retry_initial_s")
+        for index, (_, key) in enumerate(self.bootstrap_peers(), start=1):
+            if key is None:
+                continue  # whether it needs one: config/checks.py, with [security].curve
+            try:  # CURVE's server key, to dial the peer, is derived from its Ed25519 key
+                curve_public_from_ed25519(key)
+            except ValueError as exc:
+                problems.append(f"[discovery].bootstrap: entry {index}: {exc}")
+        return problems
+
     def bootstrap_peers(self) -> tuple[tuple[str, bytes | None], ...]:
         """Each bootstrap entry's address, and its peer's Ed25519 key where the entry names one."""
         return tuple(split_bootstrap(entry) for entry in self.bootstrap)
 
 
 @dataclass(frozen=True, kw_only=True)
-class BeaconSettings:
+class BeaconSettings(Section):
     enabled: bool = option(
         Flag(), False, "announce and discover nodes on the LAN by UDP multicast (for nodes without bootstrap peers)"
     )
@@ -98,3 +136,16 @@ class BeaconSettings:
     )
     interval_s: float = option(Number(0.1, 3600), 5.0, "send a beacon this often")
     ttl: int = option(Integer(0, 255), 1, "multicast TTL; 1 keeps beacons on the local network")
+
+    def check(self, context: CheckContext) -> list[str]:
+        problems = []
+        try:
+            if not ipaddress.IPv4Address(self.group).is_multicast:
+                problems.append(f"[beacon].group: {self.group} is not a multicast address (224.0.0.0/4)")
+        except ValueError:
+            problems.append(f"[beacon].group: {self.group!r} is not an IPv4 address")
+        try:
+            ipaddress.IPv4Address(self.interface)
+        except ValueError:
+            problems.append(f"[beacon].interface: {self.interface!r} is not an IPv4 address")
+        return problems

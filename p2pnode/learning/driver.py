@@ -35,7 +35,7 @@ from ..files import describe_os_error
 from ..memory import trim_now
 from .algorithm import LearningSetupError, build_local_baseline
 from .checkpoint import Checkpoint, CheckpointError, HeldOut
-from .engine import RoundEngine, Timings, round_state, seconds
+from .engine import Command, RoundEngine, Timings, round_state, seconds
 from .history import HistoryFile
 from .rounds import ROUND_AHEAD, RoundRecord, Schedule, right_bits
 
@@ -83,6 +83,17 @@ class Network:
     excluded: Callable[[], Mapping[str, str]] = dict  # ready peers that are not learning peers: node id → why
 
 
+@dataclass
+class _RoundTimes:
+    """When the round in progress began, its local step ended, its gather closed (the trio
+    clock), and when its end began (the clock and CPU seconds: `paced`)."""
+
+    started: float
+    stepped: float = 0.0
+    gathered: float = 0.0
+    ending: Began | None = None
+
+
 @dataclass(frozen=True)
 class Began:
     """When a computation of the round began: on the trio clock and in CPU seconds of this process."""
@@ -105,6 +116,16 @@ async def paced(slowdown: float, began: Began) -> None:
     and a computation that already took longer is not stretched again. 1: no pacing."""
     if slowdown > 1:
         await trio.sleep_until(began.at + slowdown * (time.process_time() - began.cpu_s))
+
+
+def _age_s(path: Path) -> float:
+    """How long ago `path` (the checkpoint) was written, by the wall clock (the monotonic one
+    starts again with the process): the time this node was down, and the one ground on which it
+    may skip the rounds its peers ran meanwhile (`RoundState.next_round`)."""
+    try:
+        return max(0.0, time.time() - path.stat().st_mtime)
+    except OSError:
+        return 0.0
 
 
 class RoundDriver:
@@ -148,6 +169,7 @@ class RoundDriver:
         # ahead alone would find nobody to wait for in the rounds after.
         self._start_deadline = -math.inf
         self._learning_started: float | None = None  # its first round's start: records' `ended_at` count from it
+        self._times = _RoundTimes(0.0)  # the round in progress's
 
     @property
     def round(self) -> int:
@@ -165,13 +187,6 @@ class RoundDriver:
         else:
             self._last_payload[envelope.sender_id] = (trio.current_time(), envelope.round)
             self._arrival.set()
-
-    async def _refresh(self) -> None:
-        """Tell the algorithm who its peers are now, then deliver and answer."""
-        peers = self.network.peers()
-        self.algorithm.set_peers(peers)
-        self._last_payload = {peer: seen for peer, seen in self._last_payload.items() if peer in peers}  # bounded
-        await self._deliver_and_answer()
 
     async def _deliver_and_answer(self) -> None:
         """Hand over the queued payloads of this round or earlier (never during a worker-thread
@@ -215,13 +230,21 @@ class RoundDriver:
         self._resume()
         await self._history_start()
         try:
-            if not self.state.done:  # a finished run restarted is done, not waiting for anyone
+            if self.engine.next_command() is not Command.DONE:  # a finished run restarted waits for nobody
                 await self._wait_for_peers()
-                while True:
-                    await self._one_round(self.state.round)
-                    self.engine.next_round(self.network.peers())
-                    if self.engine.done():  # its rounds, and async its overtime (RoundEngine.done)
-                        break
+            # The engine says what comes next (engine.py: the round, in order); this carries it out.
+            carry_out: dict[Command, Callable[[int], Awaitable[None]]] = {
+                Command.BEGIN: self._begin,
+                Command.STEP: self._step,
+                Command.DELIVER: self._deliver,
+                Command.PUBLISH: self._publish,
+                Command.GATHER: self._gather,
+                Command.END_ROUND: self._end_round,
+                Command.RECORD: self._record,
+                Command.NEXT: self._next,
+            }
+            while (command := self.engine.next_command()) is not Command.DONE:
+                await carry_out[command](self.engine.round)
         except Exception as exc:
             self.phase = f"failed: {type(exc).__name__}: {exc}"
             log.exception("learning stopped in round %d", self.state.round)
@@ -236,40 +259,45 @@ class RoundDriver:
             while len(self.network.peers()) < self.settings.start_peers:
                 await trio.sleep(0.05)
 
-    async def _one_round(self, round: int) -> None:
-        engine = self.engine
-        started = trio.current_time()
+    async def _begin(self, round: int) -> None:
+        self._times = _RoundTimes(trio.current_time())
         if self._learning_started is None:
-            self._learning_started = started
-        engine.begin(round)
-        await self._step(round)
-        stepped = trio.current_time()
-        await self._refresh()
+            self._learning_started = self._times.started
+        self.engine.begin(round)
+
+    async def _deliver(self, round: int) -> None:
+        """Tell the algorithm who its peers are now, then deliver and answer."""
+        peers = self.network.peers()
+        self.algorithm.set_peers(peers)
+        self._last_payload = {peer: seen for peer, seen in self._last_payload.items() if peer in peers}  # bounded
+        await self._deliver_and_answer()
+
+    async def _publish(self, round: int) -> None:
         self._note_peers(round)
         self.phase = "publish"
-        for out in engine.publish(round):
+        for out in self.engine.publish(round):
             await self._send(out)
-        self.phase = "gather"
-        engine.expect(round)
-        await self._gather()
-        gathered = trio.current_time()
-        engine.close_gather()
-        await self._refresh()
+
+    async def _end_round(self, round: int) -> None:
         self.phase = "aggregate"
-        ending = Began.now()
-        await self._in_thread(engine.end_round, round)
+        self._times.ending = Began.now()
+        await self._in_thread(self.engine.end_round, round)
+
+    async def _record(self, round: int) -> None:
+        """Evaluate (and the local baseline's round), record, append to the history, checkpoint."""
+        engine, times = self.engine, self._times
         evaluation = await self._in_thread(self._evaluate, round)
-        self.held_out = HeldOut(evaluation.predicted, self._test_labels())
+        self.held_out = HeldOut(evaluation.predicted, tuple(self.algorithm.setup.data.test_labels.tolist()))
         baseline = {} if self.local_baseline is None else await self._in_thread(self._local_baseline_round, round)
-        await paced(self.slowdown, ending)
+        await paced(self.slowdown, times.ending)
         now = trio.current_time()
-        record = engine.record(
-            evaluation,
-            Timings(stepped - started, gathered - stepped, now - started, now - self._learning_started),
-            self.network.sent(),
-            self.network.discovery_sent(),
-            baseline,
+        timings = Timings(
+            times.stepped - times.started,
+            times.gathered - times.stepped,
+            now - times.started,
+            now - self._learning_started,
         )
+        record = engine.record(evaluation, timings, self.network.sent(), self.network.discovery_sent(), baseline)
         if self.history is not None:  # before the checkpoint: no checkpoint covers a round not on disk
             await trio.to_thread.run_sync(self.history.append, record)
         await self._save_checkpoint(record)
@@ -280,9 +308,12 @@ class RoundDriver:
             record.accuracy,
             record.arrived,
             record.expected,
-            trio.current_time() - started,
+            trio.current_time() - times.started,
             extra={"round": round, "accuracy": record.accuracy, "arrived": record.arrived, "expected": record.expected},
         )
+
+    async def _next(self, round: int) -> None:
+        self.engine.next_round(self.network.peers())  # its rounds, and async its overtime (RoundEngine.done)
 
     async def _step(self, round: int) -> None:
         """The local step, in the worker thread. Payloads that come meanwhile are queued."""
@@ -290,6 +321,7 @@ class RoundDriver:
         began = Began.now()
         await self._in_thread(self.engine.step, round)
         await paced(self.slowdown, began)
+        self._times.stepped = trio.current_time()
 
     def _local_baseline_round(self, round: int) -> dict[str, float | str]:
         """The local baseline's step and evaluation in `round` (in the worker thread)."""
@@ -327,9 +359,6 @@ class RoundDriver:
         self.evaluated.keep(self.algorithm.predictors(), round)
         return evaluation
 
-    def _test_labels(self) -> tuple[int, ...]:
-        return tuple(self.algorithm.setup.data.test_labels.tolist())
-
     def _note_peers(self, round: int) -> None:
         """Log once when a node that communicates has had no learning peer for ALONE_ROUNDS
         rounds, and once when it has some again."""
@@ -357,10 +386,12 @@ class RoundDriver:
             )
         self._alone_rounds = 0
 
-    async def _gather(self) -> None:
+    async def _gather(self, round: int) -> None:
         """Wait for the expected payloads of the round as the engine's `Gather` decides,
-        answering what arrives meanwhile."""
+        answering what arrives meanwhile; then close it."""
+        self.phase = "gather"
         settings = self.settings
+        self.engine.expect(round)
         gather = self.engine.gather(
             trio.current_time(),
             quorum=settings.quorum,
@@ -375,6 +406,8 @@ class RoundDriver:
                 await self._arrival.wait()
             if not waiting.cancelled_caught:
                 await self._deliver_and_answer()
+        self._times.gathered = trio.current_time()
+        self.engine.close_gather()
 
     # --- checkpoints ---------------------------------------------------------------------
 
@@ -433,20 +466,11 @@ class RoundDriver:
             raise LearningSetupError(f"[node].data_dir: {exc}") from None
         except (KeyError, ValueError) as exc:
             raise LearningSetupError(f"[node].data_dir: {self.checkpoint_path}: {exc}") from None
-        self.state.resume(saved.round, saved.history, lost_s=self._checkpoint_age_s())
+        self.state.resume(saved.round, saved.history, lost_s=_age_s(self.checkpoint_path))
         self.checkpoint_round = saved.round
         self.evaluated.keep(self.algorithm.predictors(), saved.round)
         self.held_out = saved.held_out
         log.info("resumed from the checkpoint of round %d", saved.round)
-
-    def _checkpoint_age_s(self) -> float:
-        """How long ago the checkpoint was written, by the wall clock (the monotonic one starts
-        again with the process): the time this node was down, and the one ground on which it
-        may skip the rounds its peers ran meanwhile (`RoundState.next_round`)."""
-        try:
-            return max(0.0, time.time() - self.checkpoint_path.stat().st_mtime)
-        except OSError:
-            return 0.0
 
     def _resume_local_baseline(self, saved: Checkpoint) -> None:
         if self.local_baseline is None:

@@ -1,23 +1,33 @@
 """One node's learning round, without I/O: the engine the daemon's round driver and the simulator
 both drive, so the round exists once.
 
-    begin ─► step (local step) ─► publish ─► published (per payload the driver put on its way)
-          ─► expect ─► gather: offer (each payload that comes) · deliver · respond, until the
-             `Gather` says it is over ─► close_gather ─► end_round ─► (the driver evaluates)
-          ─► record: the round's `RoundRecord`, built here and only here
+The engine holds the round's phase and says what comes next (`next_command`), as a libp2p
+behaviour returns actions to its swarm; the drivers only carry the commands out:
+
+    BEGIN ─► STEP (the local step) ─► DELIVER ─► PUBLISH (each payload then `published`)
+          ─► GATHER: expect, gather; offer (each payload that comes) · deliver · respond, until
+             the `Gather` says it is over ─► close_gather
+          ─► DELIVER (what is queued by then) ─► END_ROUND ─► RECORD (the driver evaluates; the
+             round's `RoundRecord`, built here and only here) ─► NEXT (the round to run next) ─►
+             BEGIN … or DONE
+
+A call out of that order raises `RoundOrderError`. DELIVER is `deliver` and then `respond` (the
+answers the delivered payloads are owed); during the gather the driver delivers and answers at
+each arrival as well. Payloads are offered at any time.
 
 The engine decides what is accepted (`RoundState.offer`), who has arrived, when the gather ends
 and what the round's record says; it reads no clock and touches no socket: times come in as
 numbers, traffic as the counts the driver keeps (p2pnode/metrics.py's `SentTraffic`, the one
 counter of frames sent, in the daemon and in the simulator alike). Its heavy calls (`step`,
 `respond`, `end_round`) run wherever the driver puts them: a worker thread in the daemon
-(p2pnode/learning/driver.py), in line in the simulator (testnet/shard.py). What each driver keeps is
+(p2pnode/learning/driver.py), in line in the simulator (testnet/simulation/shard.py). What each driver keeps is
 its own: the daemon threads, clocks, sockets, checkpoints and the history file; the simulator
 routing frames between its nodes.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
@@ -34,7 +44,7 @@ if TYPE_CHECKING:
 
 PURE = True  # no I/O and no clock: time comes in as arguments (tests/test_layering.py checks)
 
-__all__ = ["RoundEngine", "Timings", "round_state", "seconds"]
+__all__ = ["Command", "RoundEngine", "RoundOrderError", "Timings", "round_state", "seconds"]
 
 # Digits a record keeps of a duration: a tenth of a millisecond is finer than any round.
 SECONDS_DIGITS = 4
@@ -55,6 +65,39 @@ class Timings:
     gather_s: float
     round_s: float
     ended_at: float
+
+
+class Command(enum.Enum):
+    """What a driver does next for the round (`RoundEngine.next_command`)."""
+
+    BEGIN = "begin"  # begin(round) the round `RoundEngine.round` names
+    STEP = "step"  # step(round): the local step (heavy)
+    DELIVER = "deliver"  # deliver(), count what it refused, send what respond() returns
+    PUBLISH = "publish"  # send what publish(round) returns, each then published(...)
+    GATHER = "gather"  # expect(round), gather(now, ...), then wait, delivering and answering at each arrival, until
+    #                    gather_finished; then close_gather()
+    END_ROUND = "end_round"  # end_round(round): graph step and aggregation (heavy)
+    RECORD = "record"  # evaluate the predictors, then record(...)
+    NEXT = "next"  # next_round(peers): the round to run next
+    DONE = "done"  # no round left (`RoundEngine.done`)
+
+
+# One round, in order: what `next_command` answers, one after the other.
+ROUND = (
+    Command.BEGIN,
+    Command.STEP,
+    Command.DELIVER,
+    Command.PUBLISH,
+    Command.GATHER,
+    Command.DELIVER,
+    Command.END_ROUND,
+    Command.RECORD,
+    Command.NEXT,
+)
+
+
+class RoundOrderError(RuntimeError):
+    """A driver called the engine out of the round's order: a bug in the driver."""
 
 
 def round_state(settings: AlgorithmSettings, history_rounds: int | None = None) -> RoundState[Envelope]:
@@ -94,6 +137,9 @@ class RoundEngine:
         self._sent_to: set[str] = set()  # peers sent anything in the round in progress
         self._expected: frozenset[str] = frozenset()
         self._came: frozenset[str] = frozenset()  # the expected peers that arrived, once the gather closed
+        self._at = 0  # where in ROUND the node is: what `next_command` answers
+        self._begun = False  # a round was begun on this engine
+        self._finished = False  # `next_round` found no round left
 
     def attach(self, algorithm: Algorithm) -> None:
         """Learn with `algorithm` from now on; what was queued before it of a type it does not
@@ -112,9 +158,32 @@ class RoundEngine:
 
     # --- the round, in order -------------------------------------------------------------------
 
+    def next_command(self) -> Command:
+        """What the driver does next for the round (`Command`); DONE once no round is left, and
+        from the start where the state, resumed, has run every round."""
+        if self._finished or (not self._begun and self.state.done):
+            return Command.DONE
+        return ROUND[self._at]
+
+    def _advance(self, command: Command) -> None:
+        """`command` is being carried out: the round moves past it; out of order, it raises."""
+        now = self.next_command()
+        if now is not command:
+            raise RoundOrderError(
+                f"{command.value} called in round {self.state.round} while the round waits for {now.value}"
+            )
+        self._at = (self._at + 1) % len(ROUND)
+
+    def _within(self, *commands: Command, call: str) -> None:
+        if self.next_command() not in commands:
+            raise RoundOrderError(
+                f"{call} called in round {self.state.round} while the round waits for {self.next_command().value}"
+            )
+
     def begin(self, round: int) -> None:
-        """Start round `round` (the daemon: the one `RoundState.next_round` chose; the simulator:
-        the next in lock-step)."""
+        """Start round `round` (the one `RoundState.next_round` chose)."""
+        self._advance(Command.BEGIN)
+        self._begun = True
         self.state.round = round
         self._report, self._sent_to = None, set()
         self._expected = self._came = frozenset()
@@ -122,10 +191,12 @@ class RoundEngine:
 
     def step(self, round: int) -> LocalReport:
         """The local step (heavy: the daemon runs it in a worker thread)."""
+        self._advance(Command.STEP)
         self._report = self.algorithm.local_step(round)
         return self._report
 
     def publish(self, round: int) -> list[Outbound]:
+        self._advance(Command.PUBLISH)
         return list(self.algorithm.publish(round))
 
     @staticmethod
@@ -142,6 +213,7 @@ class RoundEngine:
 
     def expect(self, round: int) -> frozenset[str]:
         """The peers whose payloads of `round` the gather waits for."""
+        self._within(Command.GATHER, call="expect")
         self._expected = frozenset(self.algorithm.expected(round))
         return self._expected
 
@@ -156,6 +228,7 @@ class RoundEngine:
         returns those it refused, with its refusal (the driver counts them by its reason)."""
         from algorithms.seam import Frame, PayloadRejected
 
+        self._within(Command.DELIVER, Command.GATHER, call="deliver")
         refused = []
         for peer, round, envelope in self.state.due():
             try:
@@ -167,8 +240,13 @@ class RoundEngine:
         return refused
 
     def respond(self) -> list[Outbound]:
-        """The answers the delivered payloads are owed (heavy: scoring a model runs it)."""
-        return list(self.algorithm.respond())
+        """The answers the delivered payloads are owed (heavy: scoring a model runs it); after a
+        DELIVER's `deliver`, the round moves on."""
+        self._within(Command.DELIVER, Command.GATHER, call="respond")
+        answers = list(self.algorithm.respond())
+        if self.next_command() is Command.DELIVER:
+            self._advance(Command.DELIVER)
+        return answers
 
     def gather(
         self, now: float, *, quorum: float, deadline_s: float, grace_s: float, hold_until: float = -math.inf
@@ -176,6 +254,7 @@ class RoundEngine:
         """Start waiting, at `now`, for the expected peers (`RoundState.gather`) as the schedule
         says: `deadline_s` is the fixed deadline (`round_deadline_s`); async, the gather lasts
         `async_gather_s` at most; an adaptive deadline follows the peers' arrival delays within it."""
+        self._within(Command.GATHER, call="gather")
         if self.schedule.asynchronous:
             deadline_s = min(deadline_s, self.schedule.async_gather_s)
         elif self.schedule.deadline == ADAPTIVE:
@@ -192,6 +271,7 @@ class RoundEngine:
         """The gather is over: the expected peers that sent everything in time (async: or sent a
         later round, whose payload stands in, fresh). Each expected peer's delay is noted for an
         adaptive deadline; one that did not come, as the whole wait (it came later, if at all)."""
+        self._advance(Command.GATHER)
         came = self.state.settled if self.schedule.asynchronous else self.state.arrived
         self._came = self._expected & came(self.state.round)
         if self._gather is not None:
@@ -201,14 +281,18 @@ class RoundEngine:
 
     def end_round(self, round: int) -> None:
         """Graph step and aggregation (heavy)."""
+        self._advance(Command.END_ROUND)
         self.algorithm.end_round(round)
 
     def next_round(self, peers: Collection[str]) -> int:
         """The round to run next (`RoundState.next_round`), which the rounds of the peers this
         node gives weight may pull along; while it weighs none (it just started, or learns from
         nobody), those of all its learning `peers`; never its own."""
+        self._advance(Command.NEXT)
         weighted = {peer for peer, weight in self.algorithm.weights().items() if weight > 0}
-        return self.state.next_round((weighted - {self.algorithm.node_id}) or set(peers))
+        round = self.state.next_round((weighted - {self.algorithm.node_id}) or set(peers))
+        self._finished = self.done()
+        return round
 
     def done(self) -> bool:
         """No round left to run (call after `next_round`): `rounds` are run and, async, no
@@ -245,6 +329,7 @@ class RoundEngine:
     ) -> RoundRecord:
         """The round's record, from the driver's evaluation, timings and traffic so far (learning
         frames by type; discovery frames too where there is a network); the round is then done."""
+        self._advance(Command.RECORD)
         algorithm, round = self.algorithm, self.state.round
         record = RoundRecord(
             node=algorithm.node_id,

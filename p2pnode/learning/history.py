@@ -1,5 +1,5 @@
 """The node's result on disk: `<data_dir>/history.jsonl`, one JSON line per finished round (its
-`RoundRecord`), kept across restarts, for `p2pnode report` (testnet/deployment.py).
+`RoundRecord`), kept across restarts, for `p2pnode report` (testnet/reporting/deployment.py).
 
     {"start": {...}}          the driver starts its rounds: node, algorithm, classes, and
                               `resumed_from`, the checkpoint's round (null: a fresh start)

@@ -8,7 +8,7 @@ as numbers, so it is tested on simulated time (tests/test_rounds.py), like `Memb
 discovery.
 
 `RoundRecord` is what every driver emits per node and round, the daemon and the simulator alike;
-testnet/report.py builds every report from these records.
+testnet/reporting/report.py builds every report from these records.
 """
 
 from __future__ import annotations
@@ -237,7 +237,7 @@ class RoundRecord:
     # since: the first round it trained; test_right, as above); empty without one
     local_baseline: Mapping[str, float | str] = field(default_factory=dict)
     # When the round ended, in seconds since the node's learning started: the daemon's real time
-    # (from its first round), the simulator's simulated time (testnet/clock.py); None in records
+    # (from its first round), the simulator's simulated time (testnet/simulation/clock.py); None in records
     # written before it existed
     ended_at: float | None = None
 

@@ -2,7 +2,9 @@
 
 Their names come from modules that import no torch, so a config loads fast; the hyper-parameters
 are checked against the algorithm's own dataclass, and that one import of torch happens only for
-a node that learns (config/checks.py)."""
+a node that learns (`AlgorithmSettings.check`). Each section's rules are its `check`; the rules
+that also need another section (`[algorithm].start_peers` and `[discovery].max_peers`, ...) are
+in config/checks.py."""
 
 from __future__ import annotations
 
@@ -20,17 +22,48 @@ from algorithms.catalog import (
     DATASETS,
     DEVICE_FORMS,
     DEVICE_PATTERN,
+    FLOAT32_ONLY_DEVICES,
     SCENARIOS,
 )
 
-from ..options import FilePath, Flag, Integer, IntegerChoice, ListOf, Number, Overrides, Text, option
+from ..options import (
+    CheckContext,
+    FilePath,
+    Flag,
+    Integer,
+    IntegerChoice,
+    ListOf,
+    Number,
+    Overrides,
+    Section,
+    Text,
+    option,
+)
 
 if TYPE_CHECKING:
     from algorithms.data.own_data import OwnDataSpec
 
 
+# What cuts a benchmark's partition, and what describes a device's own data: never both, except
+# that `dataset = "path"` deals out the images at `path` by a partition, and `node_index` numbers
+# a device with its own data (it seeds its model).
+_BENCHMARK_KEYS = (
+    "dataset",
+    "root",
+    "scenario",
+    "nodes",
+    "node_index",
+    "classes",
+    "clusters",
+    "samples_per_class",
+    "test_per_class",
+)
+_OWN_DATA_KEYS = ("class_names", "image_size", "channels", "test_fraction", "max_memory_mb", "skip_damaged")
+_NOT_WITH_PATH_DATASET = ("root", "classes", "test_fraction")
+
+
 @dataclass(frozen=True, kw_only=True)
-class DataSettings:
+class DataSettings(Section):
     dataset: str = option(
         Text(choices=(*DATASETS, DATASET_FROM_PATH)),
         "mnist5k",
@@ -100,6 +133,70 @@ class DataSettings:
         "counted and named in the log, instead of stopping the node",
     )
 
+    def check(self, context: CheckContext) -> list[str]:
+        """The own-data rules, then, for a node that learns, the partition's and the data itself as
+        far as it can be checked without decoding it (algorithms/data/own_data.py)."""
+        problems = self._own_data_rules(context.given)
+        if not context.learns:
+            return problems
+        own_alone = self.path is not None and self.dataset != DATASET_FROM_PATH  # no partition: any number
+        if (self.node_index or 0) >= self.nodes and not own_alone:
+            problems.append(f"[data].node_index: must be below [data].nodes ({self.nodes}), got {self.node_index}")
+        if self.clusters > self.nodes:
+            problems.append(f"[data].clusters: cannot exceed [data].nodes ({self.nodes}), got {self.clusters}")
+        from algorithms.data.datasets import missing_files
+
+        missing = missing_files(self.dataset, self.root)
+        if missing is not None:
+            problems.append(f"[data].root: {missing}")
+        if self.path is None or len(self.class_names) < 2:
+            return problems
+        from algorithms.data.own_data import OwnDataError, inspect_own_data
+
+        try:
+            inspect_own_data(self.own_data())
+        except OwnDataError as exc:
+            problems.append(f"[data].{exc.field}: {exc}")
+        return problems
+
+    def _own_data_rules(self, given: frozenset[str]) -> list[str]:
+        """`path` against the benchmark options (by the keys the file gives), and what `path` needs
+        whether a partition deals it out or not: class names, settings that fit the kind of data."""
+        if self.path is None:
+            problems = [
+                f"[data].{key}: applies only with [data].path (a device's own data)"
+                for key in _OWN_DATA_KEYS
+                if key in given
+            ]
+            if self.dataset == DATASET_FROM_PATH:
+                problems.append('[data].dataset: "path" deals out the images at [data].path: set [data].path')
+            return problems
+        if self.dataset == DATASET_FROM_PATH:
+            problems = [
+                f'[data].{key}: does not apply with [data].dataset = "path" (the partition holds out '
+                "test_per_class images of each own class)"
+                for key in _NOT_WITH_PATH_DATASET
+                if key in given
+            ]
+        else:
+            problems = [
+                f"[data].{key}: a benchmark option, but [data].path gives this node its own data: remove one of them"
+                for key in _BENCHMARK_KEYS
+                if key in given and key != "node_index"
+            ]
+        if len(self.class_names) < 2:
+            problems.append(
+                "[data].class_names: required with [data].path: the network's classes, at least 2, "
+                "the same list on every node"
+            )
+        if self.path.suffix.lower() == ".npz":
+            problems += [
+                f"[data].{key}: applies to an image folder only; a .npz's images keep their shape"
+                for key in ("image_size", "channels")
+                if key in given
+            ]
+        return problems
+
     def own_data(self) -> OwnDataSpec | None:
         """The own-data settings, defaults filled in; None for a benchmark dataset."""
         if self.path is None:
@@ -120,7 +217,7 @@ class DataSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ModelSettings:
+class ModelSettings(Section):
     backbone: str = option(
         Text(BACKBONE_PATTERN, what=BACKBONE_FORMS),
         "convnet",
@@ -153,9 +250,34 @@ class ModelSettings:
         Integer(0, 1024), 1, "torch CPU threads (0: torch's default); several daemons on one machine want 1"
     )
 
+    def check(self, context: CheckContext) -> list[str]:
+        """For a node that learns: a user backbone's module and callable, found (not yet called: that
+        builds it, at start); `weights` a file. Whether they fit the node's images is known when its
+        model is built."""
+        if not context.learns:
+            return []
+        problems = []
+        if self.mixed_precision and self.device in FLOAT32_ONLY_DEVICES:
+            problems.append(
+                f'[model].mixed_precision: needs a CUDA device, not "{self.device}"; set it false '
+                'or [model].device = "cuda" (or "auto")'
+            )
+        if self.weights is not None and not self.weights.is_file():
+            problems.append(f"[model].weights: {self.weights} is not a file")
+        if ":" in self.backbone:
+            from algorithms.models.user_backbone import BackboneError, user_builder
+
+            try:
+                user_builder(self.backbone, self.code or context.base)
+            except BackboneError as exc:
+                problems.append(f"[model].backbone: {exc}")
+        if self.code is not None and not self.code.is_dir():
+            problems.append(f"[model].code: {self.code} is not a folder")
+        return problems
+
 
 @dataclass(frozen=True, kw_only=True)
-class AlgorithmSettings:
+class AlgorithmSettings(Section):
     name: str = option(
         Text(choices=("none", *ALGORITHM_NAMES)), "none", "learning algorithm; `none` runs discovery only"
     )
@@ -263,6 +385,33 @@ class AlgorithmSettings:
         "(about doubles the local training time)",
     )
     settings: Mapping[str, str] = option(Overrides(), {}, "hyper-parameters overriding the algorithm's defaults")
+
+    def check(self, context: CheckContext) -> list[str]:
+        if not context.learns:
+            return []
+        problems = []
+        if self.name == "oracle":
+            problems.append(
+                "[algorithm].name: `oracle` trains on its whole cluster's data, which no P2P node has; "
+                "it exists in `p2pnode simulate` only"
+            )
+        if self.async_gather_s > self.round_deadline_s:
+            problems.append(
+                f"[algorithm].async_gather_s: must not exceed [algorithm].round_deadline_s ({self.round_deadline_s}), "
+                f"got {self.async_gather_s}"
+            )
+        if self.peer_inbox_frames > self.inbox_frames:
+            problems.append(
+                f"[algorithm].peer_inbox_frames: must not exceed [algorithm].inbox_frames ({self.inbox_frames}), "
+                f"got {self.peer_inbox_frames}: it is one peer's share of that queue"
+            )
+        from algorithms.registry import ConfigOverrideError, checked_config
+
+        try:  # the one import of torch: a node that learns nothing never needs it
+            checked_config(self.name, dict(self.settings), self.rounds, "[algorithm].rounds")
+        except ConfigOverrideError as exc:
+            problems.append(f"[algorithm].settings: {exc}")
+        return problems
 
 
 class LearningConfig(Protocol):

@@ -5,18 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..options import FilePath, Integer, Number, Text, option
+from ..options import CheckContext, FilePath, Integer, Number, Section, Text, option
 
 
 @dataclass(frozen=True, kw_only=True)
-class LogSettings:
+class LogSettings(Section):
     level: str = option(Text(choices=("debug", "info", "warning", "error")), "info", "least severe level written")
     format: str = option(Text(choices=("text", "json")), "text", "`json`: one JSON object per line")
     file: Path | None = option(FilePath(), None, "append logs to this file instead of standard error")
 
 
 @dataclass(frozen=True, kw_only=True)
-class MetricsSettings:
+class MetricsSettings(Section):
     listen: str | None = option(
         Text(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}", what="HOST:PORT"),
         None,
@@ -44,3 +44,8 @@ class MetricsSettings:
             return None
         host, port = self.listen.rsplit(":", 1)
         return host.strip("[]"), int(port)
+
+    def check(self, context: CheckContext) -> list[str]:
+        if self.host_port is not None and self.host_port[1] > 65535:
+            return [f"[metrics].listen: port {self.host_port[1]} is not a usable port"]
+        return []

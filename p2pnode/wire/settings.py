@@ -7,14 +7,14 @@ from dataclasses import dataclass
 
 from protocol import DEFAULT_LIMITS, Limits, MessageType
 
-from ..options import Flag, FrameSizes, Integer, ListOf, Number, PublicKey, option
+from ..options import CheckContext, Flag, FrameSizes, Integer, ListOf, Number, PublicKey, Section, option
 
 # What a stranger may send (gate.py); the public socket must take the largest of them.
 HANDSHAKE_KINDS = (MessageType.HELLO, MessageType.PING, MessageType.PONG)
 
 
 @dataclass(frozen=True, kw_only=True)
-class SecuritySettings:
+class SecuritySettings(Section):
     allowlist: tuple[bytes, ...] | None = option(
         ListOf(PublicKey(), 4096),
         None,
@@ -94,9 +94,14 @@ class SecuritySettings:
         "is forgotten and its refusals stay refusals, so a stranger with many keys costs no more",
     )
 
+    def check(self, context: CheckContext) -> list[str]:
+        if self.allowlist == ():
+            return ["[security].allowlist: an empty list would refuse every peer; omit the key to accept any key"]
+        return []
+
 
 @dataclass(frozen=True, kw_only=True)
-class TransportSettings:
+class TransportSettings(Section):
     send_hwm: int = option(
         Integer(1, 1_000_000), 100, "frames queued per outbound peer socket; beyond it sends are dropped and counted"
     )
@@ -216,9 +221,17 @@ class TransportSettings:
         Integer(1, 1 << 20), 1024, "sequence numbers remembered per sender for replay detection"
     )
 
+    def check(self, context: CheckContext) -> list[str]:
+        if 0 < self.reconnect_ivl_max_ms < self.reconnect_ivl_ms:
+            return [  # ZeroMQ would ignore it silently
+                "[transport].reconnect_ivl_max_ms: must be 0 (no backoff) or at least reconnect_ivl_ms "
+                f"({self.reconnect_ivl_ms}), got {self.reconnect_ivl_max_ms}"
+            ]
+        return []
+
 
 @dataclass(frozen=True, kw_only=True)
-class LimitSettings:
+class LimitSettings(Section):
     max_frame_bytes: int = option(
         Integer(1024, 1 << 31), DEFAULT_LIMITS.max_frame_bytes, "largest frame of any type (also ZMQ_MAXMSGSIZE)"
     )
@@ -241,6 +254,20 @@ class LimitSettings:
     max_tensor_norm: float = option(
         Number(1e-9, 1e300), DEFAULT_LIMITS.max_tensor_norm, "largest L2 norm of one received tensor"
     )
+
+    def check(self, context: CheckContext) -> list[str]:
+        problems = [
+            f"[limits].frame_bytes: {kind.value} bound {size} exceeds max_frame_bytes {self.max_frame_bytes}"
+            for kind, size in self.frame_bytes.items()
+            if size > self.max_frame_bytes
+        ]
+        handshake_bytes = max(self.limits().max_frame_bytes_for(kind) for kind in HANDSHAKE_KINDS)
+        if not handshake_bytes <= self.max_public_frame_bytes <= self.max_frame_bytes:
+            problems.append(
+                f"[limits].max_public_frame_bytes: must lie between the largest handshake frame "
+                f"({handshake_bytes}) and max_frame_bytes ({self.max_frame_bytes})"
+            )
+        return problems
 
     def limits(self) -> Limits:
         by_type = dict(DEFAULT_LIMITS.frame_bytes_by_type)

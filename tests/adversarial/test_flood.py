@@ -11,7 +11,7 @@ import trio
 from p2pnode.operations.control import request
 from p2pnode.wire.buffers import PER_CONNECTION_BYTES
 from p2pnode.wire.zap import PUBLIC
-from testnet.cluster import Cluster
+from testnet.launch.cluster import Cluster
 
 from ..daemon import full_mesh, start_chain, wait_until
 from .attacker import ingress_rss_mb, node_rss_mb, rss_mb, run_attack, run_attack_measuring_rss

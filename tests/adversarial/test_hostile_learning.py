@@ -1,6 +1,6 @@
 """Admitted learning peers attack the others' learning: 4 MAPL daemons on digits.
 
-- One (issue #27, "Done when" 2): node 3 a Byzantine daemon (testnet/byzantine.py) that poisons
+- One (issue #27, "Done when" 2): node 3 a Byzantine daemon (testnet/launch/byzantine.py) that poisons
   its payloads with a legal-norm rescale ×10⁴. The honest nodes finish every round, `--check`
   passes, their accuracy is within a point of the control twin (the same nodes, the poisoner
   honest: simulated, as daemons and simulator agree run for run) and their rows within 0.05 L1
@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from p2pnode.learning.rounds import INBOX_FULL, PEER_INBOX_FULL, ROUND_AHEAD
-from testnet.learning import byzantine_program, run_learning_testnet
-from testnet.report import CheckThresholds, honest_truth
-from testnet.simulator import SimulationSpec, run_simulation
+from testnet.launch.learning import byzantine_program, run_learning_testnet
+from testnet.reporting.report import CheckThresholds, honest_truth
+from testnet.simulation.simulator import SimulationSpec, run_simulation
 from tools.bench.hostile import digits_spec
 
 POISONER = 3  # cluster 1 is nodes 2 and 3: node 2's only cluster-mate poisons
@@ -91,6 +91,6 @@ def test_the_honest_truth_counts_a_poisoner_as_no_ones_cluster_mate():
 
 def test_the_byzantine_daemon_gets_the_simulators_seed_and_the_attack():
     program = byzantine_program(_spec("rescale"), POISONER, barrage=True)
-    assert program[0] == "testnet.byzantine" and program[-1] == "--barrage"
-    assert program[program.index("--seed") + 1] == str(0 * 1000 + POISONER)  # as testnet/host.py seeds it
+    assert program[0] == "testnet.launch.byzantine" and program[-1] == "--barrage"
+    assert program[program.index("--seed") + 1] == str(0 * 1000 + POISONER)  # as testnet/simulation/host.py seeds it
     assert program[program.index("--attack") + 1 : program.index("--attack") + 4] == ("rescale", "--factor", "10000.0")

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from protocol.curve import curve_public_from_ed25519
-from testnet.cluster import Cluster
+from testnet.launch.cluster import Cluster
 from tools.bench.campaign import _Probe
 
 ATTACK_S = 2.5

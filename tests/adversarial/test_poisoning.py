@@ -17,8 +17,8 @@ from algorithms.methods.poison import LEGAL_NORM, Attack, corrupt, corrupt_tenso
 from algorithms.outliers import OutlierConfig, Scale, ScaleGuard, fold_into_self, row_scale, scale_outlier, state_scale
 from algorithms.seam import PayloadRejected
 from protocol.messages import Head, Model, Prototypes, Score
-from testnet.report import CheckThresholds, check
-from testnet.simulator import SimulationSpec, run_simulation
+from testnet.reporting.report import CheckThresholds, check
+from testnet.simulation.simulator import SimulationSpec, run_simulation
 from tools.bench.hostile import digits_spec
 
 

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from p2pnode.memory import resident_bytes
-from testnet.cluster import Cluster, NodeSpec
+from testnet.launch.cluster import Cluster, NodeSpec
 
 from .results import capture, save
 
@@ -49,7 +49,7 @@ ATTACKS = {
     "multipart never finished, 200 MB (plaintext)": ["--kind", "unfinished", "--bytes", str(200 << 20)],
 }
 PLAINTEXT = "(plaintext)"
-# Every daemon's settings that differ from a user's defaults (testnet/cluster.py's caps for a
+# Every daemon's settings that differ from a user's defaults (testnet/launch/cluster.py's caps for a
 # testnet on one host; pings fast enough for an RTT every sample); CURVE, on in a testnet and off
 # by default, is in each row.
 FAST_PINGS = {"ping_interval_s": 0.2, "peer_timeout_s": 2.0}

@@ -33,8 +33,8 @@ import time
 from pathlib import Path
 
 from protocol.curve import curve_public_from_ed25519
-from testnet.cluster import Cluster
-from testnet.learning import DISCOVERY
+from testnet.launch.cluster import Cluster
+from testnet.launch.learning import DISCOVERY
 from tools import zmtp
 
 from .hostile import LEARNING_SETTINGS, NODES, SETTINGS, _completed, _learning, _longest_wait

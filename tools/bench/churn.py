@@ -20,9 +20,9 @@ import sys
 from pathlib import Path
 
 from p2pnode.learning.rounds import ASYNC, SYNC, Schedule
-from testnet.churn import ChurnSpec
-from testnet.learning import run_learning_testnet
-from testnet.report import CheckThresholds
+from testnet.launch.churn import ChurnSpec
+from testnet.launch.learning import run_learning_testnet
+from testnet.reporting.report import CheckThresholds
 
 from .results import capture, save
 from .stragglers import spec_of

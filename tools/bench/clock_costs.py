@@ -1,4 +1,4 @@
-"""Measures the simulator's cost table (testnet/clock.py): what a node's local step and its end
+"""Measures the simulator's cost table (testnet/simulation/clock.py): what a node's local step and its end
 of round (graph step and evaluation) take on this machine, per backbone, in the stragglers
 setting of BENCHMARKS.md; prints the table and how each cost compares with the clock's.
 
@@ -6,7 +6,7 @@ setting of BENCHMARKS.md; prints the table and how each cost compares with the c
 
 MAPL-Dual on mnist5k Scenario 1, 10 nodes on the four CPU backbones, 10 training and 80 test
 images per class, one process, one torch thread, the nodes' rounds run in lock-step in this
-process (testnet/exchange.py's inline engine). Per node the median over rounds 1..N-1 (round 0
+process (testnet/simulation/exchange.py's inline engine). Per node the median over rounds 1..N-1 (round 0
 warms up), divided by its training images (step) or its test images (end of round); per backbone
 the median over its nodes. The clock's table is a fixed copy of one such run, so the simulated
 seconds do not move with the machine or its load; this script is how it was made and how to
@@ -23,11 +23,11 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from p2pnode.learning.rounds import RoundRecord
-from testnet.clock import END_S_PER_TEST_SAMPLE, STEP_S_PER_SAMPLE
-from testnet.exchange import InlineHosts, Timeline
-from testnet.host import Host
-from testnet.shard import GatherRule
-from testnet.simulator import SimulationSpec
+from testnet.simulation.clock import END_S_PER_TEST_SAMPLE, STEP_S_PER_SAMPLE
+from testnet.simulation.exchange import InlineHosts, Timeline
+from testnet.simulation.host import Host
+from testnet.simulation.shard import GatherRule
+from testnet.simulation.simulator import SimulationSpec
 
 from .results import capture, save
 
@@ -94,7 +94,7 @@ def render(result: dict) -> str:
     rows.append(
         "MAPL-Dual, mnist5k Scenario 1, 10 nodes on the four CPU backbones, 10 training and 80 test images per "
         f"class; one process, one torch thread; median over rounds 1–{result['data']['rounds'] - 1} and over "
-        "a backbone's nodes; clock: testnet/clock.py's fixed table."
+        "a backbone's nodes; clock: testnet/simulation/clock.py's fixed table."
     )
     return "\n".join(rows)
 

@@ -30,8 +30,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-from testnet.learning import run_learning_testnet
-from testnet.report import CheckThresholds
+from testnet.launch.learning import run_learning_testnet
+from testnet.reporting.report import CheckThresholds
 
 from .hostile import _admitted_row, check_verdict, digits_spec, refusals
 from .results import capture, publish

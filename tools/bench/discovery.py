@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         "--exit-on-mesh", action="store_true", help="end each run once every view is at its target (quick checks)"
     )
     args = parser.parse_args(argv)
-    from testnet.discovery import run_discovery_testnet
+    from testnet.launch.discovery import run_discovery_testnet
 
     command = f"p2pnode testnet --nodes {args.nodes} --algorithm none --duration {args.duration:g}"
     command += " --exit-on-mesh" if args.exit_on_mesh else ""

@@ -9,7 +9,7 @@ classes per node, in clusters), 10 training images per class, `--rounds` rounds.
         [--rounds 40] [--workers 2] [--save fleets]
 
 Per cell and method: accuracy per seed and its mean; the gain over Local with its interval,
-resampling the seeds and then the nodes within each (testnet/intervals.py `runs_bootstrap`:
+resampling the seeds and then the nodes within each (testnet/reporting/intervals.py `runs_bootstrap`:
 nodes of one run share its luck); the worst node against its own Local; traffic. MAPL+ needs one
 backbone everywhere and is left out of the four-backbone cells. Seeds 0, 1 and 2 chose settings
 (MAPL-Dual's defaults, MAPL-Auto's): a table is saved only from others. Each run is one process
@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from algorithms.catalog import CPU_BACKBONES
-from testnet.simulator import SimulationSpec
+from testnet.simulation.simulator import SimulationSpec
 
 from .results import capture, publish
 from .runs import simulate_all, write_summary
@@ -149,7 +149,7 @@ def render(result: dict) -> str:
 
 
 def _row(key: tuple, runs: list[dict], local: dict[int, dict]) -> str:
-    from testnet.intervals import runs_bootstrap
+    from testnet.reporting.intervals import runs_bootstrap
 
     dataset, nodes, shape, method = key
     mean = statistics.fmean(run["accuracy"]["mean"] for run in runs) * 100

@@ -20,7 +20,7 @@ import statistics
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-from testnet.simulator import SimulationSpec
+from testnet.simulation.simulator import SimulationSpec
 
 from .results import capture, save
 from .runs import simulate_all

@@ -25,7 +25,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from testnet.simulator import SimulationSpec
+from testnet.simulation.simulator import SimulationSpec
 
 from .results import capture, save
 from .runs import simulate_all, write_summary
@@ -190,7 +190,7 @@ def _pooled(runs: list[dict], base: dict[int, dict], key: str, predictor: str | 
     """The mean per-node difference to the baseline over the nodes of every seed, with its
     interval in points: the seeds resampled, then the nodes of each (`runs_bootstrap`: a run's
     nodes share its luck)."""
-    from testnet.intervals import runs_bootstrap
+    from testnet.reporting.intervals import runs_bootstrap
 
     def per_node(run: dict) -> list[float]:
         return run[key][predictor]["per_node"] if predictor else run[key]["per_node"]

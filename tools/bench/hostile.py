@@ -18,7 +18,7 @@ only (CURVE and bans off, stall-reset at the public socket): a smoke test, not f
 
 `--admitted-peer` measures one admitted learning peer instead (issue #27, "Done when" 2): the
 4-daemon MAPL testnet of tests/adversarial/test_hostile_learning.py, node 3 a Byzantine daemon
-(testnet/byzantine.py) whose payloads are rescaled ×10⁴, alone and with each round's barrage,
+(testnet/launch/byzantine.py) whose payloads are rescaled ×10⁴, alone and with each round's barrage,
 beside its control twin (node 3 honest), each run judged by `--check`. `--save NAME` writes the
 rows as result NAME (tools/bench/results.py) for BENCHMARKS.md to draw the table from.
 """
@@ -37,10 +37,10 @@ from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
 
-from testnet.cluster import Cluster, NodeSpec
-from testnet.learning import DISCOVERY, node_settings, run_learning_testnet
-from testnet.report import CheckThresholds
-from testnet.simulator import SimulationSpec
+from testnet.launch.cluster import Cluster, NodeSpec
+from testnet.launch.learning import DISCOVERY, node_settings, run_learning_testnet
+from testnet.reporting.report import CheckThresholds
+from testnet.simulation.simulator import SimulationSpec
 
 from .results import capture, save
 
@@ -49,11 +49,11 @@ __all__ = ["main"]
 NODES = 4
 STATUS_EVERY_S = 0.2
 PROBE_EVERY_S = 0.05
-# Every daemon's settings that differ from a user's defaults: testnet/cluster.py's cap for a
+# Every daemon's settings that differ from a user's defaults: testnet/launch/cluster.py's cap for a
 # testnet on one host. CURVE (on by default and in a testnet) and bans (`abort_ban_s` 0 where
 # off) are in each row.
 SETTINGS = {"security.max_connections_per_address": 64}
-# With learning, also the launcher's quick discovery and its round settings (testnet/learning.py).
+# With learning, also the launcher's quick discovery and its round settings (testnet/launch/learning.py).
 LEARNING_SETTINGS = {
     **SETTINGS,
     **{f"discovery.{key}": value for key, value in DISCOVERY.items()},

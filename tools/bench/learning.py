@@ -18,7 +18,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from testnet.simulator import SimulationSpec
+from testnet.simulation.simulator import SimulationSpec
 
 from .results import capture, save
 from .runs import simulate_all, write_summary
@@ -81,8 +81,8 @@ def main(argv: list[str] | None = None) -> int:
 def render(result: dict) -> str:
     """One row per scenario and method: accuracy per seed and their mean, the gain over Local
     paired on the same nodes over every seed, the graph, and traffic (means over seeds)."""
-    from testnet.intervals import runs_bootstrap
-    from testnet.summary import gap_share
+    from testnet.reporting.intervals import runs_bootstrap
+    from testnet.reporting.summary import gap_share
 
     runs = result["data"]["runs"]
     seeds = sorted({run["seed"] for run in runs})

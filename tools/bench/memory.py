@@ -77,13 +77,13 @@ def _testnets(args: argparse.Namespace) -> dict[str, dict]:
 
 
 def _testnet(algorithm: str, nodes: int, rounds: int, out: Path) -> dict:
-    from testnet.learning import run_learning_testnet
-    from testnet.placement import LocalPlacement
-    from testnet.simulator import SimulationSpec
+    from testnet.launch.learning import run_learning_testnet
+    from testnet.launch.placement import LocalPlacement
+    from testnet.simulation.simulator import SimulationSpec
 
     spec = SimulationSpec(algorithm, dataset="mnist5k", nodes=nodes, rounds=rounds, backbones=(BACKBONE,))
     # Each daemon started with exec, as on a device: a daemon forked from the testnet's warm
-    # parent (testnet/forkserver.py) maps only the pages it touches, so its RSS is not a device's.
+    # parent (testnet/launch/forkserver.py) maps only the pages it touches, so its RSS is not a device's.
     with LocalPlacement(fork=False) as placement:
         code, report = run_learning_testnet(spec, out, round_deadline_s=ROUND_DEADLINE_S, placement=placement)
     if code != 0:
@@ -122,8 +122,8 @@ def _stages(algorithm: str, rounds: int) -> list[dict]:
 
     from p2pnode.wire.keystore import write_key
     from protocol import Identity
-    from testnet.learning import node_settings
-    from testnet.simulator import SimulationSpec
+    from testnet.launch.learning import node_settings
+    from testnet.simulation.simulator import SimulationSpec
 
     with tempfile.TemporaryDirectory() as directory:
         settings = node_settings(SimulationSpec(algorithm, nodes=10), 0, BACKBONE, 5.0)

@@ -24,7 +24,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from testnet.simulator import SimulationSpec
+from testnet.simulation.simulator import SimulationSpec
 
 from .heterogeneous import TUNING_SEEDS as HETEROGENEOUS_TUNING_SEEDS
 from .learning import TUNING_SEEDS

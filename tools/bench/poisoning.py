@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from testnet.simulator import SimulationSpec
+from testnet.simulation.simulator import SimulationSpec
 
 from .learning import THREADS, TUNING_SEEDS
 from .results import capture, save

@@ -12,7 +12,7 @@ download); `images/node<i>/<class>/` each device's own images of the digits 5-9,
 pretraining never saw, `--per-class` a class (a fifth held out for testing, as a daemon holds
 them out). Then per seed, MAPL-Auto and Local on those devices (`p2pnode simulate
 --data-per-node images --backbones mynet:backbone [--weights pretrained.pt]`), from scratch and
-from the weights. The gains are paired over the same held-out images (testnet/intervals.py).
+from the weights. The gains are paired over the same held-out images (testnet/reporting/intervals.py).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from pathlib import Path
 import numpy as np
 
 from algorithms.models.user_backbone import BackboneFiles
-from testnet.intervals import paired_difference
-from testnet.own_data import OwnDataArguments, own_data_specs
-from testnet.simulator import SimulationSpec
+from testnet.reporting.intervals import paired_difference
+from testnet.simulation.own_data import OwnDataArguments, own_data_specs
+from testnet.simulation.simulator import SimulationSpec
 
 from .results import capture, publish
 from .runs import simulate_all
@@ -182,7 +182,7 @@ def _kept(start: str, method: str, report: dict) -> dict:
 def render(result: dict) -> str:
     """Per seed and start (from scratch, from the weights): Local and MAPL-Auto, and the paired
     gains: pretraining's (each method, pretrained − scratch) and collaboration's (MAPL-Auto − Local)."""
-    from testnet.report import rights_of
+    from testnet.reporting.report import rights_of
 
     data = result["data"]
     runs = {(run["start"], run["method"], run["seed"]): run for run in data["runs"]}

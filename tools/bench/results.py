@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from testnet.provenance import cpu, git_state, versions
+from testnet.reporting.provenance import cpu, git_state, versions
 
 __all__ = ["RESULTS", "REQUIRED", "capture", "save", "publish", "load", "machine"]
 

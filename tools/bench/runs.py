@@ -12,8 +12,8 @@ from multiprocessing.context import BaseContext
 from pathlib import Path
 
 from p2pnode.learning.rounds import Schedule
-from testnet.provenance import CODE_ROOT, git_state
-from testnet.simulator import SimulationSpec
+from testnet.reporting.provenance import CODE_ROOT, git_state
+from testnet.simulation.simulator import SimulationSpec
 
 __all__ = ["simulate_all", "write_summary"]
 
@@ -21,8 +21,8 @@ __all__ = ["simulate_all", "write_summary"]
 def _simulate(job: tuple[SimulationSpec, str]) -> dict:
     import torch
 
-    from testnet.report import write_report
-    from testnet.simulator import run_simulation
+    from testnet.reporting.report import write_report
+    from testnet.simulation.simulator import run_simulation
 
     spec, out = job
     torch.set_num_threads(1)

@@ -25,12 +25,12 @@ import os
 import sys
 from pathlib import Path
 
-from testnet.discovery import CROWDED
+from testnet.launch.discovery import CROWDED
 
 from .results import capture, save
 
 RSS_LIMIT_MB = 60  # issue #16: no daemon above this without learning
-# The crowded testnet's liveness and memory-poll settings (testnet/discovery.py says why), at
+# The crowded testnet's liveness and memory-poll settings (testnet/launch/discovery.py says why), at
 # every N: the same, whether or not N is past the crowding a testnet chooses them at.
 LIVENESS = {key: CROWDED["discovery"][key] for key in ("ping_interval_s", "peer_timeout_s", "dial_retry_initial_s")}
 TRANSPORT = dict(CROWDED["transport"])
@@ -77,7 +77,7 @@ def settings(active_view: int, max_peers: int) -> dict:
 
 
 def _run(nodes: int, active_view: int, max_peers: int, duration: float, hold: float, out: Path) -> dict:
-    from testnet.discovery import run_discovery_testnet
+    from testnet.launch.discovery import run_discovery_testnet
 
     load_before = os.getloadavg()
     views = {"active_view": active_view, "max_peers": max_peers, **LIVENESS}

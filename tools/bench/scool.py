@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from testnet.simulator import SimulationSpec
+from testnet.simulation.simulator import SimulationSpec
 
 from .results import capture, save
 from .runs import simulate_all, write_summary

@@ -30,8 +30,8 @@ import subprocess
 import sys
 from dataclasses import asdict
 
-from testnet.engines import Engine
-from testnet.simulator import SimulationSpec
+from testnet.simulation.hosting import Engine
+from testnet.simulation.simulator import SimulationSpec
 
 from .results import capture, save
 
@@ -178,7 +178,7 @@ HEADER = (
 def _row(r: dict) -> str:
     """One run; `cores used` is the hosts' CPU seconds since they began to build their nodes over
     the run's wall time (which includes starting them). A report's step times are the simulated
-    clock's (testnet/clock.py), not what a step cost here: the wall time per round is."""
+    clock's (testnet/simulation/clock.py), not what a step cost here: the wall time per round is."""
     peak = [host["peak_rss_mb"] or 0.0 for host in r["engine"]["hosts"]]
     cores = sum(host["cpu_s"] for host in r["engine"]["hosts"]) / r["wall_s"]
     return (
@@ -208,7 +208,7 @@ def run(spec: dict, engine: dict, label: str = "") -> dict:
 def _run_here(job: dict) -> dict:
     import torch
 
-    from testnet.simulator import run_simulation
+    from testnet.simulation.simulator import run_simulation
 
     spec, engine = SimulationSpec(**job["spec"]), Engine(**job["engine"])
     report = run_simulation(spec, engine=engine)

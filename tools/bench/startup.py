@@ -1,4 +1,4 @@
-"""What forking a local testnet's learning daemons from a warm parent saves (testnet/forkserver.py),
+"""What forking a local testnet's learning daemons from a warm parent saves (testnet/launch/forkserver.py),
 next to starting each with exec; prints one markdown table.
 
     python -m tools.bench.startup [--runs 2] [--out bench-out/startup] [--save startup]
@@ -27,10 +27,10 @@ NODES, ROUNDS = 4, 8
 
 def measure(out: Path, fork: bool) -> dict:
     """One run of the README's MAPL testnet; its daemons' CPU, wall time and accuracy."""
-    from testnet.learning import run_learning_testnet
-    from testnet.placement import LocalPlacement
-    from testnet.report import CheckThresholds
-    from testnet.simulator import SimulationSpec
+    from testnet.launch.learning import run_learning_testnet
+    from testnet.launch.placement import LocalPlacement
+    from testnet.reporting.report import CheckThresholds
+    from testnet.simulation.simulator import SimulationSpec
 
     spec = SimulationSpec(
         algorithm="mapl",
@@ -74,7 +74,7 @@ def render(result: dict) -> str:
         "| daemons started | runs | daemons' CPU, s (median) | wall, s (median) | accuracy, % |",
         "|---|---|---|---|---|",
     ]
-    for name, fork in (("with exec", False), ("forked (testnet/forkserver.py)", True)):
+    for name, fork in (("with exec", False), ("forked (testnet/launch/forkserver.py)", True)):
         runs = [run for run in data["runs"] if run["fork"] is fork]
         medians = data["summary"]["fork" if fork else "exec"]
         accuracy = ", ".join(sorted({f"{run['accuracy'] * 100:.1f}" for run in runs}))

@@ -9,11 +9,12 @@ MAPL-Dual on mnist5k Scenario 1, 10 nodes on the four CPU backbones, 10 training
 images per class, 80 rounds; per seed two runs on the same nodes: "equal" (every node at speed 1)
 and "slow" (`--slow 0.3:5`: 3 nodes drawn by the seed step 5× slower). For each fast node the
 figure is the simulated time at which it first reached its final accuracy of the equal run, in
-either run (testnet/report.py:time_to_accuracy); the ratio slow/equal is what the slow nodes
-cost it. Simulated seconds come from the fixed step and end-of-round costs of testnet/clock.py, so the figures do
-not depend on the machine (its load only stretches how long the benchmark takes). Each run is
-one process with one torch thread; a finished run of the same spec and commit is reused
-(tools/bench/runs.py). Seed 0 tuned the hyper-parameters: the defaults evaluate on 1 and 2.
+either run (testnet/reporting/report.py:time_to_accuracy); the ratio slow/equal is what the slow
+nodes cost it. Simulated seconds come from the fixed step and end-of-round costs of
+testnet/simulation/clock.py, so the figures do not depend on the machine (its load only
+stretches how long the benchmark takes). Each run is one process with one torch thread; a
+finished run of the same spec and commit is reused (tools/bench/runs.py). Seed 0 tuned the
+hyper-parameters: the defaults evaluate on 1 and 2.
 
 `--schedule async` (`[algorithm].schedule`, docs/learning.md "Schedules") adds, per seed, the
 equal and the slow run under the async schedule and a Local run (the issue's floor for the slow
@@ -30,9 +31,9 @@ import statistics
 import sys
 
 from p2pnode.learning.rounds import ASYNC, SYNC, Schedule
-from testnet.report import time_to_accuracy
-from testnet.simulator import SimulationSpec
-from testnet.spec import parse_slow
+from testnet.reporting.report import time_to_accuracy
+from testnet.simulation.simulator import SimulationSpec
+from testnet.simulation.spec import parse_slow
 
 from .results import capture, save
 from .runs import simulate_all
@@ -208,8 +209,9 @@ def render(result: dict) -> str:
         f"MAPL-Dual, mnist5k Scenario {data['scenario']}, {data['nodes']} nodes on the four CPU backbones, "
         f"{data['samples_per_class']} training and {data['test_per_class']} test images per class, {data['rounds']} "
         "rounds, today's sync schedule (quorum 1.0, round deadline 30 s), 5 ms latency; simulated seconds "
-        "(testnet/clock.py's step and end-of-round costs). The time of a node is the first round end at which its "
-        "accuracy reached its final accuracy of the equal run; the mean is over the fast nodes that reached it.",
+        "(testnet/simulation/clock.py's step and end-of-round costs). The time of a node is the first round end "
+        "at which its accuracy reached its final accuracy of the equal run; the mean is over the fast nodes that "
+        "reached it.",
     ]
     scheduled = render_async(data)
     return "\n".join([*rows, "", *scheduled] if scheduled else rows)

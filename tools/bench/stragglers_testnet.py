@@ -16,8 +16,8 @@ the slow nodes as it does there.
 
 Both sides are scored the same way: a fast node's time is the first round end at which it
 reached its final accuracy of the same side's sync equal run. The simulator's seconds are its
-fixed step and end-of-round costs (testnet/clock.py), the testnet's are real seconds on a machine that runs ten
-daemons on its cores, so absolute times differ by the machine's contention; what must agree is
+fixed step and end-of-round costs (testnet/simulation/clock.py), the testnet's are real seconds on
+a machine that runs ten daemons on its cores, so absolute times differ by the machine's contention; what must agree is
 accuracy (the issue: within 1 point) and each run's time to accuracy as a multiple of its own
 side's sync equal run (within 20 %). `--sim-out` reuses finished simulations (the stragglers
 benchmark's folder, same spec and commit). The testnets run one at a time, the simulations
@@ -35,8 +35,8 @@ import sys
 from pathlib import Path
 
 from p2pnode.learning.rounds import ASYNC, SYNC, Schedule
-from testnet.learning import run_learning_testnet
-from testnet.spec import parse_slow
+from testnet.launch.learning import run_learning_testnet
+from testnet.simulation.spec import parse_slow
 
 from .results import capture, save
 from .runs import simulate_all
@@ -165,10 +165,10 @@ def render(result: dict) -> str:
     )
     rows += [
         "",
-        f"{setting} Simulator: simulated seconds (testnet/clock.py); testnet: real seconds since each daemon's "
-        f"first round, {data['nodes']} daemons sharing the machine, {paced}. A node's time: the first round end at "
-        "which it reached its final accuracy of the same side's sync equal run; the mean: over the fast nodes that "
-        "reached it.",
+        f"{setting} Simulator: simulated seconds (testnet/simulation/clock.py); testnet: real seconds since each "
+        f"daemon's first round, {data['nodes']} daemons sharing the machine, {paced}. A node's time: the first "
+        "round end at which it reached its final accuracy of the same side's sync equal run; the mean: over the "
+        "fast nodes that reached it.",
     ]
     return "\n".join(rows)
 

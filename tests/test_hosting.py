@@ -1,4 +1,4 @@
-"""The simulator's engines (testnet/engines.py): the same report in this process, in worker
+"""The simulator's engines (testnet/simulation/hosting.py): the same report in this process, in worker
 processes and on Ray, for the same seed; a failing node or worker named, the pool torn down."""
 
 import dataclasses
@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from algorithms.registry import default_config
-from testnet.engines import Engine
-from testnet.host import blocks
-from testnet.shard import SimulationError
-from testnet.simulator import SimulationSpec, run_baselines, run_simulation
-from testnet.spec import Slow
-from testnet.workers import ProcessHosts, start_method
+from testnet.simulation.host import blocks
+from testnet.simulation.hosting import Engine
+from testnet.simulation.shard import SimulationError
+from testnet.simulation.simulator import SimulationSpec, run_baselines, run_simulation
+from testnet.simulation.spec import Slow
+from testnet.simulation.workers import ProcessHosts, start_method
 
 ROOT = Path(__file__).resolve().parent.parent
 # Learning from round 1 on (graph, pruning), so two rounds run every step of each algorithm;

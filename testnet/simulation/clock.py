@@ -7,7 +7,7 @@ samples × its speed factor: a slower device evaluates slower too), a frame take
 sender to its addressees, and a node's gather ends by the daemon's own rule (p2pnode/learning/rounds.py's
 `Gather`: quorum, grace, deadline) read at simulated times. Events are ordered by (time, kind,
 sender, sequence), so a run repeats exactly, whatever the engine and however long the real
-computation took. testnet/exchange.py runs the nodes on this clock.
+computation took. testnet/simulation/exchange.py runs the nodes on this clock.
 
 Why a fixed cost table rather than each step's measured wall time: a measured time would make the
 schedule, and with it who waits for whom and every accuracy that follows, depend on the machine

@@ -1,6 +1,6 @@
-"""Hosts in worker processes on this machine: the `processes` engine of testnet/engines.py.
+"""Hosts in worker processes on this machine: the `processes` engine of testnet/simulation/hosting.py.
 
-Each worker is a child process that builds its host (testnet/host.py) and answers the
+Each worker is a child process that builds its host (testnet/simulation/host.py) and answers the
 exchange's commands over a pipe. It is forked where that is safe (`start_method`): it then
 starts in a fraction of a second with torch already imported, where a spawned interpreter takes
 seconds to import torch again. Every wait is bounded: a worker that dies, raises

@@ -1,4 +1,4 @@
-"""Hosts as Ray actors: the `ray` engine of testnet/engines.py, for runs beyond one machine.
+"""Hosts as Ray actors: the `ray` engine of testnet/simulation/hosting.py, for runs beyond one machine.
 
 Ray is an optional extra (`pip install 'p2pnode[ray]'`), imported only here and only when the
 engine is chosen. Without an address a local Ray is started for the run and stopped after it;
@@ -6,9 +6,9 @@ with one (`ray://host:10001`, `host:6379`, `auto`) the actors go to that cluster
 machines need p2pnode and its dependencies installed as on this one. A Ray that is already
 running in this process (a test's, a notebook's) is used as it is and left running.
 
-Each actor is one host (testnet/host.py) taking one CPU; when the run's device is not the CPU
+Each actor is one host (testnet/simulation/host.py) taking one CPU; when the run's device is not the CPU
 and the cluster has GPUs, each actor asks for an equal share of them, so Ray makes them visible
-to it. Waits are bounded as in testnet/workers.py, and a failure names the host and, where a
+to it. Waits are bounded as in testnet/simulation/workers.py, and a failure names the host and, where a
 node raised, the node.
 """
 
@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..ray_extra import ray_missing
 from .exchange import Arguments
 from .host import Host, blocks
-from .optional import ray_missing
 from .shard import NodeFailed, SimulationError
 from .spec import SimulationSpec
 

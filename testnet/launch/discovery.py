@@ -16,9 +16,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..reporting.overlay import at_target, resources, shape, steady_rates
 from .churn import ChurnSpec, RestartPolicy, Supervisor
 from .cluster import Cluster
-from .overlay import at_target, resources, shape, steady_rates
 from .placement import Placement
 
 __all__ = ["run_discovery_testnet", "crowded_settings", "CROWDED", "CROWDED_PER_CORE"]
@@ -156,7 +156,7 @@ def run_discovery_testnet(
     """Returns (exit code, report). Exit code 0 iff every node's view reached its target (for
     N ≤ active_view + 1: every node knew all others) within the duration, the overlay was
     connected at the end, no daemon exited on its own (and stayed down: `restart` starts one that
-    died again, testnet/churn.py), and every daemon stopped by `churn` or restarted was back with
+    died again, testnet/launch/churn.py), and every daemon stopped by `churn` or restarted was back with
     every view at target before the end (churn stops none in the last `every` seconds). With
     `exit_on_mesh` the run stops `hold_s` after every view reached its target (steady-state rates
     need more than STEADY_AFTER_S; a 100-daemon join under load took 30 s to 2 minutes after the

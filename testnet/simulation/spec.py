@@ -1,7 +1,7 @@
 """What a simulation runs: the scenario, the algorithm and its settings, the poisoners, the
-device, and the pace of its simulated clock (testnet/clock.py: the latency, each node's step
+device, and the pace of its simulated clock (testnet/simulation/clock.py: the latency, each node's step
 cost, which nodes are slow, the gather rule). Every host of a run builds its nodes from this
-alone (testnet/host.py), so nothing big travels to a worker."""
+alone (testnet/simulation/host.py), so nothing big travels to a worker."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ _GATHER = AlgorithmSettings()  # the daemon's defaults: the simulator's gather e
 @dataclass(frozen=True)
 class Slow:
     """`--slow FRACTION:FACTOR`: round(fraction × nodes) nodes, drawn by the seed, take `factor`
-    times as long per local step and end of round (emulated: testnet/clock.py in the simulator,
+    times as long per local step and end of round (emulated: testnet/simulation/clock.py in the simulator,
     the daemon's `[node].slowdown` in the testnet)."""
 
     fraction: float
@@ -82,7 +82,7 @@ class SimulationSpec:
     mixed_precision: bool = False  # CUDA only
     data: OwnDataSpec | None = None  # the user's own data instead of `dataset`, dealt out by the scenario
     data_per_node: tuple[OwnDataSpec, ...] = ()  # instead of a scenario: node i's own data is the i-th
-    # The simulated clock (testnet/clock.py); the testnet's daemons keep real time.
+    # The simulated clock (testnet/simulation/clock.py); the testnet's daemons keep real time.
     slow: Slow | None = None  # `--slow`: which nodes step slower, and how much
     latency_s: float = 0.005  # each frame's way from its sender to its addressees
     step_s: float | None = None  # every node's local step at speed 1; None: clock.STEP_S_PER_SAMPLE

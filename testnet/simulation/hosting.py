@@ -2,11 +2,11 @@
 
 - `inline`: one host holding every node, in this process (the default for one worker).
 - `processes`: one host per worker process on this machine (forked where that is safe, each
-  with its own torch threads: one by default), talking over pipes (testnet/workers.py).
-- `ray`: one host per Ray actor, on a local Ray or a cluster (testnet/rayhosts.py; the optional
+  with its own torch threads: one by default), talking over pipes (testnet/simulation/workers.py).
+- `ray`: one host per Ray actor, on a local Ray or a cluster (testnet/simulation/rayhosts.py; the optional
   extra `pip install 'p2pnode[ray]'`).
 
-All three run the same hosts (testnet/host.py) under the same exchange (testnet/exchange.py),
+All three run the same hosts (testnet/simulation/host.py) under the same exchange (testnet/simulation/exchange.py),
 so a run gives the same report whatever the engine.
 """
 

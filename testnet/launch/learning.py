@@ -1,5 +1,5 @@
 """`p2pnode testnet --algorithm A`: N real daemons learn over TCP; the report comes from the
-same builder as `p2pnode simulate`'s (testnet/report.py), fed with the round records each daemon
+same builder as `p2pnode simulate`'s (testnet/reporting/report.py), fed with the round records each daemon
 keeps in its `status`.
 
 Each daemon gets node index i of the same partition and seed as the simulator's node i, so the
@@ -32,13 +32,13 @@ from p2pnode.discovery.settings import DiscoverySettings
 from p2pnode.learning.rounds import RoundRecord, Schedule
 from protocol import LEARNING_TYPES
 
+from ..reporting.overlay import ingress_restarts, ingress_rss_mb
+from ..reporting.provenance import provenance
+from ..reporting.report import CheckThresholds, Truth, assemble, judge, run_header
+from ..simulation.spec import SimulationSpec
 from .churn import ChurnSpec, RestartPolicy, Supervisor
 from .cluster import Cluster
-from .overlay import ingress_restarts, ingress_rss_mb
 from .placement import Placement
-from .provenance import provenance
-from .report import CheckThresholds, Truth, assemble, judge, run_header
-from .simulator import SimulationSpec
 
 __all__ = [
     "run_learning_testnet",
@@ -175,10 +175,10 @@ def run_learning_testnet(
 ) -> tuple[int, dict[str, Any]]:
     """Returns (exit code, report): 0 if every node finished (and `check` passed, if given),
     1 if not, 130 if interrupted. `churn` stops and restarts daemons while they learn (not
-    those that have finished), `restart` restarts those that die (testnet/churn.py): they
+    those that have finished), `restart` restarts those that die (testnet/launch/churn.py): they
     resume from their checkpoints. `settings` adds config settings to every node's, by section
     (e.g. `{"discovery": {"active_view": 8}}`). `placement` runs the daemons (default: here).
-    `spec.poisoners` run as Byzantine daemons (testnet/byzantine.py) with `spec.attack`, and
+    `spec.poisoners` run as Byzantine daemons (testnet/launch/byzantine.py) with `spec.attack`, and
     with `barrage` also each round's malformed and out-of-round frames. `alongside(cluster)`: a
     context held while the daemons run (an attack on them, say)."""
     # The daemons resolve the device as this launcher does; provenance names the engine, as a simulation's.
@@ -245,11 +245,11 @@ def _prepared(
 def byzantine_program(spec: SimulationSpec, index: int, barrage: bool) -> tuple[str, ...]:
     """What node `index` runs as one of `spec.poisoners`: its seed is the simulator's for it."""
     attack = ("--attack", spec.attack, "--factor", repr(spec.attack_factor), "--seed", str(spec.seed * 1000 + index))
-    return ("testnet.byzantine", *attack, *(("--barrage",) if barrage else ()))
+    return ("testnet.launch.byzantine", *attack, *(("--barrage",) if barrage else ()))
 
 
 def _processes(cluster: Cluster, exit_codes: dict[int, int | None], supervisor: Supervisor) -> dict[str, Any]:
-    """What only real daemons have, per node and per run (testnet/report.py, PROCESS_KEYS)."""
+    """What only real daemons have, per node and per run (testnet/reporting/report.py, PROCESS_KEYS)."""
     return {
         "exit_codes": [exit_codes.get(s.index) for s in cluster.specs],
         "logs": [str(s.log_path) for s in cluster.specs],
@@ -394,7 +394,7 @@ def testnet_report(header: dict[str, Any], partition, statuses: list[dict | None
 
 
 def _attacks(statuses: list[dict | None], honest: list[int]) -> dict[str, Any]:
-    """What the Byzantine daemons sent (testnet/byzantine.py, by kind) and what the honest
+    """What the Byzantine daemons sent (testnet/launch/byzantine.py, by kind) and what the honest
     nodes refused, by reason."""
     sent: Counter[str] = Counter()
     refused: Counter[str] = Counter()

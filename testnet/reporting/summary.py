@@ -3,7 +3,7 @@ alone (docs/learning.md, "Report"): the run, the final accuracy of each method w
 every node, the learned graph, the traffic, the daemons that went down (a testnet's: churn,
 restarts, exits), the plots and where the run came from.
 
-Intervals (testnet/intervals.py): an accuracy carries its 95 % Wilson interval on the node's (or
+Intervals (testnet/reporting/intervals.py): an accuracy carries its 95 % Wilson interval on the node's (or
 all nodes') test images; a difference between methods its paired bootstrap interval over nodes.
 """
 
@@ -39,7 +39,7 @@ INTERVALS_SAID = (
 
 
 def difference_text(difference: dict[str, Any] | None) -> str:
-    """A paired difference (testnet/intervals.py `paired_difference`) in points, with its interval
+    """A paired difference (testnet/reporting/intervals.py `paired_difference`) in points, with its interval
     and what that interval rests on."""
     if difference is None:
         return "—"

@@ -1,10 +1,10 @@
 """The simulator: every node of a scenario, exchanging real frames without sockets.
 
-It drives the same algorithm seam the daemon drives, through the network of testnet/exchange.py
-on a simulated clock (testnet/clock.py: step costs, latency, `--slow` nodes, the daemon's gather
+It drives the same algorithm seam the daemon drives, through the network of testnet/simulation/exchange.py
+on a simulated clock (testnet/simulation/clock.py: step costs, latency, `--slow` nodes, the daemon's gather
 rule), and builds its report from the same per-node-round records as the
-learning testnet (testnet/report.py). `p2pnode simulate` is its command line. The nodes run on
-an engine (testnet/engines.py): all in this process (`inline`, the default), spread over worker
+learning testnet (testnet/reporting/report.py). `p2pnode simulate` is its command line. The nodes run on
+an engine (testnet/simulation/hosting.py): all in this process (`inline`, the default), spread over worker
 processes, or over Ray actors; the report is the same on each.
 
 `poisoners` turns some nodes Byzantine (algorithms/methods/poison.py): they learn as the others do but
@@ -27,11 +27,11 @@ from algorithms.graphs.graph import within_cluster_mass
 from algorithms.registry import applicable_overrides
 from p2pnode.learning.rounds import RoundRecord
 
+from ..reporting.provenance import provenance
+from ..reporting.report import CheckThresholds, Truth, assemble, judge, run_header
 from .clock import end_costs, step_costs
-from .engines import INLINE, Engine, open_hosts
 from .exchange import GatherRule, Hosts, Timeline, simulation_identity
-from .provenance import provenance
-from .report import CheckThresholds, Truth, assemble, judge, run_header
+from .hosting import INLINE, Engine, open_hosts
 from .spec import SimulationSpec
 
 __all__ = [
@@ -61,8 +61,8 @@ def run_simulation(
     thresholds: CheckThresholds | None = None,
     engine: Engine = INLINE,
 ) -> dict[str, Any]:
-    """Run every round of `spec` on `engine` (testnet/engines.py: the same report on each);
-    returns the report (testnet/report.py), judged against `thresholds` if given."""
+    """Run every round of `spec` on `engine` (testnet/simulation/hosting.py: the same report on each);
+    returns the report (testnet/reporting/report.py), judged against `thresholds` if given."""
     started = time.perf_counter()
     config = spec.config_dict()  # a bad override fails here, before any host starts
     _, partition = load_scenario(spec.scenario_spec)
@@ -91,7 +91,7 @@ def run_simulation(
 
 def timeline(spec: SimulationSpec, hosts: Hosts, ids: list[str]) -> Timeline:
     """`spec`'s nodes on the simulated clock: each one's step and end-of-round costs
-    (testnet/clock.py) at its speed."""
+    (testnet/simulation/clock.py) at its speed."""
     sizes = {i: size for part in hosts.call("sizes", [()] * len(hosts.blocks)) for i, size in part.items()}
     train, test = zip(*(sizes[i] for i in range(spec.nodes)), strict=True)
     backbones, factors = spec.node_backbones(), spec.speed_factors()
@@ -120,7 +120,7 @@ def run_baselines(
 ) -> dict[str, dict[str, Any]]:
     """Simulate each baseline on `spec`'s nodes, each node on the backbone it had there, with those
     of `spec`'s overrides the baseline's configuration has; returns the reports by name
-    (testnet/report.py:attach_baselines puts them beside `spec`'s own). The run's own algorithm
+    (testnet/reporting/report.py:attach_baselines puts them beside `spec`'s own). The run's own algorithm
     is no baseline of itself: it is skipped."""
     reports = {}
     for name in (name for name in names if name != spec.algorithm):

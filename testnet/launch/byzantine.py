@@ -1,7 +1,7 @@
 """A Byzantine daemon for rehearsals (issue #27): a real node, admitted as any other, that
 learns as its algorithm does but attacks its learning peers every round.
 
-    python -m testnet.byzantine --config node.toml --attack rescale --factor 1e4 [--barrage]
+    python -m testnet.launch.byzantine --config node.toml --attack rescale --factor 1e4 [--barrage]
 
 It is `p2pnode start` with two changes, so that what it attacks is the real daemon's path
 (transport, ingress, decoder, replay guard, rounds, the algorithm's checks), not a model of it:
@@ -198,7 +198,7 @@ def _wider(body: Body) -> dict[str, Any] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m testnet.byzantine", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m testnet.launch.byzantine", description=__doc__.split("\n")[0])
     parser.add_argument("--config", required=True, metavar="PATH")
     parser.add_argument("--attack", choices=ATTACKS, default="rescale")
     parser.add_argument("--factor", type=float, default=1e4, help="the factor of scale and rescale")
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         start(args.config, lambda config: ByzantineNode(config, attack, barrage=args.barrage, seed=args.seed))
     except StartFailed as exc:
-        print(f"testnet.byzantine: error: {exc}", file=sys.stderr)
+        print(f"testnet.launch.byzantine: error: {exc}", file=sys.stderr)
         return exc.exit_code
     return 0
 

@@ -3,7 +3,7 @@ starts, the ~3.5 s of CPU that importing torch (and torch._dynamo, which the fir
 pulls in) costs a fresh interpreter. On two cores, ten daemons starting together spent half a
 minute importing the same modules.
 
-`ForkServer` starts one `python -m testnet.forkserver`, which imports what every learning daemon
+`ForkServer` starts one `python -m testnet.launch.forkserver`, which imports what every learning daemon
 imports and then, per request, forks a child that becomes the daemon: its own process group
 (in the server's session, which no terminal controls), its log as stdout and stderr,
 PR_SET_PDEATHSIG (it dies with the server, which dies with the launcher), fresh seeds for
@@ -15,7 +15,7 @@ server starts a thread, a trio loop or a ZeroMQ context before forking.
 The server reaps its children and reports each exit code (−N for signal N, as `subprocess`
 does) on its stdout, one JSON line each; `ForkedDaemon` is the launcher's handle, with the
 names and meanings of `subprocess.Popen` that `DaemonProcess` lists. A daemon with a prefix
-(a network namespace) is started with exec, as before (testnet/placement.py).
+(a network namespace) is started with exec, as before (testnet/launch/placement.py).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class ForkServer:
 
     def __init__(self) -> None:
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "testnet.forkserver"],
+            [sys.executable, "-m", "testnet.launch.forkserver"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             start_new_session=True,  # a terminal's Ctrl-C reaches the launcher alone
@@ -126,7 +126,7 @@ class ForkServer:
 
 class ForkedDaemon:
     """A daemon the fork server started: `subprocess.Popen`'s pid, returncode, poll, wait and
-    send_signal, and `kill_group` (testnet/placement.py's `DaemonProcess`)."""
+    send_signal, and `kill_group` (testnet/launch/placement.py's `DaemonProcess`)."""
 
     def __init__(self, server: ForkServer, pid: int) -> None:
         self.server, self.pid = server, pid

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from .optional import ray_missing
+from ..ray_extra import ray_missing
 from .placement import LocalPlacement
 
 __all__ = ["ENGINES", "EngineUnavailable", "open_placement"]

@@ -1,11 +1,11 @@
-"""Where a testnet's daemons run: the one seam between the launcher (`testnet/cluster.py`:
+"""Where a testnet's daemons run: the one seam between the launcher (`testnet/launch/cluster.py`:
 keys, configs, the bootstrap, start order, stops, churn) and the processes it launches.
 
 A placement starts a node's `p2pnode start` process, hands back a handle to signal and reap it
 (`DaemonProcess`, the part of `subprocess.Popen` the launcher uses), reads the node's status on
 its control socket and brings its log to `NodeSpec.log_path`. `LocalPlacement` runs every
-daemon on this machine (a learning daemon forked from a warm parent, testnet/forkserver.py; any
-other a child of the launcher); `testnet/raynodes.py` runs each on a node of
+daemon on this machine (a learning daemon forked from a warm parent, testnet/launch/forkserver.py; any
+other a child of the launcher); `testnet/launch/raynodes.py` runs each on a node of
 a Ray cluster, through a launcher actor there that does on its node what `LocalPlacement` does
 here (`spawn_daemon`, `read_status`). Nothing else differs between the two engines.
 """
@@ -48,7 +48,7 @@ class NodeSpec:
     public_key: bytes = b""  # its Ed25519 key, named in the bootstrap entries that point at it
     prefix: tuple[str, ...] = ()  # run the daemon under this, e.g. ("ip", "netns", "exec", "host1")
     # The module and arguments `python -m` runs with `--config`: a rehearsal's Byzantine node
-    # is ("testnet.byzantine", "--attack", …) (testnet/byzantine.py).
+    # is ("testnet.launch.byzantine", "--attack", …) (testnet/launch/byzantine.py).
     program: tuple[str, ...] = DAEMON
     address: str | None = None  # the address the node reported in its status; None until it has
     process: DaemonProcess | None = field(default=None, repr=False)
@@ -158,7 +158,7 @@ def read_status(control_socket: Path, timeout: float) -> dict | None:
 
 
 class LocalPlacement:
-    """Every daemon on this machine: a learning daemon forked from a warm parent (testnet/forkserver.py:
+    """Every daemon on this machine: a learning daemon forked from a warm parent (testnet/launch/forkserver.py:
     the imports every learning daemon makes, done once), any other a child of the launcher,
     started with exec; `fork=False` starts every one with exec."""
 

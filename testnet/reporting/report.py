@@ -65,7 +65,7 @@ REQUIRED_KEYS = (
 
 # Only real daemons have them: per node (exit codes, logs, resumes, catch-ups), and per run what
 # `--churn` did, which daemons died and `--restart` started again, which exited on their own
-# and stayed down (testnet/churn.py), and the run's timeout and whether it ran out.
+# and stayed down (testnet/launch/churn.py), and the run's timeout and whether it ran out.
 PROCESS_KEYS = (
     "engine",
     "addresses",
@@ -117,7 +117,7 @@ def run_header(
     placement: tuple[Any, bool],
     provenance: Mapping[str, Any],
 ) -> dict[str, Any]:
-    """The fields that say what was run, and where and with what (testnet/provenance.py);
+    """The fields that say what was run, and where and with what (testnet/reporting/provenance.py);
     `placement` is (device, mixed precision) as the nodes resolved `spec.device`
     (algorithms/models/device.py)."""
     device, mixed_precision = placement
@@ -367,7 +367,7 @@ def _series(series: dict[str, list], name: str, key: str) -> dict[str, Any]:
 
 def _tested(finals: list[RoundRecord | None]) -> dict[str, Any]:
     """Each node's test-split size and the accuracy over all their images together, with its
-    Wilson interval (testnet/intervals.py); None where a node did not say how many it had. And
+    Wilson interval (testnet/reporting/intervals.py); None where a node did not say how many it had. And
     which of its predictors each node serves, where it has several (MAPL-Dual, MAPL-Auto)."""
     served = {
         "predictor_per_node": [None if f is None or not f.predictor else f.predictor for f in finals],

@@ -1,5 +1,5 @@
 """The simulator's network: real signed frames between the hosts that own a run's nodes, on a
-simulated clock (testnet/clock.py).
+simulated clock (testnet/simulation/clock.py).
 
 Each node runs its own rounds: its local step takes its step cost in simulated seconds, then it
 publishes; every payload is encoded and signed exactly as the daemon would put it on the wire,
@@ -15,10 +15,10 @@ With equal step costs and no latency the nodes move in lock-step, as the simulat
 had a clock: all step, all payloads arrive (in the order of their senders' indices), the answers
 they are owed arrive, and only then are the gathers looked at.
 
-Who owns which nodes is apart from who routes frames: a host (testnet/shard.py) owns a shard of
+Who owns which nodes is apart from who routes frames: a host (testnet/simulation/shard.py) owns a shard of
 the nodes and answers commands for the nodes they name; the `Timeline` keeps the clock, routes
 frames between hosts and does not care where they run (in this process, in worker processes, on
-Ray: testnet/engines.py). Events at one instant go to every host they concern at once, and the
+Ray: testnet/simulation/hosting.py). Events at one instant go to every host they concern at once, and the
 order a node sees is the one it would see with every node in one process.
 
 Hosts work in parallel although the nodes' events come one at a time: a node's local step
@@ -199,6 +199,8 @@ class Timeline:
         for part in closed:
             for wake in part.wakes.values():
                 self._close_at(wake)
+            for sent in part.sent:  # answers owed for what came by the close (none where arrivals are taken at once)
+                self.queue.push(self.now + self.latency_s, ARRIVAL, sent.sender, sent)
         return records
 
     def _advance(self, nodes: list[int]) -> None:

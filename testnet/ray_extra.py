@@ -1,5 +1,9 @@
 """Ray, the optional extra of `--engine ray` (`simulate` and `testnet`): whether it is here, asked
-without importing it anywhere else, so that the default paths never load it."""
+without importing it anywhere else, so that the default paths never load it.
+
+It sits at the top of testnet/, in none of its rooms: both ask it, the launcher for its Ray
+placement (testnet/launch/choose_placement.py) and the simulator for its Ray hosts
+(testnet/simulation/rayhosts.py), and neither room may import the other's way of running Ray."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The nodes one host of a simulation owns, and what they do on the simulated clock
-(testnet/exchange.py routes between hosts and keeps the clock, testnet/clock.py).
+(testnet/simulation/exchange.py routes between hosts and keeps the clock, testnet/simulation/clock.py).
 
 Each node runs the daemon's round engine (p2pnode/learning/engine.py: what is published and accepted,
 who arrived, when the gather ends, the round's `RoundRecord`); a shard only routes. It answers
@@ -93,6 +93,7 @@ class Closed:
 
     records: list[RoundRecord]
     wakes: dict[int, float]
+    sent: list[Sent]  # the answers owed for what the ended rounds were handed last, signed
 
 
 class Shard:
@@ -179,15 +180,17 @@ class Shard:
     def close(self, now: float, end_s: Mapping[int, float]) -> Closed:
         """End the gathers the daemon's rule ends at `now`: end of round, evaluation, record (the
         round ends `end_s[i]` later, what node i's end of round costs; `advance` then)."""
-        records, wakes = [], {}
+        records, wakes, outbox = [], {}, []
         for i in sorted(self._gathers):
             engine, gather = self.engines[i], self._gathers[i]
             if not engine.gather_finished(gather, now):
                 wakes[i] = gather.wake_at()
                 continue
             del self._gathers[i]
+            engine.close_gather()
+            outbox.extend(self._delivered(i))  # as the daemon does before its end of round
             records.append(self._end_round(i, now, end_s[i]))
-        return Closed(records, wakes)
+        return Closed(records, wakes, self._send(outbox))
 
     def advance(self, nodes: Sequence[int]) -> list[int]:
         """The rounds of `nodes` end now: each goes on to the round `RoundState.next_round`
@@ -203,7 +206,7 @@ class Shard:
 
     def sizes(self) -> dict[int, tuple[int, int]]:
         """Each node's training and test images (what its local step and its end of round cost:
-        testnet/clock.py)."""
+        testnet/simulation/clock.py)."""
         return {
             i: (len(node.setup.data.train_labels), len(node.setup.data.test_labels)) for i, node in self.nodes.items()
         }
@@ -219,7 +222,6 @@ class Shard:
     def _end_round(self, i: int, now: float, end_s: float) -> RoundRecord:
         """Node i's gather closed at `now`; its round ends `end_s` later."""
         engine, (began, stepped) = self.engines[i], self._began[i]
-        engine.close_gather()
         with self._blame(i, "end_round"):
             engine.end_round(engine.round)
             evaluation = self.nodes[i].evaluate()

@@ -6,8 +6,8 @@ binds, and the launcher reads the address back from the node's status. The first
 is the bootstrap of all the others (see `Cluster.start`). Generated configs turn CURVE on
 (`[security].curve`): the launcher made every key, so it names each bootstrap peer's key too.
 
-Where the processes run is the placement's business (`testnet/placement.py`): children of this
-process by default, or on the nodes of a Ray cluster (`testnet/raynodes.py`). Either way a
+Where the processes run is the placement's business (`testnet/launch/placement.py`): children of this
+process by default, or on the nodes of a Ray cluster (`testnet/launch/raynodes.py`). Either way a
 child gets PR_SET_PDEATHSIG, so even a launcher killed with SIGKILL leaves no daemon behind,
 and runs in its own session, so a terminal's Ctrl-C reaches the launcher alone, which then
 stops them in order (SIGTERM, then SIGKILL after a grace period).

@@ -1,6 +1,6 @@
 """A host: the shard of a simulation's nodes one process owns, built from the run's spec alone.
 
-Every engine (testnet/engines.py) runs the same hosts: one in the simulator's own process, one
+Every engine (testnet/simulation/hosting.py) runs the same hosts: one in the simulator's own process, one
 per worker process, one per Ray actor. A host builds its nodes itself (the dataset is loaded
 once per process and each node cuts its shard from it), so only the spec and the node indices
 travel to it, and only signed frames and records come back.
