@@ -16,7 +16,7 @@ import hashlib
 
 import numpy as np
 
-from .seam import PayloadRejected
+from .interface import PayloadRejected
 
 __all__ = ["COPIED_PAYLOAD", "Authors"]
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .seam import PayloadRejected, Scale
+from .interface import PayloadRejected, Scale
 
 __all__ = [
     "OutlierConfig",

@@ -17,8 +17,8 @@ from torch import nn
 
 from protocol.messages import Head, Model, Prototypes
 
+from .interface import PayloadRejected
 from .outliers import state_scale
-from .seam import PayloadRejected
 
 __all__ = [
     "to_numpy",

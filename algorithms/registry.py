@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import catalog
-from .seam import Algorithm, NodeSetup
+from .interface import Algorithm, NodeSetup
 
 __all__ = [
     "ALGORITHMS",

@@ -1,11 +1,11 @@
 """The daemon: one node's lifecycle, and the glue between its parts.
 
     Node.run: lock the data directory ─► reserve sequence numbers (wire/sequence.py) ─► bind
-              ─► serve control ─► receive (inbound.py) / maintain peers (peers.py) / beacon
+              ─► serve control ─► receive (wire/inbound/) / maintain peers (peers.py) / beacon
               ─► BYE, close
 
 The node owns all I/O and time; discovery decisions come from `Membership` as actions, which
-discovery/carry_out.py carries out; learning payloads go to the round driver (learning/driver.py)
+discovery/membership_actions.py carries out; learning payloads go to the round driver (learning/driver.py)
 through `on_payload`, and the driver reaches the network only through the narrow handles of
 `Network`, its learning peers chosen by learning/learning_peers.py. Everything runs in one trio
 nursery: cancelling it stops every task, and `run` returns only after the sockets are closed.
@@ -42,9 +42,10 @@ from protocol import (
 )
 
 from .config import Config
+from .data_dir import DataDir, DataDirError
 from .discovery.beacon import run_beacon
-from .discovery.carry_out import MembershipActions
 from .discovery.hello import capabilities, own_hello
+from .discovery.membership_actions import MembershipActions
 from .discovery.peers import Membership
 from .files import describe_os_error
 from .learning.algorithm import LearningSetupError, build_algorithm
@@ -57,19 +58,17 @@ from .metrics import NOT_LEARNING, UNKNOWN_PEER, Metrics
 from .operations.control import serve_control
 from .serving.asking import Asking
 from .serving.predict import PREDICT, LiveModel, answer_predict, control_request_bytes
-from .state import DataDir, DataDirError
 from .wire import sequence, signing
 from .wire.gate import Gate
-from .wire.inbound import Inbound, decode_all
-from .wire.ingress import BindError, Ingress
+from .wire.inbound.reader import Inbound, decode_all
+from .wire.inbound.supervisor import BindError, Ingress, ingress_fork_server
 from .wire.transport import DROPPED, SENT, Transport
 from .wire.zap import PEERS, PUBLIC, Connections, PeerTransportKeys
-from .wire.zygote import Zygote
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from algorithms.seam import Algorithm
+    from algorithms.interface import Algorithm
 
 __all__ = ["Node", "NodeStartError", "wall_clock_us"]
 
@@ -154,8 +153,8 @@ class Node:
         self.peer_transport_keys = PeerTransportKeys(config.security.curve)
         self.connections = Connections(config.security, self.metrics.connections, self.peer_transport_keys.__contains__)
         self.peer_transport_keys.on_admitted = lambda key: self.connections.peer_admitted(key, trio.current_time())
-        # The inbound sockets, each in a process of its own, forked by one zygote (ingress.py).
-        self.zygote = Zygote()
+        # The inbound sockets, each in a process of its own, forked by one fork server (wire/inbound/).
+        self.ingress_forks = ingress_fork_server()
         self.ingress = self._inbound_sockets(curve)
         self.inbound = Inbound(
             self.ingress, self.decoder, self.guard, self.gate, self.metrics, config.transport, clock_us
@@ -183,7 +182,7 @@ class Node:
         self.live_model = LiveModel(lambda: self.driver, config)
         self.asking = Asking(config.node, self.learning_peers.chosen, self.send_payload, self.live_model)
         # Bootstrap addresses by their entry's number in [discovery].bootstrap: their dials are
-        # watched, so that a wrong key in an entry is named as such (carry_out.py).
+        # watched, so that a wrong key in an entry is named as such (membership_actions.py).
         self._bootstrap_entries = {
             address: number for number, (address, _) in enumerate(config.discovery.bootstrap_peers(), start=1)
         }
@@ -202,7 +201,7 @@ class Node:
                 self.connections,
                 self.metrics.connections,
                 config.log.level,
-                self.zygote,
+                self.ingress_forks,
             )
             for name, bound in bounds.items()
         }
@@ -275,11 +274,11 @@ class Node:
                     await self.transport.close()
                     for ingress in self.ingress.values():
                         await ingress.close()
-                    await self.zygote.close()
+                    await self.ingress_forks.close()
                 log.info("node %s stopped", self.identity.node_id)
 
     def _start_membership(self) -> None:
-        """Discovery's state machine (peers.py) and what carries out its actions (carry_out.py),
+        """Discovery's state machine (peers.py) and what carries out its actions (membership_actions.py),
         once the node knows the address its HELLO announces."""
         config = self.config
         announced = capabilities(config.node.capabilities, config.algorithm.name, self.learning_peers.labels)

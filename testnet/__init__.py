@@ -2,7 +2,7 @@
 
 - `testnet.launch`: real daemons as processes: the learning and discovery testnets (`p2pnode
   testnet`), the launcher (`cluster.py`), where the daemons run (`placement.py`, `raynodes.py`:
-  here, forked from a warm parent by `forkserver.py`, or on a Ray cluster's nodes), churn, and
+  here, forked from a warm parent by `warm_parent.py`, or on a Ray cluster's nodes), churn, and
   a Byzantine daemon for rehearsals.
 - `testnet.simulation`: the in-process simulator (`p2pnode simulate`): what a run is (`spec.py`,
   `rehearsal.py`, `own_data.py`), its clock, exchange and shards, and where its hosts run

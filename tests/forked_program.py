@@ -1,5 +1,5 @@
 """A stand-in daemon for tests/test_forkserver.py, run as `python -m tests.forked_program` or
-forked by testnet/launch/forkserver.py: prints its argv, its pid, session and random draws, then exits
+forked by testnet/launch/warm_parent.py: prints its argv, its pid, session and random draws, then exits
 with `--exit CODE`, raises with `--raise`, or sleeps with `--sleep S` until signalled."""
 
 import os

@@ -15,7 +15,7 @@ import networkx as nx
 from p2pnode.discovery.actions import Admitted, Dial, Evicted, Hangup, Send, SendHello
 from p2pnode.discovery.peers import Membership
 from p2pnode.discovery.settings import DiscoverySettings
-from p2pnode.wire.inbound import decode_all
+from p2pnode.wire.inbound.reader import decode_all
 from protocol import PROTOCOL_VERSION, Decoder, Encoder, Envelope, Hello, MessageType, ProtocolError, ReplayGuard
 
 from .conftest import fixed_identity

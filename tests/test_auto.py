@@ -8,9 +8,9 @@ import torch
 from algorithms.data.datasets import load_dataset
 from algorithms.data.partitions import PartitionSpec, make_partition
 from algorithms.data.setup import node_data
+from algorithms.interface import NodeSetup, PayloadRejected
 from algorithms.methods.auto import ARCH_KEY, OWN_PREFIX, split_model
 from algorithms.registry import apply_overrides, default_config, make_algorithm
-from algorithms.seam import NodeSetup, PayloadRejected
 from protocol.messages import MessageType, Model
 
 

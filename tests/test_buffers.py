@@ -1,4 +1,4 @@
-"""The bound on what ZeroMQ holds (p2pnode/wire/buffers.py): the bookkeeping, and the kernel's counters."""
+"""The bound on what ZeroMQ holds (p2pnode/wire/inbound/buffers.py): the bookkeeping, and the kernel's counters."""
 
 import contextlib
 import socket
@@ -7,8 +7,8 @@ import sys
 import pytest
 import trio
 
-from p2pnode.wire import buffers
-from p2pnode.wire.buffers import (
+from p2pnode.wire.inbound import buffers
+from p2pnode.wire.inbound.buffers import (
     FRAME_OVERHEAD,
     GROWTH_TRIGGER,
     PER_CONNECTION_BYTES,

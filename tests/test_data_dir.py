@@ -19,8 +19,8 @@ import pytest
 import trio
 
 from p2pnode.config import load_config
+from p2pnode.data_dir import DataDir, DataDirError
 from p2pnode.node import Node, NodeStartError
-from p2pnode.state import DataDir, DataDirError
 
 from .daemon import ANY_PORT, start_node, write_config
 from .test_disk_full import SmallDisk

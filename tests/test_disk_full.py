@@ -28,11 +28,11 @@ import trio
 import p2pnode.wire.sequence
 from p2pnode import files
 from p2pnode.config import load_config
+from p2pnode.data_dir import DataDir, DataDirError
 from p2pnode.learning.checkpoint import CHECKPOINT_NAME, Checkpoint
 from p2pnode.node import Node, NodeStartError
 from p2pnode.operations.logs import LogFile
 from p2pnode.operations.status import format_status
-from p2pnode.state import DataDir, DataDirError
 from p2pnode_cli import main as cli
 from protocol import Ping, SequenceCounter
 

@@ -10,6 +10,7 @@ import torch
 from algorithms.data.datasets import load_dataset
 from algorithms.data.partitions import PartitionSpec, make_partition
 from algorithms.data.setup import node_data
+from algorithms.interface import NodeSetup, PayloadRejected
 from algorithms.methods.auto import AUTO_PREDICTORS
 from algorithms.methods.dual import DualConfig
 from algorithms.methods.fedmrl import Matryoshka
@@ -17,7 +18,6 @@ from algorithms.models.losses import distillation, ensemble_logits
 from algorithms.models.personal import SmallModel
 from algorithms.models.small import HEAD_KEY, SmallShare, encode_state
 from algorithms.registry import make_algorithm
-from algorithms.seam import NodeSetup, PayloadRejected
 from protocol.messages import MessageType, Model
 from testnet.simulation.simulator import SimulationSpec, run_simulation
 

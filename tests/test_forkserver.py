@@ -1,6 +1,7 @@
-"""testnet/launch/forkserver.py: a daemon forked from the warm parent is what `python -m` would have
-started, as the launcher sees it (exit codes, signals, waiting) and as the program sees itself
-(argv, its own process group, stdin, its log, fresh random seeds, default signal handlers)."""
+"""testnet/launch/warm_parent.py, on p2pnode/forkserver.py: a daemon forked from the warm parent
+is what `python -m` would have started, as the launcher sees it (exit codes, signals, waiting)
+and as the program sees itself (argv, its own process group, stdin, its log, fresh random seeds,
+default signal handlers)."""
 
 import signal
 import subprocess
@@ -8,14 +9,14 @@ import sys
 
 import pytest
 
-from testnet.launch.forkserver import ForkServer
+from testnet.launch.warm_parent import WarmParent
 
 PROGRAM = ("tests.forked_program",)
 
 
 @pytest.fixture(scope="module")
 def server():
-    server = ForkServer()
+    server = WarmParent()
     yield server
     server.close()
 

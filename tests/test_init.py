@@ -15,8 +15,8 @@ from p2pnode.config import load_config
 from p2pnode.operations.status import format_status
 from p2pnode.wire.keystore import load_key
 from p2pnode_cli import main
-from testnet.launch.forkserver import ForkServer
 from testnet.launch.placement import DAEMON, NodeSpec, read_status
+from testnet.launch.warm_parent import WarmParent
 
 from .test_own_data import write_digit_pngs
 
@@ -213,10 +213,10 @@ def _free_ports(count: int) -> int:
 def run_fleet(directories, timeout_s: float = 90) -> list[dict]:
     """`p2pnode start` of each node directory's node.toml, until every node's learning is done;
     returns their statuses, after stopping them (each must exit 0). The daemons are forked from a
-    warm parent (testnet/launch/forkserver.py: `python -m p2pnode_cli start --config …`, its imports
+    warm parent (testnet/launch/warm_parent.py: `python -m p2pnode_cli start --config …`, its imports
     done once), as a local testnet's are."""
     specs = [NodeSpec(index, directory, {}) for index, directory in enumerate(directories)]
-    server = ForkServer()
+    server = WarmParent()
     try:
         for spec in specs:
             spec.process = server.spawn(DAEMON, ["--config", str(spec.config_path)], spec.log_path)

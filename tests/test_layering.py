@@ -130,8 +130,8 @@ def test_ray_stays_optional_importing_every_module_loads_no_ray():
 # Inside p2pnode (docs/architecture.md, "Inside the daemon"): each part imports only parts on
 # floors below its own; a part is a sub-package or a top-level module.
 P2PNODE_FLOORS = (
-    {"exits", "files", "options"},
-    {"metrics", "memory", "state"},
+    {"exits", "files", "options", "forkserver"},
+    {"metrics", "memory", "data_dir"},
     {"wire"},
     {"discovery"},
     {"learning"},

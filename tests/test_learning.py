@@ -13,6 +13,7 @@ from algorithms import catalog
 from algorithms.data.datasets import load_dataset
 from algorithms.data.partitions import PartitionSpec, make_partition
 from algorithms.data.setup import node_data
+from algorithms.interface import NeighbourView, NodeSetup, PayloadRejected
 from algorithms.models import personal as models
 from algorithms.models.losses import prototype_alignment, prototype_uniformity, supervised_contrastive
 from algorithms.registry import (
@@ -24,7 +25,6 @@ from algorithms.registry import (
     make_algorithm,
     run_config,
 )
-from algorithms.seam import NeighbourView, NodeSetup, PayloadRejected
 from protocol.messages import Head, MessageType, Model, Ping, Prototypes
 from testnet.simulation.simulator import SimulationSpec, run_simulation
 
@@ -155,7 +155,7 @@ def test_mapl_rejects_payloads_of_the_wrong_shape_type_or_sender(digits_nodes):
 
 
 def test_each_algorithm_declares_what_it_sends_and_waits_for():
-    from algorithms.seam import Algorithm
+    from algorithms.interface import Algorithm
 
     for name, info in ALGORITHMS.items():
         assert info.cls.waits_for <= info.cls.sends, name

@@ -13,9 +13,9 @@ from algorithms.data.datasets import load_dataset
 from algorithms.data.partitions import PartitionSpec, make_partition
 from algorithms.data.setup import node_data
 from algorithms.graphs.collaboration import InNeighbourhood
+from algorithms.interface import NodeSetup, PayloadRejected
 from algorithms.payloads import to_numpy
 from algorithms.registry import ALGORITHMS, make_algorithm
-from algorithms.seam import NodeSetup, PayloadRejected
 from protocol.messages import Head, MessageType, Model, Prototypes
 
 pytestmark = pytest.mark.quick  # models are built, never trained
@@ -42,7 +42,7 @@ def test_the_guard_is_called_by_the_seam_alone():
         for path in sorted((ROOT / "algorithms").rglob("*.py"))
         if (calls := guard_calls(path))
     }
-    assert found == {"algorithms/seam.py": ["judging", "check"]}
+    assert found == {"algorithms/interface.py": ["judging", "check"]}
 
 
 def test_no_algorithm_takes_payloads_past_the_seam():

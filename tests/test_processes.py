@@ -176,7 +176,7 @@ LEARNING = ["--algorithm", "mapl", "--dataset", "digits", "--rounds", "100000", 
 @pytest.mark.parametrize(
     "how, learning",
     [(signal.SIGINT, False), (signal.SIGKILL, False), (signal.SIGKILL, True)],
-    # learning daemons are forked by testnet/launch/forkserver.py: a launcher killed with SIGKILL takes
+    # learning daemons are forked by testnet/launch/warm_parent.py: a launcher killed with SIGKILL takes
     # the fork server with it (PR_SET_PDEATHSIG), and the server its daemons
     ids=["ctrl-c", "kill-9", "kill-9-forked-learners"],
 )

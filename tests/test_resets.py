@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from p2pnode.wire.resets import ResetWatch, was_reset
+from p2pnode.wire.inbound.resets import ResetWatch, was_reset
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="epoll and TCP_INFO are Linux's")
 

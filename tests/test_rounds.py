@@ -320,12 +320,12 @@ class Scripted:
         self.received: list[tuple[str, int, str]] = []
 
     def local_step(self, round):
-        from algorithms.seam import LocalReport
+        from algorithms.interface import LocalReport
 
         return LocalReport(loss=0.25)
 
     def publish(self, round):
-        from algorithms.seam import Outbound
+        from algorithms.interface import Outbound
 
         return [Outbound(("b", "c"), "prototypes")]
 
@@ -362,7 +362,7 @@ def test_the_engine_runs_a_round_and_builds_its_record_from_what_the_driver_hand
     """The sequence both drivers follow, on simulated time: a quorum of one of two expected
     peers, the grace, a payload too late for the record, and the record built from the driver's
     evaluation, timings and traffic."""
-    from algorithms.seam import Evaluation
+    from algorithms.interface import Evaluation
 
     engine, algorithm = RoundEngine(state(waits_for=frozenset())), Scripted()
     engine.attach(algorithm)
@@ -467,7 +467,7 @@ async def test_an_emulated_slow_device_lasts_slowdown_times_the_cpu_time_not_the
 def drive(engine: RoundEngine, arrive: list[str]) -> list[Command]:
     """Run `engine` to its end by its commands alone, as a driver does: each round the peers in
     `arrive` send their prototypes during the gather, which lasts one simulated second."""
-    from algorithms.seam import Evaluation
+    from algorithms.interface import Evaluation
 
     carried_out, now = [], 0.0
     while (command := engine.next_command()) is not Command.DONE:

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from algorithms.graphs.collaboration import InNeighbourhood, UniformGraph
-from algorithms.seam import NeighbourView, Staleness
+from algorithms.interface import NeighbourView, Staleness
 from p2pnode.learning.engine import RoundEngine, Timings
 from p2pnode.learning.rounds import ASYNC, AdaptiveDeadline, Progress, RoundState, Schedule
 from p2pnode.learning.settings import AlgorithmSettings
@@ -81,7 +81,7 @@ def up_to_the_gather(engine: RoundEngine, round: int) -> None:
 
 def after_the_gather(engine: RoundEngine, peers: set[str]) -> None:
     """The round's commands from the gather's close on, and the choice of the next round."""
-    from algorithms.seam import Evaluation
+    from algorithms.interface import Evaluation
 
     engine.close_gather()
     engine.deliver()
@@ -324,7 +324,7 @@ class Listener:
         self.staleness = staleness
 
     def local_step(self, round):
-        from algorithms.seam import LocalReport
+        from algorithms.interface import LocalReport
 
         return LocalReport(loss=0.0)
 

@@ -21,8 +21,8 @@ from algorithms.graphs.cooperation import (
     sigmoid,
     softmax,
 )
+from algorithms.interface import Frame, NodeSetup, PayloadRejected
 from algorithms.registry import make_algorithm
-from algorithms.seam import Frame, NodeSetup, PayloadRejected
 from protocol.identity import Identity
 from protocol.messages import Model, Score
 from testnet.simulation.simulator import SimulationSpec, run_simulation

@@ -9,12 +9,12 @@ import torch
 from algorithms.data.datasets import load_dataset
 from algorithms.data.partitions import PartitionSpec, make_partition
 from algorithms.data.setup import node_data
+from algorithms.interface import LocalData, NodeSetup
 from algorithms.methods.auto import AUTO_PREDICTORS
 from algorithms.methods.mapl import Local
 from algorithms.models.inference import EvaluatedModel
 from algorithms.models.selection import Choice, Chooser, hold_out
 from algorithms.registry import apply_overrides, default_config, make_algorithm
-from algorithms.seam import LocalData, NodeSetup
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ import torch
 from algorithms.data.datasets import load_dataset
 from algorithms.data.partitions import PartitionSpec, make_partition
 from algorithms.data.setup import node_data
+from algorithms.interface import NodeSetup, PayloadRejected
 from algorithms.methods.sfmtl import (
     Sfmtl,
     SfmtlConfig,
@@ -23,7 +24,6 @@ from algorithms.methods.sfmtl import (
     task_similarity,
 )
 from algorithms.registry import ConfigOverrideError, apply_overrides, default_config
-from algorithms.seam import NodeSetup, PayloadRejected
 from protocol.messages import Head, Model, Prototypes
 from testnet.simulation.simulator import SimulationSpec, run_simulation
 

@@ -1,4 +1,4 @@
-"""Connections that never speak (p2pnode/wire/silence.py): the bookkeeping on simulated time, the
+"""Connections that never speak (p2pnode/wire/inbound/silence.py): the bookkeeping on simulated time, the
 handshake sizes it counts on against libzmq's own, and the shutting of a real silent connection."""
 
 import socket
@@ -10,9 +10,9 @@ import trio
 import zmq
 import zmq.utils.monitor
 
-from p2pnode.wire import buffers
-from p2pnode.wire.buffers import bytes_received
-from p2pnode.wire.silence import HANDSHAKE_BYTES, SILENT, SilentConnections
+from p2pnode.wire.inbound import buffers
+from p2pnode.wire.inbound.buffers import bytes_received
+from p2pnode.wire.inbound.silence import HANDSHAKE_BYTES, SILENT, SilentConnections
 from protocol import Encoder, Identity, Ping
 
 pytestmark = pytest.mark.quick  # no daemons, no training: make test-quick runs it

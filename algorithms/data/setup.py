@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..interface import LocalData, NodeSetup
 from ..models.device import CPU
-from ..seam import LocalData, NodeSetup
 from .datasets import ArrayDataset, Dataset, forget_datasets, load_dataset
 from .own_data import OwnDataError, OwnDataSpec, load_own_data, own_dataset
 from .partitions import Partition, PartitionSpec, make_partition, parts_partition

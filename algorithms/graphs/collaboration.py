@@ -24,8 +24,8 @@ import numpy as np
 
 from protocol.messages import MessageType
 
+from ..interface import NeighbourView, uniform_row
 from ..outliers import ScaleGuard, fold_into_self
-from ..seam import NeighbourView, uniform_row
 from .graph import GraphConfig, GraphOptimizer
 
 __all__ = ["UniformGraph", "LearnedGraph", "InNeighbourhood", "REMEMBER_ABSENT"]

@@ -20,8 +20,8 @@ import torch
 
 from protocol.messages import Model
 
+from ..interface import PayloadRejected
 from ..payloads import average_states, to_numpy
-from ..seam import PayloadRejected
 from .attention import UpdateEncoder, UpdateSketch, attention_prior
 from .cooperation import attention_weights, block_matrix, row_normalise, sbm_blocks_m_step, sbm_e_step, softmax
 

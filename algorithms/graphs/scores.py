@@ -20,7 +20,7 @@ from __future__ import annotations
 from protocol.identity import node_id as node_id_of
 from protocol.messages import Model, Score
 
-from ..seam import Frame, PayloadRejected
+from ..interface import Frame, PayloadRejected
 
 __all__ = ["ScoreExchange", "HISTORY"]
 

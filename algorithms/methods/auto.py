@@ -39,12 +39,12 @@ from torch import nn
 
 from protocol.messages import Body, MessageType, Model
 
+from ..interface import Evaluation, Frame, LocalReport, NodeSetup, Outbound, PayloadRejected
 from ..models.losses import ensemble_logits
 from ..models.selection import Choice, Chooser, held_out_accuracy, hold_out
 from ..models.training import evaluate_predictors
 from ..outliers import Scale
 from ..payloads import SharedModules
-from ..seam import Evaluation, Frame, LocalReport, NodeSetup, Outbound, PayloadRejected
 from .dual import DualConfig, DualPredictors, MaplDual
 from .mapl import Local
 

@@ -19,10 +19,10 @@ import torch.nn.functional as F
 
 from protocol.messages import Body, MessageType, Model, Prototypes
 
+from ..interface import Algorithm, LocalReport, NeighbourView, NodeSetup, Outbound, uniform_row
 from ..models.training import LocalTrainer, TrainedLocally, TrainingConfig, node_model
 from ..outliers import OutlierConfig, Scale, ScaleGuard, fold_into_self, row_scale
 from ..payloads import SharedModules, check_prototypes, to_numpy
-from ..seam import Algorithm, LocalReport, NeighbourView, NodeSetup, Outbound, uniform_row
 
 __all__ = ["FedProtoConfig", "FedProto", "DFedAvgMConfig", "DFedAvgM"]
 

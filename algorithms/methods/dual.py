@@ -32,11 +32,11 @@ from torch import nn
 from protocol.messages import Body, MessageType, Model
 
 from ..graphs.graph import GraphConfig
+from ..interface import Evaluation, LocalReport, NodeSetup, Outbound, Predictors
 from ..models.losses import distillation, ensemble_logits
 from ..models.small import ENCODINGS, SmallShare, shared_small_model
 from ..models.training import LocalTrainer, evaluate_predictors
 from ..outliers import Scale
-from ..seam import Evaluation, LocalReport, NodeSetup, Outbound, Predictors
 from .mapl import Mapl, MaplConfig
 
 __all__ = ["DualConfig", "DualPredictors", "MaplDual", "PREDICTORS"]

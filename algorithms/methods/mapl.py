@@ -29,12 +29,12 @@ from ..copies import Authors
 from ..data.augment import default_augment, two_views
 from ..graphs.collaboration import InNeighbourhood, LearnedGraph, UniformGraph
 from ..graphs.graph import GraphConfig, head_similarity, row_cosines
+from ..interface import Algorithm, Frame, LocalReport, NeighbourView, NodeSetup, Outbound, PayloadRejected
 from ..models.losses import prototype_alignment, prototype_uniformity, supervised_contrastive
 from ..models.personal import ModelOutput
 from ..models.training import LocalTrainer, TrainedLocally, TrainingConfig, node_model
 from ..outliers import OutlierConfig, Scale, ScaleGuard, norm, row_scale
 from ..payloads import SharedModules, check_head, check_prototypes, to_numpy
-from ..seam import Algorithm, Frame, LocalReport, NeighbourView, NodeSetup, Outbound, PayloadRejected
 
 __all__ = ["MaplConfig", "PmlNode", "Mapl", "MaplNoCgl", "MaplPlus", "Local", "Oracle", "PROTOTYPES_DISAGREE"]
 

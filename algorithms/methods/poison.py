@@ -35,7 +35,7 @@ from protocol.limits import DEFAULT_LIMITS
 from protocol.messages import Body, Head, Model, Prototypes
 
 from ..catalog import ATTACKS
-from ..seam import Algorithm, Evaluation, Frame, LocalReport, Outbound, Predictors, Staleness
+from ..interface import Algorithm, Evaluation, Frame, LocalReport, Outbound, Predictors, Staleness
 
 __all__ = ["ATTACKS", "LEGAL_NORM", "Attack", "corrupt_tensor", "corrupt", "PoisoningNode"]
 

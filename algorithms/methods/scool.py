@@ -38,11 +38,11 @@ from protocol.messages import Body, MessageType, Model, Score
 from ..graphs.cooperation import keep_top
 from ..graphs.priors import AttentionPrior, SbmPrior
 from ..graphs.scores import ScoreExchange
+from ..interface import Algorithm, Frame, LocalReport, NodeSetup, Outbound, PayloadRejected, Staleness, uniform_row
 from ..models.personal import make_model
 from ..models.training import LocalTrainer, TrainedLocally, TrainingConfig, node_model, seeded_generator
 from ..outliers import OutlierConfig, Scale, ScaleGuard, fold_into_self, state_scale
 from ..payloads import SharedModules, average_states, check_model, shared_state, state_norm, to_numpy
-from ..seam import Algorithm, Frame, LocalReport, NodeSetup, Outbound, PayloadRejected, Staleness, uniform_row
 
 __all__ = [
     "ScoolConfig",

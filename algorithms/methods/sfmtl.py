@@ -61,10 +61,10 @@ from protocol.messages import Body, Head, MessageType, Prototypes
 
 from ..data.augment import augment, default_augment
 from ..graphs.graph import communities
+from ..interface import Algorithm, LocalReport, NeighbourView, NodeSetup, Outbound, PayloadRejected
 from ..models.training import LocalTrainer, TrainedLocally, TrainingConfig, node_model
 from ..outliers import OutlierConfig, Scale, ScaleGuard, row_scale, state_scale
 from ..payloads import check_head, check_prototypes, to_numpy
-from ..seam import Algorithm, LocalReport, NeighbourView, NodeSetup, Outbound, PayloadRejected
 
 __all__ = [
     "SfmtlConfig",

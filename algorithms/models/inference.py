@@ -16,7 +16,7 @@ import torch
 
 from ..data.datasets import _scaled
 from ..data.own_data import decode_image
-from ..seam import LocalData, Predictors
+from ..interface import LocalData, Predictors
 
 __all__ = ["Preprocessing", "EvaluatedModel", "Prediction", "KnownClasses", "frozen", "classify"]
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..seam import LocalData, Predictors
+from ..interface import LocalData, Predictors
 from .training import seeded_generator
 
 __all__ = ["Choice", "Chooser", "HeldOut", "held_out_accuracy", "hold_out"]

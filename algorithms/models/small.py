@@ -25,8 +25,8 @@ import torch
 from protocol.messages import Model
 
 from ..graphs.graph import head_similarity
+from ..interface import NodeSetup
 from ..payloads import SharedModules, check_model, state_norm, to_numpy
-from ..seam import NodeSetup
 from .personal import SmallModel
 
 __all__ = ["ENCODINGS", "HEAD_KEY", "SmallShare", "encode_state", "shared_small_model"]

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..seam import Evaluation, LocalData, LocalReport, NodeSetup, Predictors
+from ..interface import Evaluation, LocalData, LocalReport, NodeSetup, Predictors
 from .personal import ModelSpec, PersonalModel, make_model
 
 __all__ = [

@@ -40,7 +40,7 @@ per node, whatever the size of the network.
 
 `Membership` handles the messages and the time, and decides. Its parts, each with its own state
 and neither I/O nor clock: `Dials` (dialing.py: verifications in flight, their budgets and
-retries), `Passive` (passive.py: the passive view), `Room` (room.py: the target, the subnet
+retries), `Passive` (passive.py: the passive view), `Room` (admission.py: the target, the subnet
 limits, whom a newcomer may displace), `Subnets` (subnets.py), `Peer` (peer.py); the actions
 are in actions.py. They read the peer table; only `Membership` changes it.
 """
@@ -63,10 +63,10 @@ from protocol import (
 
 from ..metrics import UNKNOWN_PEER
 from .actions import Action, Admitted, DialPeers, Direct, Evicted, Hangup, Informant, Send, SendHello
+from .admission import Room
 from .dialing import STRANGERS, Dialing, Dials
 from .passive import Passive
 from .peer import Peer
-from .room import Room
 from .settings import DiscoverySettings
 from .subnets import Subnets
 

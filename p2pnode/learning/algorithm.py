@@ -14,8 +14,8 @@ from ..memory import trim_now
 if TYPE_CHECKING:
     import torch
 
+    from algorithms.interface import Algorithm, NodeSetup
     from algorithms.models.user_backbone import BackboneFiles
-    from algorithms.seam import Algorithm, NodeSetup
 
     from .settings import LearningConfig, ModelSettings
 

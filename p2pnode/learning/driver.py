@@ -1,4 +1,4 @@
-"""The round driver: runs a learning algorithm (algorithms/seam.py) over the node's network.
+"""The round driver: runs a learning algorithm (algorithms/interface.py) over the node's network.
 
     per round r:  local step (worker thread) ─► publish to the algorithm's addressees
                   ─► gather: wait for the expected neighbours' round-r payloads (each type the
@@ -40,8 +40,8 @@ from .history import HistoryFile
 from .rounds import ROUND_AHEAD, RoundRecord, Schedule, right_bits
 
 if TYPE_CHECKING:
+    from algorithms.interface import Algorithm, Evaluation, Outbound
     from algorithms.models.inference import EvaluatedModel
-    from algorithms.seam import Algorithm, Evaluation, Outbound
 
     from ..learning.settings import AlgorithmSettings
 

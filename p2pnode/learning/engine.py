@@ -38,7 +38,7 @@ from protocol import Envelope
 from .rounds import ADAPTIVE, AdaptiveDeadline, Gather, Progress, RoundRecord, RoundState, Schedule, right_bits
 
 if TYPE_CHECKING:
-    from algorithms.seam import Algorithm, Evaluation, LocalReport, Outbound, PayloadRejected
+    from algorithms.interface import Algorithm, Evaluation, LocalReport, Outbound, PayloadRejected
 
     from ..learning.settings import AlgorithmSettings
 
@@ -148,7 +148,7 @@ class RoundEngine:
         self.state.waits_for = algorithm.waits_for
         self.state.takes = frozenset(algorithm.sends)
         if self.schedule.asynchronous:
-            from algorithms.seam import Staleness
+            from algorithms.interface import Staleness
 
             algorithm.set_staleness(Staleness(self.schedule.staleness_decay, self.schedule.max_staleness))
 
@@ -226,7 +226,7 @@ class RoundEngine:
     def deliver(self) -> list[tuple[Envelope, PayloadRejected]]:
         """Hand the algorithm the queued payloads of this round or earlier, in arrival order;
         returns those it refused, with its refusal (the driver counts them by its reason)."""
-        from algorithms.seam import Frame, PayloadRejected
+        from algorithms.interface import Frame, PayloadRejected
 
         self._within(Command.DELIVER, Command.GATHER, call="deliver")
         refused = []

@@ -77,7 +77,7 @@ class Schedule:
     grace, deadline: `Gather`), the deadline fixed or adaptive (`AdaptiveDeadline`). "async": the
     gather lasts `async_gather_s` at most, payloads of any round are taken and handed on at once,
     and the algorithm mixes the latest payload of each neighbour, weighted λ^age
-    (algorithms/seam.py `Staleness`); a node never catches up by skipping rounds."""
+    (algorithms/interface.py `Staleness`); a node never catches up by skipping rounds."""
 
     schedule: str = SYNC
     # tuned on the stragglers benchmark's seed 0 (BENCHMARKS.md "Stragglers"): of 0.05, 0.1 and

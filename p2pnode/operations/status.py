@@ -66,7 +66,7 @@ def _learning_lines(learning: dict, own_id: str) -> list[str]:
 
 
 def _ingress_line(ingress: dict) -> str:
-    """The inbound sockets' processes (ingress.py): up or not, and how often they were restarted."""
+    """The inbound sockets' processes (wire/inbound/supervisor.py): up or not, and how often they were restarted."""
     parts = []
     for name, process in ingress.items():
         state = f"pid {process['pid']}" if process["up"] else "down"
@@ -93,7 +93,7 @@ def _peer_lines(status: dict) -> list[str]:
 
 
 def _is_failure(reason: str) -> bool:
-    """A connection counter (zap.py, discovery/carry_out.py) that says something went wrong:
+    """A connection counter (zap.py, discovery/membership_actions.py) that says something went wrong:
     inbound handshakes that failed, the ZAP handler's refusals, and the failed or refused
     handshakes of this node's own dials to its bootstrap entries."""
     return any(word in reason for word in ("failed", "denied", "refused"))

@@ -32,8 +32,8 @@ from ..learning.checkpoint import CHECKPOINT_NAME, Checkpoint, CheckpointError
 from ..operations.control import MAX_REQUEST_BYTES, ControlError, NotRunning, request
 
 if TYPE_CHECKING:
+    from algorithms.interface import LocalData, Predictors
     from algorithms.models.inference import KnownClasses, Prediction, Preprocessing
-    from algorithms.seam import LocalData, Predictors
 
     from ..config import Config, NodeSettings
     from ..learning.driver import RoundDriver

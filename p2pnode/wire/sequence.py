@@ -16,8 +16,8 @@ import trio
 
 from protocol import Body, SequenceCounter, SequenceExhausted
 
+from ..data_dir import DataDir, DataDirError
 from ..metrics import Metrics
-from ..state import DataDir, DataDirError
 
 __all__ = ["RESERVATION_RETRY_S", "SequenceReservation"]
 

@@ -1,5 +1,5 @@
 """ZeroMQ sockets of one node: outbound DEALERs per peer address here, two inbound ROUTERs in
-the ingress process (ingress.py).
+the ingress process (inbound/supervisor.py).
 
 Frames flow one way on each connection: a node sends only on its DEALERs and receives only on
 its ROUTERs, so each pair of peers holds its own connections and neither side ever waits on the
@@ -18,7 +18,7 @@ strangers connect and handshakes happen, takes frames up to `max_public_frame_by
 `max_frame_bytes`, and with CURVE only from admitted peers (zap.py). Every frame to an admitted
 peer goes to its peers' socket, but HELLO and, while that connection is not up or is full, frames
 within the public bound: so the public socket carries strangers' frames, which the node reads no
-faster than the strangers' budget (inbound.py), and a flood there backs up into the flooder's
+faster than the strangers' budget (inbound/reader.py), and a flood there backs up into the flooder's
 own queues without delaying what peers send.
 
 With CURVE (`[security].curve`) every connection is encrypted and authenticated: the ROUTERs are
@@ -28,7 +28,7 @@ completes the handshake; a dial without a key is refused (no plaintext fallback)
 the ROUTERs ask the ZAP handler (zap.py) about every inbound connection.
 
 The ROUTERs run in a child process of their own, so that libzmq's abort on a crafted connection
-(ingress.py) ends that process, not the node. All socket options are set before bind/connect
+(inbound/supervisor.py) ends that process, not the node. All socket options are set before bind/connect
 (ZMQ_MAXMSGSIZE set later does not apply). Every call happens on the trio thread: ZeroMQ sockets
 are not thread-safe.
 """

@@ -16,7 +16,7 @@ handshake, before any frame of the connection is read:
   peers out, nor, from one network, newcomers from others;
 - on the peers' socket (domain `p2pnode-peers`), with CURVE, only admitted peers
   (`zap_denied_not_peer`): strangers cannot send it the large frames that socket takes, nor
-  reach the process that holds it (ingress.py);
+  reach the process that holds it (inbound/supervisor.py);
 - an accepted CURVE connection gets the client's X25519 key (hex) as its User-Id, which ZeroMQ
   attaches to every frame it carries: the gate (gate.py) binds frames to it.
 
@@ -26,8 +26,8 @@ admits it, and its first connection to the other's peers' socket is refused
 this node admits within `not_peer_race_s` after it is counted once more, in
 `not_peer_race_resolved`, which `p2pnode status` shows apart (`NotPeerRefusals`).
 
-Who aborted an inbound socket's process (ingress.py): the connections reset by their other end
-(resets.py) within `abort_suspect_s` before the abort, and nobody else. Each such source
+Who aborted an inbound socket's process (inbound/supervisor.py): the connections reset by their other end
+(inbound/resets.py) within `abort_suspect_s` before the abort, and nobody else. Each such source
 address gets a strike, and with CURVE so does the key that connected from that address to that
 process, if only one did (an address several keys connected from names none of them); where
 that key is an admitted peer's, it is struck instead of the address (a host, or a NAT, may be
@@ -183,7 +183,7 @@ class Connections:
     def on_event(self, event: int, fd: int, address: str | None, socket: str = PUBLIC, now: float = 0.0) -> None:
         """One monitor event of an inbound socket at `now`; `address`: the source address of an
         accepted connection ("?" if unknown), looked up where the descriptor lives
-        (ingress_process.py)."""
+        (inbound/process.py)."""
         if event == zmq.EVENT_ACCEPTED:
             address = address or "?"
             self.by_fd[socket, fd] = address
@@ -207,7 +207,7 @@ class Connections:
 
     def reset(self, socket: str, address: str, now: float) -> None:
         """A connection to `socket` from `address` was reset by its other end at `now`
-        (resets.py): the one kind of connection that can abort libzmq."""
+        (inbound/resets.py): the one kind of connection that can abort libzmq."""
         self.resets.append((now, socket, address))
         self.counts["reset"] += 1
 
@@ -302,7 +302,7 @@ class Connections:
             return "zap_denied_prefix_throttled"
         if key is not None and domain == PEERS_DOMAIN:
             # Strangers handshake on the public socket; keys being verified too: the peers'
-            # socket's process is then reachable by admitted keys alone (ingress.py). A key that
+            # socket's process is then reachable by admitted keys alone (inbound/supervisor.py). A key that
             # admits this node first and dials here is refused until this node admits it, and
             # dials again (transport.py `_revive_peers`); meanwhile its frames go to the public
             # socket.

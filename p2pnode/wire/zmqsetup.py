@@ -1,5 +1,5 @@
 """How the node's ZeroMQ sockets are set up, the parts that the node and its ingress process
-(ingress_process.py) share: liveness options, the ZAP endpoint and domains, and the monitors
+(inbound/process.py) share: liveness options, the ZAP endpoint and domains, and the monitors
 whose events count connections (zap.py decides on them). Only pyzmq, trio and the standard
 library: the ingress process imports this and must start fast.
 """
@@ -36,7 +36,7 @@ __all__ = [
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # fixed by the ZAP specification (RFC 27)
 ZAP_DOMAIN = b"p2pnode"  # the public socket
 PEERS_DOMAIN = b"p2pnode-peers"  # the peers' socket: with CURVE, admitted peers' keys only
-PUBLIC, PEERS = "public", "peers"  # the inbound sockets (ingress.py)
+PUBLIC, PEERS = "public", "peers"  # the inbound sockets (inbound/supervisor.py)
 DOMAINS = {PUBLIC: ZAP_DOMAIN, PEERS: PEERS_DOMAIN}
 MONITOR_QUEUE = 10_000  # monitor events held for the handler before libzmq's I/O thread waits
 _MONITOR_HEADER = struct.Struct("=hi")  # a monitor message's first frame: event id, value (libzmq)

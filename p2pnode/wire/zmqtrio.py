@@ -50,7 +50,7 @@ async def receive_routed(
     and wraps each in a Frame: 10 µs a message here, against 3.3 µs for the routing id as bytes
     and the frame's own `more` flag; in a flood of small frames that was most of the event
     loop's cost of refusing one (BENCHMARKS.md, "Hostile peers"). `before_read` is awaited
-    before each attempt to read, after any wait (ingress_process.py tells the node of resets
+    before each attempt to read, after any wait (inbound/process.py tells the node of resets
     then)."""
     return await _batch(socket, lambda: _routed(socket), max_messages, max_bytes, before_read)
 

@@ -30,12 +30,12 @@ from typing import Any
 import numpy as np
 import trio
 
+from algorithms.interface import Algorithm
 from algorithms.methods.poison import ATTACKS, Attack, PoisoningNode
-from algorithms.seam import Algorithm
 from p2pnode.config import Config
+from p2pnode.data_dir import DataDir
 from p2pnode.node import Node
 from p2pnode.runner import StartFailed, start
-from p2pnode.state import DataDir
 from p2pnode.wire.transport import DROPPED
 from protocol import LEARNING_TYPES, PROTOCOL_VERSION, Body, Envelope, MessageType, seal_raw
 from protocol.limits import Limits

@@ -375,7 +375,7 @@ def testnet_report(header: dict[str, Any], partition, statuses: list[dict | None
         # Resident memory (MiB) at each daemon's last status: after its last round.
         "rss_mb": [(s or {}).get("rss_mb") for s in statuses],
         "peak_rss_mb": [(s or {}).get("peak_rss_mb") for s in statuses],
-        # Its inbound sockets' processes (p2pnode/wire/ingress.py), now, and how often they restarted.
+        # Its inbound sockets' processes (p2pnode/wire/inbound/), now, and how often they restarted.
         "ingress_rss_mb": [ingress_rss_mb(s) for s in statuses],
         "ingress_restarts": [ingress_restarts(s) for s in statuses],
     }

@@ -4,8 +4,8 @@ keys, configs, the bootstrap, start order, stops, churn) and the processes it la
 A placement starts a node's `p2pnode start` process, hands back a handle to signal and reap it
 (`DaemonProcess`, the part of `subprocess.Popen` the launcher uses), reads the node's status on
 its control socket and brings its log to `NodeSpec.log_path`. `LocalPlacement` runs every
-daemon on this machine (a learning daemon forked from a warm parent, testnet/launch/forkserver.py; any
-other a child of the launcher); `testnet/launch/raynodes.py` runs each on a node of
+daemon on this machine (a learning daemon forked from a warm parent, testnet/launch/warm_parent.py;
+any other a child of the launcher); `testnet/launch/raynodes.py` runs each on a node of
 a Ray cluster, through a launcher actor there that does on its node what `LocalPlacement` does
 here (`spawn_daemon`, `read_status`). Nothing else differs between the two engines.
 """
@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from p2pnode.forkserver import die_with_parent
 from p2pnode.operations.control import ControlError, request
 
-from .forkserver import ForkServer, die_with_parent
+from .warm_parent import WarmParent
 
 __all__ = [
     "NodeSpec",
@@ -158,7 +159,7 @@ def read_status(control_socket: Path, timeout: float) -> dict | None:
 
 
 class LocalPlacement:
-    """Every daemon on this machine: a learning daemon forked from a warm parent (testnet/launch/forkserver.py:
+    """Every daemon on this machine: a learning daemon forked from a warm parent (testnet/launch/warm_parent.py:
     the imports every learning daemon makes, done once), any other a child of the launcher,
     started with exec; `fork=False` starts every one with exec."""
 
@@ -166,7 +167,7 @@ class LocalPlacement:
 
     def __init__(self, fork: bool = True) -> None:
         self.fork = fork
-        self._server: ForkServer | None = None
+        self._server: WarmParent | None = None
 
     def place(self, specs: Sequence[NodeSpec], timeout: float) -> None:
         pass  # here, as configured
@@ -175,7 +176,7 @@ class LocalPlacement:
         if not (self.fork and learns(spec) and not spec.prefix):
             return spawn_daemon(spec)
         if self._server is None:
-            self._server = ForkServer()
+            self._server = WarmParent()
         return self._server.spawn(spec.program, ["--config", str(spec.config_path)], spec.log_path)
 
     def statuses(self, specs: Sequence[NodeSpec], timeout: float) -> list[dict | None]:

@@ -109,7 +109,7 @@ def resources(statuses: list[dict | None]) -> dict:
 
 
 def ingress_rss_mb(status: dict | None) -> float | None:
-    """The resident memory (MiB) of a daemon's inbound sockets' processes (p2pnode/wire/ingress.py):
+    """The resident memory (MiB) of a daemon's inbound sockets' processes (p2pnode/wire/inbound/):
     beside the daemon's own, what it holds in all; None from a status without them."""
     processes = (status or {}).get("ingress") or {}
     sizes = [process.get("rss_mb") for process in processes.values()]

@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
-from algorithms.seam import Algorithm
+from algorithms.interface import Algorithm
 from p2pnode.learning.rounds import RoundRecord, Schedule
 from p2pnode.learning.settings import AlgorithmSettings
 from protocol import Identity, Limits

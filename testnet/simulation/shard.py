@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from algorithms.seam import Algorithm, Outbound
+from algorithms.interface import Algorithm, Outbound
 from p2pnode.learning.engine import RoundEngine, Timings, round_state
 from p2pnode.learning.rounds import Gather, RoundRecord, Schedule
 from p2pnode.learning.settings import AlgorithmSettings

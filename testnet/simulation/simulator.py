@@ -1,6 +1,6 @@
 """The simulator: every node of a scenario, exchanging real frames without sockets.
 
-It drives the same algorithm seam the daemon drives, through the network of testnet/simulation/exchange.py
+It drives the same algorithm interface the daemon drives, through the network of testnet/simulation/exchange.py
 on a simulated clock (testnet/simulation/clock.py: step costs, latency, `--slow` nodes, the daemon's gather
 rule), and builds its report from the same per-node-round records as the
 learning testnet (testnet/reporting/report.py). `p2pnode simulate` is its command line. The nodes run on

@@ -9,7 +9,7 @@ import time
 import trio
 
 from p2pnode.operations.control import request
-from p2pnode.wire.buffers import PER_CONNECTION_BYTES
+from p2pnode.wire.inbound.buffers import PER_CONNECTION_BYTES
 from p2pnode.wire.zap import PUBLIC
 from testnet.launch.cluster import Cluster
 
@@ -127,7 +127,7 @@ async def test_multipart_messages_never_finished_from_8_connections_are_cut_off_
     # libzmq keeps every part of an unfinished multipart message, with no bound of its own: one
     # connection sending 200 MB of parts would make the node hold 200 MB. buffers.py sheds the
     # pumps past the public socket's bound (16 MiB), after the fact; the ingress process's
-    # memory limit (ingress_process.py `DataLimit`) holds when that is late: 8 connections on
+    # memory limit (wire/inbound/process.py `DataLimit`) holds when that is late: 8 connections on
     # a loaded machine grew the node by 40 MB with the first alone, 21-26 MB with both, and
     # 34 MB once with another test file running beside it (make test's two processes).
     # The attacker speaks plain ZMTP; this node runs without CURVE (over CURVE it is the same).
@@ -153,7 +153,7 @@ async def test_multipart_messages_never_finished_from_8_connections_are_cut_off_
         cut = a.metrics.connections["shed_buffered"] + a.ingress[PUBLIC].restarts
         assert cut >= 1
         # The ingress process's hard limit: 1.5 × the bound, two frames and batches in flight,
-        # and room for each of the 8 connections (ingress.py, ingress_process.py `DataLimit`).
+        # and room for each of the 8 connections (wire/inbound/supervisor.py, process.py `DataLimit`).
         # Plus 2 MB of pages that are no data: the limit is the kernel's on the process's data
         # (RLIMIT_DATA), and the ingress process it ends is replaced by a fresh fork, whose
         # resident pages (copies made on write of what it inherited) differ from the one measured

@@ -1,8 +1,8 @@
 """Raw-ZMTP attackers (tools/attack.py, tools/zmtp.py: no pyzmq) at real daemons, with CURVE and
 without: libzmq 4.3 aborts the process that holds the attacked socket (`Assertion failed:
-!_io_error`), and that process is an ingress process, never the node (p2pnode/wire/ingress.py). The
-node keeps answering, keeps its peers, and the socket is back; a stranger on the public socket
-never touches the peers' socket's process."""
+!_io_error`), and that process is an ingress process, never the node
+(p2pnode/wire/inbound/supervisor.py). The node keeps answering, keeps its peers, and the socket
+is back; a stranger on the public socket never touches the peers' socket's process."""
 
 import json
 import signal

@@ -46,7 +46,7 @@ async def test_frames_over_the_public_bound_travel_on_the_peers_socket(tmp_path)
 
 async def test_admitted_peers_send_everything_but_hello_on_the_peers_socket(tmp_path):
     """So that the public socket carries strangers' frames only, and can be read no faster
-    than their budget (p2pnode/wire/inbound.py) without delaying a peer."""
+    than their budget (p2pnode/wire/inbound/reader.py) without delaying a peer."""
     async with trio.open_nursery() as nursery:
         a, b = await start_chain(nursery, tmp_path, 2, security=CURVE)
         await wait_until(lambda: full_mesh([a, b]), timeout=10)

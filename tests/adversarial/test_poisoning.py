@@ -12,10 +12,10 @@ import torch
 from algorithms.copies import COPIED_PAYLOAD, Authors
 from algorithms.graphs.collaboration import LearnedGraph, UniformGraph
 from algorithms.graphs.graph import GraphConfig
+from algorithms.interface import PayloadRejected
 from algorithms.methods.mapl import PROTOTYPES_DISAGREE
 from algorithms.methods.poison import LEGAL_NORM, Attack, corrupt, corrupt_tensor
 from algorithms.outliers import OutlierConfig, Scale, ScaleGuard, fold_into_self, row_scale, scale_outlier, state_scale
-from algorithms.seam import PayloadRejected
 from protocol.messages import Head, Model, Prototypes, Score
 from testnet.reporting.report import CheckThresholds, check
 from testnet.simulation.simulator import SimulationSpec, run_simulation

@@ -61,8 +61,8 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def _family(pid: int) -> list[int]:
-    """A daemon and its descendants: its zygote and the ingress processes that forks, where
-    libzmq reads and holds what arrives (p2pnode/wire/ingress.py); a daemon's cost is theirs too."""
+    """A daemon and its descendants: its fork server and the ingress processes that forks, where
+    libzmq reads and holds what arrives (p2pnode/wire/inbound/); a daemon's cost is theirs too."""
     children = []
     for task in Path(f"/proc/{pid}/task").glob("*"):  # any thread may have started one (trio: a worker)
         try:

@@ -83,7 +83,7 @@ def _testnet(algorithm: str, nodes: int, rounds: int, out: Path) -> dict:
 
     spec = SimulationSpec(algorithm, dataset="mnist5k", nodes=nodes, rounds=rounds, backbones=(BACKBONE,))
     # Each daemon started with exec, as on a device: a daemon forked from the testnet's warm
-    # parent (testnet/launch/forkserver.py) maps only the pages it touches, so its RSS is not a device's.
+    # parent (testnet/launch/warm_parent.py) maps only the pages it touches, so its RSS is not a device's.
     with LocalPlacement(fork=False) as placement:
         code, report = run_learning_testnet(spec, out, round_deadline_s=ROUND_DEADLINE_S, placement=placement)
     if code != 0:

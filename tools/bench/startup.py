@@ -1,4 +1,4 @@
-"""What forking a local testnet's learning daemons from a warm parent saves (testnet/launch/forkserver.py),
+"""What forking a local testnet's learning daemons from a warm parent saves (testnet/launch/warm_parent.py),
 next to starting each with exec; prints one markdown table.
 
     python -m tools.bench.startup [--runs 2] [--out bench-out/startup] [--save startup]
@@ -74,7 +74,7 @@ def render(result: dict) -> str:
         "| daemons started | runs | daemons' CPU, s (median) | wall, s (median) | accuracy, % |",
         "|---|---|---|---|---|",
     ]
-    for name, fork in (("with exec", False), ("forked (testnet/launch/forkserver.py)", True)):
+    for name, fork in (("with exec", False), ("forked (testnet/launch/warm_parent.py)", True)):
         runs = [run for run in data["runs"] if run["fork"] is fork]
         medians = data["summary"]["fork" if fork else "exec"]
         accuracy = ", ".join(sorted({f"{run['accuracy'] * 100:.1f}" for run in runs}))

@@ -6,9 +6,10 @@ loop, and signing there starved B's reader: BENCHMARKS.md), signs as the node do
 on the event loop, in a worker thread for large payloads) and sends on its DEALER to B's peers'
 socket, where an admitted peer's frames go (transport.py; waiting, not dropping, when the queue
 is full); node B's real receive path for a peer (the peers' socket in its ingress process, as a
-node's since 2026-11-25: ingress.py; then inbound.py: gate with its per-connection rate limit,
-batches, verify threads, replay guard) takes them. Not the public socket: it is read no faster
-than the strangers' budget, behind a queue of `public_recv_hwm` (4) frames, on purpose.
+node's since 2026-11-25: p2pnode/wire/inbound/supervisor.py; then reader.py: gate with its
+per-connection rate limit, batches, verify threads, replay guard) takes them. Not the public
+socket: it is read no faster than the strangers' budget, behind a queue of `public_recv_hwm` (4)
+frames, on purpose.
 Blocking side: a sender in a process of its own too, signing and sending in a loop, and a
 receiver that decodes and checks, over the same kind of socket pair with the peers' socket's
 queue: two processes on this machine's cores on either side. (Until issue #31 the blocking
@@ -54,14 +55,13 @@ import zmq
 
 from p2pnode.metrics import Metrics
 from p2pnode.wire.gate import Gate
-from p2pnode.wire.inbound import Inbound
-from p2pnode.wire.ingress import Ingress
+from p2pnode.wire.inbound.reader import Inbound
+from p2pnode.wire.inbound.supervisor import Ingress, ingress_fork_server
 from p2pnode.wire.settings import SecuritySettings, TransportSettings
 from p2pnode.wire.signing import encode
 from p2pnode.wire.transport import Transport
 from p2pnode.wire.zap import PEERS, PUBLIC, Connections
 from p2pnode.wire.zmqtrio import send_waiting
-from p2pnode.wire.zygote import Zygote
 from protocol import Decoder, Encoder, Identity, Model, ReplayGuard, SequenceCounter
 from protocol.curve import curve_public_from_ed25519
 
@@ -161,7 +161,7 @@ def run_trio(
             sender.kill()
             for ingress in receiver.values():
                 await ingress.close()
-            await receiver[PUBLIC].zygote.close()  # the one both share
+            await receiver[PUBLIC].forks.close()  # the one both share
         if receiver[PUBLIC].messages_read:  # the path measured is a peer's
             raise RuntimeError(f"{receiver[PUBLIC].messages_read} frames read on the public socket, not the peers' one")
         return tally.report(elapsed)
@@ -205,9 +205,9 @@ async def _start_receiver(
     settings: TransportSettings, curve: tuple[bytes, bytes] | None, connections: Connections
 ) -> dict[str, Ingress]:
     """Node B's two inbound sockets, each in its ingress process as a node's, bound on loopback."""
-    zygote, counts = Zygote(), Counter()
+    forks, counts = ingress_fork_server(), Counter()
     receiver = {
-        name: Ingress(name, settings, 64 << 20, curve, connections, counts, zygote=zygote) for name in (PUBLIC, PEERS)
+        name: Ingress(name, settings, 64 << 20, curve, connections, counts, forks=forks) for name in (PUBLIC, PEERS)
     }
     for ingress in receiver.values():
         await ingress.start("tcp://127.0.0.1:0")

@@ -1,5 +1,5 @@
-"""Each of the node's inbound sockets lives in a child process of its own, so that libzmq
-aborting there does not stop the node.
+"""The supervisor of each inbound socket's process: each of the node's inbound sockets lives in a
+child process of its own, so that libzmq aborting there does not stop the node.
 
 Why: libzmq 4.3 (every release, and master as of 2026) aborts its whole process on
 `Assertion failed: !_io_error (stream_engine_base.cpp)` when a connection's engine has stopped
@@ -14,10 +14,11 @@ back to a flooder. docs/security.md has the measurements.
 
 So each ROUTER (the public socket, where strangers connect; the peers' socket, which with CURVE
 only admitted peers reach), with its monitor, ZAP domain and bound on what libzmq holds
-(buffers.py), runs in a `python -m p2pnode.wire.ingress_process` of its own; everything that decides
-stays here. The node asks it for batches of frames (pipes.py), paced as before (gate.py),
-answers its ZAP requests (zap.py `Connections`) and follows its connection events. Processes
-are forked by the node's zygote (zygote.py), in milliseconds. When one ends for any reason other
+(buffers.py), runs in an ingress process of its own (process.py); everything that decides stays
+here. The node asks it for batches of frames (pipes.py), paced as before (../gate.py), answers
+its ZAP requests (../zap.py `Connections`) and follows its connection events. Processes are
+forked by the node's fork server (`ingress_fork_server`: p2pnode/forkserver.py running
+`python -m p2pnode.wire.inbound.process`), in milliseconds. When one ends for any reason other
 than the node stopping it, a new one binds the same endpoint: connections come back as their
 dialers reconnect; the peer
 table, rounds and model are untouched; the other socket's process is not affected, so a stranger
@@ -36,14 +37,14 @@ from dataclasses import dataclass, field
 
 import trio
 
-from ..memory import process_memory
-from ..wire.settings import TransportSettings
+from ...forkserver import ForkServerError, TrioForkServer, describe_exit
+from ...memory import process_memory
+from ..settings import TransportSettings
+from ..transport import CURVE_SLACK, TransportError
+from ..zap import PUBLIC, Connections
 from .pipes import MessagePipe, PipeError, socket_pair
-from .transport import CURVE_SLACK, TransportError
-from .zap import PUBLIC, Connections
-from .zygote import Zygote, ZygoteError, describe_exit
 
-__all__ = ["Ingress", "BindError", "RelayedFrame"]
+__all__ = ["Ingress", "BindError", "RelayedFrame", "PROCESS_MODULE", "ingress_fork_server"]
 
 log = logging.getLogger("p2pnode.ingress")
 
@@ -52,8 +53,15 @@ STOP_WAIT_S = 2.0  # for the process to leave once its control pipe closes, then
 _PIPE_SLACK = 1 << 16  # msgpack and routing data around a batch's frames
 EXITS_KEPT = 16  # recent exits shown in status
 # How an attack ends an ingress process: libzmq's failed assertion (its allocations past
-# `DataLimit` too), or Python's MemoryError past it (ingress_process.py OUT_OF_MEMORY).
+# `DataLimit` too), or Python's MemoryError past it (process.py OUT_OF_MEMORY).
 _ABORTED = ("signal SIGABRT", "exit code 3")
+PROCESS_MODULE = "p2pnode.wire.inbound.process"  # the fork server of ingress processes, and their code
+
+
+def ingress_fork_server() -> TrioForkServer:
+    """What forks a node's ingress processes: one server per node, shared by its two sockets,
+    started with the first of them."""
+    return TrioForkServer(PROCESS_MODULE)
 
 
 class BindError(TransportError):
@@ -66,7 +74,7 @@ class BindError(TransportError):
 
 class RelayedFrame:
     """A frame read by the ingress process, with the metadata of its connection: what the gate
-    and inbound.py use of a zmq.Frame (`bytes`, `buffer`, `get`, `len`)."""
+    and reader.py use of a zmq.Frame (`bytes`, `buffer`, `get`, `len`)."""
 
     __slots__ = ("_metadata", "bytes")
 
@@ -119,11 +127,12 @@ class Ingress:
         connections: Connections,
         counts: Counter[str],
         log_level: str = "INFO",
-        zygote: Zygote | None = None,
+        forks: TrioForkServer | None = None,
     ) -> None:
         """`max_frame_bytes`: the socket's frame bound; `counts`: Metrics.connections, where
-        connection events and refusals are counted; `zygote`: what forks its processes (the
-        node's, shared by both sockets; default: one of its own, ended with it)."""
+        connection events and refusals are counted; `forks`: what forks its processes (the
+        node's `ingress_fork_server`, shared by both sockets; default: one of its own, ended
+        with it)."""
         self.name, self.settings, self.max_frame_bytes, self.curve = name, settings, max_frame_bytes, curve
         self.connections, self.counts, self.log_level = connections, counts, log_level
         self.endpoint: str | None = None
@@ -131,7 +140,7 @@ class Ingress:
         self.restarts = 0
         self.exits: list[dict] = []  # the latest ones: when, how (exit code or signal), how long it was up
         self._child: _Child | None = None
-        self.zygote, self._own_zygote = zygote or Zygote(), zygote is None
+        self.forks, self._own_forks = forks or ingress_fork_server(), forks is None
         self._up = trio.Event()
         self._generation = 0
 
@@ -142,7 +151,7 @@ class Ingress:
         BindError if it cannot bind (the process is gone again then)."""
         try:
             child = await self._spawn()
-        except ZygoteError as exc:
+        except ForkServerError as exc:
             raise BindError(str(exc), self.name) from None
         self._child = await self._bind(child, endpoint)
         self.connections.socket_up(self.name, trio.current_time())
@@ -191,14 +200,14 @@ class Ingress:
             )
 
     async def close(self) -> None:
-        """End the process (it leaves once its control pipe closes), and the zygote if it is its own."""
+        """End the process (it leaves once its control pipe closes), and the fork server if it is its own."""
         child, self._child = self._child, None
         with trio.CancelScope(shield=True):
             if child is not None:
                 await self._end(child)
                 child.gone.set()
-            if self._own_zygote:
-                await self.zygote.close()
+            if self._own_forks:
+                await self.forks.close()
 
     # --- frames ------------------------------------------------------------------------------
 
@@ -244,11 +253,11 @@ class Ingress:
     # --- the process ---------------------------------------------------------------------
 
     async def _spawn(self) -> _Child:
-        """A new ingress process (forked by the zygote), waiting for its setup."""
+        """A new ingress process (forked by the fork server), waiting for its setup."""
         pairs = [socket_pair() for _ in ("control", "frames")]
         try:
-            pid = await self.zygote.fork([pair[1].detach() for pair in pairs])
-        except ZygoteError:
+            pid = await self.forks.fork({}, [pair[1].detach() for pair in pairs])
+        except ForkServerError:
             for ours, _ in pairs:
                 ours.close()
             raise
@@ -259,10 +268,10 @@ class Ingress:
         before it is killed; how it ended, in words."""
         with trio.CancelScope(shield=True):
             await _close_pipes(child)
-            return describe_exit(await self.zygote.wait(child.pid, STOP_WAIT_S))
+            return describe_exit(await self.forks.wait(child.pid, STOP_WAIT_S))
 
     def data_limit_bytes(self) -> int:
-        """The hard bound beyond buffers.py's soft one (ingress_process.py `DataLimit`, which
+        """The hard bound beyond buffers.py's soft one (process.py `DataLimit`, which
         adds PER_CONNECTION_BYTES per live connection): room for what it lets through, and for
         the largest frame and a batch of them in flight to the node."""
         bound = self.buffered_bound()

@@ -1,4 +1,4 @@
-"""Messages between the node and its ingress process (ingress.py): msgpack values, each behind
+"""Messages between the node and its ingress process (supervisor.py, process.py): msgpack values, each behind
 its length, over a stream of a local socket pair that only the two ends hold.
 
 Both ends are our own code, but the bound still holds: a message longer than the stream's

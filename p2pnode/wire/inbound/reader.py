@@ -22,11 +22,11 @@ import trio
 
 from protocol import Decoder, Envelope, MessageType, ProtocolError, Reason, ReplayGuard, node_id
 
-from ..metrics import HANDSHAKE_FIRST, MULTIPART, UNKNOWN_PEER, Metrics
-from ..wire.settings import TransportSettings
-from .gate import CHALLENGE_TYPES, PARK, Gate
-from .ingress import Ingress
-from .zmqsetup import PEERS, PUBLIC
+from ...metrics import HANDSHAKE_FIRST, MULTIPART, UNKNOWN_PEER, Metrics
+from ..gate import CHALLENGE_TYPES, PARK, Gate
+from ..settings import TransportSettings
+from ..zmqsetup import PEERS, PUBLIC
+from .supervisor import Ingress
 
 __all__ = ["Inbound", "decode_all"]
 

@@ -1,5 +1,5 @@
 """Connections reset by their other end, seen when the kernel sees them: the suspects of
-libzmq's abort (ingress.py).
+libzmq's abort (supervisor.py).
 
 The stall-reset attack aborts libzmq only through a connection its client reset (a TCP RST)
 while the connection's queue was full; honest peers end theirs with a FIN (libzmq closes its
@@ -59,7 +59,7 @@ class ResetWatch:
     until `take` hands it over. Its own thread claims them as the kernel reports them and then
     calls `found()`, to wake whoever takes them; `take` also looks itself, so a reset the kernel
     had before the call is never missed while that thread waits to run (the node reads nothing
-    more from the socket before it heard of every reset: ingress_process.py). Use as a context
+    more from the socket before it heard of every reset: process.py). Use as a context
     manager."""
 
     def __init__(self, found: Callable[[], None]) -> None:

@@ -1,6 +1,6 @@
-"""Room in the active view: how many peers this node seeks, whether a node may be admitted, and
-whom a newcomer may take the place of in a full table (docs/security.md: the per-subnet
-limits, the protected quarters, the settled peers)."""
+"""Admission, as room in the active view allows: how many peers this node seeks, whether a node
+may be admitted, and whom a newcomer may take the place of in a full table (docs/security.md:
+the per-subnet limits, the protected quarters, the settled peers)."""
 
 from __future__ import annotations
 

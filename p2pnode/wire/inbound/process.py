@@ -1,12 +1,13 @@
 """An ingress process: one of the node's inbound ROUTERs (the public socket or the peers'), its
-ZAP hook, monitor and buffer bound, in a process of its own (ingress.py explains why). Run by
+ZAP hook, monitor and buffer bound, in a process of its own (supervisor.py explains why). Run by
 the node, never by hand:
 
-    python -m p2pnode.wire.ingress_process NODE_FD
+    python -m p2pnode.wire.inbound.process NODE_FD
 
-starts the node's zygote (`zygote`), which forks one ingress process per socket, and again when
-one ends. Each ingress process gets two descriptors, each one end of a socket pair (pipes.py)
-whose other end the node holds:
+starts the node's fork server (`main`: p2pnode/forkserver.py `serve`, with what an ingress process
+needs imported), which forks one ingress process per socket, and again when one ends. Each
+ingress process gets two descriptors, each one end of a socket pair (pipes.py) whose other end
+the node holds:
 - control: first the node's setup (endpoint, socket settings, CURVE keys), answered with the
   endpoint bound or why not; then, this way, each connection event, each connection reset by
   its other end (resets.py), each ZAP request, log record and counter change; the other way,
@@ -23,9 +24,7 @@ It imports neither torch nor the node: it starts in a fraction of a second.
 from __future__ import annotations
 
 import logging
-import os
 import resource
-import select
 import signal
 import socket
 import sys
@@ -35,11 +34,8 @@ from collections import Counter
 import trio
 import zmq
 
-from .buffers import PER_CONNECTION_BYTES, GrowthAlarm, watch_buffers
-from .pipes import MessagePipe, PipeError
-from .resets import ResetWatch
-from .silence import HANDSHAKE_BYTES, SilentConnections
-from .zmqsetup import (
+from ...forkserver import serve
+from ..zmqsetup import (
     DOMAINS,
     PUBLIC,
     close_zap,
@@ -50,7 +46,11 @@ from .zmqsetup import (
     unwatch,
     watch,
 )
-from .zmqtrio import receive_batch, receive_routed
+from ..zmqtrio import receive_batch, receive_routed
+from .buffers import PER_CONNECTION_BYTES, GrowthAlarm, watch_buffers
+from .pipes import MessagePipe, PipeError
+from .resets import ResetWatch
+from .silence import HANDSHAKE_BYTES, SilentConnections
 
 log = logging.getLogger("p2pnode.ingress")
 
@@ -73,8 +73,8 @@ class _ForwardLogs(logging.Handler):
             pass  # the node is not reading: a log line is not worth waiting for
 
 
-class Ingress:
-    """One inbound ROUTER, as the node set it up (ingress.py `Ingress._setup`)."""
+class InboundRouter:
+    """One inbound ROUTER, as the node set it up (supervisor.py `Ingress._setup`)."""
 
     def __init__(self, setup: dict, control: MessagePipe, frames: MessagePipe) -> None:
         self.setup, self.control, self.frames = setup, control, frames
@@ -294,7 +294,7 @@ class DataLimit:
     libzmq hold too much, but it reacts after the fact, and on a loaded machine late (8
     connections each sending a multipart message never finished grew the process by 40 MB
     against a 16 MiB bound); past this limit libzmq's next allocation fails and it aborts, so
-    the process ends, is started again with nothing held (ingress.py), and the connections that
+    the process ends, is started again with nothing held (supervisor.py), and the connections that
     were coming in just then are suspects of an abort (zap.py)."""
 
     def __init__(self, extra_bytes: int | None) -> None:
@@ -320,7 +320,7 @@ async def _main(control_fd: int, frames_fd: int) -> None:
         setup = await control.receive()
     except PipeError:
         return  # the node went before it said what to bind
-    ingress = Ingress(setup, control, MessagePipe(socket.socket(fileno=frames_fd), 1 << 10))
+    ingress = InboundRouter(setup, control, MessagePipe(socket.socket(fileno=frames_fd), 1 << 10))
     root = logging.getLogger("p2pnode")
     root.handlers[:] = [_ForwardLogs(ingress.outbox)]
     root.setLevel(setup["log_level"])
@@ -335,12 +335,12 @@ async def _main(control_fd: int, frames_fd: int) -> None:
 
 
 def run_ingress(control_fd: int, frames_fd: int) -> int:
-    """One ingress process's life, in a child the zygote forked; its exit code."""
+    """One ingress process's life, in a child the fork server forked; its exit code."""
     try:
         trio.run(_main, control_fd, frames_fd)
     except BaseException as exc:
         # Past `DataLimit` in Python rather than in libzmq (which aborts): said by the exit
-        # code, so that the node counts it as what it is, an attack (ingress.py).
+        # code, so that the node counts it as what it is, an attack (supervisor.py).
         if isinstance(exc, MemoryError) or (isinstance(exc, BaseExceptionGroup) and exc.subgroup(MemoryError)):
             return OUT_OF_MEMORY
         traceback.print_exc()
@@ -348,54 +348,21 @@ def run_ingress(control_fd: int, frames_fd: int) -> int:
     return 0
 
 
-def zygote(node_fd: int) -> None:
-    """The node's zygote: with everything an ingress process needs imported and nothing started
-    (no thread, no ZeroMQ context, no trio run: a fork is then safe), it forks one child per
-    request and reports each child's end. A new ingress process so takes a fork (milliseconds)
-    instead of a Python start (a second or so on a busy machine), however often libzmq aborts
-    them. On its socket pair with the node: the node sends b"F" with the child's two pipe ends
-    (SCM_RIGHTS); the zygote answers "P <pid>" and, when that child has ended, "X <pid> <exit
-    code, negative for a signal>", a line each. It ends when the node closes the pair."""
-    node = socket.socket(fileno=node_fd)
-    woken_r, woken_w = os.pipe()
-    os.set_blocking(woken_w, False)
-    signal.set_wakeup_fd(woken_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select through the pipe above
-    children: set[int] = set()
-    while True:
-        readable, _, _ = select.select([node, woken_r], [], [])
-        if woken_r in readable:
-            os.read(woken_r, 4096)
-        if node in readable:
-            message, fds, _, _ = socket.recv_fds(node, 1, 2)
-            if not message:
-                return  # the node is gone: its children end as their pipes close
-            pid = os.fork()
-            if pid == 0:
-                signal.set_wakeup_fd(-1)
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                node.close()
-                os.close(woken_r)
-                os.close(woken_w)
-                os._exit(run_ingress(*fds))
-            for fd in fds:
-                os.close(fd)
-            children.add(pid)
-            node.sendall(f"P {pid}\n".encode())
-        for pid in list(children):
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                children.discard(pid)
-                node.sendall(f"X {pid} {os.waitstatus_to_exitcode(status)}\n".encode())
+def _ingress_child(request: dict, fds: list[int]) -> int:
+    """A forked child: the ingress process on its two pipe ends (control, frames)."""
+    return run_ingress(*fds)
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The node's fork server of ingress processes: with everything an ingress process needs
+    imported and nothing started, it forks one per request (its two pipe ends passed with it)
+    and tells when each ends, until the node closes its end (p2pnode/forkserver.py)."""
     (node_fd,) = (int(fd) for fd in (argv or sys.argv[1:]))
     # A terminal's Ctrl-C or a service manager's SIGTERM reaches the node's whole group: the
-    # node stops the zygote and its children itself, by closing their pipes, after its goodbyes.
+    # node stops the server and its children itself, by closing their pipes, after its goodbyes.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    zygote(node_fd)
+    serve(node_fd, _ingress_child)
     return 0
 
 

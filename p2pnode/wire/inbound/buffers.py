@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from ..memory import PAGE_BYTES, resident_bytes, trim_now
+from ...memory import PAGE_BYTES, resident_bytes, trim_now
 from .silence import SILENT, SilentConnections
 
 __all__ = [
@@ -261,7 +261,7 @@ class _HeapAfterConnections:
     themselves (a sender of parts that never finish, gone) had their parts freed by libzmq, but
     freed pages stay in the heap: what the process grew by beyond those connections' own room
     (PER_CONNECTION_BYTES) is given back. Their room is kept for the next connections: DataLimit
-    (ingress_process.py) counts on it (docs/security.md)."""
+    (process.py) counts on it (docs/security.md)."""
 
     def __init__(self) -> None:
         self.live: set[Connection] = set()
