@@ -21,9 +21,7 @@ from p2pnode.serving.asking import (
 from p2pnode_cli import main
 from protocol import Answer, Ask, Decoder, Envelope, Identity
 
-from .daemon import start_node, wait_until
-from .test_own_data import DIGITS, own_data_sections, write_digit_pngs
-from .test_predict import held_out_files
+from .helpers import DIGITS, held_out_files, own_data_sections, start_node, wait_until, write_digit_pngs
 
 FIRST, SECOND = (0, 1, 2, 3, 4), (5, 6, 7, 8, 9)
 

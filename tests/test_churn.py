@@ -19,7 +19,7 @@ from testnet.launch.churn import NOT_RESTARTED, ChurnSpec, RestartPolicy, Superv
 from testnet.launch.discovery import run_discovery_testnet
 from testnet.launch.placement import LocalPlacement, NodeSpec, read_status
 
-from .daemon import signal_each_start
+from .helpers import signal_each_start
 
 
 def test_churn_spec_is_parsed_and_bad_ones_are_refused_naming_the_part():

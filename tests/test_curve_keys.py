@@ -11,22 +11,9 @@ from protocol import Identity
 from protocol.curve import curve_public_from_ed25519, ed25519_y, ed25519_y_of_curve_public
 
 from .conftest import fixed_identity
+from .helpers import VECTORS
 
 pytestmark = pytest.mark.quick  # no daemons, no training: make test-quick runs it
-
-# (Ed25519 public key, X25519 secret, X25519 public) of fixed_identity(1) and (2): docs/protocol.md.
-VECTORS = [
-    (
-        "79b5562e8fe654f94078b112e8a98ba7901f853ae695bed7e0e3910bad049664",
-        "70788f1a0cea001a2631dae5d05dbd062008d5b30f50b9e29beb2a7822289044",
-        "4a3807d064d077181cc070989e76891d20dca5559548dc2c77c1a50273882b38",
-    ),
-    (
-        "43cdc023d22d5f9e107d1a0693457d35d1d10eb7d21c721192f56f5de40665d3",
-        "281a9fc3d397d561cdc2658c6f5d729c89dff9ed749aaa62b53fd56d5e1ff87f",
-        "d802a0b0d9f642e78bc8faf210bf738d7ae91a313b03ffc2c11c84b9d801d078",
-    ),
-]
 
 
 def x25519_public_of(secret: bytes) -> bytes:

@@ -13,7 +13,7 @@ from p2pnode.node import Node, NodeStartError
 from p2pnode_cli import main as cli
 from protocol import Identity
 
-from .daemon import ANY_PORT, free_udp_port, full_mesh, start_chain, start_node, wait_until, write_config
+from .helpers import ANY_PORT, free_udp_port, full_mesh, start_chain, start_node, wait_until, write_config
 
 
 async def test_three_nodes_with_one_bootstrap_each_reach_a_full_mesh(tmp_path):

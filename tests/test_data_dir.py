@@ -22,8 +22,7 @@ from p2pnode.config import load_config
 from p2pnode.data_dir import DataDir, DataDirError
 from p2pnode.node import Node, NodeStartError
 
-from .daemon import ANY_PORT, start_node, write_config
-from .test_disk_full import SmallDisk
+from .helpers import ANY_PORT, SmallDisk, start_node, write_config
 
 NOBODY = 65534
 

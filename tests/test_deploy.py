@@ -18,36 +18,10 @@ from p2pnode.wire.keystore import write_key
 from p2pnode_cli import EXIT_USAGE, build_parser
 from protocol import Identity
 
-from .daemon import write_config
+from .helpers import DATA_DIR, DOC, HOSTS, ROOT, filled_in, host_blocks, toml_blocks, write_config
 
-ROOT = Path(__file__).resolve().parent.parent
-DOC = (ROOT / "docs" / "deploy.md").read_text()
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
 UNIT = ROOT / "deploy" / "systemd" / "p2pnode@.service"
-HOSTS = ("a", "b", "c")
-DATA_DIR = "/var/lib/p2pnode/node"  # the layout of docs/deploy.md, the image and the unit (instance `node`)
-
-
-def toml_blocks() -> list[str]:
-    return re.findall(r"```toml\n(.*?)```", DOC, flags=re.S)
-
-
-def host_blocks() -> dict[str, str]:
-    """Step 3's configuration of each host, as written in the doc."""
-    found = {}
-    for block in toml_blocks():
-        match = re.match(r"# /etc/p2pnode/node\.toml on host-([a-z])\n", block)
-        if match:
-            found[match.group(1)] = block
-    return found
-
-
-def filled_in(block: str, keys: dict[str, Identity], data_dir: Path) -> dict:
-    """A block as an operator would install it: the key names replaced by public keys, and the
-    data directory at `data_dir` (the test's own; the doc's is /var/lib/p2pnode/node)."""
-    for host, identity in keys.items():
-        block = block.replace(f"{host.upper()}_PUBLIC_KEY", identity.public_key.hex())
-    return tomllib.loads(block.replace(DATA_DIR, str(data_dir)))
 
 
 def install(document: dict, directory: Path, identity: Identity) -> Path:

@@ -28,7 +28,7 @@ from p2pnode.learning.checkpoint import Checkpoint
 from testnet.simulation.exchange import Exchange, simulation_identity
 from testnet.simulation.simulator import SimulationSpec, run_simulation
 
-from .daemon import ANY_PORT, write_config
+from .helpers import ANY_PORT, write_config
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ScenarioSpec("digits", PartitionSpec(scenario="1", nodes=4, samples_per_class=10, test_per_class=5))

@@ -20,7 +20,7 @@ from p2pnode.wire.zap import PEERS
 from protocol import Identity
 
 from .adversarial.attacker import Attacker
-from .daemon import bootstrap_entry, full_mesh, start_node, wait_until
+from .helpers import bootstrap_entry, full_mesh, start_node, wait_until
 
 QUICK = {"dial_attempts": 3, "dial_retry_initial_s": 0.05, "dial_retry_max_s": 0.2}
 
@@ -199,8 +199,7 @@ def test_the_images_per_class_found_and_held_out_are_logged_at_start(tmp_path, c
     from p2pnode.config import load_config
     from p2pnode.learning.algorithm import _node_setup
 
-    from .daemon import ANY_PORT, write_config
-    from .test_own_data import DIGITS, own_data_sections, write_digit_pngs
+    from .helpers import ANY_PORT, DIGITS, own_data_sections, write_config, write_digit_pngs
 
     write_digit_pngs(tmp_path / "images", (1, 7), per_class=10)
     write_digit_pngs(tmp_path / "images", (4,), per_class=3)

@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -36,51 +35,9 @@ from p2pnode.operations.status import format_status
 from p2pnode_cli import main as cli
 from protocol import Ping, SequenceCounter
 
-from .daemon import ANY_PORT, start_node, wait_until, write_config
-from .test_learning_daemon import learning_sections, scrape
+from .helpers import ANY_PORT, SmallDisk, learning_sections, scrape, start_node, wait_until, write_config
 
 NO_SPACE = "no space left on device (errno 28): free space on its file system"
-
-
-class SmallDisk:
-    """A tmpfs of `size` bytes at `path`, to fill, free and remount read-only."""
-
-    def __init__(self, path: Path, size: int) -> None:
-        self.path = path
-        self.filler = path / "filler"
-        path.mkdir()
-        if shutil.which("mount") is None:
-            pytest.skip("no mount command: cannot make a small file system to fill")
-        done = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
-            capture_output=True,
-            text=True,
-        )
-        if done.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs to fill (needs root): {done.stderr.strip()}")
-
-    def fill(self) -> None:
-        """Take every free byte (the node's own writes may free some meanwhile: call again)."""
-        fd = os.open(self.filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            for chunk in (1 << 16, 4096, 1):
-                try:
-                    while True:
-                        os.write(fd, bytes(chunk))
-                except OSError as exc:
-                    if exc.errno != errno.ENOSPC:
-                        raise
-        finally:
-            os.close(fd)
-
-    def free(self) -> None:
-        self.filler.unlink()
-
-    def read_only(self) -> None:
-        subprocess.run(["mount", "-o", "remount,ro", str(self.path)], check=True)
-
-    def unmount(self) -> None:
-        subprocess.run(["umount", "-l", str(self.path)], check=True)
 
 
 @pytest.fixture

@@ -94,7 +94,7 @@ def test_protocol_python_example_runs(capsys):
 
 
 def test_documented_curve_vectors_are_the_tested_ones():
-    from .test_curve_keys import VECTORS
+    from .helpers import VECTORS
 
     section = SPEC.split("## Transport encryption and session binding")[1]
     for column in zip(*VECTORS, strict=True):  # one row per kind of key, one column per node

@@ -21,7 +21,7 @@ from algorithms.registry import make_algorithm
 from protocol.messages import MessageType, Model
 from testnet.simulation.simulator import SimulationSpec, run_simulation
 
-from .daemon import log_lines
+from .helpers import log_lines
 
 
 def test_distillation_on_a_hand_computed_case():

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from protocol import Envelope, Hello, Ping, ProtocolError, Prototypes, seal_raw
 
 from .conftest import NETWORK, NOW_US
-from .test_messages import VALID
+from .helpers import VALID
 from .wire import TAG, msgpack_values
 
 # Ten times the profile's examples: 1000 per test in CI, 10 000 with HYPOTHESIS_PROFILE=soak.

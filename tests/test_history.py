@@ -15,11 +15,7 @@ from p2pnode.learning.checkpoint import CHECKPOINT_NAME, Checkpoint
 from p2pnode.learning.history import HISTORY_NAME, HistoryFile, history_paths, read_history
 from p2pnode_cli import main
 
-from .daemon import start_node, wait_until
-from .test_init import _free_ports, init, run_fleet
-from .test_learning_daemon import learning_sections
-from .test_own_data import write_digit_pngs
-from .test_rounds import record
+from .helpers import free_ports, init, learning_sections, record, run_fleet, start_node, wait_until, write_digit_pngs
 
 START = {"node": "a", "algorithm": "mapl", "resumed_from": None}
 
@@ -157,7 +153,7 @@ def test_report_of_three_daemons_with_a_local_baseline(tmp_path, capsys):
     rounds = 3
     code, paths, err = init(
         capsys,
-        *("--nodes", "3", "--out", str(tmp_path / "fleet"), "--port", str(_free_ports(6))),
+        *("--nodes", "3", "--out", str(tmp_path / "fleet"), "--port", str(free_ports(6))),
         *("--data-per-node", str(tmp_path / "images"), "--image-size", "8", "--backbone", "mlp"),
         *("--rounds", str(rounds), "--set", "warmup_rounds=2"),
     )

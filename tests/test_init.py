@@ -3,10 +3,7 @@ daemons started from them on loopback that find each other and learn from their 
 `p2pnode simulate --fleet` rehearsed them."""
 
 import json
-import signal
-import socket
 import stat
-import time
 import tomllib
 
 import pytest
@@ -15,16 +12,8 @@ from p2pnode.config import load_config
 from p2pnode.operations.status import format_status
 from p2pnode.wire.keystore import load_key
 from p2pnode_cli import main
-from testnet.launch.placement import DAEMON, NodeSpec, read_status
-from testnet.launch.warm_parent import WarmParent
 
-from .test_own_data import write_digit_pngs
-
-
-def init(capsys, *argv: str) -> tuple[int, list[str], str]:
-    code = main(["init", *argv])
-    printed = capsys.readouterr()
-    return code, printed.out.split(), printed.err
+from .helpers import free_ports, init, run_fleet, write_digit_pngs
 
 
 def test_init_writes_a_fleet_whose_configs_load_and_name_each_other(tmp_path, capsys):
@@ -192,63 +181,6 @@ def test_a_fleet_rehearsal_is_what_its_configs_say_and_refuses_what_they_do_not(
         read_fleet(tmp_path / "empty")
 
 
-def _free_ports(count: int) -> int:
-    """A base port with `count` free ports above it (the fleet's are fixed in its configs)."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        if base + count > 65535:
-            continue
-        try:
-            for port in range(base, base + count):
-                with socket.socket() as probe:
-                    probe.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise AssertionError("no free port range")
-
-
-def run_fleet(directories, timeout_s: float = 90) -> list[dict]:
-    """`p2pnode start` of each node directory's node.toml, until every node's learning is done;
-    returns their statuses, after stopping them (each must exit 0). The daemons are forked from a
-    warm parent (testnet/launch/warm_parent.py: `python -m p2pnode_cli start --config …`, its imports
-    done once), as a local testnet's are."""
-    specs = [NodeSpec(index, directory, {}) for index, directory in enumerate(directories)]
-    server = WarmParent()
-    try:
-        for spec in specs:
-            spec.process = server.spawn(DAEMON, ["--config", str(spec.config_path)], spec.log_path)
-        deadline = time.monotonic() + timeout_s
-        while not all(
-            (s := read_status(spec.control_socket, 1.0)) and s["learning"]["phase"] == "done" for spec in specs
-        ):
-            assert all(spec.process.poll() is None for spec in specs), [spec.log_path.read_text() for spec in specs]
-            assert time.monotonic() < deadline, [spec.log_path.read_text()[-3000:] for spec in specs]
-            time.sleep(0.3)
-        return [read_status(spec.control_socket, 2.0) for spec in specs]
-    finally:
-        try:
-            _stop(specs)
-        finally:
-            server.close()
-
-
-def _stop(specs) -> None:
-    """SIGTERM each daemon still running; each must exit 0 (else it is killed, and that raised)."""
-    for spec in specs:
-        if spec.process is not None and spec.process.poll() is None:
-            spec.process.send_signal(signal.SIGTERM)
-    for spec in specs:
-        if spec.process is not None:
-            try:
-                assert spec.process.wait(timeout=30) == 0
-            except Exception:
-                spec.process.kill_group()
-                raise
-
-
 def test_three_daemons_from_init_find_each_other_and_learn_as_rehearsed(tmp_path, capsys):
     """`p2pnode init --nodes 3 --local-baseline` on folders of real digit PNGs (one per node,
     class subsets that overlap), then `p2pnode start` of each config as written: all three become
@@ -260,7 +192,7 @@ def test_three_daemons_from_init_find_each_other_and_learn_as_rehearsed(tmp_path
     rounds = 3
     code, paths, err = init(
         capsys,
-        *("--nodes", "3", "--out", str(tmp_path / "fleet"), "--port", str(_free_ports(6))),
+        *("--nodes", "3", "--out", str(tmp_path / "fleet"), "--port", str(free_ports(6))),
         *("--data-per-node", str(tmp_path / "images"), "--image-size", "8", "--backbone", "mlp"),
         *("--rounds", str(rounds), "--set", f"warmup_rounds={rounds - 1}", "--local-baseline"),
     )

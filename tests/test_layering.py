@@ -7,18 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from .helpers import LAYERS, PACKAGES
+
 ROOT = Path(__file__).resolve().parent.parent
-# Who may import whom (docs/architecture.md): a package imports only those below it. tools/ (the
-# benchmarks and demos) sits under the command line only; nothing imports the command line.
-LAYERS = {
-    "protocol": set(),
-    "algorithms": {"protocol"},
-    "p2pnode": {"protocol", "algorithms"},
-    "testnet": {"protocol", "algorithms", "p2pnode"},
-    "tools": {"protocol", "algorithms", "p2pnode", "testnet"},
-    "p2pnode_cli": {"protocol", "algorithms", "p2pnode", "testnet", "tools"},
-}
-PACKAGES = tuple(LAYERS)
 IO_AND_CLOCKS = {"socket", "asyncio", "selectors", "subprocess", "time", "datetime", "trio", "zmq"}
 
 

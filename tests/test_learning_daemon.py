@@ -1,7 +1,6 @@
 """Learning over real sockets: the round driver in-process, and whole testnets of processes."""
 
 import statistics
-import time
 
 import numpy as np
 import pytest
@@ -15,28 +14,7 @@ from p2pnode.learning.history import HISTORY_NAME, read_history
 from p2pnode.learning.rounds import DUPLICATE_PAYLOAD
 from protocol import Prototypes, seal_raw
 
-from .daemon import ANY_PORT, full_mesh, start_node, wait_until, write_config
-
-
-def learning_sections(index: int, nodes: int, rounds: int = 4, **algorithm) -> dict:
-    return {
-        "data": {
-            "dataset": "digits",
-            "nodes": nodes,
-            "node_index": index,
-            "samples_per_class": 10,
-            "test_per_class": 5,
-        },
-        "model": {"backbone": "mlp", "threads": 1},
-        "algorithm": {
-            "name": "mapl",
-            "rounds": rounds,
-            "start_peers": nodes - 1,
-            "round_deadline_s": 1.0,
-            "settings": {"warmup_rounds": 2},
-            **algorithm,
-        },
-    }
+from .helpers import ANY_PORT, full_mesh, learning_sections, scrape, start_node, wait_for, wait_until, write_config
 
 
 def test_learning_sections_are_validated(tmp_path):
@@ -60,16 +38,6 @@ def test_learning_sections_are_validated(tmp_path):
     text = "\n".join(caught.value.problems)
     for words in ("[data].node_index: must be below", "`oracle`", "[algorithm].settings"):
         assert words in text, text
-
-
-async def scrape(port: int, request: bytes) -> bytes:
-    stream = await trio.open_tcp_stream("127.0.0.1", port)
-    async with stream:
-        await stream.send_all(request)
-        answer = b""
-        while chunk := await stream.receive_some(65536):
-            answer += chunk
-    return answer
 
 
 async def test_a_hostile_neighbour_is_rejected_and_counted_while_training_goes_on(tmp_path):
@@ -135,20 +103,6 @@ async def test_a_hostile_neighbour_is_rejected_and_counted_while_training_goes_o
         assert (await scrape(a.metrics_port, b"GET / HTTP/1.1\r\n\r\n")).startswith(b"HTTP/1.1 404")
         for node in (a, b, mallory):
             node.request_stop()
-
-
-def same_keys(a: dict, b: dict, path: str = "") -> list[str]:
-    """Where two reports' keys differ, at every level (the traffic by type, the refusals by
-    reason and the algorithm's configuration are data, not schema; so is the provenance's
-    description of what ran the nodes, which a simulation's engine and a testnet's launcher tell
-    differently; a daemon may refuse what no simulated node meets: a payload from a peer it has
-    not admitted yet)."""
-    data = ("by_type", "config", "engine", "rejections")
-    differences = [f"{path}{key}" for key in sorted(set(a) ^ set(b), key=str)]
-    for key in set(a) & set(b):
-        if isinstance(a[key], dict) and isinstance(b[key], dict) and key not in data:
-            differences += same_keys(a[key], b[key], f"{path}{key}.")
-    return differences
 
 
 def three_digits_daemons_one_slow(rounds: int, factor: float, **spec):
@@ -222,42 +176,6 @@ def test_async_daemons_run_at_their_own_pace_and_the_fast_ones_go_on_while_the_s
         assert max(record.gather_s for record in later) < slow_step_s / 2, (later, slow_step_s)
 
 
-def same_records(spec, histories) -> None:
-    """One round engine (p2pnode/learning/engine.py) builds every record: the daemons' and the simulator's
-    have the same fields, all filled in, and agree on what the round was (node i of the testnet
-    against node i of the simulation, round by round)."""
-    from testnet.simulation.exchange import simulation_identity
-    from testnet.simulation.hosting import INLINE, open_hosts
-    from testnet.simulation.simulator import timeline
-
-    ids = [simulation_identity(spec.seed, i).node_id for i in range(spec.nodes)]
-    with open_hosts(spec, INLINE) as hosts:
-        ended = [record for together in timeline(spec, hosts, ids).run() for record in together]
-    by_round = {(record.round, ids.index(record.node)): record for record in ended}
-    simulated = [[by_round[(round, i)] for i in range(spec.nodes)] for round in range(spec.rounds)]
-    daemons = [[history.records[round] for history in histories] for round in range(spec.rounds)]
-    agreeing = ("round", "expected", "arrived", "recipients")
-    for ours, theirs in zip(simulated, daemons, strict=True):
-        for simulated_record, daemon_record in zip(ours, theirs, strict=True):
-            simulated_dict, daemon_dict = simulated_record.to_dict(), daemon_record.to_dict()
-            assert simulated_dict.keys() == daemon_dict.keys()
-            # A gather that waited out its deadline for a peer still in its own previous round
-            # (it waited out the same deadline, for a peer that stopped sending to it) races that
-            # peer's next payload by a step's length: real and simulated time may fall either way.
-            raced = simulated_record.gather_s >= spec.round_deadline_s
-            compared = [key for key in agreeing if not (raced and key == "arrived")]
-            assert [simulated_dict[key] for key in compared] == [daemon_dict[key] for key in compared]
-            assert None not in (simulated_record.gather_s, simulated_record.round_s, daemon_record.gather_s)
-            # when the round ended: simulated seconds, and the daemon's own since its first round
-            assert simulated_record.ended_at > 0 and daemon_record.ended_at > 0
-            assert simulated_record.discovery_sent == {} and daemon_record.discovery_sent
-    for history in histories:  # a daemon's rounds end one after the other
-        ended = [record.ended_at for record in history.records]
-        assert ended == sorted(ended), ended
-    final = [[record.accuracy for record in last] for last in (simulated[-1], daemons[-1])]
-    assert abs(statistics.mean(final[0]) - statistics.mean(final[1])) <= 0.02
-
-
 def test_a_late_joiner_is_picked_up(tmp_path):
     """3 daemons on digits: two start, a third joins 12 rounds late, runs its own rounds from
     the first without waiting for the others (they are past them) and so comes level, skipping
@@ -293,23 +211,23 @@ def test_a_late_joiner_is_picked_up(tmp_path):
             history = status["learning"]["history"][-5:] if status and status.get("learning") else []
             return len(history) == 5 and all(entry["expected"] == entry["arrived"] == 2 for entry in history)
 
-        def wait_for(condition, timeout: float = 120) -> None:
-            deadline = time.monotonic() + timeout
-            while not condition():
-                assert time.monotonic() < deadline, [
-                    cluster.status(s) and cluster.status(s)["learning"] for s in cluster.specs
-                ]
-                time.sleep(0.2)
+        def wait(condition) -> None:
+            wait_for(
+                condition,
+                120,
+                0.2,
+                why=lambda: [cluster.status(s) and cluster.status(s)["learning"] for s in cluster.specs],
+            )
 
         cluster.start(first)
         cluster.start(second)
         # Far past `max_rounds_ahead` (2): the late joiner's rounds hear only payloads too far
         # ahead to queue, which say the others are past them; each of its gathers ends on the
         # first of them, not at `start_timeout_s` (120 s here) nor at the deadline.
-        wait_for(lambda: completed(first) >= 12)
+        wait(lambda: completed(first) >= 12)
         cluster.start(late)
         # Until the late joiner is in both others' rounds (not until round 600).
-        wait_for(lambda: completed(late) >= 2 and learning_from_both(first) and learning_from_both(second))
+        wait(lambda: completed(late) >= 2 and learning_from_both(first) and learning_from_both(second))
         joined_at = completed(first)
         statuses = [s["learning"] for s in cluster.statuses()]
         # The late joiner ran every round from 0, skipping none, and came level ...

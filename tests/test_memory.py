@@ -9,8 +9,7 @@ import pytest
 
 from p2pnode.memory import MIB, process_memory, resident_bytes
 
-from .daemon import ANY_PORT, write_config
-from .test_learning_daemon import learning_sections
+from .helpers import ANY_PORT, learning_sections, write_config
 
 
 def test_resident_memory_follows_what_the_process_touches():

@@ -5,7 +5,6 @@ import pytest
 
 from protocol import (
     BODY_TYPES,
-    DEFAULT_LIMITS,
     Bye,
     Head,
     Hello,
@@ -19,57 +18,11 @@ from protocol import (
     Score,
     seal_raw,
 )
-from protocol.tensors import encode_tensor
 
 from .conftest import NETWORK, NOW_US
+from .helpers import VALID, wire_tensor
 
 pytestmark = pytest.mark.quick  # no daemons, no training: make test-quick runs it
-
-
-def wire_tensor(array):
-    obj = encode_tensor(np.asarray(array), DEFAULT_LIMITS)
-    return {**obj, "data": bytes(obj["data"])}
-
-
-VALID = {
-    "HELLO": {
-        "address": "tcp://127.0.0.1:7000",
-        "capabilities": ["mapl"],
-        "dataset_size": 100,
-        "protocol_versions": [1],
-        "peer_port": 7001,
-    },
-    "PEERS": {"hellos": []},
-    "PING": {"nonce": 1},
-    "PONG": {"nonce": 1},
-    "BYE": {"reason": "shutdown"},
-    "PROTOTYPES": {
-        "classes": [0, 1],
-        "counts": [3, 4],
-        "prototypes": wire_tensor(np.ones((2, 4), np.float32)),
-        "head": None,
-    },
-    "HEAD": {"weight": wire_tensor(np.ones((3, 4), np.float32)), "bias": wire_tensor(np.zeros(3, np.float32))},
-    "SCORE": {"kind": "log_likelihood", "subject": b"\x01" * 32, "subject_seq": 5, "value": -0.5, "samples": 10},
-    "MODEL": {
-        "kind": "params",
-        "tensors": {
-            "fc.weight": wire_tensor(np.ones((2, 2), np.float32)),
-            "bn.num_batches_tracked": wire_tensor(np.array(7, np.int64)),
-        },
-        "update": None,
-    },
-    "ASK": {"query": 7, "images": [b"\x89PNG..."]},
-    "ANSWER": {
-        "query": 7,
-        "classes": [0, 1],
-        "threshold": 0.6,
-        "labels": [1],
-        "probabilities": [0.9],
-        "own_probabilities": [0.95],
-        "refused": None,
-    },
-}
 
 
 def seal(identity, kind, body):

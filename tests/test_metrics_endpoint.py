@@ -12,8 +12,7 @@ import trio
 
 from p2pnode.operations.prometheus import BUSY, EVICTED, ConnectionSlots
 
-from .daemon import start_node, wait_until
-from .test_learning_daemon import scrape
+from .helpers import scrape, start_node, wait_until
 
 SCRAPE = b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n"
 

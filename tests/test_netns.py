@@ -5,8 +5,6 @@ down for longer than the peer timeout and comes back. Needs `ip netns` (root); s
 namespaces cannot be created. The addresses are private to namespaces this test makes itself.
 """
 
-import os
-import shutil
 import subprocess
 import sys
 import time
@@ -19,27 +17,9 @@ from p2pnode.wire.keystore import write_key
 from protocol import Identity
 from testnet.launch.cluster import Cluster, NodeSpec
 
-from .daemon import write_config
-from .test_processes import peer_ids, wait_for
+from .helpers import namespaces_work, peer_ids, run_ip, wait_for, write_config
 
-
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
-
-
-def _namespaces_work() -> bool:
-    if shutil.which("ip") is None or os.geteuid() != 0:
-        return False
-    probe = f"p2pprobe{uuid.uuid4().hex[:6]}"
-    try:
-        _ip("netns", "add", probe)
-    except (subprocess.CalledProcessError, OSError):
-        return False
-    _ip("netns", "del", probe)
-    return True
-
-
-pytestmark = pytest.mark.skipif(not _namespaces_work(), reason="needs root and `ip netns` to create test hosts")
+pytestmark = pytest.mark.skipif(not namespaces_work(), reason="needs root and `ip netns` to create test hosts")
 
 
 @pytest.fixture
@@ -49,16 +29,16 @@ def two_hosts():
     subnet = int(tag, 16) % 250 + 1
     a, b = f"p2pa{tag}", f"p2pb{tag}"
     link_a, link_b = f"va{tag}", f"vb{tag}"
-    _ip("netns", "add", a)
-    _ip("netns", "add", b)
+    run_ip("netns", "add", a)
+    run_ip("netns", "add", b)
     try:
-        _ip("link", "add", link_a, "type", "veth", "peer", "name", link_b)
-        _ip("link", "set", link_a, "netns", a)
-        _ip("link", "set", link_b, "netns", b)
+        run_ip("link", "add", link_a, "type", "veth", "peer", "name", link_b)
+        run_ip("link", "set", link_a, "netns", a)
+        run_ip("link", "set", link_b, "netns", b)
         for ns, link, host in ((a, link_a, 1), (b, link_b, 2)):
-            _ip("-n", ns, "addr", "add", f"10.77.{subnet}.{host}/24", "dev", link)
-            _ip("-n", ns, "link", "set", link, "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
+            run_ip("-n", ns, "addr", "add", f"10.77.{subnet}.{host}/24", "dev", link)
+            run_ip("-n", ns, "link", "set", link, "up")
+            run_ip("-n", ns, "link", "set", "lo", "up")
         yield {"a": (a, link_a, f"10.77.{subnet}.1"), "b": (b, link_b, f"10.77.{subnet}.2")}
     finally:
         for ns in (a, b):
@@ -90,9 +70,9 @@ def test_nodes_on_two_hosts_peer_over_tcp_and_beacon_and_survive_a_link_outage(t
         cluster.start_all()
         wait_for(connected, timeout=30)  # a-b by bootstrap over TCP, c-d by multicast beacon
 
-        _ip("-n", ns_b, "link", "set", link_b, "down")
+        run_ip("-n", ns_b, "link", "set", link_b, "down")
         wait_for(lambda: all(peer_ids(cluster, x) == set() for x, _ in pairs), timeout=10)  # peer_timeout_s = 1
-        _ip("-n", ns_b, "link", "set", link_b, "up")
+        run_ip("-n", ns_b, "link", "set", link_b, "up")
         restored = time.monotonic()
         wait_for(connected, timeout=20)
         assert time.monotonic() - restored < 10  # bootstrap retries back off to dial_retry_max_s (0.5 s)
@@ -114,22 +94,22 @@ def three_hosts():
     switch = f"p2ps{tag}"
     hosts = {host: f"p2p{host}{tag}" for host in "abc"}
     created = [switch]
-    _ip("netns", "add", switch)
+    run_ip("netns", "add", switch)
     try:
-        _ip("-n", switch, "link", "add", "br0", "type", "bridge")
-        _ip("-n", switch, "link", "set", "br0", "up")
+        run_ip("-n", switch, "link", "add", "br0", "type", "bridge")
+        run_ip("-n", switch, "link", "set", "br0", "up")
         for number, (host, namespace) in enumerate(hosts.items(), start=1):
-            _ip("netns", "add", namespace)
+            run_ip("netns", "add", namespace)
             created.append(namespace)
             inside, outside = f"h{host}{tag}", f"s{host}{tag}"
-            _ip("link", "add", inside, "type", "veth", "peer", "name", outside)
-            _ip("link", "set", inside, "netns", namespace)
-            _ip("link", "set", outside, "netns", switch)
-            _ip("-n", switch, "link", "set", outside, "master", "br0")
-            _ip("-n", switch, "link", "set", outside, "up")
-            _ip("-n", namespace, "addr", "add", f"10.0.0.{number}/24", "dev", inside)
-            _ip("-n", namespace, "link", "set", inside, "up")
-            _ip("-n", namespace, "link", "set", "lo", "up")
+            run_ip("link", "add", inside, "type", "veth", "peer", "name", outside)
+            run_ip("link", "set", inside, "netns", namespace)
+            run_ip("link", "set", outside, "netns", switch)
+            run_ip("-n", switch, "link", "set", outside, "master", "br0")
+            run_ip("-n", switch, "link", "set", outside, "up")
+            run_ip("-n", namespace, "addr", "add", f"10.0.0.{number}/24", "dev", inside)
+            run_ip("-n", namespace, "link", "set", inside, "up")
+            run_ip("-n", namespace, "link", "set", "lo", "up")
         yield hosts
     finally:
         for namespace in created:
@@ -140,7 +120,7 @@ def test_the_deploy_walkthrough_on_three_hosts(tmp_path, three_hosts):
     """Step 3's configurations of docs/deploy.md as written (keys and data directory filled
     in), one per host: CURVE, allowlist, `listen` on every interface, `advertise`, bootstrap
     entries naming keys. Step 6's `p2pnode status` then lists the two others on each host."""
-    from .test_deploy import HOSTS, filled_in, host_blocks
+    from .helpers import HOSTS, filled_in, host_blocks
 
     keys = {host: Identity.generate() for host in HOSTS}
     specs = []

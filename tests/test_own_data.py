@@ -15,27 +15,16 @@ from algorithms.data.own_data import OwnDataError, OwnDataSpec, held_out_count, 
 from p2pnode.config import ConfigError, load_config
 from p2pnode.discovery.capabilities import announced_labels, labels_capability
 
-from .daemon import ANY_PORT, full_mesh, start_node, wait_until, write_config
-
-DIGITS = tuple(str(k) for k in range(10))
-
-
-def write_digit_pngs(root, classes, *, part: int = 0, parts: int = 1, per_class: int | None = None) -> int:
-    """scikit-learn's real 8×8 digits as grayscale PNGs under root/<class>/ (0..16 scaled to
-    0..255): of each class, the `part`-th of `parts` disjoint slices, at most `per_class` images.
-    Returns how many were written."""
-    digits = load_dataset("digits")
-    written = 0
-    for k in classes:
-        members = np.flatnonzero(digits.train.labels == k)
-        members = np.array_split(members, parts)[part][:per_class]
-        folder = root / str(k)
-        folder.mkdir(parents=True, exist_ok=True)
-        for index in members:
-            pixels = np.round(digits.train.images[index, 0] * 255).astype(np.uint8)
-            Image.fromarray(pixels, "L").save(folder / f"{index:04d}.png")
-            written += 1
-    return written
+from .helpers import (
+    ANY_PORT,
+    DIGITS,
+    full_mesh,
+    own_data_sections,
+    start_node,
+    wait_until,
+    write_config,
+    write_digit_pngs,
+)
 
 
 def spec(path, **changes) -> OwnDataSpec:
@@ -254,23 +243,6 @@ def test_the_class_list_is_announced_so_only_nodes_that_agree_learn_together():
 
 
 # --- daemons --------------------------------------------------------------------------------
-
-
-def own_data_sections(folder, class_names=DIGITS, rounds: int = 2, start_peers: int = 2) -> dict:
-    return {
-        "data": {"path": str(folder), "class_names": list(class_names), "image_size": 8},
-        "model": {"backbone": "mlp", "threads": 1},
-        "algorithm": {
-            "name": "mapl",
-            "rounds": rounds,
-            "start_peers": start_peers,
-            "start_timeout_s": 30.0,
-            "round_deadline_s": 5.0,
-            # every round but the last in warm-up (all exchange with all); it must end before the run
-            "settings": {"warmup_rounds": max(1, rounds - 1)},
-            "checkpoint": False,
-        },
-    }
 
 
 async def test_nodes_whose_class_lists_differ_are_not_learning_peers(tmp_path, caplog):

@@ -17,8 +17,7 @@ from algorithms.data.own_data import OwnDataSpec, held_out_count, load_own_data
 from p2pnode.config import load_config
 from p2pnode_cli import main
 
-from .daemon import ANY_PORT, write_config
-from .test_own_data import DIGITS, write_digit_pngs
+from .helpers import ANY_PORT, DIGITS, write_config, write_digit_pngs
 
 # 4 nodes in 2 clusters (scenario 1: classes 0–4 and 5–9), MAPL-Dual past its warm-up, Local beside it.
 RUN = [

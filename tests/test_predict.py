@@ -11,14 +11,12 @@ from pathlib import Path
 import numpy as np
 import trio
 
-from algorithms.data.own_data import held_out_split, inspect_own_data
 from p2pnode.config import load_config
 from p2pnode.learning.checkpoint import CHECKPOINT_NAME, Checkpoint
 from p2pnode.serving.predict import PREDICT
 from p2pnode_cli import main
 
-from .daemon import start_node, wait_until
-from .test_own_data import DIGITS, own_data_sections, write_digit_pngs
+from .helpers import DIGITS, held_out_files, own_data_sections, start_node, wait_until, write_digit_pngs
 
 ROOT = Path(__file__).resolve().parent.parent
 # docs/usage.md's example, as it stands, then a check that nothing of this project came in.
@@ -27,15 +25,6 @@ PLAIN_TORCH += """
 ours = sorted(m for m in sys.modules if m.split(".")[0] in ("p2pnode", "algorithms", "protocol", "testnet", "tools"))
 assert not ours, ours
 """
-
-
-def held_out_files(config) -> tuple[list[str], list[int]]:
-    """The node's held-out images, in the order of its test split, and their classes."""
-    spec = config.data.own_data()
-    files = inspect_own_data(spec).files
-    labels = np.array([k for _, k in files])
-    _, test = held_out_split(labels, 0.2, spec.seed)
-    return [str(files[i][0]) for i in test], labels[test].tolist()
 
 
 def predict(capsys, *argv: str) -> tuple[int, dict | str, str]:

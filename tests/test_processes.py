@@ -5,31 +5,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from testnet.launch.cluster import Cluster
 
-from .daemon import FAST_DISCOVERY, write_config
+from .helpers import FAST_DISCOVERY, peer_ids, wait_for, write_config
 
 P2PNODE = [sys.executable, "-m", "p2pnode_cli"]
-
-
-def wait_for(condition, timeout: float, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"not within {timeout} s")
-
-
-def peer_ids(cluster: Cluster, spec) -> set[str] | None:
-    status = cluster.status(spec)
-    return None if status is None else {p["node_id"] for p in status["peers"]}
 
 
 def test_killed_peer_is_evicted_within_the_timeout_and_readmitted_on_restart(tmp_path):

@@ -21,9 +21,7 @@ import pytest
 
 from testnet.launch.discovery import run_discovery_testnet
 
-from .test_learning_daemon import same_keys
-from .test_netns import _ip, _namespaces_work
-from .test_processes import wait_for
+from .helpers import namespaces_work, run_ip, same_keys, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -247,15 +245,15 @@ def ray_on_two_hosts(tmp_path):
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     started: list[subprocess.Popen] = []
     temps: list[str] = []
-    _ip("netns", "add", head_ns)
-    _ip("netns", "add", worker_ns)
+    run_ip("netns", "add", head_ns)
+    run_ip("netns", "add", worker_ns)
     try:
-        _ip("link", "add", f"rh{tag}", "type", "veth", "peer", "name", f"rw{tag}")
+        run_ip("link", "add", f"rh{tag}", "type", "veth", "peer", "name", f"rw{tag}")
         for namespace, link, address in ((head_ns, f"rh{tag}", head_ip), (worker_ns, f"rw{tag}", worker_ip)):
-            _ip("link", "set", link, "netns", namespace)
-            _ip("-n", namespace, "addr", "add", f"{address}/24", "dev", link)
-            _ip("-n", namespace, "link", "set", link, "up")
-            _ip("-n", namespace, "link", "set", "lo", "up")
+            run_ip("link", "set", link, "netns", namespace)
+            run_ip("-n", namespace, "addr", "add", f"{address}/24", "dev", link)
+            run_ip("-n", namespace, "link", "set", link, "up")
+            run_ip("-n", namespace, "link", "set", "lo", "up")
         gcs = f"{head_ip}:6379"
         common = ["--num-cpus=1", "--disable-usage-stats", "--block"]
         for namespace, arguments in (
@@ -280,7 +278,7 @@ def ray_on_two_hosts(tmp_path):
             shutil.rmtree(temp, ignore_errors=True)
 
 
-@pytest.mark.skipif(ray is None or not _namespaces_work(), reason="needs Ray, root and `ip netns` for two hosts")
+@pytest.mark.skipif(ray is None or not namespaces_work(), reason="needs Ray, root and `ip netns` for two hosts")
 @pytest.mark.timeout(600)
 def test_daemons_on_two_ray_hosts_reach_full_mesh_over_tcp(tmp_path, ray_on_two_hosts):
     """`p2pnode testnet --engine ray --ray-address` from the head's host: two daemons on each

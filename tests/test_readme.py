@@ -234,7 +234,7 @@ def test_the_mapl_testnet_matches_the_simulator_on_the_same_options(ran):
     schema and numbers, and one round engine made both sides' records."""
     from testnet.reporting.summary import summary_page
 
-    from .test_learning_daemon import same_keys, same_records
+    from .helpers import same_keys, same_records
 
     testnet, simulated = ran(MAPL_TESTNET), ran(MAPL_SIMULATE)
     assert testnet.code == simulated.code == 0, testnet.printed[-3000:]
@@ -268,7 +268,7 @@ def test_the_mapl_testnet_matches_the_simulator_on_the_same_options(ran):
 def test_the_scool_testnet_separates_two_groups_and_matches_the_simulator(ran):
     """The README's 4 SCooL-SBM daemons, two groups of two: the learned graph finds each node's
     partner, and the numbers are the simulator's on the same options."""
-    from .test_learning_daemon import same_keys
+    from .helpers import same_keys
 
     testnet, simulated = ran(SCOOL_TESTNET), ran(SCOOL_SIMULATE)
     assert testnet.code == simulated.code == 0, testnet.printed[-3000:]

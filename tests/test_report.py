@@ -8,7 +8,7 @@ from p2pnode.learning.rounds import right_bits
 from testnet.reporting.intervals import wilson
 from testnet.reporting.report import CheckThresholds, Truth, assemble, attach_baselines, check, summary_line
 
-from .test_rounds import record
+from .helpers import record
 
 pytestmark = pytest.mark.quick  # no daemons, no training: make test-quick runs it
 

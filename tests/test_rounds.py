@@ -19,6 +19,8 @@ from p2pnode.learning.rounds import (
 )
 from protocol import UNEXPECTED_TYPE, MessageType
 
+from .helpers import record
+
 pytestmark = pytest.mark.quick  # no daemons, no training: make test-quick runs it
 
 PROTOTYPES, MODEL, SCORE = MessageType.PROTOTYPES, MessageType.MODEL, MessageType.SCORE
@@ -28,23 +30,6 @@ def state(**overrides) -> RoundState:
     settings = {"waits_for": frozenset({MODEL, SCORE}), "rounds": 10, "max_rounds_ahead": 2, "inbox_frames": 8}
     shares = {"peer_inbox_frames": 8, "catch_up_quorum": 0.5}
     return RoundState(**{**settings, **shares, "history_rounds": 5, **overrides})
-
-
-def record(node: str = "a", round: int = 0, **fields) -> RoundRecord:
-    values = {
-        "accuracy": 0.5,
-        "own_class_accuracy": 0.6,
-        "loss": 1.0,
-        "test_loss": 1.2,
-        "weights": {node: 1.0},
-        "expected": 0,
-        "arrived": 0,
-        "missing": (),
-        "recipients": 0,
-        "sent": {},
-        "step_s": 0.1,
-    }
-    return RoundRecord(node=node, round=round, **{**values, **fields})
 
 
 def test_a_peer_has_arrived_once_it_sent_every_type_waited_for():

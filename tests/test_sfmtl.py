@@ -27,7 +27,7 @@ from algorithms.registry import ConfigOverrideError, apply_overrides, default_co
 from protocol.messages import Head, Model, Prototypes
 from testnet.simulation.simulator import SimulationSpec, run_simulation
 
-from .test_learning_daemon import same_keys
+from .helpers import same_keys
 
 ROOT_HALF = 1 / math.sqrt(2)
 

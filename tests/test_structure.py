@@ -6,7 +6,7 @@ from pathlib import Path
 import networkx as nx
 import pytest
 
-from .test_layering import PACKAGES
+from .helpers import PACKAGES
 
 pytestmark = pytest.mark.quick  # no daemons, no training: make test-quick runs it
 
@@ -119,3 +119,18 @@ def test_no_class_has_more_than_twenty_five_methods():
                 if methods > MAX_CLASS_METHODS:
                     big.append(f"{path.relative_to(ROOT).as_posix()} {node.name} ({methods} methods)")
     assert big == [], big
+
+
+def test_no_test_module_imports_another():
+    """What several test modules share lives in tests/helpers.py (issue #47): a test module that
+    imports another runs that one's module-level code and hides where a helper is."""
+    importing = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.level
+                and (node.module or "").split(".")[-1].startswith("test_")
+            ):
+                importing.append(f"{path.relative_to(ROOT)} imports {node.module}")
+    assert importing == []

@@ -17,8 +17,16 @@ from algorithms.models.user_backbone import BackboneError, BackboneFiles, UserBa
 from p2pnode.config import ConfigError, load_config
 from p2pnode_cli import main
 
-from .daemon import ANY_PORT, bootstrap_entry, start_node, wait_until, write_config
-from .test_own_data import DIGITS, own_data_sections, write_digit_pngs
+from .helpers import (
+    ANY_PORT,
+    DIGITS,
+    bootstrap_entry,
+    own_data_sections,
+    start_node,
+    wait_until,
+    write_config,
+    write_digit_pngs,
+)
 
 # A user's file: a small conv net whose classifier is left out, as one would replace a
 # torchvision model's `fc` with nn.Identity(); its feature size (8 × 2 × 2) is ours to find.

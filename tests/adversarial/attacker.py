@@ -17,7 +17,7 @@ from p2pnode.wire.zmqtrio import send_waiting
 from protocol import PROTOCOL_VERSION, Encoder, Hello, Identity
 from protocol.curve import curve_public_from_ed25519
 
-NETWORK = "test"  # tests/daemon.py's network id
+NETWORK = "test"  # tests/helpers.py's network id
 
 
 class Attacker:

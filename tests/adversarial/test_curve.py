@@ -9,7 +9,7 @@ from p2pnode.wire.settings import TransportSettings
 from p2pnode.wire.transport import MissingKey, Transport
 from protocol import Identity, Ping
 
-from ..daemon import bootstrap_entry, full_mesh, start_chain, start_node, wait_until
+from ..helpers import bootstrap_entry, full_mesh, start_chain, start_node, wait_until
 from .attacker import Attacker, Stranger, ingress_rss_mb, run_attack
 
 CURVE = {"curve": True}

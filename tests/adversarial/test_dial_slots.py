@@ -12,7 +12,7 @@ import zmq
 from p2pnode.config import load_config
 from p2pnode.node import Node
 
-from ..daemon import bootstrap_entry, full_mesh, start_chain, start_node, wait_until, write_config
+from ..helpers import bootstrap_entry, full_mesh, start_chain, start_node, wait_until, write_config
 from .attacker import Attacker, Stranger
 
 SYBILS = 60

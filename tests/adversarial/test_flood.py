@@ -13,7 +13,7 @@ from p2pnode.wire.inbound.buffers import PER_CONNECTION_BYTES
 from p2pnode.wire.zap import PUBLIC
 from testnet.launch.cluster import Cluster
 
-from ..daemon import full_mesh, start_chain, wait_until
+from ..helpers import full_mesh, start_chain, wait_until
 from .attacker import ingress_rss_mb, node_rss_mb, rss_mb, run_attack, run_attack_measuring_rss
 
 

@@ -5,7 +5,7 @@ import trio
 
 from protocol import Bye, Encoder, Peers, Ping, seal_raw
 
-from ..daemon import full_mesh, start_chain, wait_until
+from ..helpers import full_mesh, start_chain, wait_until
 from .attacker import NETWORK, Attacker, Stranger
 
 UNREACHABLE = "tcp://127.0.0.1:9"  # the discard port: nothing answers a challenge there

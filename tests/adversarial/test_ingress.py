@@ -16,6 +16,8 @@ from protocol.curve import curve_public_from_ed25519
 from testnet.launch.cluster import Cluster
 from tools.bench.campaign import _Probe
 
+from ..helpers import wait_for
+
 ATTACK_S = 2.5
 STATUS_BOUND_S = 2.0  # the bound on `status` during an attack: the one bound on the wall clock here
 UNTIL_DEADLINE_S = 60.0  # an attack that goes on until the node counted something: failing after this
@@ -28,16 +30,9 @@ def cluster(request, tmp_path_factory):
     security = {"curve": request.param, "abort_ban_s": 0}
     with Cluster.prepare(tmp_path_factory.mktemp("ingress") / "net", 2, extra={"security": security}) as cluster:
         cluster.start_all()
-        wait_until_sync(lambda: all((cluster.status(spec) or {}).get("peer_count") == 1 for spec in cluster.specs))
+        wait_for(lambda: all((cluster.status(spec) or {}).get("peer_count") == 1 for spec in cluster.specs))
         cluster.curve = request.param
         yield cluster
-
-
-def wait_until_sync(condition, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
 
 
 def _attack(
@@ -115,7 +110,7 @@ def test_a_stranger_aborting_the_public_socket_stops_neither_the_node_nor_its_pe
     assert _peer_counts(statuses) == {1}
     assert after["peers"]["restarts"] == before["peers"]["restarts"]
     # And the public socket is back: a newcomer could join now.
-    wait_until_sync(lambda: _ingress(cluster, target)["public"]["up"], timeout=5)
+    wait_for(lambda: _ingress(cluster, target)["public"]["up"], timeout=5)
 
 
 def test_the_peers_socket_aborted_costs_a_restart_and_no_peer(cluster):
@@ -134,9 +129,9 @@ def test_the_peers_socket_aborted_costs_a_restart_and_no_peer(cluster):
     assert after["peers"]["restarts"] - before["peers"]["restarts"] >= 1, (result, after)
     assert after["public"]["restarts"] == before["public"]["restarts"]
     assert cluster.alive(target) and max(latencies) < STATUS_BOUND_S
-    wait_until_sync(lambda: _ingress(cluster, target)["peers"]["up"], timeout=5)
+    wait_for(lambda: _ingress(cluster, target)["peers"]["up"], timeout=5)
     # The honest connection comes back with the socket (its DEALER reconnects).
-    wait_until_sync(lambda: (cluster.status(target) or {}).get("peer_count") == 1)
+    wait_for(lambda: (cluster.status(target) or {}).get("peer_count") == 1)
 
 
 def test_a_catalogue_of_malformed_zmtp_leaves_the_node_and_its_peer_up(cluster):
@@ -145,14 +140,14 @@ def test_a_catalogue_of_malformed_zmtp_leaves_the_node_and_its_peer_up(cluster):
     assert result["sent"] >= 20, result  # every case at least once
     assert cluster.alive(target), cluster.log(target).read_text()[-2000:]
     assert max(latencies) < STATUS_BOUND_S and _peer_counts(statuses) == {1}
-    wait_until_sync(lambda: _ingress(cluster, target)["public"]["up"], timeout=5)
+    wait_for(lambda: _ingress(cluster, target)["public"]["up"], timeout=5)
 
 
 def test_abort_bans_refuse_a_stranger_after_two_aborts_and_the_public_socket_stays_up(tmp_path):
     with Cluster.prepare(tmp_path / "net", 2, extra={"security": {"curve": True}}) as bans:
         bans.start_all()
         target, _ = bans.specs
-        wait_until_sync(lambda: (bans.status(target) or {}).get("peer_count") == 1)
+        wait_for(lambda: (bans.status(target) or {}).get("peer_count") == 1)
         time.sleep(2.5)  # past `abort_suspect_s` after the sockets came up
         args = ("--target", target.address, "--kind", "stall-reset")
         until = _denied("zap_denied_aborts", 10)  # 5 s, and on until ten reconnections were refused
@@ -175,7 +170,7 @@ def test_abort_bans_refuse_an_admitted_peers_key_that_crash_loops_the_peers_sock
     with Cluster.prepare(tmp_path / "net", 2, extra={"security": {"curve": True}}) as bans:
         bans.start_all()
         target, byzantine = bans.specs
-        wait_until_sync(lambda: (bans.status(target) or {}).get("peer_count") == 1)
+        wait_for(lambda: (bans.status(target) or {}).get("peer_count") == 1)
         peers_listen = bans.status(target)["peers_listen"]
         attack = ["--target", peers_listen, "--kind", "stall-reset", "--frames", "1005", "--pause", "0"]
         as_key = ("--as-key", str(byzantine.directory / "key.pem"))
@@ -201,7 +196,7 @@ def test_an_attacker_with_many_addresses_gets_a_bounded_share_and_a_newcomer_fro
     with Cluster.prepare(tmp_path / "net", 2, extra={"security": {"curve": True}}) as bans:
         bans.start_all()
         target, _ = bans.specs
-        wait_until_sync(lambda: (bans.status(target) or {}).get("peer_count") == 1)
+        wait_for(lambda: (bans.status(target) or {}).get("peer_count") == 1)
         time.sleep(2.5)  # past `abort_suspect_s` after the sockets came up
         server_key = curve_public_from_ed25519(target.public_key)
         newcomer = _Probe(target.address, server_key, "127.2.0.1", 0.2, fresh_key=True)

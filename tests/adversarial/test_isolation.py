@@ -14,7 +14,7 @@ import zmq
 
 from protocol import Ping
 
-from ..daemon import full_mesh, start_chain, wait_until
+from ..helpers import full_mesh, start_chain, wait_until
 from .attacker import Attacker, Stranger
 
 KEYS = int(os.environ.get("P2PNODE_ISOLATION_KEYS", "2000"))

@@ -9,7 +9,7 @@ import trio
 from p2pnode.wire.zap import PEERS, PEERS_DOMAIN, PUBLIC
 from protocol import Identity, Model
 
-from ..daemon import bootstrap_entry, full_mesh, start_chain, start_node, wait_until
+from ..helpers import bootstrap_entry, full_mesh, start_chain, start_node, wait_until
 from .attacker import Attacker, Stranger, run_attack_measuring_rss
 
 CURVE = {"curve": True}
