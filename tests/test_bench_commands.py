@@ -191,8 +191,9 @@ LARGE = Quick(
     "python -m tools.bench.simulate large --nodes 3 --rounds 1 --engines processes --samples-per-class 1 "
     "--test-per-class 1"
 )
-ATTACKS = Quick("python -m tools.bench.attacks --seconds 0.5 --attacks 'garbage, full rate, ≤ 64 KiB'")
-HOSTILE = Quick("python -m tools.bench.hostile --seconds 1 --quick")
+# The seconds measured idle and attacked; each tool waits its own fixed seconds around them.
+ATTACKS = Quick("python -m tools.bench.attacks --seconds 0.2 --attacks 'garbage, full rate, ≤ 64 KiB'")
+HOSTILE = Quick("python -m tools.bench.hostile --seconds 0.5 --quick")
 HOSTILE_LEARNING = Quick("python -m tools.bench.hostile --seconds 1 --quick --learning", 120, heavy=True)
 HOSTILE_ADMITTED = Quick("python -m tools.bench.hostile --admitted-peer --quick", 120, heavy=True)
 # One run of each kind: two colluders with the barrage (row 0) and a small-norm poisoner (row 3).

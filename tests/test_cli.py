@@ -104,7 +104,10 @@ def test_bench_transport_json(capsys):
 
 
 def test_bench_transport_presigned_measures_the_receive_path_and_claims_no_goal(capsys):
-    assert main(["bench", "transport", "--json", "--quick", "--presigned", "--sizes", "20480"]) == 0
+    """One trial (--quick's seconds, not its two trials: each trial starts five sender processes;
+    test_bench_transport_json runs --quick itself)."""
+    one_trial = ["--trials", "1", "--seconds", "0.02"]
+    assert main(["bench", "transport", "--json", *one_trial, "--presigned", "--sizes", "20480"]) == 0
     report = json.loads(capsys.readouterr().out)
     (result,) = report["results"]
     assert report["presigned"] and "signed before the clock starts" in report["method"]

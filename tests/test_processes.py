@@ -77,39 +77,6 @@ def test_status_of_a_node_that_is_not_running(tmp_path):
     assert result.returncode == 1 and "no node is running with this configuration" in result.stderr
 
 
-def test_testnet_reaches_a_full_mesh_and_reports(tmp_path):
-    out = tmp_path / "net"
-    result = subprocess.run(
-        [
-            *P2PNODE,
-            "testnet",
-            "--nodes",
-            "5",
-            "--algorithm",
-            "none",
-            "--duration",
-            "30",
-            "--out",
-            str(out),
-            "--exit-on-mesh",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    assert "full mesh in" in result.stderr
-    report = json.loads((out / "report.json").read_text())
-    assert report["algorithm"] == "none" and report["nodes"] == 5
-    assert report["discovery"]["peer_counts"] == [4] * 5
-    assert 0 < report["discovery"]["full_mesh_s"] <= 30
-    comm = report["comm"]
-    assert comm["messages"] == sum(t["messages"] for t in comm["by_type"].values()) > 0
-    assert comm["bytes"] == sum(t["bytes"] for t in comm["by_type"].values()) > 0
-    assert {"HELLO", "PEERS"} <= set(comm["by_type"])
-    assert report["node_exit_codes"] == [0] * 5
-
-
 def test_testnet_with_a_bounded_view_reports_a_connected_overlay_with_every_view_at_target(tmp_path):
     """12 daemons seeking 4 peers each (at most 6): not a full mesh, but every view at its
     target, one connected overlay (networkx, from the peer tables), and what it costs."""

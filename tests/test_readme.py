@@ -95,9 +95,10 @@ SCOOL_TESTNET = (
 )
 # SCooL's testnet beside the simulator on the same options (the README shows no simulate for it)
 SCOOL_SIMULATE = SCOOL_TESTNET.replace("p2pnode testnet", "p2pnode simulate", 1)
+DISCOVERY_TESTNET = "p2pnode testnet --nodes 5 --algorithm none --duration 30 --exit-on-mesh --out DIR"
 
 RUN = {
-    "p2pnode testnet --nodes 5 --algorithm none --duration 30 --exit-on-mesh --out DIR": Outcome(
+    DISCOVERY_TESTNET: Outcome(
         prints=r"full mesh in [\d.]+ s",
         report=lambda r: r["discovery"]["full_mesh_s"] is not None and r["discovery"]["peer_counts"] == [4] * 5,
     ),
@@ -156,7 +157,7 @@ NOT_RUN = {
     "run tests/adversarial/test_hostile_learning.py makes through run_learning_testnet (the same spec, --check and "
     "barrage), with more asserted of its report; test_cli.py checks the CLI's flags reach it",
     "python -m tools.bench.hostile --seconds 60": "a benchmark: ten minute-long raw-ZMTP attacks on fresh 4-daemon "
-    "testnets for BENCHMARKS.md; tests/adversarial/test_ingress.py runs each for 2.5 to 10 s",
+    "testnets for BENCHMARKS.md; tests/adversarial/test_ingress.py runs each for 1.5 to 4 s",
     "p2pnode predict --config node.toml photo.png": "needs a node that has learned; tests/test_predict.py trains "
     "one and runs predict on every held-out image, through the running node and from its checkpoint",
     "p2pnode predict --config node.toml --ask-peers zebra.png": "needs two nodes that have learned; "
@@ -263,6 +264,20 @@ def test_the_mapl_testnet_matches_the_simulator_on_the_same_options(ran):
     assert "RSS / peak MiB" not in summary_page(simulation)
     histories = [read_history(testnet.out / f"node{i:02d}" / "data" / HISTORY_NAME) for i in range(4)]
     same_records(_spec(MAPL_TESTNET), histories)
+
+
+def test_the_discovery_testnet_reaches_a_full_mesh_and_reports(ran):
+    """The README's 5 daemons without learning: the launcher's report counts the traffic by type,
+    and every daemon stopped cleanly (its daemons as processes: tests/test_processes.py)."""
+    report = ran(DISCOVERY_TESTNET).report()
+    assert report["algorithm"] == "none" and report["nodes"] == 5
+    assert report["discovery"]["peer_counts"] == [4] * 5
+    assert 0 < report["discovery"]["full_mesh_s"] <= 30
+    comm = report["comm"]
+    assert comm["messages"] == sum(t["messages"] for t in comm["by_type"].values()) > 0
+    assert comm["bytes"] == sum(t["bytes"] for t in comm["by_type"].values()) > 0
+    assert {"HELLO", "PEERS"} <= set(comm["by_type"])
+    assert report["node_exit_codes"] == [0] * 5
 
 
 def test_the_scool_testnet_separates_two_groups_and_matches_the_simulator(ran):
