@@ -178,9 +178,9 @@ class Node:
         self.learning_peers = LearningPeers(
             lambda: self.membership.ready(), config.algorithm.name, config.data, config.discovery.max_peers
         )
-        # `predict` and `predict --ask-peers`, and the peers' asks (serving/asking.py).
-        self.live_model = LiveModel(lambda: self.driver, config)
-        self.asking = Asking(config.node, self.learning_peers.chosen, self.send_payload, self.live_model)
+        self.live_model = LiveModel(lambda: self.driver, config)  # what `predict` answers with
+        asking = (self.learning_peers.chosen, self.send_payload, self.live_model, self.metrics.rejected)
+        self.asking = Asking(config.node, *asking)  # --ask-peers, and the peers' asks (serving/asking.py)
         # Bootstrap addresses by their entry's number in [discovery].bootstrap: their dials are
         # watched, so that a wrong key in an entry is named as such (membership_actions.py).
         self._bootstrap_entries = {

@@ -167,18 +167,13 @@ class RoundEngine:
 
     def _advance(self, command: Command) -> None:
         """`command` is being carried out: the round moves past it; out of order, it raises."""
-        now = self.next_command()
-        if now is not command:
-            raise RoundOrderError(
-                f"{command.value} called in round {self.state.round} while the round waits for {now.value}"
-            )
+        self._within(command, call=command.value)
         self._at = (self._at + 1) % len(ROUND)
 
     def _within(self, *commands: Command, call: str) -> None:
-        if self.next_command() not in commands:
-            raise RoundOrderError(
-                f"{call} called in round {self.state.round} while the round waits for {self.next_command().value}"
-            )
+        """`call` belongs to one of `commands`; out of order, it raises."""
+        if (now := self.next_command()) not in commands:
+            raise RoundOrderError(f"{call} called in round {self.state.round} while the round waits for {now.value}")
 
     def begin(self, round: int) -> None:
         """Start round `round` (the one `RoundState.next_round` chose)."""

@@ -60,7 +60,8 @@ class _Waiting:
 
 class Asking:
     """`peers()`: the learning peers, node id → address; `send(addresses, body)` signs and sends;
-    `live`: the node's model as `predict` uses it."""
+    `live`: the node's model as `predict` uses it; `rejected(reason, size)` counts a refusal made
+    once an ASK is read (the others the node counts from what `on_ask` and `on_answer` return)."""
 
     def __init__(
         self,
@@ -68,8 +69,9 @@ class Asking:
         peers: Callable[[], Mapping[str, str]],
         send: Callable[[tuple[str, ...], Body], Awaitable[int | None]],
         live: LiveModel,
+        rejected: Callable[[str, int], None] = lambda reason, size: None,
     ) -> None:
-        self.settings, self.peers, self.send, self.live = settings, peers, send, live
+        self.settings, self.peers, self.send, self.live, self.rejected = settings, peers, send, live, rejected
         self._queue_in, self._queue_out = trio.open_memory_channel[tuple[Envelope, str]](settings.ask_queue)
         self._allowance: dict[str, tuple[float, float]] = {}  # node id → (asks left, when counted)
         self._waiting: dict[int, _Waiting] = {}  # query → our ask
@@ -108,6 +110,7 @@ class Asking:
         async for envelope, address in self._queue_out:
             answer, refusal = await trio.to_thread.run_sync(self._answer, envelope.body)
             if refusal is not None:
+                self.rejected(refusal, envelope.size)
                 log.info("ASK from %s refused: %s", envelope.sender_id, refusal)
                 continue
             await self.send((address,), answer)
