@@ -25,6 +25,7 @@ class MessageType(enum.StrEnum):
     HEAD = "HEAD"
     SCORE = "SCORE"
     MODEL = "MODEL"
+    PASS = "PASS"
     ASK = "ASK"
     ANSWER = "ANSWER"
 

@@ -31,6 +31,7 @@ _DEFAULT_FRAME_BYTES_BY_TYPE: Mapping[MessageType, int] = MappingProxyType(
         MessageType.HEAD: 4 * MiB,
         MessageType.SCORE: 1 * KiB,
         MessageType.MODEL: 64 * MiB,
+        MessageType.PASS: 1 * KiB,
         MessageType.ASK: 2 * MiB,  # up to 64 images, each a PNG of the asker's input size
         MessageType.ANSWER: 16 * KiB,
     }

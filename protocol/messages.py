@@ -37,6 +37,7 @@ __all__ = [
     "Model",
     "Ask",
     "Answer",
+    "Pass",
     "MAX_ASKED_IMAGES",
     "BODY_TYPES",
     "MAX_RELAYED_HELLOS",
@@ -318,6 +319,14 @@ class Model(Body):
 
 def _ask_frame_limit(limits: Limits) -> int:
     return limits.max_frame_bytes_for(MessageType.ASK)
+
+
+@body(MessageType.PASS)
+class Pass(Body):
+    """Nothing more from the sender for the receiver in the envelope's round: a neighbour the
+    sender published to last round and no longer does (its graph cut the receiver). Without it,
+    the receiver would wait its round deadline for a payload that is not coming; with it, the
+    sender is settled at once (as GossipSub's PRUNE tells a peer it left the mesh)."""
 
 
 @body(MessageType.ASK)

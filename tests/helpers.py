@@ -394,6 +394,7 @@ VALID = {
         },
         "update": None,
     },
+    "PASS": {},
     "ASK": {"query": 7, "images": [b"\x89PNG..."]},
     "ANSWER": {
         "query": 7,

@@ -509,3 +509,58 @@ def test_a_run_is_driven_by_the_engines_commands_alone_and_a_call_out_of_order_r
     for wrong in (lambda: engine.end_round(0), lambda: engine.publish(0), lambda: engine.next_round(set())):
         with pytest.raises(RoundOrderError, match="while the round waits for gather"):
             wrong()
+
+
+class Cutting(Scripted):
+    """Publishes to b and c in round 0, then to b alone: c was cut."""
+
+    def publish(self, round):
+        from algorithms.interface import Outbound
+
+        return [Outbound(("b", "c") if round == 0 else ("b",), "prototypes")]
+
+
+def test_a_peer_dropped_from_the_publish_is_sent_a_pass_and_its_gather_closes_without_a_wait():
+    """The sender's side: the engine adds a PASS to each peer published to last round and not in
+    this one, once, and the algorithm never sees it as its own. The receiver's side: a PASS
+    settles its sender at once (no deadline waited out) and it is not counted missing; one for a
+    round too far ahead is refused, one for a round already closed leaves nothing behind."""
+    from algorithms.interface import Evaluation
+    from protocol import Pass
+
+    engine, algorithm = RoundEngine(state(rounds=3, waits_for=frozenset())), Cutting()
+    engine.attach(algorithm)
+    sent = []
+    for r in range(3):
+        engine.begin(r)
+        engine.step(r)
+        engine.deliver(), engine.respond()
+        out = engine.publish(r)
+        sent.append([(o.to, type(o.body).__name__) for o in out])
+        for each in out:
+            engine.published(r, each, each.to, r + 1)
+        engine.expect(r)
+        gather = engine.gather(0.0, quorum=1.0, deadline_s=30.0, grace_s=0.0)
+        engine.offer("b", r, Payload(PROTOTYPES, "from b"))
+        engine.offer("c", r, Payload(MessageType.PASS, Pass()))  # c, cut by its own graph, passes
+        assert engine.gather_finished(gather, 0.1)  # both settled: no 30 s wait
+        engine.deliver()
+        engine.close_gather()
+        engine.deliver(), engine.respond()
+        engine.end_round(r)
+        engine.record(Evaluation(1, 2), Timings(0.1, 0.1, 0.2, r), {})
+        engine.next_round({"b", "c"})
+    assert sent == [
+        [(("b", "c"), "str")],
+        [(("b",), "str"), (("c",), "Pass")],  # dropped in round 1: one PASS
+        [(("b",), "str")],  # still dropped: nothing more to say
+    ]
+    assert algorithm.published_seqs == [(0, 1), (1, 2), (2, 3)]  # the PASS is the engine's, not the algorithm's
+    assert [(rec.arrived, rec.missing) for rec in engine.state.history] == [(1, ())] * 3
+    assert ("c", 0, Pass()) not in algorithm.received and all(peer == "b" for peer, _, _ in algorithm.received)
+    rounds = state()
+    assert rounds.offer("p", 3, MessageType.PASS, Pass()) == ROUND_AHEAD
+    assert rounds.offer("p", 1, MessageType.PASS, Pass()) is None and rounds.settled(1) == {"p"}
+    assert rounds.passed(0) == set() and rounds.arrived(1) == set()  # settled, but no payload came
+    rounds.finish(record(round=1))
+    assert rounds.offer("q", 0, MessageType.PASS, Pass()) is None and rounds.passed(0) == set()  # closed: ignored

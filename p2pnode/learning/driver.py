@@ -303,11 +303,12 @@ class RoundDriver:
         await self._save_checkpoint(record)
         trim_now()  # the round's activations and gradients are free: give their pages back until the next
         log.info(
-            "round %d: accuracy %.3f, %d/%d expected payloads, %.2f s",
+            "round %d: accuracy %.3f, %d/%d expected payloads (%d missing), %.2f s",
             round,
             record.accuracy,
             record.arrived,
             record.expected,
+            len(record.missing),
             trio.current_time() - times.started,
             extra={"round": round, "accuracy": record.accuracy, "arrived": record.arrived, "expected": record.expected},
         )

@@ -33,7 +33,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from protocol import Envelope
+from protocol import Envelope, Pass
 
 from .rounds import ADAPTIVE, AdaptiveDeadline, Gather, Progress, RoundRecord, RoundState, Schedule, right_bits
 
@@ -135,6 +135,9 @@ class RoundEngine:
         self.algorithm: Algorithm | None = None
         self._report: LocalReport | None = None  # the local step of the round in progress
         self._sent_to: set[str] = set()  # peers sent anything in the round in progress
+        # Peers the last round's publish went to: one dropped from this round's is sent a PASS.
+        self._published_to: frozenset[str] = frozenset()
+        self._passed: frozenset[str] = frozenset()  # the expected peers that sent PASS instead
         self._expected: frozenset[str] = frozenset()
         self._came: frozenset[str] = frozenset()  # the expected peers that arrived, once the gather closed
         self._at = 0  # where in ROUND the node is: what `next_command` answers
@@ -146,7 +149,7 @@ class RoundEngine:
         take is refused when due."""
         self.algorithm = algorithm
         self.state.waits_for = algorithm.waits_for
-        self.state.takes = frozenset(algorithm.sends)
+        self.state.takes = frozenset(algorithm.sends)  # and PASS, which the engine itself takes
         if self.schedule.asynchronous:
             from algorithms.interface import Staleness
 
@@ -181,7 +184,7 @@ class RoundEngine:
         self._begun = True
         self.state.round = round
         self._report, self._sent_to = None, set()
-        self._expected = self._came = frozenset()
+        self._expected = self._came = self._passed = frozenset()
         self._gather = None
 
     def step(self, round: int) -> LocalReport:
@@ -191,8 +194,16 @@ class RoundEngine:
         return self._report
 
     def publish(self, round: int) -> list[Outbound]:
+        """The algorithm's payloads of `round`, and a PASS to each peer it published to last
+        round and not in this one: that peer's gather, which expects us, closes at once instead
+        of at its deadline."""
+        from algorithms.interface import Outbound
+
         self._advance(Command.PUBLISH)
-        return list(self.algorithm.publish(round))
+        out = list(self.algorithm.publish(round))
+        to = frozenset(peer for each in out for peer in each.to)
+        dropped, self._published_to = self._published_to - to, to
+        return [*out, Outbound(to=tuple(sorted(dropped)), body=Pass())] if dropped else out
 
     @staticmethod
     def tag(out: Outbound, round: int) -> int:
@@ -203,7 +214,8 @@ class RoundEngine:
     def published(self, round: int, out: Outbound, to: tuple[str, ...] | list[str], seq: int) -> None:
         """`out`, tagged `round`, went to `to` (the addressees the driver could reach) as sequence
         number `seq`."""
-        self.algorithm.published(round, out, seq)
+        if not isinstance(out.body, Pass):  # the engine's own, not the algorithm's
+            self.algorithm.published(round, out, seq)
         self._sent_to.update(to)
 
     def expect(self, round: int) -> frozenset[str]:
@@ -269,6 +281,7 @@ class RoundEngine:
         self._advance(Command.GATHER)
         came = self.state.settled if self.schedule.asynchronous else self.state.arrived
         self._came = self._expected & came(self.state.round)
+        self._passed = self._expected & self.state.passed(self.state.round) - self._came
         if self._gather is not None:
             for peer in sorted(self._expected):
                 self.deadlines.observe(peer, self._gather.arrived_after.get(peer, self._gather.looked))
@@ -336,7 +349,7 @@ class RoundEngine:
             weights=algorithm.weights(),
             expected=len(self._expected),
             arrived=len(self._came),
-            missing=tuple(sorted(self._expected - self._came)),
+            missing=tuple(sorted(self._expected - self._came - self._passed)),
             recipients=len(self._sent_to),
             sent={str(kind): counts for kind, counts in sent.items()},
             step_s=seconds(timings.step_s),

@@ -363,6 +363,7 @@ class RoundState(Generic[Item]):
     _inbox: list[_Queued[Item]] = field(default_factory=list)
     _held: Counter[str] = field(default_factory=Counter)  # queued payloads by peer
     _heard: dict[int, dict[str, set[MessageType]]] = field(default_factory=dict)  # round → peer → types queued
+    _passed: dict[int, set[str]] = field(default_factory=dict)  # round → peers that sent PASS for it
     # The furthest round each peer says it has got to (a payload queued, or refused as too far
     # ahead): its word, which only settles it (`settled`) and points a node that was down where
     # to go within what it lost (`next_round`). Only rounds past the one in progress are kept.
@@ -381,6 +382,8 @@ class RoundState(Generic[Item]):
         further than its own lost time allows (`next_round`). A peer sends one payload of each
         type per round, so a second is refused; and no peer holds more than its share of the
         queue, so neither copies nor old rounds from one peer crowd out the others' payloads."""
+        if kind is MessageType.PASS:
+            return self._pass(peer, round)
         if self.takes is not None and kind not in self.takes:
             return UNEXPECTED_TYPE  # never queued: a 60 MB MODEL to a MAPL node is dropped at once
         far_ahead = round > self.round + self.max_rounds_ahead
@@ -402,6 +405,20 @@ class RoundState(Generic[Item]):
             self._heard.setdefault(round, {}).setdefault(peer, set()).add(kind)
         self._note_reached(peer, round)
         return None
+
+    def _pass(self, peer: str, round: int) -> str | None:
+        """`peer` sends us nothing more in `round` (protocol PASS): settled for it at once. Only
+        rounds from the one in progress to `max_rounds_ahead` past it are kept, one mark per peer."""
+        if round > self.round + self.max_rounds_ahead:
+            return ROUND_AHEAD
+        if round >= max(self.round, self.completed):  # not a round already finished
+            self._passed.setdefault(round, set()).add(peer)
+            self._note_reached(peer, round)
+        return None
+
+    def passed(self, round: int) -> set[str]:
+        """Peers that said they send nothing more in `round`: settled, not missing."""
+        return set(self._passed.get(round, ()))
 
     def _supersede(self, peer: str, round: int, kind: MessageType) -> bool:
         """Async: a queued payload of `peer` and `kind` is replaced by one of a later (or the
@@ -447,7 +464,7 @@ class RoundState(Generic[Item]):
         if not self.asynchronous:
             heard = self._heard.get(round, {})
             passed = {peer for peer in passed if not heard.get(peer)}
-        return self.arrived(round) | passed
+        return self.arrived(round) | passed | self.passed(round)
 
     # --- the round -----------------------------------------------------------------------
 
@@ -474,6 +491,7 @@ class RoundState(Generic[Item]):
         self.missing.update(record.missing)
         self.history.append(record)
         self._heard = {r: peers for r, peers in self._heard.items() if r > record.round}
+        self._passed = {r: peers for r, peers in self._passed.items() if r > record.round}
         self.completed = record.round + 1
 
     def next_round(self, sources: Collection[str]) -> int:
