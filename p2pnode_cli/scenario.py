@@ -30,29 +30,20 @@ def learning_spec(args: argparse.Namespace):
         if not sep or not key:
             raise CommandError(f"--set wants KEY=VALUE, got {item!r}", EXIT_USAGE)
         overrides[key.strip()] = value.strip()
-    data, data_per_node = _own_data(args, nodes)
+    data = _scenario(args, nodes)
     try:
         spec = SimulationSpec(
             algorithm=args.algorithm,
-            dataset=args.dataset or "mnist5k",
-            scenario=args.scenario,
-            nodes=nodes,
+            data=data,
             rounds=args.rounds,
-            seed=args.seed,
-            clusters=args.clusters,
-            samples_per_class=args.samples_per_class,
-            test_per_class=args.test_per_class,
             backbones=tuple(args.backbones) if args.backbones else None,
             backbone_files=_backbone_files(args),
-            dataset_root=args.data_root,
             overrides=overrides,
             poisoners=tuple(getattr(args, "poisoners", ())),
             attack=getattr(args, "attack", "sign-flip"),
             attack_factor=getattr(args, "attack_factor", 10.0),
             device=args.device,
             mixed_precision=args.mixed_precision,
-            data=data,
-            data_per_node=data_per_node,
             slow=None if args.slow is None else parse_slow(args.slow),
             pace=getattr(args, "pace", 1.0),
             schedule=Schedule(schedule=args.schedule),
@@ -61,7 +52,7 @@ def learning_spec(args: argparse.Namespace):
         checked_config(spec.algorithm, overrides, spec.rounds, "--rounds")
     except (ValueError, ConfigOverrideError) as exc:
         raise CommandError(str(exc), EXIT_USAGE) from None
-    missing = None if data or data_per_node else missing_files(spec.dataset, spec.dataset_root)
+    missing = None if data.own or data.per_node else missing_files(data.dataset, data.root)
     if missing is not None:
         raise CommandError(f"--data-root: {missing}", EXIT_USAGE)
     return spec
@@ -138,6 +129,29 @@ def node_count(args: argparse.Namespace) -> int | None:
     if folder is not None and folder.is_dir():
         return sum(not entry.name.startswith(".") for entry in folder.iterdir()) or None
     return args.default_nodes
+
+
+def _scenario(args: argparse.Namespace, nodes: int):
+    """The run's data (algorithms/data/setup.py `ScenarioSpec`), built here once from the flags."""
+    from algorithms.catalog import DATASET_FROM_PATH
+    from algorithms.data.setup import ScenarioSpec
+
+    own, per_node = _own_data(args, nodes)
+    try:
+        return ScenarioSpec(
+            dataset=DATASET_FROM_PATH if own is not None else args.dataset or "mnist5k",
+            scenario=args.scenario,
+            nodes=nodes,
+            seed=args.seed,
+            clusters=args.clusters,
+            samples_per_class=args.samples_per_class,
+            test_per_class=args.test_per_class,
+            root=args.data_root,
+            own=own,
+            per_node=per_node,
+        )
+    except ValueError as exc:
+        raise CommandError(str(exc), EXIT_USAGE) from None
 
 
 def _own_data(args: argparse.Namespace, nodes: int):

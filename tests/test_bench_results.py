@@ -68,12 +68,15 @@ def test_a_table_that_drifts_from_its_data_is_found(tmp_path):
 def test_a_cached_run_is_reused_only_for_the_same_committed_code(tmp_path):
     """tools/bench/runs.py: a finished run's report is read instead of run again only when the
     same spec ran on the commit checked out now; another commit's run is run again."""
+    from algorithms.data.setup import ScenarioSpec
     from testnet.reporting.provenance import CODE_ROOT, git_state
     from testnet.reporting.report import write_report
     from testnet.simulation.simulator import SimulationSpec, run_simulation
     from tools.bench.runs import _finished
 
-    spec = SimulationSpec(algorithm="local", dataset="digits", scenario="1", nodes=2, rounds=1, samples_per_class=5)
+    spec = SimulationSpec(
+        algorithm="local", data=ScenarioSpec(dataset="digits", scenario="1", nodes=2, samples_per_class=5), rounds=1
+    )
     write_report(run_simulation(spec), tmp_path)
     code = git_state(CODE_ROOT)
     report = json.loads((tmp_path / "report.json").read_text())

@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from algorithms.data.setup import ScenarioSpec
 from testnet.reporting.report import time_to_accuracy
 from testnet.reporting.summary import summary_page
 from testnet.simulation.clock import (
@@ -27,11 +28,8 @@ from testnet.simulation.spec import Slow, parse_slow
 # MAPL's graph fixed all-to-all: every node expects every other in every round.
 SPEC = SimulationSpec(
     algorithm="mapl-nocgl",
-    dataset="digits",
-    nodes=3,
+    data=ScenarioSpec(dataset="digits", nodes=3, samples_per_class=5, test_per_class=3),
     rounds=3,
-    samples_per_class=5,
-    test_per_class=3,
     backbones=("mlp",),
     step_s=1.0,
     end_s=0.0,
@@ -184,7 +182,7 @@ def test_a_testnet_paces_every_daemon_and_the_slow_ones_by_their_factor_too():
     without it only the slow ones are slowed. The simulator's clock ignores the pace."""
     from testnet.launch.learning import node_settings
 
-    spec = dataclasses.replace(SPEC, nodes=10, slow=Slow(0.3, 5), pace=10)
+    spec = dataclasses.replace(SPEC, data=dataclasses.replace(SPEC.data, nodes=10), slow=Slow(0.3, 5), pace=10)
     slow = spec.slow_nodes()
     assert [node_settings(spec, i, "mlp", 30.0)["node"]["slowdown"] for i in range(10)] == [
         50 if i in slow else 10 for i in range(10)

@@ -19,7 +19,6 @@ import pytest
 import torch
 
 from algorithms.catalog import ALGORITHM_NAMES
-from algorithms.data.partitions import PartitionSpec
 from algorithms.data.setup import ScenarioSpec, build_setup
 from algorithms.models.device import CPU, DeviceError, placement, resolve_device
 from algorithms.registry import ALGORITHMS, apply_overrides, default_config, make_algorithm
@@ -31,7 +30,7 @@ from testnet.simulation.simulator import SimulationSpec, run_simulation
 from .helpers import ANY_PORT, write_config
 
 ROOT = Path(__file__).resolve().parent.parent
-SCENARIO = ScenarioSpec("digits", PartitionSpec(scenario="1", nodes=4, samples_per_class=10, test_per_class=5))
+SCENARIO = ScenarioSpec("digits", "1", nodes=4, samples_per_class=10, test_per_class=5)
 # Kept on the CPU by design, whatever the device: random generators (the same draws everywhere),
 # the SBM prior's numpy state, which reaches torch only to be checkpointed, and the step counts of
 # Adam, which torch keeps on the CPU.
@@ -119,8 +118,14 @@ def test_the_simulator_takes_a_device_and_its_report_says_which():
     with pytest.raises(ValueError, match="mixed precision needs a CUDA device, not 'cpu'"):
         SimulationSpec(algorithm="local", device="cpu", mixed_precision=True)
     with pytest.raises(DeviceError, match='"cuda:9999"'):
-        run_simulation(SimulationSpec(algorithm="local", dataset="digits", nodes=2, rounds=1, device="cuda:9999"))
-    report = run_simulation(SimulationSpec(algorithm="local", dataset="digits", nodes=2, rounds=1, device="cpu"))
+        run_simulation(
+            SimulationSpec(
+                algorithm="local", data=ScenarioSpec(dataset="digits", nodes=2), rounds=1, device="cuda:9999"
+            )
+        )
+    report = run_simulation(
+        SimulationSpec(algorithm="local", data=ScenarioSpec(dataset="digits", nodes=2), rounds=1, device="cpu")
+    )
     assert (report["device"], report["mixed_precision"]) == ("cpu", False)
 
 

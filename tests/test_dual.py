@@ -9,7 +9,7 @@ import torch
 
 from algorithms.data.datasets import load_dataset
 from algorithms.data.partitions import PartitionSpec, make_partition
-from algorithms.data.setup import node_data
+from algorithms.data.setup import ScenarioSpec, node_data
 from algorithms.interface import NodeSetup, PayloadRejected
 from algorithms.methods.auto import AUTO_PREDICTORS
 from algorithms.methods.dual import DualConfig
@@ -185,11 +185,8 @@ def test_a_digits_simulation_and_a_four_daemon_testnet_learn_the_same(tmp_path, 
 
     spec = SimulationSpec(
         algorithm=algorithm,
-        dataset="digits",
-        nodes=4,
+        data=ScenarioSpec(dataset="digits", nodes=4, samples_per_class=20, test_per_class=10),
         rounds=10,
-        samples_per_class=20,
-        test_per_class=10,
         overrides={"warmup_rounds": "4"},
         backbones=backbones,
     )

@@ -163,7 +163,7 @@ FIGURES: tuple[Figure, ...] = (
         Place(
             "tools/demo.py",
             r'(?s)"--rounds", type=int, default=(?P<rounds>\d+)\).*?'
-            r"samples_per_class=(?P<train>\d+),\s*test_per_class=(?P<test>\d+),",
+            r"samples_per_class=(?P<train>\d+),\s*test_per_class=(?P<test>\d+)\b",
         ),
         (
             Place(

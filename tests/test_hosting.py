@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from algorithms.data.setup import ScenarioSpec
 from algorithms.registry import default_config
 from testnet.simulation.host import blocks
 from testnet.simulation.hosting import Engine
@@ -24,16 +25,13 @@ ROOT = Path(__file__).resolve().parent.parent
 SAME_REPORT = {"mapl": (3,), "scool-attention": (), "dfedavgm": ()}
 
 
-def small(algorithm: str, **changes) -> SimulationSpec:
+def small(algorithm: str, nodes: int = 4, **changes) -> SimulationSpec:
     known = {f.name for f in dataclasses.fields(default_config(algorithm))}
     overrides = {"training.batch_size": "16", **{k: "1" for k in ("warmup_rounds", "prune_round") if k in known}}
     spec = SimulationSpec(
         algorithm=algorithm,
-        dataset="digits",
-        nodes=4,
+        data=ScenarioSpec(dataset="digits", nodes=nodes, samples_per_class=5, test_per_class=3),
         rounds=2,
-        samples_per_class=5,
-        test_per_class=3,
         overrides=overrides,
         poisoners=SAME_REPORT.get(algorithm, ()),
         attack="random",

@@ -164,7 +164,7 @@ def test_a_fleet_rehearsal_is_what_its_configs_say_and_refuses_what_they_do_not(
     moved.write_text(moved.read_text().replace('backbone = "convnet"', 'backbone = "mlp"'))
     rehearsal = read_fleet(tmp_path / "f")
     spec = rehearsal.spec
-    assert (spec.algorithm, spec.nodes, spec.rounds, spec.dataset, spec.seed) == ("mapl-auto", 3, 9, "mnist5k", 0)
+    assert (spec.algorithm, spec.nodes, spec.rounds, spec.data.dataset, spec.seed) == ("mapl-auto", 3, 9, "mnist5k", 0)
     assert spec.node_backbones() == ["convnet", "mlp", "convnet"] and spec.overrides == {"warmup_rounds": "2"}
     assert rehearsal.configs[1] == moved and not rehearsal.local_baseline
 

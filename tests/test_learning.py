@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from algorithms import catalog
 from algorithms.data.datasets import load_dataset
 from algorithms.data.partitions import PartitionSpec, make_partition
-from algorithms.data.setup import node_data
+from algorithms.data.setup import ScenarioSpec, node_data
 from algorithms.interface import NeighbourView, NodeSetup, PayloadRejected
 from algorithms.models import personal as models
 from algorithms.models.losses import prototype_alignment, prototype_uniformity, supervised_contrastive
@@ -264,12 +264,8 @@ def test_simulate_on_digits_learns_and_recovers_two_clusters(tmp_path):
 def test_every_algorithm_runs_through_the_simulator(algorithm):
     spec = SimulationSpec(
         algorithm=algorithm,
-        dataset="digits",
-        scenario="1",
-        nodes=4,
+        data=ScenarioSpec(dataset="digits", scenario="1", nodes=4, samples_per_class=5, test_per_class=3),
         rounds=2,
-        samples_per_class=5,
-        test_per_class=3,
         overrides={"training.batch_size": "16"},
     )
     report = run_simulation(spec)
@@ -287,11 +283,8 @@ def test_every_algorithm_runs_through_the_simulator(algorithm):
 def test_simulation_is_deterministic():
     spec = SimulationSpec(
         algorithm="mapl",
-        dataset="digits",
-        nodes=3,
+        data=ScenarioSpec(dataset="digits", nodes=3, samples_per_class=5, test_per_class=3),
         rounds=2,
-        samples_per_class=5,
-        test_per_class=3,
         overrides={"warmup_rounds": "1"},
     )
     first, second = run_simulation(spec), run_simulation(spec)
@@ -374,12 +367,8 @@ def test_mapl_bundles_heads_sparsely_and_re_admits_an_explored_peer(digits_nodes
 def test_model_averaging_algorithms_learn(algorithm):
     spec = SimulationSpec(
         algorithm=algorithm,
-        dataset="digits",
-        scenario="1",
-        nodes=4,
+        data=ScenarioSpec(dataset="digits", scenario="1", nodes=4, seed=0, samples_per_class=20),
         rounds=8,
-        samples_per_class=20,
-        seed=0,
         overrides={"warmup_rounds": "3"} if algorithm == "mapl+" else {},
     )
     report = run_simulation(spec)
@@ -439,12 +428,8 @@ def test_three_nodes_on_a_chain_of_class_sets(similarity):
     alike there (docs/learning.md, "A chain of class sets"); update-cosine finds the chain."""
     spec = SimulationSpec(
         algorithm="mapl",
-        dataset="digits",
-        scenario="2",
-        clusters=3,
-        nodes=3,
+        data=ScenarioSpec(dataset="digits", scenario="2", nodes=3, clusters=3, samples_per_class=20),
         rounds=10,
-        samples_per_class=20,
         backbones=("mlp",),
         overrides={"warmup_rounds": "4", "graph.similarity": similarity},
     )

@@ -107,15 +107,14 @@ async def test_a_hostile_neighbour_is_rejected_and_counted_while_training_goes_o
 
 def three_digits_daemons_one_slow(rounds: int, factor: float, **spec):
     """3 mapl-nocgl nodes on digits (the `mlp`, 10 images per class), one drawn `factor`× slower."""
+    from algorithms.data.setup import ScenarioSpec
     from testnet.simulation.simulator import SimulationSpec
     from testnet.simulation.spec import Slow
 
     return SimulationSpec(
         algorithm="mapl-nocgl",
-        dataset="digits",
-        nodes=3,
+        data=ScenarioSpec(dataset="digits", nodes=3, samples_per_class=10),
         rounds=rounds,
-        samples_per_class=10,
         backbones=("mlp",),
         slow=Slow(0.3, factor),
         **spec,
@@ -182,6 +181,7 @@ def test_a_late_joiner_is_picked_up(tmp_path):
     none (a fresh node has lost no time: what its peers say is no ground for a skip, issue #43),
     and the others learn from it. (Killed and resumed daemons: tests/test_churn.py's learning
     run.)"""
+    from algorithms.data.setup import ScenarioSpec
     from testnet.launch.cluster import Cluster
     from testnet.launch.learning import DISCOVERY, node_settings
     from testnet.simulation.simulator import SimulationSpec
@@ -190,7 +190,10 @@ def test_a_late_joiner_is_picked_up(tmp_path):
     # out once in a loaded suite: the two first daemons finished while the third was still loading.
     rounds = 5000
     spec = SimulationSpec(
-        algorithm="mapl-nocgl", dataset="digits", nodes=3, rounds=rounds, samples_per_class=10, backbones=("mlp",)
+        algorithm="mapl-nocgl",
+        data=ScenarioSpec(dataset="digits", nodes=3, samples_per_class=10),
+        rounds=rounds,
+        backbones=("mlp",),
     )  # MAPL's graph fixed all-to-all, as in its warm-up
 
     def settings(index: int) -> dict:

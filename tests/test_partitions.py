@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import math
 import socket
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from algorithms.catalog import DATASET_FROM_PATH
 from algorithms.data.datasets import DATASETS, ArrayDataset, Dataset, DatasetError, load_dataset
+from algorithms.data.own_data import OwnDataSpec
 from algorithms.data.partitions import SCENARIOS, Partition, PartitionError, PartitionSpec, make_partition
+from algorithms.data.setup import ScenarioSpec
 from algorithms.torchvision_compat import torchvision
 
 pytestmark = pytest.mark.quick  # no daemons, no training: make test-quick runs it
@@ -374,3 +379,57 @@ def test_unknown_cluster_is_an_error():
     partition = make_partition(load_dataset("digits"), PartitionSpec("1", nodes=4))
     with pytest.raises(PartitionError):
         partition.cluster_train_indices(2)
+
+
+def _daemon_data(table: dict):
+    """A daemon's `[data]` section as its config loads it from `table`."""
+    from p2pnode.learning.settings import DataSettings
+    from p2pnode.options import parse_section
+
+    problems: list[str] = []
+    settings = parse_section("data", DataSettings, table, Path("/"), problems, {})
+    assert problems == []
+    return settings
+
+
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        ScenarioSpec("digits", "2", nodes=3, seed=7, clusters=3, samples_per_class=5, test_per_class=4),
+        ScenarioSpec(nodes=4),  # no clusters: the scenario's default, `[data].clusters = 0`
+        ScenarioSpec("fashionmnist", nodes=2, root="/srv/datasets"),
+        ScenarioSpec(DATASET_FROM_PATH, nodes=4, seed=3, own=OwnDataSpec(Path("/d/mnist5k"), ("a", "b"), seed=3)),
+    ],
+)
+def test_each_daemon_reads_back_the_scenario_its_data_table_was_written_from(scenario):
+    """The testnet writes daemon i's `[data]` from the run's ScenarioSpec, and the daemon builds the
+    same ScenarioSpec from it: it is dealt shard i of what the simulator deals out."""
+    from testnet.launch.learning import data_table
+
+    for index in range(scenario.nodes):
+        data = _daemon_data(data_table(scenario, index))
+        assert data.node_index == index and data.scenario_spec() == scenario
+
+
+def test_with_each_nodes_own_data_daemon_i_gets_the_ith_numbered_i():
+    from testnet.launch.learning import data_table
+
+    parts = tuple(OwnDataSpec(Path(f"/d/n{i}.npz"), ("a", "b"), seed=5) for i in range(3))
+    scenario = ScenarioSpec(nodes=3, seed=5, per_node=parts)
+    for index, part in enumerate(parts):
+        data = _daemon_data(data_table(scenario, index))
+        assert data.scenario_spec() is None and data.own_data() == dataclasses.replace(part, node=index)
+
+
+@pytest.mark.parametrize(
+    "changes, refused",
+    [
+        ({"own": OwnDataSpec(Path("/d/x.npz"), ("a", "b"))}, "goes with own data"),
+        ({"dataset": DATASET_FROM_PATH}, "goes with own data"),
+        ({"per_node": (OwnDataSpec(Path("/d/x.npz"), ("a", "b")),)}, "1 nodes' data for 10 nodes"),
+        ({"clusters": 11}, "cannot exceed nodes"),
+    ],
+)
+def test_a_scenario_that_cannot_be_dealt_out_is_refused_when_built(changes, refused):
+    with pytest.raises(ValueError, match=refused):
+        ScenarioSpec(**changes)

@@ -136,12 +136,11 @@ def test_every_algorithm_evaluates_what_it_predicts_with_and_training_leaves_the
     the copy the node answers `predict` with is the evaluated model, whatever training does next."""
     import torch
 
-    from algorithms.data.partitions import PartitionSpec
     from algorithms.data.setup import ScenarioSpec, build_setup
     from algorithms.models.inference import EvaluatedModel
     from algorithms.registry import ALGORITHMS, make_algorithm
 
-    scenario = ScenarioSpec("digits", PartitionSpec(scenario="1", nodes=2, samples_per_class=10, test_per_class=5))
+    scenario = ScenarioSpec("digits", "1", nodes=2, samples_per_class=10, test_per_class=5)
     for name in ALGORITHMS:
         setup = build_setup(scenario, 0, "n0", backbone="mlp")
         algorithm = make_algorithm(name, setup)

@@ -127,16 +127,15 @@ def test_a_discovery_testnet_on_ray_reaches_full_mesh_with_the_local_reports_sha
 
 @needs_ray
 def test_a_learning_testnet_on_ray_finishes_with_check(tmp_path, local_ray):
+    from algorithms.data.setup import ScenarioSpec
     from testnet.launch.learning import run_learning_testnet
     from testnet.reporting.report import CheckThresholds
     from testnet.simulation.simulator import SimulationSpec, run_simulation
 
     spec = SimulationSpec(
         algorithm="mapl",
-        dataset="digits",
-        nodes=3,
+        data=ScenarioSpec(dataset="digits", nodes=3, samples_per_class=10),
         rounds=3,
-        samples_per_class=10,
         backbones=("mlp",),
         overrides={"warmup_rounds": "1"},
     )

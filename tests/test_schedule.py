@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from algorithms.data.setup import ScenarioSpec
 from algorithms.graphs.collaboration import InNeighbourhood, UniformGraph
 from algorithms.interface import NeighbourView, Staleness
 from p2pnode.learning.engine import RoundEngine, Timings
@@ -24,11 +25,8 @@ ASYNC_SCHEDULE = Schedule(schedule=ASYNC, async_gather_s=0.05, staleness_decay=0
 # Every node expects every other (MAPL's graph fixed all-to-all); node 0 is the one drawn slow.
 SPEC = SimulationSpec(
     algorithm="mapl-nocgl",
-    dataset="digits",
-    nodes=3,
+    data=ScenarioSpec(dataset="digits", nodes=3, samples_per_class=5, test_per_class=3),
     rounds=8,
-    samples_per_class=5,
-    test_per_class=3,
     backbones=("mlp",),
     step_s=1.0,
     end_s=0.0,

@@ -9,7 +9,7 @@ import torch
 
 from algorithms.data.datasets import load_dataset
 from algorithms.data.partitions import PartitionSpec, make_partition
-from algorithms.data.setup import node_data
+from algorithms.data.setup import ScenarioSpec, node_data
 from algorithms.graphs.cooperation import (
     attention_weights,
     block_matrix,
@@ -245,13 +245,10 @@ def test_checkpoint_round_trip(digits_groups, name):
 def test_simulation_recovers_the_groups_and_prunes_to_them(name):
     spec = SimulationSpec(
         algorithm=name,
-        dataset="digits",
-        scenario="noniid-sbm",
-        clusters=2,
-        nodes=4,
+        data=ScenarioSpec(
+            dataset="digits", scenario="noniid-sbm", nodes=4, clusters=2, samples_per_class=10, test_per_class=5
+        ),
         rounds=8,
-        samples_per_class=10,
-        test_per_class=5,
         overrides={"prune_round": "4"},
     )
     report = run_simulation(spec)

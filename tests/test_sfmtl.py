@@ -9,7 +9,7 @@ import torch
 
 from algorithms.data.datasets import load_dataset
 from algorithms.data.partitions import PartitionSpec, make_partition
-from algorithms.data.setup import node_data
+from algorithms.data.setup import ScenarioSpec, node_data
 from algorithms.interface import NodeSetup, PayloadRejected
 from algorithms.methods.sfmtl import (
     Sfmtl,
@@ -209,7 +209,9 @@ def test_a_checkpoint_restores_the_node_exactly(digits_nodes, tmp_path):
 
 
 def digits_spec(**overrides) -> SimulationSpec:
-    return SimulationSpec(algorithm="sfmtl", dataset="digits", nodes=4, rounds=10, samples_per_class=20, **overrides)
+    return SimulationSpec(
+        algorithm="sfmtl", data=ScenarioSpec(dataset="digits", nodes=4, samples_per_class=20), rounds=10, **overrides
+    )
 
 
 def test_simulation_on_digits_finds_the_two_clusters_and_learns():

@@ -84,12 +84,16 @@ def calls_of(name: str) -> list[str]:
     return found
 
 
-def test_a_runs_partition_is_put_together_in_one_place():
-    """The daemon's `[data]` and the simulator's spec name the partition with the same keys;
-    algorithms/data/setup.py:scenario_of builds it from either, so daemon i and simulated node i
-    are dealt the same data."""
+def test_a_runs_data_is_one_object_written_and_read_in_one_place():
+    """algorithms/data/setup.py:ScenarioSpec says what a run's data is, and alone cuts its partition;
+    the CLI and a fleet's rehearsal build it, the testnet writes each daemon's `[data]` from it in one
+    place (`data_table`) and a daemon reads it back in one (`DataSettings.scenario_spec`), so daemon i
+    and simulated node i are dealt the same data."""
     assert set(calls_of("PartitionSpec")) == {"algorithms/data/setup.py"}
-    assert set(calls_of("scenario_of")) == {"p2pnode/learning/algorithm.py", "testnet/simulation/spec.py"}
+    assert set(calls_of("data_table")) == {"testnet/launch/learning.py"}
+    assert set(calls_of("scenario_spec")) == {"p2pnode/learning/algorithm.py", "testnet/simulation/rehearsal.py"}
+    built = {path for path in calls_of("ScenarioSpec") if not path.startswith("tools/")}  # a benchmark's own runs
+    assert built == {"p2pnode/learning/settings.py", "p2pnode_cli/scenario.py", "testnet/simulation/rehearsal.py"}
 
 
 def test_the_algorithms_are_listed_once():

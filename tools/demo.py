@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from algorithms.catalog import BASELINES
+from algorithms.data.setup import ScenarioSpec
 from testnet.launch.learning import run_learning_testnet
 from testnet.reporting.report import CheckThresholds, attach_baselines, summary_line, write_report
 from testnet.reporting.summary import difference_text, methods_table, per_node_table
@@ -50,13 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) / "mapl-dual-testnet"
     spec = SimulationSpec(
         algorithm="mapl-dual",
-        dataset="mnist5k",
-        scenario="1",
-        nodes=args.nodes,
+        data=ScenarioSpec(
+            dataset="mnist5k", scenario="1", nodes=args.nodes, seed=SEED, samples_per_class=10, test_per_class=80
+        ),
         rounds=args.rounds,
-        seed=SEED,
-        samples_per_class=10,
-        test_per_class=80,
         overrides={"warmup_rounds": "1"} if args.quick else {},
     )
     print(

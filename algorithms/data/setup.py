@@ -10,11 +10,11 @@ from __future__ import annotations
 import functools
 import zlib
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 
+from ..catalog import DATASET_FROM_PATH
 from ..interface import LocalData, NodeSetup
 from ..models.device import CPU
 from .datasets import ArrayDataset, Dataset, forget_datasets, load_dataset
@@ -38,34 +38,42 @@ __all__ = [
 
 @dataclass(frozen=True)
 class ScenarioSpec:
-    """A run's data: a benchmark dataset (bundled, or from a local root), or the user's own
-    (`own`), dealt out to its nodes by a non-IID partition; or each node's own data (`per_node`),
-    which no partition cuts."""
+    """What a network shares about its data: a benchmark dataset (bundled, or from a local `root`),
+    or the user's own (`own`), dealt out to its nodes by a non-IID partition; or each node's own
+    data (`per_node`), which no partition cuts.
 
-    dataset: str
-    partition: PartitionSpec
-    root: str | None = None
-    own: OwnDataSpec | None = None  # instead of `dataset`: these files, dealt out by `partition`
+    The one description of a run's data: the simulator's spec holds it (testnet/simulation/spec.py),
+    the testnet writes each daemon's `[data]` from it (testnet/launch/learning.py `data_table`), and a
+    daemon reads it back from its `[data]` (p2pnode/learning/settings.py `DataSettings.scenario_spec`),
+    so daemon i and simulated node i are dealt the same data."""
+
+    dataset: str = "mnist5k"  # a benchmark's name, or DATASET_FROM_PATH: `own`'s files (`[data].dataset`)
+    scenario: str = "1"  # the partition (partitions.py SCENARIOS)
+    nodes: int = 10
+    seed: int = 0  # of the partition and of every node's model
+    clusters: int | None = None  # None: the scenario's default (`[data].clusters = 0`)
+    samples_per_class: int = 25
+    test_per_class: int = 15
+    root: str | None = None  # where a torchvision benchmark's files are
+    own: OwnDataSpec | None = None  # with dataset DATASET_FROM_PATH: these files, dealt out by the partition
     per_node: tuple[OwnDataSpec, ...] = ()  # instead of a partition: node i's data is per_node[i]
 
+    def __post_init__(self) -> None:
+        if self.own is not None and self.per_node:
+            raise ValueError("give the run one data source: own data (one, partitioned) or each node's own")
+        if (self.own is not None) != (self.dataset == DATASET_FROM_PATH):
+            own = "none" if self.own is None else self.own.path
+            raise ValueError(f'dataset "{DATASET_FROM_PATH}" goes with own data: got {self.dataset!r}, own data {own}')
+        if self.per_node and len(self.per_node) != self.nodes:
+            raise ValueError(f"{len(self.per_node)} nodes' data for {self.nodes} nodes")
+        _ = self.partition  # a partition that cannot be cut is refused here, not when a node is built
 
-# What names a partition, under the same keys in a daemon's `[data]` and a simulation's spec.
-PARTITION_KEYS = ("scenario", "nodes", "clusters", "samples_per_class", "test_per_class", "seed")
-
-
-def scenario_of(
-    settings: Any,
-    dataset: str,
-    root: str | None = None,
-    own: OwnDataSpec | None = None,
-    per_node: tuple[OwnDataSpec, ...] = (),
-) -> ScenarioSpec:
-    """The scenario that `settings` (anything with the PARTITION_KEYS: a daemon's `[data]`, a
-    `SimulationSpec`) describes: the one place a run's partition is put together, so daemon i and
-    the simulator's node i are dealt the same data."""
-    values = {key: getattr(settings, key) for key in PARTITION_KEYS}
-    values["clusters"] = values["clusters"] or None  # `[data].clusters = 0`: the scenario's default
-    return ScenarioSpec(dataset, PartitionSpec(**values), root, own, per_node)
+    @property
+    def partition(self) -> PartitionSpec:
+        """The partition that deals the data out (with `per_node`, it hands each node its own back)."""
+        return PartitionSpec(
+            self.scenario, self.nodes, self.clusters, self.samples_per_class, self.test_per_class, self.seed
+        )
 
 
 @functools.lru_cache(maxsize=4)
@@ -134,22 +142,20 @@ def build_setup(
 def _cpu_setup(
     spec: ScenarioSpec, node: int, node_id: str, *, backbone: str, pooled: bool, classes: tuple[int, ...]
 ) -> NodeSetup:
-    seed = spec.partition.seed
     if classes:
         dataset = scenario_dataset(spec)
-        partition = spec.partition
         return class_list_setup(
             node_id,
             dataset,
             classes,
             node,
             backbone=backbone,
-            seed=seed,
-            samples_per_class=partition.samples_per_class,
-            test_per_class=partition.test_per_class,
+            seed=spec.seed,
+            samples_per_class=spec.samples_per_class,
+            test_per_class=spec.test_per_class,
         )
     dataset, partition = load_scenario(spec)
-    return node_setup(node_id, dataset, partition, node, backbone=backbone, seed=seed, pooled=pooled)
+    return node_setup(node_id, dataset, partition, node, backbone=backbone, seed=spec.seed, pooled=pooled)
 
 
 def node_data(dataset: Dataset, partition: Partition, node: int, *, pooled: bool) -> LocalData:

@@ -84,17 +84,14 @@ def build_local_baseline(algorithm: Algorithm, overrides: Mapping[str, str]) -> 
 def _node_setup(config: LearningConfig, node_id: str) -> NodeSetup:
     """The node's data (its own files, its shard of them, or its shard of the configured
     dataset) on its device."""
-    from algorithms.catalog import DATASET_FROM_PATH
     from algorithms.data.own_data import OwnDataError
-    from algorithms.data.setup import build_setup, own_data_setup, scenario_of
+    from algorithms.data.setup import build_setup, own_data_setup
 
     data, model = config.data, config.model
     device, mixed_precision = _placement(model)
-    own = data.own_data()
-    dealt = own if data.dataset == DATASET_FROM_PATH else None
-    scenario = scenario_of(data, data.dataset, None if data.root is None else str(data.root), dealt)
+    own, scenario = data.own_data(), data.scenario_spec()
     try:
-        if own is None or dealt is not None:
+        if scenario is not None:
             return build_setup(
                 scenario,
                 data.node_index or 0,

@@ -42,6 +42,7 @@ from ..options import (
 
 if TYPE_CHECKING:
     from algorithms.data.own_data import OwnDataSpec
+    from algorithms.data.setup import ScenarioSpec
 
 
 # What cuts a benchmark's partition, and what describes a device's own data: never both, except
@@ -213,6 +214,26 @@ class DataSettings(Section):
             seed=self.seed,
             node=None if self.dataset == DATASET_FROM_PATH else self.node_index,
             **{key: value for key, value in given.items() if value is not None},
+        )
+
+    def scenario_spec(self) -> ScenarioSpec | None:
+        """The network's data, which this node takes shard `node_index` of: the same object the
+        simulator's spec holds and the testnet writes this section from (testnet/launch/learning.py
+        `data_table`); None where the node's own data (`path` alone) is all it learns from."""
+        if self.path is not None and self.dataset != DATASET_FROM_PATH:
+            return None
+        from algorithms.data.setup import ScenarioSpec
+
+        return ScenarioSpec(
+            dataset=self.dataset,
+            scenario=self.scenario,
+            nodes=self.nodes,
+            seed=self.seed,
+            clusters=self.clusters or None,  # 0: the scenario's default
+            samples_per_class=self.samples_per_class,
+            test_per_class=self.test_per_class,
+            root=None if self.root is None else str(self.root),
+            own=self.own_data(),
         )
 
 

@@ -24,9 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from algorithms.catalog import DATASET_FROM_PATH
 from algorithms.data.own_data import OwnDataSpec
-from algorithms.data.setup import load_scenario
+from algorithms.data.setup import ScenarioSpec, load_scenario
 from algorithms.models.device import placement as device_placement
 from p2pnode.discovery.settings import DiscoverySettings
 from p2pnode.learning.rounds import RoundRecord, Schedule
@@ -44,6 +43,7 @@ __all__ = [
     "run_learning_testnet",
     "testnet_report",
     "node_settings",
+    "data_table",
     "own_data_settings",
     "default_timeout_s",
     "DISCOVERY",
@@ -79,25 +79,8 @@ def node_settings(
     if target is None:
         target = DiscoverySettings().active_view
     slowdown = spec.slowdowns()[index]
-    if spec.data_per_node:
-        data = {**own_data_settings(spec.data_per_node[index]), "node_index": index}
-    else:
-        data = {
-            "dataset": spec.dataset,
-            "scenario": spec.scenario,
-            "nodes": spec.nodes,
-            "node_index": index,
-            "clusters": spec.clusters or 0,
-            "samples_per_class": spec.samples_per_class,
-            "test_per_class": spec.test_per_class,
-            "seed": spec.seed,
-        }
-    if spec.data is not None:
-        data.update(own_data_settings(spec.data), dataset=DATASET_FROM_PATH)
-    if spec.dataset_root and spec.data is None and not spec.data_per_node:
-        data["root"] = str(Path(spec.dataset_root).resolve())
     return {
-        "data": data,
+        "data": data_table(spec.data, index),
         "model": {
             "backbone": backbone,
             "threads": 1,
@@ -123,6 +106,29 @@ def node_settings(
         # `--pace` and `--slow`: this daemon emulates a slower device (p2pnode/learning/driver.py, `paced`)
         **({"node": {"slowdown": slowdown}} if slowdown > 1 else {}),
     }
+
+
+def data_table(scenario: ScenarioSpec, index: int) -> dict[str, Any]:
+    """Daemon `index`'s `[data]`: the run's data as `DataSettings.scenario_spec` reads it back
+    (p2pnode/learning/settings.py), or with `per_node` the index-th node's own data, numbered
+    `index` (its model's seed), so the daemon is dealt what simulated node `index` is."""
+    if scenario.per_node:
+        return {**own_data_settings(scenario.per_node[index]), "node_index": index}
+    data = {
+        "dataset": scenario.dataset,
+        "scenario": scenario.scenario,
+        "nodes": scenario.nodes,
+        "node_index": index,
+        "clusters": scenario.clusters or 0,
+        "samples_per_class": scenario.samples_per_class,
+        "test_per_class": scenario.test_per_class,
+        "seed": scenario.seed,
+    }
+    if scenario.own is not None:
+        data.update(own_data_settings(scenario.own))
+    elif scenario.root:
+        data["root"] = str(Path(scenario.root).resolve())
+    return data
 
 
 def _backbone_files(spec: SimulationSpec) -> dict[str, str]:
@@ -187,7 +193,7 @@ def run_learning_testnet(
     made = {**provenance(spec.seed, str(device)), "engine": {"kind": placement.engine if placement else "local"}}
     out.mkdir(parents=True, exist_ok=True)
     backbones = spec.node_backbones()
-    _, partition = load_scenario(spec.scenario_spec)
+    _, partition = load_scenario(spec.data)
     cluster = _prepared(spec, out, backbones, round_deadline_s, settings or {}, placement, barrage)
     if timeout_s is None:
         timeout_s = default_timeout_s(spec.nodes, spec.rounds, round_deadline_s, slowest=max(spec.slowdowns()))

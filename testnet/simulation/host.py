@@ -48,7 +48,7 @@ class Host(Shard):
         nodes = {}
         for i in block:
             setup = build_setup(
-                spec.scenario_spec,
+                spec.data,
                 i,
                 ids[i],
                 backbone=backbones[i],

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from algorithms.catalog import DATASET_FROM_PATH
+from algorithms.data.setup import ScenarioSpec
 from p2pnode.config import Config, ConfigError, load_config
 from p2pnode.fleet import fleet_configs
 from p2pnode.learning.algorithm import backbone_files
@@ -90,9 +91,8 @@ def read_fleet(directory: Path) -> Rehearsal:
     try:
         spec = SimulationSpec(
             algorithm=first.algorithm.name,
-            nodes=len(configs),
+            data=_scenario(configs),
             rounds=first.algorithm.rounds,
-            seed=first.data.seed,
             backbones=tuple(config.model.backbone for config in configs),
             backbone_files=backbone_files(first),
             overrides=dict(first.algorithm.settings),
@@ -102,7 +102,6 @@ def read_fleet(directory: Path) -> Rehearsal:
             round_deadline_s=first.algorithm.round_deadline_s,
             straggler_grace_s=first.algorithm.straggler_grace_s,
             schedule=Schedule.of(first.algorithm),
-            **_data_fields(configs),
         )
         spec.node_backbones()  # one backbone for an algorithm that averages whole models
     except ValueError as exc:
@@ -142,24 +141,18 @@ def _same_everywhere(configs: list[Config], paths: list[Path]) -> None:
                 )
 
 
-def _data_fields(configs: list[Config]) -> dict[str, Any]:
-    """The SimulationSpec's data: each node's own data, the one data set the partition deals
-    out, or the benchmark's partition, as the configs give it."""
+def _scenario(configs: list[Config]) -> ScenarioSpec:
+    """The run's data as the configs give it: the daemons' own reading of their `[data]`
+    (`DataSettings.scenario_spec`), or each node's own data in node order."""
     data = configs[0].data
-    if data.path is not None and data.dataset != DATASET_FROM_PATH:
+    shared = data.scenario_spec()
+    if shared is None:
         # As `simulate --data-per-node` makes them: the node's number is its place in the run.
-        return {"data_per_node": tuple(dataclasses.replace(c.data.own_data(), node=None) for c in configs)}
-    partition = {
-        "scenario": data.scenario,
-        "clusters": data.clusters or None,
-        "samples_per_class": data.samples_per_class,
-        "test_per_class": data.test_per_class,
-    }
+        per_node = tuple(dataclasses.replace(c.data.own_data(), node=None) for c in configs)
+        return ScenarioSpec(nodes=len(configs), seed=data.seed, per_node=per_node)
     if data.nodes != len(configs):
         raise FleetRehearsalError(
             f"[data].nodes is {data.nodes}, but the fleet has {len(configs)} configs: the partition is cut for "
             f"{data.nodes} nodes"
         )
-    if data.path is not None:
-        return partition | {"data": dataclasses.replace(data.own_data(), node=None)}
-    return partition | {"dataset": data.dataset, "dataset_root": None if data.root is None else str(data.root)}
+    return shared

@@ -65,7 +65,7 @@ def run_simulation(
     returns the report (testnet/reporting/report.py), judged against `thresholds` if given."""
     started = time.perf_counter()
     config = spec.config_dict()  # a bad override fails here, before any host starts
-    _, partition = load_scenario(spec.scenario_spec)
+    _, partition = load_scenario(spec.data)
     backbones = spec.node_backbones()
     ids = [simulation_identity(spec.seed, i).node_id for i in range(spec.nodes)]
     truth = Truth.of(partition)

@@ -1,7 +1,8 @@
-"""What a simulation runs: the scenario, the algorithm and its settings, the poisoners, the
-device, and the pace of its simulated clock (testnet/simulation/clock.py: the latency, each node's step
-cost, which nodes are slow, the gather rule). Every host of a run builds its nodes from this
-alone (testnet/simulation/host.py), so nothing big travels to a worker."""
+"""What a simulation runs: its data (algorithms/data/setup.py `ScenarioSpec`, the object a testnet
+daemon's `[data]` is written from), the algorithm and its settings, the poisoners, the device, and
+the pace of its simulated clock (testnet/simulation/clock.py: the latency, each node's step cost,
+which nodes are slow, the gather rule). Every host of a run builds its nodes from this alone
+(testnet/simulation/host.py), so nothing big travels to a worker."""
 
 from __future__ import annotations
 
@@ -12,8 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from algorithms.catalog import DEVICE_FORMS, DEVICE_PATTERN, FLOAT32_ONLY_DEVICES
-from algorithms.data.own_data import OwnDataSpec
-from algorithms.data.setup import ScenarioSpec, scenario_of
+from algorithms.data.setup import ScenarioSpec
 from algorithms.methods.poison import ATTACKS, Attack
 from algorithms.models.personal import CPU_BACKBONES
 from algorithms.models.user_backbone import NO_FILES, BackboneFiles
@@ -63,25 +63,17 @@ def parse_slow(text: str) -> Slow:
 @dataclass(frozen=True)
 class SimulationSpec:
     algorithm: str
-    dataset: str = "mnist5k"
-    scenario: str = "1"
-    nodes: int = 10
+    # The run's data, as every node builds its share of it, and as each testnet daemon's `[data]` says it
+    data: ScenarioSpec = field(default_factory=ScenarioSpec)
     rounds: int = 60
-    seed: int = 0
-    clusters: int | None = None
-    samples_per_class: int = 25
-    test_per_class: int = 15
     backbones: tuple[str, ...] | None = None  # node i runs backbones[i % len]; None: the CPU family
     backbone_files: BackboneFiles = NO_FILES  # a user backbone's code folder; weights every node starts from
-    dataset_root: str | None = None
     overrides: Mapping[str, str] = field(default_factory=dict)
     poisoners: tuple[int, ...] = ()  # indices of the nodes that poison what they send
     attack: str = "sign-flip"  # algorithms/methods/poison.py: scale, sign-flip, random, none (the control)
     attack_factor: float = 10.0  # the factor of `scale` and `rescale`
     device: str = "auto"  # where every node trains (algorithms/models/device.py resolves it)
     mixed_precision: bool = False  # CUDA only
-    data: OwnDataSpec | None = None  # the user's own data instead of `dataset`, dealt out by the scenario
-    data_per_node: tuple[OwnDataSpec, ...] = ()  # instead of a scenario: node i's own data is the i-th
     # The simulated clock (testnet/simulation/clock.py); the testnet's daemons keep real time.
     slow: Slow | None = None  # `--slow`: which nodes step slower, and how much
     latency_s: float = 0.005  # each frame's way from its sender to its addressees
@@ -98,18 +90,14 @@ class SimulationSpec:
     schedule: Schedule = field(default_factory=Schedule)
 
     def __post_init__(self) -> None:
-        if self.data is not None and self.data_per_node:
-            raise ValueError("give the run one data source: data (one, partitioned) or data_per_node")
-        if self.data_per_node and len(self.data_per_node) != self.nodes:
-            raise ValueError(f"{len(self.data_per_node)} nodes' data for {self.nodes} nodes")
         if not re.fullmatch(DEVICE_PATTERN, self.device):
             raise ValueError(f"device {self.device!r} is not {DEVICE_FORMS}")
         if self.mixed_precision and self.device in FLOAT32_ONLY_DEVICES:
             raise ValueError(f"mixed precision needs a CUDA device, not {self.device!r}")
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"unknown algorithm {self.algorithm!r}; choose from {', '.join(ALGORITHMS)}")
-        if self.nodes < 1 or self.rounds < 1:
-            raise ValueError("nodes and rounds must be ≥ 1")
+        if self.rounds < 1:
+            raise ValueError("rounds must be ≥ 1")
         if any(not 0 <= i < self.nodes for i in self.poisoners) or len(set(self.poisoners)) != len(self.poisoners):
             raise ValueError(f"poisoners must be distinct node indices below {self.nodes}, got {self.poisoners}")
         if len(self.poisoners) >= self.nodes:
@@ -137,21 +125,25 @@ class SimulationSpec:
         return [self.pace * factor for factor in self.speed_factors()]
 
     @property
-    def scenario_spec(self) -> ScenarioSpec:
-        """The data of the run, as every node builds its share of it (algorithms/data/setup.py)."""
-        return scenario_of(self, self.dataset, self.dataset_root, self.data, self.data_per_node)
+    def nodes(self) -> int:
+        return self.data.nodes
+
+    @property
+    def seed(self) -> int:
+        """The run's seed: the partition's, and every node's model's (`data` holds it, as `[data].seed` does)."""
+        return self.data.seed
 
     @property
     def dataset_label(self) -> str:
         """What the report names as the run's data: a benchmark's name, or where the own data is."""
-        if self.data_per_node:
-            return str(self.data_per_node[0].path.parent)
-        return self.dataset if self.data is None else str(self.data.path)
+        if self.data.per_node:
+            return str(self.data.per_node[0].path.parent)
+        return self.data.dataset if self.data.own is None else str(self.data.own.path)
 
     @property
     def class_names(self) -> list[str] | None:
         """The network's class names where the data is the user's own (None: a benchmark's ids)."""
-        own = self.data_per_node[0] if self.data_per_node else self.data
+        own = self.data.per_node[0] if self.data.per_node else self.data.own
         return None if own is None or not own.class_names else list(own.class_names)
 
     @property
@@ -163,7 +155,7 @@ class SimulationSpec:
     @property
     def scenario_label(self) -> str:
         """The report's scenario: the partition's, or "per-node" where each node brings its own data."""
-        return "per-node" if self.data_per_node else self.scenario
+        return "per-node" if self.data.per_node else self.data.scenario
 
     def algorithm_config(self) -> Any:
         """The algorithm's configuration for the run: its defaults with the run's overrides,

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from algorithms.copies import COPIED_PAYLOAD, Authors
+from algorithms.data.setup import ScenarioSpec
 from algorithms.graphs.collaboration import LearnedGraph, UniformGraph
 from algorithms.graphs.graph import GraphConfig
 from algorithms.interface import PayloadRejected
@@ -299,13 +300,11 @@ def test_rescale_stays_under_the_wire_bound():
 
 def _spec(algorithm, **changes):
     overrides = {"warmup_rounds": "4"} if algorithm == "mapl" else {"prune_round": "6"}
+    samples = 20 if algorithm == "mapl" else 10
     base = {
         "algorithm": algorithm,
-        "dataset": "digits",
-        "nodes": 6,
+        "data": ScenarioSpec(dataset="digits", nodes=6, samples_per_class=samples, test_per_class=10),
         "rounds": 10,
-        "samples_per_class": 20 if algorithm == "mapl" else 10,
-        "test_per_class": 10,
         "overrides": overrides,
         "poisoners": (1,),  # cluster 0 is nodes 0–2: two honest nodes share its classes
         "attack": "none",
@@ -433,11 +432,8 @@ def test_a_rescaled_cluster_mate_is_refused_and_its_cluster_mate_falls_back_on_i
     last three rounds within a point of the control twin's (one round's moves by several)."""
     spec = {
         "algorithm": algorithm,
-        "dataset": "digits",
-        "nodes": 4,
+        "data": ScenarioSpec(dataset="digits", nodes=4, samples_per_class=10, test_per_class=10),
         "rounds": 8,
-        "samples_per_class": 10,
-        "test_per_class": 10,
         "backbones": ("mlp",),
         "overrides": overrides,
         "poisoners": (1,),

@@ -22,6 +22,7 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 
+from algorithms.data.setup import ScenarioSpec
 from p2pnode.learning.rounds import RoundRecord
 from testnet.simulation.clock import END_S_PER_TEST_SAMPLE, STEP_S_PER_SAMPLE
 from testnet.simulation.exchange import InlineHosts, Timeline
@@ -59,7 +60,9 @@ class TimedHost(Host):
 def measure(rounds: int) -> dict[str, dict[str, float]]:
     """Per backbone: seconds per training image of a local step, per test image of an end of round."""
     spec = SimulationSpec(
-        algorithm="mapl-dual", dataset="mnist5k", nodes=10, rounds=rounds, samples_per_class=10, test_per_class=80
+        algorithm="mapl-dual",
+        data=ScenarioSpec(dataset="mnist5k", nodes=10, samples_per_class=10, test_per_class=80),
+        rounds=rounds,
     )
     host = TimedHost(spec)
     ids = list(host.ids)

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from algorithms.catalog import CPU_BACKBONES
+from algorithms.data.setup import ScenarioSpec
 from testnet.simulation.simulator import SimulationSpec
 
 from .results import capture, publish
@@ -89,13 +90,15 @@ def _spec(cell: tuple, method: str, seed: int, args: argparse.Namespace) -> Simu
     dataset, nodes, shape = cell
     return SimulationSpec(
         algorithm=method,
-        dataset=dataset,
-        scenario="1",
-        nodes=nodes,
+        data=ScenarioSpec(
+            dataset=dataset,
+            scenario="1",
+            nodes=nodes,
+            seed=seed,
+            samples_per_class=args.samples,
+            test_per_class=TEST_PER_CLASS[dataset],
+        ),
         rounds=args.rounds,
-        seed=seed,
-        samples_per_class=args.samples,
-        test_per_class=TEST_PER_CLASS[dataset],
         backbones=SHAPES[shape],
     )
 

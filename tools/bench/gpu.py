@@ -20,6 +20,7 @@ import statistics
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
+from algorithms.data.setup import ScenarioSpec
 from testnet.simulation.simulator import SimulationSpec
 
 from .results import capture, save
@@ -43,7 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     def job(method: str, seed: int, device: str) -> tuple[SimulationSpec, str]:
         name, mixed = DEVICES[device]
         spec = SimulationSpec(
-            algorithm=method, dataset="mnist5k", rounds=args.rounds, seed=seed, device=name, mixed_precision=mixed
+            algorithm=method,
+            data=ScenarioSpec(dataset="mnist5k", seed=seed),
+            rounds=args.rounds,
+            device=name,
+            mixed_precision=mixed,
         )
         return spec, f"{args.out}/{method}-seed{seed}-{device}"
 

@@ -25,6 +25,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from algorithms.data.setup import ScenarioSpec
 from testnet.simulation.simulator import SimulationSpec
 
 from .results import capture, save
@@ -65,13 +66,15 @@ def main(argv: list[str] | None = None) -> int:
         method, _, backbone = label.partition("@")
         return SimulationSpec(
             algorithm=method,
-            dataset="mnist5k",
-            scenario=scenario,
-            nodes=10,
+            data=ScenarioSpec(
+                dataset="mnist5k",
+                scenario=scenario,
+                nodes=10,
+                seed=seed,
+                samples_per_class=samples,
+                test_per_class=min(args.test_per_class, 50 - samples) if scenario == "2" else args.test_per_class,
+            ),
             rounds=args.rounds,
-            seed=seed,
-            samples_per_class=samples,
-            test_per_class=min(args.test_per_class, 50 - samples) if scenario == "2" else args.test_per_class,
             backbones=(backbone,) if backbone else None,
             overrides={} if method in BASELINES else overrides,
         )

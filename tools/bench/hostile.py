@@ -37,6 +37,7 @@ from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
 
+from algorithms.data.setup import ScenarioSpec
 from testnet.launch.cluster import Cluster, NodeSpec
 from testnet.launch.learning import DISCOVERY, node_settings, run_learning_testnet
 from testnet.reporting.report import CheckThresholds
@@ -147,10 +148,8 @@ def _learning(seconds: float) -> Callable[[int], dict]:
     """Node i's sections of a MAPL testnet on digits with rounds enough for `seconds` and more."""
     spec = SimulationSpec(
         algorithm="mapl",
-        dataset="digits",
-        nodes=NODES,
+        data=ScenarioSpec(dataset="digits", nodes=NODES, samples_per_class=10),
         rounds=int(10 * seconds) + 100,  # rounds of ~0.5-1 s: never done while measured
-        samples_per_class=10,
         backbones=("mlp",),
         overrides={"warmup_rounds": "3"},
     )
@@ -264,11 +263,8 @@ def digits_spec(
     images per class, an mlp, warm-up 3 (and `overrides`), `poisoners` running `attack`."""
     return SimulationSpec(
         algorithm="mapl",
-        dataset="digits",
-        nodes=nodes,
+        data=ScenarioSpec(dataset="digits", nodes=nodes, seed=seed, samples_per_class=10),
         rounds=8,
-        seed=seed,
-        samples_per_class=10,
         backbones=("mlp",),
         overrides={"warmup_rounds": "3", **overrides},
         poisoners=poisoners,

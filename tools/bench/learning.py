@@ -18,6 +18,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from algorithms.data.setup import ScenarioSpec
 from testnet.simulation.simulator import SimulationSpec
 
 from .results import capture, save
@@ -46,12 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     def spec(method: str, scenario: str, seed: int) -> SimulationSpec:
         return SimulationSpec(
             algorithm=method,
-            dataset="mnist5k",
-            scenario=scenario,
-            nodes=10,
+            data=ScenarioSpec(
+                dataset="mnist5k", scenario=scenario, nodes=10, seed=seed, samples_per_class=SAMPLES_PER_CLASS
+            ),
             rounds=args.rounds,
-            seed=seed,
-            samples_per_class=SAMPLES_PER_CLASS,
         )
 
     jobs = [

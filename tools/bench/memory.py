@@ -77,11 +77,14 @@ def _testnets(args: argparse.Namespace) -> dict[str, dict]:
 
 
 def _testnet(algorithm: str, nodes: int, rounds: int, out: Path) -> dict:
+    from algorithms.data.setup import ScenarioSpec
     from testnet.launch.learning import run_learning_testnet
     from testnet.launch.placement import LocalPlacement
     from testnet.simulation.simulator import SimulationSpec
 
-    spec = SimulationSpec(algorithm, dataset="mnist5k", nodes=nodes, rounds=rounds, backbones=(BACKBONE,))
+    spec = SimulationSpec(
+        algorithm, data=ScenarioSpec(dataset="mnist5k", nodes=nodes), rounds=rounds, backbones=(BACKBONE,)
+    )
     # Each daemon started with exec, as on a device: a daemon forked from the testnet's warm
     # parent (testnet/launch/warm_parent.py) maps only the pages it touches, so its RSS is not a device's.
     with LocalPlacement(fork=False) as placement:
@@ -120,13 +123,14 @@ def _stages(algorithm: str, rounds: int) -> list[dict]:
     (what is imported is part of what is measured); what it found, stage by stage."""
     import tomli_w
 
+    from algorithms.data.setup import ScenarioSpec
     from p2pnode.wire.keystore import write_key
     from protocol import Identity
     from testnet.launch.learning import node_settings
     from testnet.simulation.simulator import SimulationSpec
 
     with tempfile.TemporaryDirectory() as directory:
-        settings = node_settings(SimulationSpec(algorithm, nodes=10), 0, BACKBONE, 5.0)
+        settings = node_settings(SimulationSpec(algorithm, data=ScenarioSpec(nodes=10)), 0, BACKBONE, 5.0)
         settings["node"] = {"key": "key.pem", "data_dir": "data", "listen": "tcp://127.0.0.1:0"}
         write_key(Path(directory, "key.pem"), Identity.generate())
         config = Path(directory, "node.toml")

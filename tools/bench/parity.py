@@ -24,6 +24,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from algorithms.data.setup import ScenarioSpec
 from testnet.simulation.simulator import SimulationSpec
 
 from .heterogeneous import TUNING_SEEDS as HETEROGENEOUS_TUNING_SEEDS
@@ -84,13 +85,15 @@ def main(argv: list[str] | None = None) -> int:
     specs = [
         SimulationSpec(
             algorithm=algorithm,
-            dataset=args.dataset,
-            scenario=scenario,
-            nodes=args.nodes,
+            data=ScenarioSpec(
+                dataset=args.dataset,
+                scenario=scenario,
+                nodes=args.nodes,
+                seed=seed,
+                samples_per_class=args.samples_per_class or preset.samples_per_class,
+                test_per_class=args.test_per_class or preset.test_per_class,
+            ),
             rounds=args.rounds or preset.rounds,
-            seed=seed,
-            samples_per_class=args.samples_per_class or preset.samples_per_class,
-            test_per_class=args.test_per_class or preset.test_per_class,
             overrides=dict(item.split("=", 1) for item in args.set),
         )
         for algorithm, scenario in preset.runs
@@ -107,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
     data = {
         "rounds": specs[0].rounds,
-        "samples_per_class": specs[0].samples_per_class,
+        "samples_per_class": specs[0].data.samples_per_class,
         "tuning_seeds": list(preset.tuning_seeds),
         "command": " ".join(_testnet_words(specs[0], "DIR", placeholders=True)),
         "runs": runs,
@@ -119,15 +122,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _folder(out: Path, spec: SimulationSpec, side: str) -> Path:
-    return out / f"sc{spec.scenario}-{spec.algorithm}-seed{spec.seed}" / side
+    return out / f"sc{spec.data.scenario}-{spec.algorithm}-seed{spec.seed}" / side
 
 
 def _testnet_words(spec: SimulationSpec, out: str, placeholders: bool = False) -> list[str]:
     """`p2pnode testnet` as a user types it for `spec` (with A, S and SEED for what varies)."""
-    algorithm, scenario, seed = ("A", "S", "SEED") if placeholders else (spec.algorithm, spec.scenario, spec.seed)
-    words = ["p2pnode", "testnet", "--algorithm", algorithm, "--dataset", spec.dataset, "--scenario", scenario]
+    data = spec.data
+    algorithm, scenario, seed = ("A", "S", "SEED") if placeholders else (spec.algorithm, data.scenario, spec.seed)
+    words = ["p2pnode", "testnet", "--algorithm", algorithm, "--dataset", data.dataset, "--scenario", scenario]
     words += ["--nodes", str(spec.nodes), "--rounds", str(spec.rounds), "--seed", str(seed)]
-    words += ["--samples-per-class", str(spec.samples_per_class), "--test-per-class", str(spec.test_per_class)]
+    words += ["--samples-per-class", str(data.samples_per_class), "--test-per-class", str(data.test_per_class)]
     for key, value in spec.overrides.items():
         words += ["--set", f"{key}={value}"]
     return [*words, "--out", out, "--check"]
@@ -150,7 +154,7 @@ def _pair(spec: SimulationSpec, simulated: dict, out: Path, check: list[str]) ->
     testnet = json.loads((out / "report.json").read_text())
     return {
         "algorithm": spec.algorithm,
-        "scenario": spec.scenario,
+        "scenario": spec.data.scenario,
         "seed": spec.seed,
         "exit_code": code,
         "failures": (testnet.get("check") or {}).get("failures", []),

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from algorithms.data.setup import ScenarioSpec
 from testnet.simulation.simulator import SimulationSpec
 
 from .learning import THREADS, TUNING_SEEDS
@@ -44,13 +45,10 @@ def spec(algorithm: str, attack: str, factor: float, seed: int, rounds: int | No
     default_rounds, samples, _ = SETTINGS[algorithm]
     return SimulationSpec(
         algorithm=algorithm,
-        dataset="mnist5k",
-        scenario="1",
-        nodes=10,
+        data=ScenarioSpec(
+            dataset="mnist5k", scenario="1", nodes=10, seed=seed, samples_per_class=samples, test_per_class=15
+        ),
         rounds=rounds or default_rounds,
-        seed=seed,
-        samples_per_class=samples,
-        test_per_class=15,
         poisoners=(POISONER,),
         attack=attack,
         attack_factor=factor,

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from algorithms.data.setup import ScenarioSpec
 from algorithms.models.user_backbone import BackboneFiles
 from testnet.reporting.intervals import paired_difference
 from testnet.simulation.own_data import OwnDataArguments, own_data_specs
@@ -156,12 +157,10 @@ def _spec(args: argparse.Namespace, out: Path, files: BackboneFiles, method: str
     _, per_node = own_data_specs(OwnDataArguments(data_per_node=str(out / "images")), args.nodes, seed)
     return SimulationSpec(
         algorithm=method,
-        nodes=args.nodes,
+        data=ScenarioSpec(nodes=args.nodes, seed=seed, per_node=per_node),
         rounds=args.rounds,
-        seed=seed,
         backbones=(BACKBONE,),
         backbone_files=files,
-        data_per_node=per_node,
     )
 
 

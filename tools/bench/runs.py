@@ -63,9 +63,9 @@ def _finished(spec: SimulationSpec, out: str, code: dict) -> dict | None:
         and report.get("config") == json.loads(json.dumps(spec.config_dict()))
         and report.get("backbones") == spec.node_backbones()
         and (report.get("scenario"), report.get("seed"), report.get("rounds"))
-        == (spec.scenario, spec.seed, spec.rounds)
+        == (spec.data.scenario, spec.seed, spec.rounds)
         and (report.get("samples_per_class"), report.get("test_per_class"))
-        == (spec.samples_per_class, spec.test_per_class)
+        == (spec.data.samples_per_class, spec.data.test_per_class)
         and report.get("poisoners", []) == list(spec.poisoners)
         and (report.get("attack") or {}).get("kind", spec.attack) == spec.attack
         and (report.get("attack") or {}).get("factor", spec.attack_factor) == spec.attack_factor

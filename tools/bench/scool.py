@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from algorithms.data.setup import ScenarioSpec
 from testnet.simulation.simulator import SimulationSpec
 
 from .results import capture, save
@@ -117,13 +118,15 @@ def main(argv: list[str] | None = None) -> int:
     def spec(method: str, nodes: int, seed: int) -> SimulationSpec:
         return SimulationSpec(
             algorithm=method,
-            dataset="mnist5k",
-            scenario="noniid-sbm",
-            nodes=nodes,
+            data=ScenarioSpec(
+                dataset="mnist5k",
+                scenario="noniid-sbm",
+                nodes=nodes,
+                seed=seed,
+                samples_per_class=samples,
+                test_per_class=test,
+            ),
             rounds=args.rounds,
-            seed=seed,
-            samples_per_class=samples,
-            test_per_class=test,
         )
 
     jobs = [

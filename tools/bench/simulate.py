@@ -28,8 +28,9 @@ import os
 import statistics
 import subprocess
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, fields
 
+from algorithms.data.setup import ScenarioSpec
 from testnet.simulation.hosting import Engine
 from testnet.simulation.simulator import SimulationSpec
 
@@ -92,7 +93,7 @@ def settings(data: dict) -> dict:
     """What differs from `p2pnode simulate`'s defaults beside the engine of each row: one torch
     thread per host (but the run "before engines"), and the data per node if not the simulator's."""
     defaults = SimulationSpec(algorithm=BENCHMARK["algorithm"])
-    changed = {f"simulate.{key}": value for key, value in data.items() if getattr(defaults, key) != value}
+    changed = {f"simulate.{key}": value for key, value in data.items() if getattr(defaults.data, key) != value}
     return {"engine.threads": 1, **changed}
 
 
@@ -205,12 +206,19 @@ def run(spec: dict, engine: dict, label: str = "") -> dict:
     return result
 
 
+def _spec(flat: dict) -> SimulationSpec:
+    """A job's spec: its keys that name the run's data (`ScenarioSpec`'s fields) make `data`."""
+    names = {field.name for field in fields(ScenarioSpec)}
+    data = ScenarioSpec(**{key: value for key, value in flat.items() if key in names})
+    return SimulationSpec(data=data, **{key: value for key, value in flat.items() if key not in names})
+
+
 def _run_here(job: dict) -> dict:
     import torch
 
     from testnet.simulation.simulator import run_simulation
 
-    spec, engine = SimulationSpec(**job["spec"]), Engine(**job["engine"])
+    spec, engine = _spec(job["spec"]), Engine(**job["engine"])
     report = run_simulation(spec, engine=engine)
     kept = {k: v for k, v in report.items() if k not in ("wall_s", "timing", "provenance")}
     return {

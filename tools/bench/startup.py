@@ -27,6 +27,7 @@ NODES, ROUNDS = 4, 8
 
 def measure(out: Path, fork: bool) -> dict:
     """One run of the README's MAPL testnet; its daemons' CPU, wall time and accuracy."""
+    from algorithms.data.setup import ScenarioSpec
     from testnet.launch.learning import run_learning_testnet
     from testnet.launch.placement import LocalPlacement
     from testnet.reporting.report import CheckThresholds
@@ -34,10 +35,8 @@ def measure(out: Path, fork: bool) -> dict:
 
     spec = SimulationSpec(
         algorithm="mapl",
-        dataset="digits",
-        nodes=NODES,
+        data=ScenarioSpec(dataset="digits", nodes=NODES, samples_per_class=10),
         rounds=ROUNDS,
-        samples_per_class=10,
         backbones=("mlp",),
         overrides={"warmup_rounds": "3"},
     )

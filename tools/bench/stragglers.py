@@ -30,6 +30,7 @@ import dataclasses
 import statistics
 import sys
 
+from algorithms.data.setup import ScenarioSpec
 from p2pnode.learning.rounds import ASYNC, SYNC, Schedule
 from testnet.reporting.report import time_to_accuracy
 from testnet.simulation.simulator import SimulationSpec
@@ -55,13 +56,15 @@ ASYNC_KNOBS = ("staleness_decay", "max_staleness", "async_gather_s", "overtime_r
 def spec_of(args: argparse.Namespace, seed: int) -> SimulationSpec:
     return SimulationSpec(
         algorithm="mapl-dual",
-        dataset="mnist5k",
-        scenario="1",
-        nodes=args.nodes,
+        data=ScenarioSpec(
+            dataset="mnist5k",
+            scenario="1",
+            nodes=args.nodes,
+            seed=seed,
+            samples_per_class=args.samples,
+            test_per_class=args.test,
+        ),
         rounds=args.rounds,
-        seed=seed,
-        samples_per_class=args.samples,
-        test_per_class=args.test,
     )
 
 
