@@ -282,5 +282,8 @@ def test_a_pooled_interval_takes_the_run_as_its_unit():
     _, node_low, node_high = paired_bootstrap(nodes, [0.0] * len(nodes))
     assert high - low > 1.5 * (node_high - node_low)
     assert runs_bootstrap([[0.02, 0.04]]) == pytest.approx((0.03, 0.02, 0.04))  # one run: its nodes
+    # Runs of different sizes: a run draws as many nodes as it has, never one it does not have.
+    assert runs_bootstrap([[0.05], [0.05] * 3]) == pytest.approx((0.05, 0.05, 0.05))
+    assert runs_bootstrap([[0.0] * 2, [1.0] * 6]) == pytest.approx((0.75, 0.0, 1.0))
     with pytest.raises(ValueError):
         runs_bootstrap([[0.1], []])

@@ -171,10 +171,17 @@ def runs_bootstrap(
     if not runs or any(run.ndim != 1 or run.size == 0 or not np.all(np.isfinite(run)) for run in runs):
         raise ValueError("need at least one run, each a non-empty list of finite numbers")
     rng = np.random.default_rng(seed)
-    means = np.empty(resamples)
-    for index in range(resamples):
-        drawn = [runs[r] for r in rng.integers(0, len(runs), size=len(runs))]
-        means[index] = np.concatenate([run[rng.integers(0, run.size, size=run.size)] for run in drawn]).mean()
+    # All resamples at once: runs padded to the longest, each drawn run's nodes drawn as
+    # floor(u · its size), the padding masked out of the sums.
+    sizes = np.array([run.size for run in runs])
+    padded = np.zeros((len(runs), sizes.max()))
+    for index, run in enumerate(runs):
+        padded[index, : run.size] = run
+    drawn = rng.integers(0, len(runs), size=(resamples, len(runs)))  # runs, per resample
+    drawn_sizes = sizes[drawn][..., None]
+    nodes = (rng.random((*drawn.shape, sizes.max())) * drawn_sizes).astype(int)
+    taken = np.arange(sizes.max()) < drawn_sizes  # a run of n nodes draws n of them
+    means = (padded[drawn[..., None], nodes] * taken).sum(axis=(1, 2)) / taken.sum(axis=(1, 2))
     tail = (1 - confidence) / 2 * 100
     low, high = np.percentile(means, [tail, 100 - tail])
     return float(np.concatenate(runs).mean()), float(low), float(high)
