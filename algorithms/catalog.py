@@ -77,6 +77,9 @@ ALGORITHMS: Mapping[str, Entry] = {
     ),
 }
 ALGORITHM_NAMES = tuple(ALGORITHMS)
+# What `p2pnode init` writes and `make demo` runs: it finds out from its neighbours which of MAPL+
+# and MAPL-Dual fits the fleet (issue #44).
+DEFAULT_ALGORITHM = "mapl-auto"
 GRAPH_LEARNING = tuple(name for name, entry in ALGORITHMS.items() if entry.graph_learning)
 CPU_BACKBONES = ("convnet", "resnet", "mobilenet", "mlp")
 GPU_BACKBONES = ("resnet18", "shufflenet", "googlenet", "alexnet")

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import tomli_w
 
+from algorithms.catalog import DEFAULT_ALGORITHM
 from protocol import Identity
 
 from .config import ConfigError, load_config
@@ -56,7 +57,7 @@ class FleetSpec:
     hosts: tuple[str, ...] = ("127.0.0.1",)
     port: int = 7000  # the first node on a host listens here, its peers' socket one above
     network: str = "p2pnode"
-    algorithm: str = "mapl-auto"
+    algorithm: str = DEFAULT_ALGORITHM
     rounds: int = 60
     backbone: str = "convnet"  # a built-in name, or the user's own as "module:callable"
     code: Path | None = None  # [model].code: the folder the user's backbone is imported from

@@ -370,7 +370,7 @@ def add_parsers(commands) -> None:
 
 
 def _add_init_parser(commands) -> None:
-    from algorithms.catalog import ALGORITHM_NAMES
+    from algorithms.catalog import ALGORITHM_NAMES, DEFAULT_ALGORITHM
 
     init = commands.add_parser(
         "init",
@@ -396,8 +396,8 @@ def _add_init_parser(commands) -> None:
     init.add_argument(
         "--algorithm",
         choices=[a for a in ALGORITHM_NAMES if a != "oracle"],
-        default="mapl-auto",
-        help="[algorithm].name (default mapl-auto: each node shares its own model with the peers that run the "
+        default=DEFAULT_ALGORITHM,
+        help=f"[algorithm].name (default {DEFAULT_ALGORITHM}: each node shares its own model with the peers that run the "
         "same one, and a small model with all; docs/learning.md)",
     )
     init.add_argument("--rounds", type=positive_int, default=60, help="[algorithm].rounds (default 60)")
