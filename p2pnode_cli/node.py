@@ -397,8 +397,8 @@ def _add_init_parser(commands) -> None:
         "--algorithm",
         choices=[a for a in ALGORITHM_NAMES if a != "oracle"],
         default=DEFAULT_ALGORITHM,
-        help=f"[algorithm].name (default {DEFAULT_ALGORITHM}: each node shares its own model with the peers that run the "
-        "same one, and a small model with all; docs/learning.md)",
+        help=f"[algorithm].name (default {DEFAULT_ALGORITHM}: each node shares its own model with the peers that "
+        "run the same one, and a small model with all; docs/learning.md)",
     )
     init.add_argument("--rounds", type=positive_int, default=60, help="[algorithm].rounds (default 60)")
     _add_init_model_arguments(init)

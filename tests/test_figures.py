@@ -131,7 +131,7 @@ def in_digits(values: dict[str, str]) -> dict[str, str]:
 
 B, README, MAKEFILE, CLI = "BENCHMARKS.md", "README.md", "Makefile", "docs/cli.md"
 HISTORY = "docs/benchmarks-history.md"  # figures of earlier commits (issue #31)
-DEMO_SECTION = r"## `make demo`: MAPL-Dual beside Local \(issue #28\)"
+DEMO_SECTION = r"## `make demo`: the default algorithm beside Local \(issues #28, #44\)"
 
 FIGURES: tuple[Figure, ...] = (
     Figure(
@@ -150,13 +150,11 @@ FIGURES: tuple[Figure, ...] = (
     Figure(
         "make demo's gain over Local",
         Place(B, rf"\*\*(?P<gain>{SIGNED}) points \[(?P<low>{SIGNED}), (?P<high>{SIGNED})\]\*\*"),
-        (Place(README, rf"MAPL-Dual (?P<gain>{SIGNED}) points over Local \[(?P<low>{SIGNED}), (?P<high>{SIGNED})\]"),),
-    ),
-    Figure(
-        "make demo's gain over Local, in whole points",
-        Place(B, rf"\*\*(?P<gain>{SIGNED}) points \[{SIGNED}, {SIGNED}\]\*\*"),
-        (Place("tools/demo.py", r"collaboration pays, \+(?P<gain>\d+) points over Local"),),
-        quoted_as=rounded("gain"),
+        (
+            Place(
+                README, rf"the default, (?P<gain>{SIGNED}) points over Local \[(?P<low>{SIGNED}), (?P<high>{SIGNED})\]"
+            ),
+        ),
     ),
     Figure(
         "make demo's setting",

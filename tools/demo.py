@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="demo-out")
     parser.add_argument("--nodes", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=80)
-    # Local by default (38 s in BENCHMARKS.md's `make demo`); Oracle, the ceiling, on request: it took
+    # Local by default (27 s in BENCHMARKS.md's `make demo`); Oracle, the ceiling, on request: it took
     # 160 s more in the learning benchmark's Scenario 1.
     parser.add_argument("--baselines", nargs="*", choices=BASELINES, default=["local"])
     parser.add_argument("--quick", action="store_true", help="warm-up 1 round, no thresholds: a smoke test")
@@ -60,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides={"warmup_rounds": "1"} if args.quick else {},
     )
     print(
-        f"{DEFAULT_ALGORITHM} testnet: {args.nodes} daemons, mnist5k, Scenario 1, 10 training and 80 test samples per class, "
-        f"{args.rounds} rounds",
+        f"{DEFAULT_ALGORITHM} testnet: {args.nodes} daemons, mnist5k, Scenario 1, 10 training and 80 test samples "
+        f"per class, {args.rounds} rounds",
         file=sys.stderr,
     )
     check = CheckThresholds(accuracy=0.0, within_cluster_mass=0.0) if args.quick else CheckThresholds()
