@@ -27,12 +27,14 @@ import os
 import re
 import shlex
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from p2pnode_cli import build_parser, main
+from testnet.launch.nat import missing as nat_missing
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = (ROOT / "BENCHMARKS.md").read_text()
@@ -85,6 +87,7 @@ class Quick:
     command: str
     limit_s: int = 60
     heavy: bool = False
+    needs: Callable[[], str | None] | None = None  # why it cannot run here (None: it can)
 
 
 # The heavy variants start daemons or worker processes that each import torch: 10–35 s apiece
@@ -199,6 +202,7 @@ HOSTILE_ADMITTED = Quick("python -m tools.bench.hostile --admitted-peer --quick"
 # One run of each kind: two colluders with the barrage (row 0) and a small-norm poisoner (row 3).
 COLLUDERS = Quick("python -m tools.bench.colluders --seeds 0 --runs 0 3", 180, heavy=True)
 CAMPAIGN = Quick("python -m tools.bench.campaign --seconds 3 --sources 8", 180, heavy=True)
+NAT = Quick("python -m tools.bench.nat --seconds 2 --out DIR", 120, heavy=True, needs=nat_missing)
 # On the CPU alone: the CUDA runs need a GPU, and the CPU runs take the same path.
 GPU = Quick("python -m tools.bench.gpu --rounds 1 --methods local --devices cpu --out DIR")
 
@@ -273,6 +277,8 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "python -m tools.bench.colluders --seeds 0 11 12 --runs 8 --save colluders-crash-looper": COLLUDERS,
     "python -m tools.bench.campaign --seconds 60 --save campaign": CAMPAIGN,
     "python -m tools.bench.gpu": GPU,
+    "python -m tools.bench.nat": NAT,
+    "python -m tools.bench.nat --seconds 30 --save nat": NAT,
 }
 
 _MAKE = "a Makefile target (it builds .venv first): its commands are listed here and run quick"
@@ -398,6 +404,8 @@ def test_quick_variant_runs(quick, short_tmp, monkeypatch, capsys):
 
     if quick.heavy and not ALL:
         pytest.skip(f"heavy (P2PNODE_BENCH_COMMANDS=all runs it), for {_stands_for(quick)}")
+    if quick.needs is not None and (why := quick.needs()) is not None:
+        pytest.skip(f"{why}, for {_stands_for(quick)}")
     monkeypatch.chdir(short_tmp)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     monkeypatch.setattr(tools.bench.command, "save", functools.partial(save, directory=short_tmp))

@@ -20,7 +20,7 @@ from p2pnode.wire.zap import PEERS
 from protocol import Identity
 
 from .adversarial.attacker import Attacker
-from .helpers import bootstrap_entry, full_mesh, start_node, wait_until
+from .helpers import bootstrap_entry, free_ports, full_mesh, start_node, wait_until
 
 QUICK = {"dial_attempts": 3, "dial_retry_initial_s": 0.05, "dial_retry_max_s": 0.2}
 
@@ -215,3 +215,26 @@ def test_the_images_per_class_found_and_held_out_are_logged_at_start(tmp_path, c
     many = tuple(f"c{k}" for k in range(20))
     summary = data_summary(many, np.arange(20).repeat(4), np.arange(20))
     assert summary.startswith("100 images of 20/20 classes, 20 held out") and summary.endswith("(20 classes in all)")
+
+
+async def test_a_node_its_bootstrap_cannot_reach_back_says_it_is_likely_behind_a_nat(tmp_path, caplog):
+    """a dials b and its handshake succeeds, but a advertises an address where nothing listens,
+    as a node behind a NAT does: b's answers go there and never arrive. a says that b took its
+    connection and that its own advertised address is out of b's reach, not that b is unreachable.
+    (On real NATs: tests/test_nat.py.)"""
+    caplog.set_level(logging.INFO, logger="p2pnode")
+    curve = {"security": {"curve": True}}
+    nowhere = f"tcp://127.0.0.1:{free_ports(1)}"
+    async with trio.open_nursery() as nursery:
+        b = await start_node(nursery, tmp_path / "b", **curve)
+        a = await start_node(
+            nursery, tmp_path / "a", [bootstrap_entry(b)], node={"advertise": nowhere}, discovery=QUICK, **curve
+        )
+        await wait_until(lambda: a.membership.counts["bootstrap_unreachable"] >= 1, timeout=20)
+        for node in (a, b):
+            node.request_stop()
+    (line,) = [line for line in _said(caplog) if line.startswith("bootstrap entry 1: ")]
+    assert line.startswith(f"bootstrap entry 1: the node at {b.address} accepted this node's connection "), line
+    assert f"its answers go to this node's advertised address {nowhere}, which it cannot reach" in line
+    assert "behind a NAT or a firewall" in line and "still retrying" in line
+    assert not [line for line in _said(caplog) if "unreachable" in line]

@@ -109,8 +109,9 @@ class MembershipActions:
 
     def _unreachable(self, action: Unreachable) -> None:
         """Why a bootstrap entry has not answered, as far as its connection's handshakes tell:
-        a node is there with another key (or without CURVE), it refuses this node, or no node
-        answers at all."""
+        a node is there with another key (or without CURVE), it refuses this node, it takes this
+        node's frames but cannot answer them (this node is out of its reach), or no node answers
+        at all."""
         handshakes = self.transport.handshakes_with(action.address)
         entry = f"bootstrap entry {self.bootstrap_entries.get(action.address, '?')}"
         retrying = f"still retrying (next in {action.next_in_s:g} s)"
@@ -127,6 +128,18 @@ class MembershipActions:
                 "%s: the node at %s refused this node's connection %s in %.1f s (its [security].allowlist "
                 "or connection caps); %s",
                 *(entry, action.address, _times(handshakes["refused"]), action.waited_s, retrying),
+                extra=extra,
+            )
+        elif handshakes["succeeded"]:
+            # Our frames reach it; its answers go to the address our HELLO advertises, and none came.
+            log.warning(
+                "%s: the node at %s accepted this node's connection (handshake succeeded %s) but none of %d "
+                "challenges was answered in %.1f s: its answers go to this node's advertised address %s, which "
+                "it cannot reach. This node is likely behind a NAT or a firewall: a node must accept connections "
+                "at [node].advertise and at its peers' port (a public address or forwarded ports; docs/deploy.md, "
+                '"Behind a NAT or a firewall"); %s',
+                *(entry, action.address, _times(handshakes["succeeded"]), action.attempts, action.waited_s),
+                *(self.hello.address, retrying),
                 extra=extra,
             )
         else:

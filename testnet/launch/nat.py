@@ -1,0 +1,280 @@
+"""Hosts behind NAT routers and firewalls, built from Linux network namespaces (issue #46's testbed).
+
+One namespace is the internet: a bridge on 198.51.100.0/24 (TEST-NET-2) that public hosts and
+the routers' outside ends join. Each host is a namespace of its own, behind what its `Site` says:
+
+- `public`: on the bridge, reachable by everyone;
+- `firewall`: on the bridge, but its own iptables drop inbound connections it did not open
+  (`INPUT` accepts `ESTABLISHED,RELATED` only): reachable by nobody, as behind a host firewall;
+- `port-restricted`: behind a home router that masquerades its hosts (10.N.0.0/24) and forwards
+  inbound only what belongs to a connection they opened (`MASQUERADE` + `ESTABLISHED,RELATED`):
+  one mapping per source port, whatever the destination;
+- `symmetric`: the same router with `MASQUERADE --random-fully`: a new outside port per
+  connection, so what one peer observes tells another nothing;
+- `double`: a home router behind a carrier-grade one (100.64.N.0/24 between, RFC 6598), both
+  masquerading.
+
+Hosts of one router share it (its inside is a bridge), as devices behind one home router do.
+`flush(router)` runs `conntrack -F` there: every mapping expires at once, as when a router
+restarts or a mapping idles out. Needs root, `ip netns`, `iptables` and `conntrack`
+(`apt-get install iptables conntrack`); `missing()` says what is not there. Namespaces and links
+carry a random tag and are removed on `close`, so runs side by side do not meet.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass, field
+
+__all__ = ["SITES", "Host", "NatLab", "missing", "observed", "tcp_reaches"]
+
+SITES = ("public", "firewall", "port-restricted", "symmetric", "double")
+INTERNET_PREFIX = "198.51.100"  # TEST-NET-2: never routed outside this testbed
+COMMAND_TIMEOUT_S = 10
+
+
+def missing() -> str | None:
+    """Why the testbed cannot be built here, or None."""
+    if os.geteuid() != 0:
+        return "needs root (network namespaces and iptables)"
+    for tool in ("ip", "iptables", "conntrack"):
+        if shutil.which(tool) is None:
+            return f"needs `{tool}` (apt-get install iproute2 iptables conntrack)"
+    return None
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    site: str
+    namespace: str
+    address: str  # its own address (behind a NAT, a private one nobody outside can reach)
+    router: str | None = None  # the namespace of the router it sits behind (the outer one if double)
+
+    @property
+    def prefix(self) -> tuple[str, ...]:
+        """Run a command on this host."""
+        return ("ip", "netns", "exec", self.namespace)
+
+
+@dataclass
+class NatLab:
+    """The internet bridge and every host and router added to it; `close` removes them all."""
+
+    tag: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
+    hosts: list[Host] = field(default_factory=list)
+    routers: list[str] = field(default_factory=list)  # every router namespace, outer ones too
+    _outer: dict[str, str] = field(default_factory=dict)  # a double NAT's home router → its carrier's
+    _namespaces: list[str] = field(default_factory=list)
+    _outside: int = 10  # the next address on the internet bridge
+
+    def __post_init__(self) -> None:
+        self.internet = self._namespace("inet")
+        self._ip(self.internet, "link", "add", "br0", "type", "bridge")
+        self._ip(self.internet, "link", "set", "br0", "up")
+
+    def __enter__(self) -> NatLab:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for namespace in reversed(self._namespaces):
+            subprocess.run(["ip", "netns", "del", namespace], capture_output=True, timeout=COMMAND_TIMEOUT_S)
+        self._namespaces.clear()
+
+    # --- hosts -------------------------------------------------------------------------------
+
+    def add(self, name: str, site: str, router: str | None = None) -> Host:
+        """A host at `site`; behind a NAT, behind `router` (from `add_router`) or a router of its own."""
+        if site not in SITES:
+            raise ValueError(f"unknown site {site!r}; choose from {', '.join(SITES)}")
+        namespace = self._namespace(name)
+        if site in ("public", "firewall"):
+            address = self._on_internet(namespace)
+            if site == "firewall":
+                self._firewall(namespace)
+            host = Host(name, site, namespace, address)
+        else:
+            router = router or self.add_router(site)
+            address = self._behind(router, namespace)
+            host = Host(name, site, namespace, address, router=self._outermost(router))
+        self.hosts.append(host)
+        return host
+
+    def add_router(self, site: str) -> str:
+        """A NAT router of kind `site` (port-restricted, symmetric, double) with an empty inside."""
+        if site == "double":
+            carrier = self._router(self._namespace("cgn"), inside=f"100.64.{len(self.routers)}", random_ports=False)
+            home = self._namespace("home")
+            self._link(carrier, "in0", home, "out0")
+            self._inside_address(carrier, home)
+            self._outer[home] = carrier
+            return self._router(home, inside=f"10.{len(self.routers)}.0", random_ports=False, outside_done=True)
+        if site not in ("port-restricted", "symmetric"):
+            raise ValueError(f"{site!r} is not a NAT")
+        return self._router(
+            self._namespace("nat"), inside=f"10.{len(self.routers)}.0", random_ports=site == "symmetric"
+        )
+
+    def flush(self, router: str | None = None) -> None:
+        """Expire the NAT mappings of `router` (every router: None), as `conntrack -F` does."""
+        for namespace in self.routers if router is None else [router]:
+            self._run(namespace, "conntrack", "-F", check=False)
+
+    # --- building blocks ---------------------------------------------------------------------
+
+    def _namespace(self, role: str) -> str:
+        namespace = f"p2p{role}{len(self._namespaces)}{self.tag}"[:15]
+        subprocess.run(["ip", "netns", "add", namespace], check=True, capture_output=True, timeout=COMMAND_TIMEOUT_S)
+        self._namespaces.append(namespace)
+        self._ip(namespace, "link", "set", "lo", "up")
+        return namespace
+
+    def _on_internet(self, namespace: str) -> str:
+        """Join `namespace` to the bridge; its address there."""
+        self._link(self.internet, f"p{len(self._namespaces)}", namespace, "out0", bridge=True)
+        address = f"{INTERNET_PREFIX}.{self._outside}"
+        self._outside += 1
+        self._ip(namespace, "addr", "add", f"{address}/24", "dev", "out0")
+        return address
+
+    def _router(self, namespace: str, *, inside: str, random_ports: bool, outside_done: bool = False) -> str:
+        """Make `namespace` a masquerading router: outside on the bridge (or already linked), inside
+        a bridge on `inside`.0/24 with itself at .1."""
+        if not outside_done:
+            self._on_internet(namespace)
+        self._ip(namespace, "link", "add", "lan", "type", "bridge")
+        self._ip(namespace, "addr", "add", f"{inside}.1/24", "dev", "lan")
+        self._ip(namespace, "link", "set", "lan", "up")
+        self._run(namespace, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        masquerade = ["-j", "MASQUERADE", *(["--random-fully"] if random_ports else [])]
+        self._run(namespace, "iptables", "-t", "nat", "-A", "POSTROUTING", "-o", "out0", *masquerade)
+        established = ["-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"]
+        self._run(namespace, "iptables", "-A", "FORWARD", "-i", "out0", *established)
+        self._run(namespace, "iptables", "-A", "FORWARD", "-i", "out0", "-j", "DROP")
+        self.routers.append(namespace)
+        return namespace
+
+    def _behind(self, router: str, namespace: str) -> str:
+        """Put `namespace` on `router`'s inside bridge, its default route through the router."""
+        count = sum(1 for host in self.hosts if host.router is not None) + 10
+        inside = self._ip_of(router, "lan").rsplit(".", 1)[0]
+        self._link(router, f"h{len(self._namespaces)}", namespace, "out0", bridge=True, bridge_name="lan")
+        address = f"{inside}.{count}"
+        self._ip(namespace, "addr", "add", f"{address}/24", "dev", "out0")
+        self._ip(namespace, "route", "add", "default", "via", f"{inside}.1")
+        return address
+
+    def _inside_address(self, carrier: str, home: str) -> None:
+        """The home router's outside end on the carrier's inside bridge, default route through it."""
+        inside = self._ip_of(carrier, "lan").rsplit(".", 1)[0]
+        self._ip(carrier, "link", "set", "in0", "master", "lan")
+        self._ip(carrier, "link", "set", "in0", "up")
+        self._ip(home, "addr", "add", f"{inside}.2/24", "dev", "out0")
+        self._ip(home, "link", "set", "out0", "up")
+        self._ip(home, "route", "add", "default", "via", f"{inside}.1")
+
+    def _outermost(self, router: str) -> str:
+        """The router whose outside faces the internet: a double NAT's carrier-grade one."""
+        return self._outer.get(router, router)
+
+    def _firewall(self, namespace: str) -> None:
+        established = ["-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"]
+        self._run(namespace, "iptables", "-A", "INPUT", "-i", "lo", "-j", "ACCEPT")
+        self._run(namespace, "iptables", "-A", "INPUT", *established)
+        self._run(namespace, "iptables", "-A", "INPUT", "-j", "DROP")
+
+    def _link(
+        self, left: str, left_name: str, right: str, right_name: str, *, bridge: bool = False, bridge_name="br0"
+    ) -> None:
+        """A veth pair from `left` to `right`; with `bridge`, the left end joins `left`'s bridge."""
+        temporary = f"v{uuid.uuid4().hex[:10]}"
+        subprocess.run(
+            ["ip", "link", "add", temporary, "type", "veth", "peer", "name", f"{temporary}x"],
+            check=True,
+            capture_output=True,
+            timeout=COMMAND_TIMEOUT_S,
+        )
+        for end, namespace, name in ((temporary, left, left_name), (f"{temporary}x", right, right_name)):
+            subprocess.run(["ip", "link", "set", end, "netns", namespace], check=True, capture_output=True, timeout=10)
+            self._ip(namespace, "link", "set", end, "name", name)
+            self._ip(namespace, "link", "set", name, "up")
+        if bridge:
+            self._ip(left, "link", "set", left_name, "master", bridge_name)
+
+    def _ip_of(self, namespace: str, device: str) -> str:
+        out = self._run(namespace, "ip", "-4", "-o", "addr", "show", "dev", device)
+        return out.split()[3].split("/")[0]
+
+    def _ip(self, namespace: str, *args: str) -> str:
+        return self._run(namespace, "ip", *args)
+
+    def _run(self, namespace: str, *args: str, check: bool = True) -> str:
+        result = subprocess.run(
+            ["ip", "netns", "exec", namespace, *args], capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S
+        )
+        if check and result.returncode != 0:
+            raise RuntimeError(f"{' '.join(args)} in {namespace}: {result.stderr.strip() or result.returncode}")
+        return result.stdout
+
+
+def tcp_reaches(source: Host, target: Host, port: int = 9, timeout_s: float = 0.5) -> bool:
+    """Whether a TCP connection from `source` to `target`'s address is accepted (a probe of the
+    testbed, not of p2pnode)."""
+    return observed(source, target, port, timeout_s=timeout_s) is not None
+
+
+def observed(
+    source: Host, target: Host, port: int = 9, *, source_port: int = 0, timeout_s: float = 0.5
+) -> tuple[str, int] | None:
+    """The address and port `target` sees a TCP connection from `source` (from `source_port`,
+    0: any) come from, or None if it never arrives: a listener on `target` for the one try."""
+    listener = subprocess.Popen(
+        [*target.prefix, sys.executable, "-I", "-S", "-c", _LISTEN, target.address, str(port), str(timeout_s + 2)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert listener.stdout is not None and listener.stdout.readline().strip() == "listening"
+        connect = [
+            *source.prefix,
+            sys.executable,
+            "-I",
+            "-S",
+            "-c",
+            _CONNECT,
+            target.address,
+            str(port),
+            str(timeout_s),
+        ]
+        if subprocess.run([*connect, str(source_port)], capture_output=True, timeout=timeout_s + 5).returncode:
+            return None  # refused or timed out: nothing reached the listener
+        seen = listener.stdout.readline().split()
+        return (seen[0], int(seen[1])) if len(seen) == 2 else None
+    finally:
+        listener.kill()
+        listener.wait()
+        listener.stdout.close()
+
+
+_LISTEN = """
+import socket, sys
+s = socket.socket(); s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1); s.settimeout(float(sys.argv[3]))
+print("listening", flush=True)
+try:
+    connection, peer = s.accept()
+    print(peer[0], peer[1], flush=True)
+except OSError:
+    print("none", flush=True)
+"""
+_CONNECT = """
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.settimeout(float(sys.argv[3]))
+s.bind(("", int(sys.argv[4]))); s.connect((sys.argv[1], int(sys.argv[2]))); s.close()
+"""

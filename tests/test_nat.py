@@ -1,0 +1,64 @@
+"""The NAT testbed (testnet/launch/nat.py, issue #46) behaves as the NATs it stands for, and a
+daemon behind one says why it is not admitted. Needs root, `ip netns`, `iptables` and `conntrack`;
+skipped with the reason where one is missing."""
+
+import re
+import time
+
+import pytest
+
+from testnet.launch.cluster import Cluster
+from testnet.launch.learning import DISCOVERY
+from testnet.launch.nat import NatLab, missing, observed, tcp_reaches
+
+from .helpers import wait_for
+
+pytestmark = pytest.mark.skipif(missing() is not None, reason=f"the NAT testbed {missing()}")
+
+
+def test_each_site_is_reachable_as_its_nat_allows_and_maps_ports_as_its_kind_does():
+    """Every host dials out; only public hosts are dialled; a home router keeps a host's source
+    port for every destination (what one peer observes, another would too), a symmetric NAT
+    draws a new one per connection, and two hosts behind one router reach each other."""
+    with NatLab() as lab:
+        public, other = lab.add("pub", "public"), lab.add("pub2", "public")
+        home = lab.add_router("port-restricted")
+        behind = [lab.add("home1", "port-restricted", home), lab.add("sym", "symmetric"), lab.add("cgn", "double")]
+        walled = lab.add("walled", "firewall")
+        lab.add("home2", "port-restricted", home)
+        assert tcp_reaches(public, other) and tcp_reaches(walled, public)
+        for host in behind:
+            assert tcp_reaches(host, public), host
+            assert not tcp_reaches(public, host), host
+        assert not tcp_reaches(public, walled)
+        assert tcp_reaches(lab.hosts[-1], behind[0])  # the same home router's inside
+        seen = {host.site: [observed(host, peer, source_port=40000) for peer in (public, other)] for host in behind}
+        for site in ("port-restricted", "double"):
+            (address, port), again = seen[site]
+            assert port == 40000 and again == (address, port) and not address.startswith(("10.", "100.64.")), site
+        (address, port), (again_address, again_port) = seen["symmetric"]
+        assert address == again_address and port != again_port
+
+
+def test_a_daemon_behind_a_nat_says_it_is_out_of_its_bootstrap_s_reach(tmp_path):
+    """A public bootstrap and a daemon behind a home router: the daemon's dial gets through, the
+    bootstrap's answers do not (they go to an address only the router's inside can reach), and
+    the daemon's log says so. Joining from there is issue #46's next step, not this one's."""
+    with NatLab() as lab:
+        hosts = [lab.add("bootstrap", "public"), lab.add("home", "port-restricted")]
+        cluster = Cluster.prepare(tmp_path / "net", 2, discovery=DISCOVERY)
+        for spec, host in zip(cluster.specs, hosts, strict=True):
+            spec.settings["node"]["listen"] = f"tcp://{host.address}:7000"
+            spec.prefix = host.prefix
+        log = cluster.specs[1].directory / "node.log"
+        with cluster:
+            for spec in cluster.specs:
+                cluster.start(spec)
+            said = wait_for(lambda: log.exists() and re.search(r"bootstrap entry 1: .*", log.read_text()), 30)
+            time.sleep(0.2)
+            statuses = cluster.statuses()
+    line = said[0]
+    assert f"the node at tcp://{hosts[0].address}:7000 accepted this node's connection" in line, line
+    assert f"advertised address tcp://{hosts[1].address}:7000, which it cannot reach" in line
+    assert "behind a NAT or a firewall" in line
+    assert [len(status["peers"]) for status in statuses] == [0, 0]

@@ -1,0 +1,121 @@
+"""Who joins from behind a NAT (issue #46): discovery daemons on the NAT testbed, each node's peers.
+
+    python -m tools.bench.nat [--seconds 30] [--out bench-out/nat] [--save nat]
+
+The testbed (testnet/launch/nat.py): a bootstrap node and two more public nodes on the internet
+bridge; two nodes behind one port-restricted home router, two behind one symmetric NAT, two
+behind a home router behind a carrier-grade NAT, and one public node behind its own firewall.
+Every node but the bootstrap names the bootstrap (its key and public address) and runs
+discovery only (`algorithm none`, CURVE on, the launcher's fast liveness settings) for
+`--seconds`; then each node's peer table is read. Per site: how many nodes were admitted by how
+many peers, and whether the bootstrap admitted them. Needs root, `ip netns`, `iptables` and
+`conntrack`; it says what is missing otherwise and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from .results import capture, save
+
+# The testbed of issue #46's "done when", less the relay: (name, site, router group).
+LAYOUT = (
+    ("bootstrap", "public", None),
+    ("public1", "public", None),
+    ("public2", "public", None),
+    ("home1", "port-restricted", "home"),
+    ("home2", "port-restricted", "home"),
+    ("sym1", "symmetric", "sym"),
+    ("sym2", "symmetric", "sym"),
+    ("cgn1", "double", "cgn"),
+    ("cgn2", "double", "cgn"),
+    ("walled", "firewall", None),
+)
+PORT = 7000
+
+
+def run(out: Path, seconds: float) -> list[dict]:
+    """One run on a fresh testbed; each node's site, address and the sites of its peers."""
+    from testnet.launch.cluster import Cluster
+    from testnet.launch.learning import DISCOVERY
+    from testnet.launch.nat import NatLab
+
+    with NatLab() as lab:
+        routers: dict[str, str] = {}
+        hosts = []
+        for name, site, group in LAYOUT:
+            if group is not None and group not in routers:
+                routers[group] = lab.add_router(site)
+            hosts.append(lab.add(name, site, routers.get(group)))
+        cluster = Cluster.prepare(out, len(hosts), discovery=DISCOVERY)
+        for spec, host in zip(cluster.specs, hosts, strict=True):
+            spec.settings["node"]["listen"] = f"tcp://{host.address}:{PORT}"
+            spec.prefix = host.prefix
+        with cluster:
+            for spec in cluster.specs:
+                cluster.start(spec)
+            time.sleep(seconds)
+            statuses = cluster.statuses()
+        site_of = {spec.node_id: host.site for spec, host in zip(cluster.specs, hosts, strict=True)}
+        bootstrap = cluster.specs[0].node_id
+        bootstrap_peers = set(_peers(statuses[0]))
+        return [
+            {
+                "name": host.name,
+                "site": host.site,
+                "address": host.address,
+                "up": status is not None,
+                "peer_sites": sorted(site_of.get(peer, "?") for peer in _peers(status)),
+                "admitted_by_bootstrap": spec.node_id in bootstrap_peers if spec.node_id != bootstrap else None,
+            }
+            for spec, host, status in zip(cluster.specs, hosts, statuses, strict=True)
+        ]
+
+
+def _peers(status: dict | None) -> list[str]:
+    return [peer["node_id"] for peer in (status or {}).get("peers", [])]
+
+
+def render(result: dict) -> str:
+    """One row per site: its nodes, how many the bootstrap admitted, and their peers' count."""
+    rows = [
+        "| site | nodes | admitted by the bootstrap | peers per node (min–max) | peers' sites |",
+        "|---|---|---|---|---|",
+    ]
+    sites = dict.fromkeys(node["site"] for node in result["nodes"])
+    for site in sites:
+        nodes = [node for node in result["nodes"] if node["site"] == site]
+        counts = [len(node["peer_sites"]) for node in nodes]
+        admitted = [node["admitted_by_bootstrap"] for node in nodes if node["admitted_by_bootstrap"] is not None]
+        admitted_text = f"{sum(admitted)} of {len(admitted)}" if admitted else "(is the bootstrap)"
+        seen = sorted({peer for node in nodes for peer in node["peer_sites"]}) or ["none"]
+        rows.append(f"| {site} | {len(nodes)} | {admitted_text} | {min(counts)}–{max(counts)} | {', '.join(seen)} |")
+    return "\n".join(rows) + f"\n\nAfter {result['seconds']:g} s of discovery.\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from testnet.launch.nat import missing
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--out", type=Path, default=Path("bench-out/nat"))
+    parser.add_argument("--save", metavar="NAME", help="write the result to tools/bench/results/NAME.json")
+    args = parser.parse_args(argv)
+    if (why := missing()) is not None:
+        print(f"the NAT testbed {why}", file=sys.stderr)
+        return 2
+    words = ["python", "-m", "tools.bench.nat", *(sys.argv[1:] if argv is None else argv)]
+    with capture(words, settings={"algorithm.name": "none"}, runs=1) as provenance:
+        nodes = run(args.out, args.seconds)
+    result = {"seconds": args.seconds, "nodes": nodes}
+    print(render(result))
+    if args.save:
+        print(f"saved {save(args.save, 'tools.bench.nat', provenance, result)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
