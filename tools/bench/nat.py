@@ -81,6 +81,7 @@ def _peers(status: dict | None) -> list[str]:
 
 def render(result: dict) -> str:
     """One row per site: its nodes, how many the bootstrap admitted, and their peers' count."""
+    result = result["data"]
     rows = [
         "| site | nodes | admitted by the bootstrap | peers per node (min–max) | peers' sites |",
         "|---|---|---|---|---|",
@@ -110,10 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     words = ["python", "-m", "tools.bench.nat", *(sys.argv[1:] if argv is None else argv)]
     with capture(words, settings={"algorithm.name": "none"}, runs=1) as provenance:
         nodes = run(args.out, args.seconds)
-    result = {"seconds": args.seconds, "nodes": nodes}
-    print(render(result))
+    data = {"seconds": args.seconds, "nodes": nodes}
+    print(render({"data": data}))
     if args.save:
-        print(f"saved {save(args.save, 'tools.bench.nat', provenance, result)}", file=sys.stderr)
+        print(f"saved {save(args.save, 'tools.bench.nat', provenance, data)}", file=sys.stderr)
     return 0
 
 
