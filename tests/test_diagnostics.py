@@ -227,14 +227,25 @@ async def test_a_node_its_bootstrap_cannot_reach_back_says_it_is_likely_behind_a
     nowhere = f"tcp://127.0.0.1:{free_ports(1)}"
     async with trio.open_nursery() as nursery:
         b = await start_node(nursery, tmp_path / "b", **curve)
+        c = await start_node(nursery, tmp_path / "c", [bootstrap_entry(b)], **curve)
         a = await start_node(
             nursery, tmp_path / "a", [bootstrap_entry(b)], node={"advertise": nowhere}, discovery=QUICK, **curve
         )
         await wait_until(lambda: a.membership.counts["bootstrap_unreachable"] >= 1, timeout=20)
-        for node in (a, b):
+        reachability = {name: node.status()["reachability"] for name, node in (("a", a), ("b", b), ("c", c))}
+        table = format_status(a.status())
+        for node in (a, b, c):
             node.request_stop()
+    # a: b took its connection and never answered, and nobody reached it; b: both challenged it
+    # at its address; c: only b (one of the two peers needed).
+    assert reachability["a"]["state"] == "private" and reachability["a"]["unanswered_bootstraps"] == [b.address]
+    assert reachability["a"]["address"] == nowhere and "likely behind a NAT or a firewall" in reachability["a"]["why"]
+    assert (reachability["b"]["state"], reachability["b"]["reached_by"]) == ("public", 2)
+    assert (reachability["c"]["state"], reachability["c"]["reached_by"]) == ("unknown", 1)
+    assert f"reachability: private ({b.address} took its connection and never answered" in table
+    assert any(line.startswith("reachability: private (") for line in _said(caplog))
     (line,) = [line for line in _said(caplog) if line.startswith("bootstrap entry 1: ")]
     assert line.startswith(f"bootstrap entry 1: the node at {b.address} accepted this node's connection "), line
     assert f"its answers go to this node's advertised address {nowhere}, which it cannot reach" in line
     assert "behind a NAT or a firewall" in line and "still retrying" in line
-    assert not [line for line in _said(caplog) if "unreachable" in line]
+    assert not [line for line in _said(caplog) if "unreachable" in line and "reachability:" not in line]

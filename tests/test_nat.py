@@ -62,3 +62,5 @@ def test_a_daemon_behind_a_nat_says_it_is_out_of_its_bootstrap_s_reach(tmp_path)
     assert f"advertised address tcp://{hosts[1].address}:7000, which it cannot reach" in line
     assert "behind a NAT or a firewall" in line
     assert [len(status["peers"]) for status in statuses] == [0, 0]
+    # It calls itself private; the bootstrap, reached by this one node only, cannot tell yet.
+    assert [status["reachability"]["state"] for status in statuses] == ["unknown", "private"]

@@ -16,6 +16,7 @@ from ..wire.transport import MissingKey, Transport, TransportError
 from ..wire.zap import PeerTransportKeys
 from .actions import Action, Admitted, Dial, DialPeers, Evicted, Hangup, Send, SendHello, Unreachable
 from .peers import Membership
+from .reachability import PRIVATE, UNKNOWN
 
 __all__ = ["MembershipActions"]
 
@@ -48,6 +49,7 @@ class MembershipActions:
         self.guard, self.lowest_parked_seq, self.peer_keys = guard, lowest_parked_seq, peer_keys
         self.connections = connections  # Metrics.connections
         self.bootstrap_entries = bootstrap_entries
+        self._reachability_said = UNKNOWN  # the state last logged
 
     def carry_out(self, actions: list[Action]) -> None:
         membership = self.membership
@@ -70,6 +72,17 @@ class MembershipActions:
                 self._connect(action)
             else:
                 self._membership_changed(action)
+        self._say_reachability()
+
+    def _say_reachability(self) -> None:
+        """Log the node's reachability when it becomes known or changes (`status` shows it always)."""
+        reachability = self.membership.reachability
+        if reachability.state == self._reachability_said:
+            return
+        self._reachability_said = reachability.state
+        said = reachability.describe()
+        level = logging.WARNING if said["state"] == PRIVATE else logging.INFO
+        log.log(level, "reachability: %s (%s)", said["state"], said["why"], extra={"reachability": said["state"]})
 
     def count_handshakes(self) -> None:
         """Read the watched dials' handshakes (often enough that libzmq never waits on them) and
@@ -132,6 +145,7 @@ class MembershipActions:
             )
         elif handshakes["succeeded"]:
             # Our frames reach it; its answers go to the address our HELLO advertises, and none came.
+            self.membership.reachability.unanswered(action.address)
             log.warning(
                 "%s: the node at %s accepted this node's connection (handshake succeeded %s) but none of %d "
                 "challenges was answered in %.1f s: its answers go to this node's advertised address %s, which "

@@ -67,6 +67,7 @@ from .admission import Room
 from .dialing import STRANGERS, Dialing, Dials
 from .passive import Passive
 from .peer import Peer
+from .reachability import Reachability
 from .settings import DiscoverySettings
 from .subnets import Subnets
 
@@ -98,6 +99,8 @@ class Membership:
         self.dialing = Dials(settings, self._subnets, self.peers, self.counts)  # address -> verification in flight
         self.passive = Passive(own_key, settings, self.peers)  # key -> its latest signed HELLO (bounded)
         self.room = Room(settings, self.peers, self.dialing)
+        # Whose challenges reached this node's address (the node sets the address it advertises).
+        self.reachability = Reachability("", settings.reachability_confirmations)
         self.own_hello: bytes | None = None
         # Strangers' latest direct HELLOs, kept for their PONG (least recently heard dropped).
         self._heard: OrderedDict[bytes, tuple[Envelope, bytes]] = OrderedDict()
@@ -224,6 +227,7 @@ class Membership:
         if peer is not None:
             answer: list[Action] = [Send((peer.address,), Pong(nonce=ping.nonce))]
             if not peer.admitted_us:  # its challenge: answered, it admits us before what follows
+                self.reachability.challenged(key)
                 peer.admitted_us = True
                 answer.append(Send((peer.address,), self._peers_body()))
             return answer, None
@@ -231,6 +235,7 @@ class Membership:
         if entry is None:
             return [], UNKNOWN_PEER  # a key we are not verifying: no dial, no answer
         entry.answered = True
+        self.reachability.challenged(key)  # it dialled the address our HELLO gave it
         if not entry.committed:
             # Our answer makes it admit us: give it only with a place kept for it, so that no
             # node admits a peer that drops it a moment later. Without room it is answered with

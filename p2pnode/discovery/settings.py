@@ -87,6 +87,12 @@ class DiscoverySettings(Section):
         "by a newcomer from a less crowded subnet, nor, with a bounded view, for a newcomer that comes "
         "back after a redirect (the slack that lets the last nodes in: docs/daemon.md); 0: none ever is",
     )
+    reachability_confirmations: int = option(
+        Integer(1, 64),
+        2,
+        "peers whose challenge must have reached this node at its advertised address before `status` "
+        'calls it `public` (docs/daemon.md, "Reachability")',
+    )
     max_peers_per_subnet: int = option(
         Integer(1, 4096), 16, "peers admitted from one subnet (/24 for IPv4, /64 for IPv6)"
     )

@@ -137,6 +137,8 @@ def format_status(status: dict) -> str:
         f"peers {status['peer_count']}/{status['max_peers']}"
         + (f"  dialing {len(status['dialing'])}" if status["dialing"] else ""),
     ]
+    if "reachability" in status:  # older nodes do not say
+        lines.insert(1, f"reachability: {status['reachability']['state']} ({status['reachability']['why']})")
     excluded = (status.get("learning") or {}).get("excluded", {})
     if excluded:
         lines[-1] += f"  ({len(excluded)} not learning with this node: see below)"

@@ -8,7 +8,8 @@ behind a home router behind a carrier-grade NAT, and one public node behind its 
 Every node but the bootstrap names the bootstrap (its key and public address) and runs
 discovery only (`algorithm none`, CURVE on, the launcher's fast liveness settings) for
 `--seconds`; then each node's peer table is read. Per site: how many nodes were admitted by how
-many peers, and whether the bootstrap admitted them. Needs root, `ip netns`, `iptables` and
+many peers, whether the bootstrap admitted them, and what each says of its reachability
+(`status`'s `reachability`: public, private or unknown). Needs root, `ip netns`, `iptables` and
 `conntrack`; it says what is missing otherwise and exits 2.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from .results import capture, save
@@ -70,6 +72,7 @@ def run(out: Path, seconds: float) -> list[dict]:
                 "up": status is not None,
                 "peer_sites": sorted(site_of.get(peer, "?") for peer in _peers(status)),
                 "admitted_by_bootstrap": spec.node_id in bootstrap_peers if spec.node_id != bootstrap else None,
+                "reachability": ((status or {}).get("reachability") or {}).get("state"),
             }
             for spec, host, status in zip(cluster.specs, hosts, statuses, strict=True)
         ]
@@ -83,8 +86,8 @@ def render(result: dict) -> str:
     """One row per site: its nodes, how many the bootstrap admitted, and their peers' count."""
     result = result["data"]
     rows = [
-        "| site | nodes | admitted by the bootstrap | peers per node (min–max) | peers' sites |",
-        "|---|---|---|---|---|",
+        "| site | nodes | admitted by the bootstrap | peers per node (min–max) | peers' sites | each says it is |",
+        "|---|---|---|---|---|---|",
     ]
     sites = dict.fromkeys(node["site"] for node in result["nodes"])
     for site in sites:
@@ -93,7 +96,9 @@ def render(result: dict) -> str:
         admitted = [node["admitted_by_bootstrap"] for node in nodes if node["admitted_by_bootstrap"] is not None]
         admitted_text = f"{sum(admitted)} of {len(admitted)}" if admitted else "(is the bootstrap)"
         seen = sorted({peer for node in nodes for peer in node["peer_sites"]}) or ["none"]
-        rows.append(f"| {site} | {len(nodes)} | {admitted_text} | {min(counts)}–{max(counts)} | {', '.join(seen)} |")
+        says = ", ".join(f"{state} {count}" for state, count in Counter(node["reachability"] for node in nodes).items())
+        row = f"| {site} | {len(nodes)} | {admitted_text} | {min(counts)}–{max(counts)} | {', '.join(seen)} | {says} |"
+        rows.append(row)
     return "\n".join(rows) + f"\n\nAfter {result['seconds']:g} s of discovery.\n"
 
 
