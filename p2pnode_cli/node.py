@@ -114,14 +114,17 @@ def _stop(args: argparse.Namespace) -> int:
 
 
 def _ended(pid: int | None) -> bool:
-    """Whether the node's process has ended (a zombie has: only its parent's wait is left)."""
+    """Whether the node's process has ended (a zombie has: only its parent's wait is left). Every
+    thread, not only the first: its first thread turns zombie while the others are still being
+    torn down, and until they are gone its parent cannot reap it (a service manager sees it run)."""
     if pid is None or pid == os.getpid():  # too old to say; or a node run inside this process (tests)
         return True
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        states = [(task / "stat").read_text().rsplit(")", 1)[1].split()[0] for task in tasks]
     except (OSError, IndexError):
         return True  # no such process (or no /proc: the socket's going is all there is to go by)
-    return state in ("Z", "X")
+    return all(state in ("Z", "X") for state in states)
 
 
 def _predict(args: argparse.Namespace) -> int:

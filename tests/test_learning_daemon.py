@@ -144,12 +144,21 @@ def test_a_slow_daemon_stretches_its_local_step_and_end_of_round_and_the_report_
     node's rounds ended."""
     _, slow, report, histories = async_run_with_a_slow_daemon
     assert report["slow"] == {"fraction": 0.3, "factor": 20, "nodes": [slow]}
-    step_s = [statistics.median(record.step_s for record in history.records) for history in histories]
-    # Same backbone, same data size: the slow one's step is its own ×20 (a sleep after it) ...
-    assert step_s[slow] > 8 * max(s for i, s in enumerate(step_s) if i != slow), step_s
+    fast = [history for i, history in enumerate(histories) if i != slow]
+
+    def medians(of) -> tuple[float, float]:  # the slow node's, and the fast nodes' rounds pooled
+        return statistics.median(map(of, histories[slow].records)), statistics.median(
+            of(record) for history in fast for record in history.records
+        )
+
+    # Same backbone, same data size: the slow one's step is 20 × its CPU seconds (a sleep after
+    # it) ... The fast ones' steps are wall time, which a busy machine stretches (2-3× with another
+    # suite beside this one): 5× is what the slowdown shows whatever the load, and 1× without it.
+    slow_step, fast_step = medians(lambda record: record.step_s)
+    assert slow_step > 5 * fast_step, (slow_step, fast_step)
     # ... and so is its end of round (graph step, evaluation): what a round takes after its gather.
-    end_s = [statistics.median(r.round_s - r.step_s - r.gather_s for r in history.records) for history in histories]
-    assert end_s[slow] > 8 * max(s for i, s in enumerate(end_s) if i != slow), end_s
+    slow_end, fast_end = medians(lambda record: record.round_s - record.step_s - record.gather_s)
+    assert slow_end > 5 * fast_end, (slow_end, fast_end)
     ended = report["time_to_accuracy"]["ended_at_per_node"]
     rounds = [len(history.records) for history in histories]
     assert [len(times) for times in ended] == rounds and all(times == sorted(times) for times in ended), ended
