@@ -5,7 +5,7 @@ method runs on the same partitions and is paired with Local on the same nodes. S
 classes per node, in clusters), 10 training images per class, `--rounds` rounds.
 
     python -m tools.bench.fleets --out bench-out/fleets [--nodes 3 4 10] [--backbones one four]
-        [--datasets mnist5k digits] [--methods local mapl+ mapl-dual mapl-auto] [--seeds 3 4 5]
+        [--datasets mnist5k digits folder] [--methods local mapl+ mapl-dual mapl-auto] [--seeds 3 4 5]
         [--rounds 40] [--workers 2] [--save fleets]
 
 Per cell and method: accuracy per seed and its mean; the gain over Local with its interval,
@@ -33,7 +33,11 @@ from .runs import simulate_all, write_summary
 METHODS = ("local", "mapl+", "mapl-dual", "mapl-auto")
 SHAPES = {"one": ("convnet",), "four": CPU_BACKBONES}
 HOMOGENEOUS = ("mapl+",)
-TEST_PER_CLASS = {"mnist5k": 80, "digits": 30}  # digits has ~180 images a class: 10 nodes must fit
+TEST_PER_CLASS = {"mnist5k": 80, "digits": 30, "folder": 80}  # digits has ~180 images a class: 10 nodes must fit
+# "folder": each node's own folder of PNGs (class sub-folders), written from its mnist5k shard and
+# read back as a device's own data is (`--data-per-node`), its own split of 10 + 80 images a class.
+FOLDER_SOURCE = "mnist5k"
+FOLDER_TEST_FRACTION = TEST_PER_CLASS["folder"] / (TEST_PER_CLASS["folder"] + 10)
 TUNING_SEEDS = (0, 1, 2)
 THREADS = 1
 
@@ -88,19 +92,46 @@ def main(argv: list[str] | None = None) -> int:
 
 def _spec(cell: tuple, method: str, seed: int, args: argparse.Namespace) -> SimulationSpec:
     dataset, nodes, shape = cell
-    return SimulationSpec(
-        algorithm=method,
-        data=ScenarioSpec(
-            dataset=dataset,
-            scenario="1",
-            nodes=nodes,
-            seed=seed,
-            samples_per_class=args.samples,
-            test_per_class=TEST_PER_CLASS[dataset],
-        ),
-        rounds=args.rounds,
-        backbones=SHAPES[shape],
+    source = FOLDER_SOURCE if dataset == "folder" else dataset
+    data = ScenarioSpec(
+        dataset=source,
+        scenario="1",
+        nodes=nodes,
+        seed=seed,
+        samples_per_class=args.samples,
+        test_per_class=TEST_PER_CLASS[dataset],
     )
+    if dataset == "folder":
+        data = ScenarioSpec(dataset=source, nodes=nodes, seed=seed, per_node=_node_folders(data, args.out))
+    return SimulationSpec(algorithm=method, data=data, rounds=args.rounds, backbones=SHAPES[shape])
+
+
+def _node_folders(scenario: ScenarioSpec, out: str) -> tuple:
+    """Each node's shard of `scenario` (training and test images together) as PNGs under
+    OUT/folders/, one folder per node with a sub-folder per class, written once; then read back
+    as `--data-per-node` reads a user's folders."""
+    import numpy as np
+    from PIL import Image
+
+    from algorithms.data.setup import load_scenario, node_data
+    from testnet.simulation.own_data import OwnDataArguments, own_data_specs
+
+    root = Path(out, "folders", f"{scenario.dataset}-n{scenario.nodes}-seed{scenario.seed}")
+    written = root.with_name(f"{root.name}.written")  # beside it: the folder holds the nodes' alone
+    if not written.exists():
+        dataset, partition = load_scenario(scenario)
+        for node in range(scenario.nodes):
+            local = node_data(dataset, partition, node, pooled=False)
+            images = np.concatenate([local.train_images.numpy(), local.test_images.numpy()])
+            labels = np.concatenate([local.train_labels.numpy(), local.test_labels.numpy()])
+            for index, (image, label) in enumerate(zip(images, labels, strict=True)):
+                folder = root / f"node{node:02d}" / str(int(label))
+                folder.mkdir(parents=True, exist_ok=True)
+                Image.fromarray(np.round(image[0] * 255).astype(np.uint8), "L").save(folder / f"{index:04d}.png")
+        written.touch()
+    classes = tuple(str(k) for k in range(10))
+    arguments = OwnDataArguments(None, str(root), classes, None, None, FOLDER_TEST_FRACTION, None)
+    return own_data_specs(arguments, scenario.nodes, scenario.seed)[1]
 
 
 def _folder(out: str, cell: tuple, method: str, seed: int) -> str:
@@ -144,11 +175,18 @@ def render(result: dict) -> str:
         "",
         f"{' and '.join(sorted({run['dataset'] for run in data['runs']}))}, Scenario 1, "
         f"{data['samples_per_class']} training images per class per node, "
-        f"{data['rounds']} rounds; one backbone: the convnet everywhere, four: the CPU backbones. Seeds "
+        f"{data['rounds']} rounds; one backbone: the convnet everywhere, four: the CPU backbones."
+        f"{_folder_note(data)} Seeds "
         f"{', '.join(map(str, data['tuning_seeds']))} chose settings and are not in the table. The interval "
         "resamples the seeds, then the nodes of each.",
     ]
     return "\n".join(rows)
+
+
+def _folder_note(data: dict) -> str:
+    if not any(run["dataset"] == "folder" for run in data["runs"]):
+        return ""
+    return " folder: each node's own folder of PNGs, written from its mnist5k shard, read back as a device's own data."
 
 
 def _row(key: tuple, runs: list[dict], local: dict[int, dict]) -> str:
