@@ -287,3 +287,32 @@ def test_a_pooled_interval_takes_the_run_as_its_unit():
     assert runs_bootstrap([[0.0] * 2, [1.0] * 6]) == pytest.approx((0.75, 0.0, 1.0))
     with pytest.raises(ValueError):
         runs_bootstrap([[0.1], []])
+
+
+def test_a_testnet_stops_waiting_for_a_daemon_whose_learning_failed():
+    """A daemon whose learning raised runs on without it (crash isolation), so its rounds never
+    come: the launcher's watch counts it finished at once, says which node and why, and does not
+    wait out the run's timeout."""
+    import io
+    import time
+    from types import SimpleNamespace
+
+    from testnet.launch.learning import _watch
+
+    done = {"learning": {"algorithm": "mapl", "completed": 8, "accuracy": 0.9, "phase": "done"}}
+    failed = {"learning": {"algorithm": "mapl", "completed": 5, "accuracy": 0.8, "phase": "failed: NameError: x"}}
+    cluster = SimpleNamespace(specs=[object(), object()], statuses=lambda: [done, failed])
+    supervisor = SimpleNamespace(
+        started=time.monotonic(),
+        poll=lambda statuses, eligible: True,
+        lost=lambda node: False,
+        busy=lambda: False,
+        arm=lambda: None,
+        downtimes=list,
+    )
+    progress = io.StringIO()
+    began = time.monotonic()
+    finals, interrupted, timed_out = _watch(cluster, supervisor, 8, time.monotonic() + 60, 0.01, progress)
+    assert not interrupted and not timed_out and time.monotonic() - began < 5
+    assert finals == [done, failed]
+    assert "node 1: learning failed: NameError: x (its node.log has the traceback)" in progress.getvalue()

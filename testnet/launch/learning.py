@@ -291,6 +291,7 @@ def _watch(
     status each gave, whether the user interrupted, and whether time ran out."""
     finals: list[dict | None] = [None] * len(cluster.specs)
     started = supervisor.started  # the first spawn, as the churn events' times
+    said_failed: set[int] = set()
     under_way: set[int] = set()  # the daemons seen past their first round, or gone down: once is enough
     try:
         last_line, last_print = "", 0.0
@@ -306,8 +307,13 @@ def _watch(
             # load, resume and finish between two polls: its resume is noted all the same).
             learning = {i for i, status in enumerate(statuses) if not _done(status, rounds)}
             carry_on = supervisor.poll(statuses, eligible=learning)
+            for index, status in enumerate(statuses):
+                if (failure := _failed(status)) is not None and index not in said_failed:
+                    said_failed.add(index)
+                    print(f"node {index}: learning {failure} (its node.log has the traceback)", file=progress)
             finished = [
-                _done(s, rounds) or supervisor.lost(node) for s, node in zip(statuses, cluster.specs, strict=True)
+                _done(s, rounds) or _failed(s) is not None or supervisor.lost(node)
+                for s, node in zip(statuses, cluster.specs, strict=True)
             ]
             if (all(finished) and not supervisor.busy()) or not carry_on:
                 return finals, False, False
@@ -340,6 +346,13 @@ def _done(status: dict | None, rounds: int) -> bool:
     # Its rounds run, and its learning over: async, a node may go on past them (overtime) while
     # a neighbour it weighs still runs (p2pnode/learning/engine.py, RoundEngine.done).
     return bool(learning) and learning["completed"] >= rounds and learning["phase"] == "done"
+
+
+def _failed(status: dict | None) -> str | None:
+    """Why a daemon's learning stopped for good (it raised: the daemon runs on without it, and
+    waiting for its rounds would only wait out the run's timeout), or None."""
+    phase = ((status or {}).get("learning") or {}).get("phase") or ""
+    return phase if phase.startswith("failed") else None
 
 
 def _progress_line(statuses: list[dict | None], rounds: int) -> str:
