@@ -253,7 +253,8 @@ class InNeighbourhood:
     def expected(self, round: int) -> tuple[str, ...]:
         """Everyone at round 0; afterwards the neighbours that sent last round. A peer sends only
         if it gives us weight, which we cannot see, and a peer that stopped (finished, died, or
-        cut us) should cost one wait, not one per round."""
+        cut us) should cost one wait, not one per round; one that cut us says so (the round
+        engine's PASS), and costs none."""
         if round == 0:
             return self.peers
         neighbours = set(self.graph.neighbours())

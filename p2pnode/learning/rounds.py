@@ -291,7 +291,8 @@ def arrived(heard: Mapping[str, set[MessageType]], waits_for: frozenset[MessageT
 class Gather:
     """Waiting for the expected peers' payloads of one round: all of them, but once a quorum is
     in only `grace_s` longer, and never past the deadline. A peer that stopped sending (its
-    weight for us went to zero, or it died) costs one grace period, not a deadline."""
+    weight for us went to zero, or it died) costs one grace period, not a deadline; one that
+    sent PASS for the round is settled at once."""
 
     expected: frozenset[str]
     needed: int  # the quorum, in peers
