@@ -127,6 +127,10 @@ FLEETS = Quick(
     "python -m tools.bench.fleets --nodes 2 --backbones one --datasets digits --methods local mapl-auto --seeds 3 "
     "--rounds 2 --samples 1 --workers 1 --out DIR"
 )
+FLEETS_FOLDER = Quick(
+    "python -m tools.bench.fleets --nodes 2 --backbones one --datasets folder --methods local --seeds 3 "
+    "--rounds 1 --workers 1 --out DIR"
+)
 PRETRAINED = Quick(
     "python -m tools.bench.pretrained --seeds 3 --rounds 1 --nodes 2 --per-class 5 --epochs 1 --pretrain-images 64 "
     "--workers 1 --out DIR",
@@ -233,6 +237,8 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "--methods local mapl-dual --save heterogeneous": HETEROGENEOUS,
     "python -m tools.bench.heterogeneous --methods local mapl-dual --samples 10 --save heterogeneous": HETEROGENEOUS,
     "python -m tools.bench.fleets --nodes 3 4 10 --datasets mnist5k digits --seeds 7 8 9 --save fleets": FLEETS,
+    "python -m tools.bench.fleets --out bench-out/fleets-folder --datasets folder --nodes 3 4 10 --seeds 7 8 9 "
+    "--save fleets-folder": FLEETS_FOLDER,
     "python -m tools.bench.scool --out bench-out/scool --save scool": SCOOL,
     "python -m tools.bench.scool --out DIR --seeds 13 14 15 --workers 2 --save scool-fresh": SCOOL,
     "python -m tools.bench.pretrained --out DIR --seeds 3 4 --workers 1 --save pretrained": PRETRAINED,

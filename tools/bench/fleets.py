@@ -37,7 +37,6 @@ TEST_PER_CLASS = {"mnist5k": 80, "digits": 30, "folder": 80}  # digits has ~180 
 # "folder": each node's own folder of PNGs (class sub-folders), written from its mnist5k shard and
 # read back as a device's own data is (`--data-per-node`), its own split of 10 + 80 images a class.
 FOLDER_SOURCE = "mnist5k"
-FOLDER_TEST_FRACTION = TEST_PER_CLASS["folder"] / (TEST_PER_CLASS["folder"] + 10)
 TUNING_SEEDS = (0, 1, 2)
 THREADS = 1
 
@@ -61,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     tuned = sorted(set(args.seeds) & set(TUNING_SEEDS))
+    if "folder" in args.datasets and args.samples < 9:
+        parser.error(
+            "--datasets folder: --samples must be at least 9 (a node holds out at most 90 %, 80 images a class)"
+        )
     if tuned and args.save:
         parser.error(f"--save: seed {tuned[0]} chose settings; a saved table comes from other seeds (3 and up)")
     methods = ["local", *(m for m in args.methods if m != "local")]
@@ -116,7 +119,8 @@ def _node_folders(scenario: ScenarioSpec, out: str) -> tuple:
     from algorithms.data.setup import load_scenario, node_data
     from testnet.simulation.own_data import OwnDataArguments, own_data_specs
 
-    root = Path(out, "folders", f"{scenario.dataset}-n{scenario.nodes}-seed{scenario.seed}")
+    images = f"{scenario.samples_per_class}+{scenario.test_per_class}"
+    root = Path(out, "folders", f"{scenario.dataset}-n{scenario.nodes}-{images}-seed{scenario.seed}")
     written = root.with_name(f"{root.name}.written")  # beside it: the folder holds the nodes' alone
     if not written.exists():
         dataset, partition = load_scenario(scenario)
@@ -130,7 +134,8 @@ def _node_folders(scenario: ScenarioSpec, out: str) -> tuple:
                 Image.fromarray(np.round(image[0] * 255).astype(np.uint8), "L").save(folder / f"{index:04d}.png")
         written.touch()
     classes = tuple(str(k) for k in range(10))
-    arguments = OwnDataArguments(None, str(root), classes, None, None, FOLDER_TEST_FRACTION, None)
+    held_out = scenario.test_per_class / (scenario.test_per_class + scenario.samples_per_class)
+    arguments = OwnDataArguments(None, str(root), classes, None, None, held_out, None)
     return own_data_specs(arguments, scenario.nodes, scenario.seed)[1]
 
 
