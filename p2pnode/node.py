@@ -532,6 +532,7 @@ class Node:
             "round": self.round,
             "peer_count": len(membership.peers),
             "reachability": membership.reachability.describe(),
+            "bootstraps": self._bootstraps(),
             "max_peers": self.config.discovery.max_peers,
             "active_view": membership.target,  # the peers it seeks
             "passive_count": len(membership.passive),
@@ -548,6 +549,19 @@ class Node:
             **process_memory(),  # rss_mb, peak_rss_mb
             "cpu_s": round(time.process_time(), 3),  # user + system, all threads, since it started
         }
+
+    def _bootstraps(self) -> list[dict]:
+        """Each bootstrap entry: admitted (a peer at its address), and its dial's handshakes."""
+        admitted = {peer.address for peer in self.membership.peers.values()}
+        return [
+            {
+                "entry": number,
+                "address": address,
+                "admitted": address in admitted,
+                "handshakes": dict(self.transport.handshakes_with(address)),
+            }
+            for address, number in self._bootstrap_entries.items()
+        ]
 
     async def _control(self, request: dict) -> dict:
         command = request.get("command")

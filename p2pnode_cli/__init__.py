@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"p2pnode {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    node.add_parsers(commands)  # start, status, stop, predict, export, init, report
+    node.add_parsers(commands)  # start, status, doctor, stop, predict, export, init, report
     testnet.add_parser(commands)
     simulate.add_parser(commands)
     keys.add_parsers(commands)  # keygen, keyinfo

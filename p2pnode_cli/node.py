@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from p2pnode.exits import EXIT_OK
+from p2pnode.exits import EXIT_FAILED, EXIT_OK
 
 from .arguments import backbone_name, positive_float, positive_int
 from .errors import EXIT_USAGE, CommandError
@@ -58,6 +58,15 @@ def _status(args: argparse.Namespace) -> int:
         print(json.dumps(answer["status"], indent=2) if args.json else format_status(answer["status"]))
         return EXIT_OK
     return _fleet_status(configs, args.json)
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from p2pnode.operations.doctor import diagnose
+
+    _, answer = _ask(args.config, "status")
+    lines, problems = diagnose(answer["status"])
+    print("\n".join(lines))
+    return EXIT_FAILED if problems else EXIT_OK
 
 
 def _status_configs(args: argparse.Namespace) -> list[str]:
@@ -331,6 +340,8 @@ def add_parsers(commands) -> None:
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
     status.set_defaults(run=_status)
 
+    _add_doctor_parser(commands)
+
     stop = commands.add_parser("stop", help="ask a running node to shut down, and wait until it has")
     stop.add_argument("--config", required=True, metavar="TOML", help=CONFIG_HELP)
     stop.add_argument(
@@ -370,6 +381,16 @@ def add_parsers(commands) -> None:
 
     _add_init_parser(commands)
     _add_report_parser(commands)
+
+
+def _add_doctor_parser(commands) -> None:
+    doctor = commands.add_parser(
+        "doctor",
+        help="why a running node does or does not reach its peers: its address, its reachability, each "
+        "bootstrap entry, and what to change (exit 1 if it names a problem)",
+    )
+    doctor.add_argument("--config", required=True, metavar="TOML", help=CONFIG_HELP)
+    doctor.set_defaults(run=_doctor)
 
 
 def _add_init_parser(commands) -> None:

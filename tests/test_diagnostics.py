@@ -15,6 +15,7 @@ from p2pnode.discovery.capabilities import (
     learning_verdict,
 )
 from p2pnode.learning.algorithm import data_summary
+from p2pnode.operations.doctor import diagnose
 from p2pnode.operations.status import format_status
 from p2pnode.wire.zap import PEERS
 from protocol import Identity
@@ -234,6 +235,7 @@ async def test_a_node_its_bootstrap_cannot_reach_back_says_it_is_likely_behind_a
         await wait_until(lambda: a.membership.counts["bootstrap_unreachable"] >= 1, timeout=20)
         reachability = {name: node.status()["reachability"] for name, node in (("a", a), ("b", b), ("c", c))}
         table = format_status(a.status())
+        doctor = {name: diagnose(node.status()) for name, node in (("a", a), ("b", b))}
         for node in (a, b, c):
             node.request_stop()
     # a: b took its connection and never answered, and nobody reached it; b: both challenged it
@@ -244,8 +246,48 @@ async def test_a_node_its_bootstrap_cannot_reach_back_says_it_is_likely_behind_a
     assert (reachability["c"]["state"], reachability["c"]["reached_by"]) == ("unknown", 1)
     assert f"reachability: private ({b.address} took its connection and never answered" in table
     assert any(line.startswith("reachability: private (") for line in _said(caplog))
+    # `p2pnode doctor`: a names the entry that cannot reach it, and what to change; b is fine.
+    lines, problems = doctor["a"]
+    assert problems == 2 and lines[-1] == "2 problems found", lines  # private, and its bootstrap entry
+    (entry,) = [line for line in lines if line.startswith("bootstrap entry 1 ")]
+    assert entry.startswith(f"bootstrap entry 1 ({b.address}): takes this node's connection but its answers never")
+    assert f"it cannot reach {nowhere}" in entry and "[node].advertise" in entry
+    assert doctor["b"] == (
+        [
+            f"advertises {b.address}: loopback, reachable from this host only (other hosts: [node].listen / advertise)",
+            f"reachability: public (2 peers reached it at {b.address})",
+            "peers: 1/64",
+            "no problem found",
+        ],
+        0,
+    )
     (line,) = [line for line in _said(caplog) if line.startswith("bootstrap entry 1: ")]
     assert line.startswith(f"bootstrap entry 1: the node at {b.address} accepted this node's connection "), line
     assert f"its answers go to this node's advertised address {nowhere}, which it cannot reach" in line
     assert "behind a NAT or a firewall" in line and "still retrying" in line
     assert not [line for line in _said(caplog) if "unreachable" in line and "reachability:" not in line]
+
+
+def test_doctor_names_what_is_in_the_way_of_each_bootstrap_entry():
+    """Each outcome of a bootstrap entry's dial, and each kind of advertised address."""
+    base = {"peer_count": 0, "max_peers": 64, "reachability": None}
+    entries = [
+        {"entry": 1, "address": "tcp://198.51.100.1:7000", "admitted": True, "handshakes": {"succeeded": 1}},
+        {"entry": 2, "address": "tcp://198.51.100.2:7000", "admitted": False, "handshakes": {"failed": 3}},
+        {"entry": 3, "address": "tcp://198.51.100.3:7000", "admitted": False, "handshakes": {"refused": 1}},
+        {"entry": 4, "address": "tcp://198.51.100.4:7000", "admitted": False, "handshakes": {}},
+    ]
+    status = {**base, "address": "tcp://203.0.113.9:7000", "bootstraps": entries}
+    lines, problems = diagnose({key: value for key, value in status.items() if value is not None})
+    assert lines[0] == "advertises tcp://203.0.113.9:7000: a public address" and problems == 3
+    assert lines[1] == "bootstrap entry 1 (tcp://198.51.100.1:7000): a peer"
+    assert "another key, or CURVE off" in lines[2] and "`p2pnode keyinfo`" in lines[2]
+    assert "refuses this node" in lines[3] and "allowlist" in lines[3]
+    assert "no connection yet" in lines[4] and lines[-1] == "3 problems found"
+    for address, kind, problem in (
+        ("tcp://10.1.2.3:7000", "a private address", 0),
+        ("tcp://100.64.0.7:7000", "behind a carrier's NAT", 1),
+        ("tcp://node.example:7000", "a host name", 0),
+    ):
+        lines, problems = diagnose({**base, "address": address, "bootstraps": [], "reachability": None})
+        assert kind in lines[0] and problems == problem, lines

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from p2pnode_cli import main
 from testnet.launch.cluster import Cluster
 from testnet.launch.learning import DISCOVERY
 from testnet.launch.nat import NatLab, missing, observed, tcp_reaches
@@ -40,7 +41,7 @@ def test_each_site_is_reachable_as_its_nat_allows_and_maps_ports_as_its_kind_doe
         assert address == again_address and port != again_port
 
 
-def test_a_daemon_behind_a_nat_says_it_is_out_of_its_bootstrap_s_reach(tmp_path):
+def test_a_daemon_behind_a_nat_says_it_is_out_of_its_bootstrap_s_reach(tmp_path, capsys):
     """A public bootstrap and a daemon behind a home router: the daemon's dial gets through, the
     bootstrap's answers do not (they go to an address only the router's inside can reach), and
     the daemon's log says so. Joining from there is issue #46's next step, not this one's."""
@@ -57,6 +58,8 @@ def test_a_daemon_behind_a_nat_says_it_is_out_of_its_bootstrap_s_reach(tmp_path)
             said = wait_for(lambda: log.exists() and re.search(r"bootstrap entry 1: .*", log.read_text()), 30)
             time.sleep(0.2)
             statuses = cluster.statuses()
+            doctor = main(["doctor", "--config", str(cluster.specs[1].config_path)])
+            printed = capsys.readouterr().out
     line = said[0]
     assert f"the node at tcp://{hosts[0].address}:7000 accepted this node's connection" in line, line
     assert f"advertised address tcp://{hosts[1].address}:7000, which it cannot reach" in line
@@ -64,3 +67,6 @@ def test_a_daemon_behind_a_nat_says_it_is_out_of_its_bootstrap_s_reach(tmp_path)
     assert [len(status["peers"]) for status in statuses] == [0, 0]
     # It calls itself private; the bootstrap, reached by this one node only, cannot tell yet.
     assert [status["reachability"]["state"] for status in statuses] == ["unknown", "private"]
+    # `p2pnode doctor` names its address's kind, its reachability, and what is in the way.
+    assert doctor == 1 and f"advertises tcp://{hosts[1].address}:7000: a private address" in printed
+    assert "reachability: private" in printed and "takes this node's connection but its answers never" in printed

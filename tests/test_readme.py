@@ -156,6 +156,8 @@ NOT_RUN = {
     "--set warmup_rounds=3 --poisoners 3 --attack rescale --attack-factor 1e4 --barrage --check --out DIR": "the "
     "run tests/adversarial/test_hostile_learning.py makes through run_learning_testnet (the same spec, --check and "
     "barrage), with more asserted of its report; test_cli.py checks the CLI's flags reach it",
+    "p2pnode doctor --config node.toml": "needs a running node: tests/test_diagnostics.py runs doctor's diagnosis "
+    "on three daemons, tests/test_nat.py the command on a daemon behind a NAT",
     "python -m tools.bench.nat": "a benchmark (root, iptables, conntrack): tests/test_bench_commands.py runs its "
     "quick variant where P2PNODE_BENCH_COMMANDS=all, and tests/test_nat.py the testbed and a daemon behind a NAT",
     "python -m tools.bench.hostile --seconds 60": "a benchmark: ten minute-long raw-ZMTP attacks on fresh 4-daemon "
