@@ -211,6 +211,7 @@ def test_a_digits_simulation_and_a_four_daemon_testnet_learn_the_same(tmp_path, 
     assert report["comm"]["by_type"]["MODEL"]["messages"] == simulated["comm"]["by_type"]["MODEL"]["messages"]
     assert report["rejections"] == {}, log_lines(tmp_path / "net", "replay", "evicted", "admitted")
     assert report["processes"]["exit_codes"] == [0, 0, 0, 0]
+    assert report["processes"]["reachability"] == ["public"] * 4  # each reached by its three peers
     served = report["accuracy"]["predictor_per_node"]
     assert served == simulated["accuracy"]["predictor_per_node"]
     if algorithm == "mapl-auto":  # each node's same-model peer is in the other cluster: after warm-up

@@ -93,6 +93,7 @@ def test_testnet_with_a_bounded_view_reports_a_connected_overlay_with_every_view
     discovery = report["discovery"]
     assert discovery["full_mesh_s"] is None and discovery["target_s"] > 0
     assert discovery["active_view"] == [4] * 12 and all(4 <= count <= 6 for count in discovery["peer_counts"])
+    assert discovery["reachability"] == ["public"] * 12  # each reached by at least two peers at its address
     overlay = discovery["overlay"]
     # A connected graph of n nodes with minimum degree d has diameter at most 3n/(d + 1) - 1 (6 here):
     # more means a table lied about its peers; 1 would be a full mesh, which the view bound forbids.

@@ -277,6 +277,8 @@ def _report(
             "all_up_s": rounded(watch.all_up_s),
             "active_view": [None if s is None else s["active_view"] for s in final],
             "peer_counts": [None if s is None else s["peer_count"] for s in final],
+            # What each node says of being reachable at its address (discovery/reachability.py).
+            "reachability": [None if s is None else (s.get("reachability") or {}).get("state") for s in final],
             "overlay": shape(final),
             "steady": None if watch.steady_from is None else steady_rates(watch.steady_from, final),
             "timeline": watch.timeline,

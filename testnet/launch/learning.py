@@ -397,6 +397,8 @@ def testnet_report(header: dict[str, Any], partition, statuses: list[dict | None
         # Its inbound sockets' processes (p2pnode/wire/inbound/), now, and how often they restarted.
         "ingress_rss_mb": [ingress_rss_mb(s) for s in statuses],
         "ingress_restarts": [ingress_restarts(s) for s in statuses],
+        # What each daemon says of being reachable at its address (discovery/reachability.py).
+        "reachability": [((s or {}).get("reachability") or {}).get("state") for s in statuses],
     }
     report = assemble(
         header,

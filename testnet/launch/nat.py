@@ -265,7 +265,8 @@ def observed(
 
 _LISTEN = """
 import socket, sys
-s = socket.socket(); s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1); s.settimeout(float(sys.argv[3]))
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the last probe's TIME_WAIT
+s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1); s.settimeout(float(sys.argv[3]))
 print("listening", flush=True)
 try:
     connection, peer = s.accept()
