@@ -78,6 +78,7 @@ def test_every_node_every_round():
         "peak_rss_mb",
         "ingress_rss_mb",
         "ingress_restarts",
+        "reachability",
     )
     later = ("churn", "restarts", "restarted_after", "exits", "timeout_s", "timed_out")
     assert report["processes"] == dict.fromkeys((*processes, *later))

@@ -63,9 +63,10 @@ REQUIRED_KEYS = (
 )
 
 
-# Only real daemons have them: per node (exit codes, logs, resumes, catch-ups), and per run what
-# `--churn` did, which daemons died and `--restart` started again, which exited on their own
-# and stayed down (testnet/launch/churn.py), and the run's timeout and whether it ran out.
+# Only real daemons have them: per node (exit codes, logs, resumes, catch-ups, memory, whether it
+# was reachable at its address), and per run what `--churn` did, which daemons died and
+# `--restart` started again, which exited on their own and stayed down (testnet/launch/churn.py),
+# and the run's timeout and whether it ran out.
 PROCESS_KEYS = (
     "engine",
     "addresses",
@@ -77,6 +78,7 @@ PROCESS_KEYS = (
     "peak_rss_mb",
     "ingress_rss_mb",
     "ingress_restarts",
+    "reachability",
     "churn",
     "restarts",
     "restarted_after",
