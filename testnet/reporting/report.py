@@ -63,28 +63,14 @@ REQUIRED_KEYS = (
 )
 
 
-# Only real daemons have them: per node (exit codes, logs, resumes, catch-ups, memory, whether it
-# was reachable at its address), and per run what `--churn` did, which daemons died and
-# `--restart` started again, which exited on their own and stayed down (testnet/launch/churn.py),
-# and the run's timeout and whether it ran out.
+# Only real daemons have them: per node (where it ran, how it ended, its log, resumes and
+# catch-ups, its memory and its ingress processes', whether it was reachable at its address), and
+# per run what `--churn` did, which daemons died and `--restart` started again, which exited on
+# their own and stayed down (testnet/launch/churn.py), and the run's timeout and whether it ran out.
 PROCESS_KEYS = (
-    "engine",
-    "addresses",
-    "exit_codes",
-    "logs",
-    "resumed_from",
-    "catch_ups",
-    "rss_mb",
-    "peak_rss_mb",
-    "ingress_rss_mb",
-    "ingress_restarts",
-    "reachability",
-    "churn",
-    "restarts",
-    "restarted_after",
-    "exits",
-    "timeout_s",
-    "timed_out",
+    *("engine", "addresses", "exit_codes", "logs", "resumed_from", "catch_ups", "rss_mb", "peak_rss_mb"),
+    *("ingress_rss_mb", "ingress_restarts", "reachability"),
+    *("churn", "restarts", "restarted_after", "exits", "timeout_s", "timed_out"),
 )
 
 
