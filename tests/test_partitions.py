@@ -411,10 +411,19 @@ def test_each_daemon_reads_back_the_scenario_its_data_table_was_written_from(sce
         assert data.node_index == index and data.scenario_spec() == scenario
 
 
-def test_with_each_nodes_own_data_daemon_i_gets_the_ith_numbered_i():
+@pytest.mark.parametrize(
+    "part",
+    [
+        lambda i: OwnDataSpec(Path(f"/d/n{i}.npz"), ("a", "b"), seed=5),
+        # a folder whose damaged images are to be skipped: so are they on the testnet's daemon
+        lambda i: OwnDataSpec(Path(f"/d/n{i}"), ("a", "b"), seed=5, test_fraction=0.3, skip_damaged=True),
+    ],
+    ids=["npz", "folder-skipping-damaged"],
+)
+def test_with_each_nodes_own_data_daemon_i_gets_the_ith_numbered_i(part):
     from testnet.launch.learning import data_table
 
-    parts = tuple(OwnDataSpec(Path(f"/d/n{i}.npz"), ("a", "b"), seed=5) for i in range(3))
+    parts = tuple(part(i) for i in range(3))
     scenario = ScenarioSpec(nodes=3, seed=5, per_node=parts)
     for index, part in enumerate(parts):
         data = _daemon_data(data_table(scenario, index))

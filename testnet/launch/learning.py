@@ -159,6 +159,8 @@ def own_data_settings(own: OwnDataSpec) -> dict[str, Any]:
         data.update(image_size=own.image_size, channels=own.channels)
     if own.test_fraction is not None:
         data["test_fraction"] = own.test_fraction
+    if own.skip_damaged:  # as the rehearsed config says (it failed on a damaged image otherwise)
+        data["skip_damaged"] = True
     return data
 
 
