@@ -284,7 +284,6 @@ class Node:
         announced = capabilities(config.node.capabilities, config.algorithm.name, self.learning_peers.labels)
         self._hello = own_hello(self.address, self.peer_port, announced)
         self.membership = Membership(self.identity.public_key, config.discovery, rng=self.rng, now=self._started_at)
-        self.membership.reachability.address = self.address
         self.membership_actions = MembershipActions(
             self.membership,
             self.transport,
@@ -531,7 +530,7 @@ class Node:
             "uptime_s": round(now - self._started_at, 3),
             "round": self.round,
             "peer_count": len(membership.peers),
-            "reachability": membership.reachability.describe(),
+            "reachability": membership.reachability.describe(self.address),
             "bootstraps": self._bootstraps(),
             "max_peers": self.config.discovery.max_peers,
             "active_view": membership.target,  # the peers it seeks

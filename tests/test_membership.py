@@ -227,15 +227,15 @@ def test_a_challenge_is_not_answered_on_a_connection_where_our_hello_was_dropped
 def test_reachability_is_public_once_enough_peers_reached_the_address_and_private_only_without_any():
     from p2pnode.discovery.reachability import MAX_REMEMBERED, PRIVATE, PUBLIC, UNKNOWN, Reachability
 
-    seen = Reachability("tcp://10.0.0.10:7000", confirmations=2)
+    seen, address = Reachability(confirmations=2), "tcp://10.0.0.10:7000"
     assert seen.state == UNKNOWN
     seen.unanswered("tcp://198.51.100.10:7000")  # a bootstrap took our connection and never answered
-    assert seen.state == PRIVATE and "likely behind a NAT" in seen.describe()["why"]
+    assert seen.state == PRIVATE and "likely behind a NAT" in seen.describe(address)["why"]
     seen.challenged(b"a" * 32)  # but one peer did reach us: not private, not yet public
     seen.challenged(b"a" * 32)  # the same peer twice counts once
-    assert seen.state == UNKNOWN and seen.describe()["reached_by"] == 1
+    assert seen.state == UNKNOWN and seen.describe(address)["reached_by"] == 1
     seen.challenged(b"b" * 32)
-    assert seen.state == PUBLIC and seen.describe()["why"] == "2 peers reached it at tcp://10.0.0.10:7000"
+    assert seen.state == PUBLIC and seen.describe(address)["why"] == "2 peers reached it at tcp://10.0.0.10:7000"
     for index in range(3 * MAX_REMEMBERED):  # a stranger's many keys are remembered within the bound
         seen.challenged(index.to_bytes(32, "big"))
-    assert seen.describe()["reached_by"] == MAX_REMEMBERED
+    assert seen.describe(address)["reached_by"] == MAX_REMEMBERED

@@ -8,9 +8,8 @@ import time
 import pytest
 
 from p2pnode_cli import main
-from testnet.launch.cluster import Cluster
 from testnet.launch.learning import DISCOVERY
-from testnet.launch.nat import NatLab, missing, observed, tcp_reaches
+from testnet.launch.nat import NatLab, cluster_on, missing, observed, tcp_reaches
 
 from .helpers import wait_for
 
@@ -47,10 +46,7 @@ def test_a_daemon_behind_a_nat_says_it_is_out_of_its_bootstrap_s_reach(tmp_path,
     the daemon's log says so. Joining from there is issue #46's next step, not this one's."""
     with NatLab() as lab:
         hosts = [lab.add("bootstrap", "public"), lab.add("home", "port-restricted")]
-        cluster = Cluster.prepare(tmp_path / "net", 2, discovery=DISCOVERY)
-        for spec, host in zip(cluster.specs, hosts, strict=True):
-            spec.settings["node"]["listen"] = f"tcp://{host.address}:7000"
-            spec.prefix = host.prefix
+        cluster = cluster_on(hosts, tmp_path / "net", discovery=DISCOVERY)
         log = cluster.specs[1].directory / "node.log"
         with cluster:
             for spec in cluster.specs:

@@ -80,7 +80,7 @@ class MembershipActions:
         if reachability.state == self._reachability_said:
             return
         self._reachability_said = reachability.state
-        said = reachability.describe()
+        said = reachability.describe(self.hello.address)
         level = logging.WARNING if said["state"] == PRIVATE else logging.INFO
         log.log(level, "reachability: %s (%s)", said["state"], said["why"], extra={"reachability": said["state"]})
 

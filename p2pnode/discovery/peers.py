@@ -99,8 +99,7 @@ class Membership:
         self.dialing = Dials(settings, self._subnets, self.peers, self.counts)  # address -> verification in flight
         self.passive = Passive(own_key, settings, self.peers)  # key -> its latest signed HELLO (bounded)
         self.room = Room(settings, self.peers, self.dialing)
-        # Whose challenges reached this node's address (the node sets the address it advertises).
-        self.reachability = Reachability("", settings.reachability_confirmations)
+        self.reachability = Reachability(settings.reachability_confirmations)  # whose challenges reached us
         self.own_hello: bytes | None = None
         # Strangers' latest direct HELLOs, kept for their PONG (least recently heard dropped).
         self._heard: OrderedDict[bytes, tuple[Envelope, bytes]] = OrderedDict()

@@ -24,8 +24,7 @@ MAX_REMEMBERED = 64  # keys and addresses kept, the oldest forgotten first: a st
 
 
 class Reachability:
-    def __init__(self, address: str, confirmations: int) -> None:
-        self.address = address  # the advertised one
+    def __init__(self, confirmations: int) -> None:
         self.confirmations = confirmations
         self._reached_by: OrderedDict[bytes, None] = OrderedDict()  # keys whose challenge arrived here
         self._unanswered: OrderedDict[str, None] = OrderedDict()  # bootstraps that took our connection, no answer
@@ -46,21 +45,22 @@ class Reachability:
             return PRIVATE
         return UNKNOWN
 
-    def describe(self) -> dict:
-        """`status`'s `reachability`: the state, its evidence, and why in words."""
+    def describe(self, address: str) -> dict:
+        """`status`'s `reachability` of a node advertising `address`: the state, its evidence, and
+        why in words."""
         state, reached = self.state, len(self._reached_by)
         if state == PUBLIC:
-            why = f"{reached} peers reached it at {self.address}"
+            why = f"{reached} peers reached it at {address}"
         elif state == PRIVATE:
             why = (
                 f"{', '.join(self._unanswered)} took its connection and never answered, and no peer reached it at "
-                f"{self.address}: likely behind a NAT or a firewall (docs/deploy.md)"
+                f"{address}: likely behind a NAT or a firewall (docs/deploy.md)"
             )
         else:
-            why = f"{reached} of the {self.confirmations} peers needed reached it at {self.address} so far"
+            why = f"{reached} of the {self.confirmations} peers needed reached it at {address} so far"
         return {
             "state": state,
-            "address": self.address,
+            "address": address,
             "reached_by": reached,
             "needed": self.confirmations,
             "unanswered_bootstraps": list(self._unanswered),

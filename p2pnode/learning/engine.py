@@ -33,7 +33,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from protocol import Envelope, Pass
+from protocol import Envelope, MessageType, Pass
 
 from .rounds import ADAPTIVE, AdaptiveDeadline, Gather, Progress, RoundRecord, RoundState, Schedule, right_bits
 
@@ -159,6 +159,11 @@ class RoundEngine:
     def round(self) -> int:
         return self.state.round
 
+    @property
+    def sends(self) -> frozenset[MessageType]:
+        """The payload types this node may publish: its algorithm's, and the engine's own PASS."""
+        return frozenset(self.algorithm.sends) | {MessageType.PASS}
+
     # --- the round, in order -------------------------------------------------------------------
 
     def next_command(self) -> Command:
@@ -281,7 +286,7 @@ class RoundEngine:
         self._advance(Command.GATHER)
         came = self.state.settled if self.schedule.asynchronous else self.state.arrived
         self._came = self._expected & came(self.state.round)
-        self._passed = self._expected & self.state.passed(self.state.round) - self._came
+        self._passed = self._expected & (self.state.passed(self.state.round) - self._came)
         if self._gather is not None:
             for peer in sorted(self._expected):
                 self.deadlines.observe(peer, self._gather.arrived_after.get(peer, self._gather.looked))

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import ipaddress
 
+from ..discovery.subnets import host_of
+
 PURE = True  # no I/O and no clock (tests/test_layering.py checks)
 
 __all__ = ["diagnose"]
@@ -45,7 +47,7 @@ def diagnose(status: dict) -> tuple[list[str], int]:
 
 
 def _address(address: str) -> tuple[str, int]:
-    host = address.removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
+    host = host_of(address)
     said = f"advertises {address}"
     try:
         ip = ipaddress.ip_address(host)

@@ -29,12 +29,17 @@ import subprocess
 import sys
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 
-__all__ = ["SITES", "Host", "NatLab", "missing", "observed", "tcp_reaches"]
+from .cluster import Cluster
+
+__all__ = ["SITES", "Host", "NatLab", "cluster_on", "missing", "observed", "tcp_reaches"]
 
 SITES = ("public", "firewall", "port-restricted", "symmetric", "double")
 INTERNET_PREFIX = "198.51.100"  # TEST-NET-2: never routed outside this testbed
 COMMAND_TIMEOUT_S = 10
+# Inbound only what belongs to a connection opened from inside: a router's FORWARD, a firewall's INPUT.
+ESTABLISHED = ("-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT")
 
 
 def missing() -> str | None:
@@ -69,6 +74,7 @@ class NatLab:
     hosts: list[Host] = field(default_factory=list)
     routers: list[str] = field(default_factory=list)  # every router namespace, outer ones too
     _outer: dict[str, str] = field(default_factory=dict)  # a double NAT's home router → its carrier's
+    _lan: dict[str, str] = field(default_factory=dict)  # a router → its inside network's first three octets
     _namespaces: list[str] = field(default_factory=list)
     _outside: int = 10  # the next address on the internet bridge
 
@@ -85,7 +91,7 @@ class NatLab:
 
     def close(self) -> None:
         for namespace in reversed(self._namespaces):
-            subprocess.run(["ip", "netns", "del", namespace], capture_output=True, timeout=COMMAND_TIMEOUT_S)
+            self._run(None, "ip", "netns", "del", namespace, check=False)
         self._namespaces.clear()
 
     # --- hosts -------------------------------------------------------------------------------
@@ -131,14 +137,14 @@ class NatLab:
 
     def _namespace(self, role: str) -> str:
         namespace = f"p2p{role}{len(self._namespaces)}{self.tag}"[:15]
-        subprocess.run(["ip", "netns", "add", namespace], check=True, capture_output=True, timeout=COMMAND_TIMEOUT_S)
+        self._run(None, "ip", "netns", "add", namespace)
         self._namespaces.append(namespace)
         self._ip(namespace, "link", "set", "lo", "up")
         return namespace
 
     def _on_internet(self, namespace: str) -> str:
         """Join `namespace` to the bridge; its address there."""
-        self._link(self.internet, f"p{len(self._namespaces)}", namespace, "out0", bridge=True)
+        self._link(self.internet, f"p{len(self._namespaces)}", namespace, "out0", bridge="br0")
         address = f"{INTERNET_PREFIX}.{self._outside}"
         self._outside += 1
         self._ip(namespace, "addr", "add", f"{address}/24", "dev", "out0")
@@ -155,17 +161,17 @@ class NatLab:
         self._run(namespace, "sysctl", "-qw", "net.ipv4.ip_forward=1")
         masquerade = ["-j", "MASQUERADE", *(["--random-fully"] if random_ports else [])]
         self._run(namespace, "iptables", "-t", "nat", "-A", "POSTROUTING", "-o", "out0", *masquerade)
-        established = ["-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"]
-        self._run(namespace, "iptables", "-A", "FORWARD", "-i", "out0", *established)
+        self._run(namespace, "iptables", "-A", "FORWARD", "-i", "out0", *ESTABLISHED)
         self._run(namespace, "iptables", "-A", "FORWARD", "-i", "out0", "-j", "DROP")
         self.routers.append(namespace)
+        self._lan[namespace] = inside
         return namespace
 
     def _behind(self, router: str, namespace: str) -> str:
         """Put `namespace` on `router`'s inside bridge, its default route through the router."""
         count = sum(1 for host in self.hosts if host.router is not None) + 10
-        inside = self._ip_of(router, "lan").rsplit(".", 1)[0]
-        self._link(router, f"h{len(self._namespaces)}", namespace, "out0", bridge=True, bridge_name="lan")
+        inside = self._lan[router]
+        self._link(router, f"h{len(self._namespaces)}", namespace, "out0", bridge="lan")
         address = f"{inside}.{count}"
         self._ip(namespace, "addr", "add", f"{address}/24", "dev", "out0")
         self._ip(namespace, "route", "add", "default", "via", f"{inside}.1")
@@ -173,7 +179,7 @@ class NatLab:
 
     def _inside_address(self, carrier: str, home: str) -> None:
         """The home router's outside end on the carrier's inside bridge, default route through it."""
-        inside = self._ip_of(carrier, "lan").rsplit(".", 1)[0]
+        inside = self._lan[carrier]
         self._ip(carrier, "link", "set", "in0", "master", "lan")
         self._ip(carrier, "link", "set", "in0", "up")
         self._ip(home, "addr", "add", f"{inside}.2/24", "dev", "out0")
@@ -185,43 +191,41 @@ class NatLab:
         return self._outer.get(router, router)
 
     def _firewall(self, namespace: str) -> None:
-        established = ["-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"]
         self._run(namespace, "iptables", "-A", "INPUT", "-i", "lo", "-j", "ACCEPT")
-        self._run(namespace, "iptables", "-A", "INPUT", *established)
+        self._run(namespace, "iptables", "-A", "INPUT", *ESTABLISHED)
         self._run(namespace, "iptables", "-A", "INPUT", "-j", "DROP")
 
-    def _link(
-        self, left: str, left_name: str, right: str, right_name: str, *, bridge: bool = False, bridge_name="br0"
-    ) -> None:
-        """A veth pair from `left` to `right`; with `bridge`, the left end joins `left`'s bridge."""
+    def _link(self, left: str, left_name: str, right: str, right_name: str, *, bridge: str | None = None) -> None:
+        """A veth pair from `left` to `right`; the left end joins `left`'s `bridge`, if named."""
         temporary = f"v{uuid.uuid4().hex[:10]}"
-        subprocess.run(
-            ["ip", "link", "add", temporary, "type", "veth", "peer", "name", f"{temporary}x"],
-            check=True,
-            capture_output=True,
-            timeout=COMMAND_TIMEOUT_S,
-        )
+        self._run(None, "ip", "link", "add", temporary, "type", "veth", "peer", "name", f"{temporary}x")
         for end, namespace, name in ((temporary, left, left_name), (f"{temporary}x", right, right_name)):
-            subprocess.run(["ip", "link", "set", end, "netns", namespace], check=True, capture_output=True, timeout=10)
+            self._run(None, "ip", "link", "set", end, "netns", namespace)
             self._ip(namespace, "link", "set", end, "name", name)
             self._ip(namespace, "link", "set", name, "up")
-        if bridge:
-            self._ip(left, "link", "set", left_name, "master", bridge_name)
-
-    def _ip_of(self, namespace: str, device: str) -> str:
-        out = self._run(namespace, "ip", "-4", "-o", "addr", "show", "dev", device)
-        return out.split()[3].split("/")[0]
+        if bridge is not None:
+            self._ip(left, "link", "set", left_name, "master", bridge)
 
     def _ip(self, namespace: str, *args: str) -> str:
         return self._run(namespace, "ip", *args)
 
-    def _run(self, namespace: str, *args: str, check: bool = True) -> str:
-        result = subprocess.run(
-            ["ip", "netns", "exec", namespace, *args], capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S
-        )
+    def _run(self, namespace: str | None, *args: str, check: bool = True) -> str:
+        """`args` in `namespace` (None: this one, where namespaces and links are made)."""
+        inside = ("ip", "netns", "exec", namespace) if namespace is not None else ()
+        result = subprocess.run([*inside, *args], capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
         if check and result.returncode != 0:
             raise RuntimeError(f"{' '.join(args)} in {namespace}: {result.stderr.strip() or result.returncode}")
         return result.stdout
+
+
+def cluster_on(hosts: list[Host], out: Path, *, port: int = 7000, discovery: dict | None = None) -> Cluster:
+    """A launcher's cluster of one daemon per host, node i on `hosts[i]` at `port` (the namespaces
+    are the lab's own, so a fixed port is free); the first started is the others' bootstrap."""
+    cluster = Cluster.prepare(out, len(hosts), discovery=discovery)
+    for spec, host in zip(cluster.specs, hosts, strict=True):
+        spec.settings["node"]["listen"] = f"tcp://{host.address}:{port}"
+        spec.prefix = host.prefix
+    return cluster
 
 
 def tcp_reaches(source: Host, target: Host, port: int = 9, timeout_s: float = 0.5) -> bool:

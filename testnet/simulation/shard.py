@@ -42,7 +42,7 @@ from p2pnode.learning.engine import RoundEngine, Timings, round_state
 from p2pnode.learning.rounds import Gather, RoundRecord, Schedule
 from p2pnode.learning.settings import AlgorithmSettings
 from p2pnode.metrics import SentTraffic
-from protocol import DEFAULT_LIMITS, LEARNING_TYPES, Decoder, Encoder, Identity, Limits, MessageType, ProtocolError
+from protocol import DEFAULT_LIMITS, LEARNING_TYPES, Decoder, Encoder, Identity, Limits, ProtocolError
 
 __all__ = ["Shard", "Sent", "GatherRule", "Closed", "SimulationError", "NodeFailed", "simulation_identity", "NETWORK"]
 
@@ -238,9 +238,7 @@ class Shard:
         """Sign each payload once, as the daemon does, and count it for its sender."""
         frames = []
         for sender, out in outbox:
-            node = self.nodes[sender]
-            # Its peers would refuse it: a bug, not a rejection (PASS is the engine's, taken by all).
-            if out.body.TYPE not in node.sends and out.body.TYPE is not MessageType.PASS:
+            if out.body.TYPE not in self.engines[sender].sends:  # its peers would refuse it: a bug, not a rejection
                 raise NodeFailed(f"{self._name(sender)} published a {out.body.TYPE}, which it does not declare")
             unknown = [peer for peer in out.to if peer not in self.index]
             if unknown:

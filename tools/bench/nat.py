@@ -41,9 +41,8 @@ PORT = 7000
 
 def run(out: Path, seconds: float) -> list[dict]:
     """One run on a fresh testbed; each node's site, address and the sites of its peers."""
-    from testnet.launch.cluster import Cluster
     from testnet.launch.learning import DISCOVERY
-    from testnet.launch.nat import NatLab
+    from testnet.launch.nat import NatLab, cluster_on
 
     with NatLab() as lab:
         routers: dict[str, str] = {}
@@ -52,10 +51,7 @@ def run(out: Path, seconds: float) -> list[dict]:
             if group is not None and group not in routers:
                 routers[group] = lab.add_router(site)
             hosts.append(lab.add(name, site, routers.get(group)))
-        cluster = Cluster.prepare(out, len(hosts), discovery=DISCOVERY)
-        for spec, host in zip(cluster.specs, hosts, strict=True):
-            spec.settings["node"]["listen"] = f"tcp://{host.address}:{PORT}"
-            spec.prefix = host.prefix
+        cluster = cluster_on(hosts, out, port=PORT, discovery=DISCOVERY)
         with cluster:
             for spec in cluster.specs:
                 cluster.start(spec)
