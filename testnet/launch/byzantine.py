@@ -11,7 +11,7 @@ It is `p2pnode start` with two changes, so that what it attacks is the real daem
   that peer, for the latest payload of each type it published: that payload tagged r−2, r,
   r+3 and r+1000; the same
   with NaN in it, with every tensor one column wider, and with one past its type's frame
-  bound; a 60 MB MODEL; and a burst of SCOREs. Each is a frame with a valid signature and a
+  bound; a burst of SCOREs; and a 60 MB MODEL. Each is a frame with a valid signature and a
   fresh sequence number, so only the checks meant for it can refuse it. What it sent, by kind, is in its `status`.
 
 `p2pnode testnet --poisoners I --attack K [--barrage]` runs node I as this; never part of a
@@ -115,14 +115,16 @@ class ByzantineNode(Node):
             for kind, wire in (("nan", _with_nan(body)), ("wide", _wider(body)), ("oversize", self._oversize(body))):
                 if wire is not None:
                     self._send_raw(kind, addresses, body, wire, round)
-        model = Model(kind="params", tensors={"weight": self._model})
-        self.barraged["model"] += await self._delivered(addresses, model, round)
         subject_seq = max(seq for _, seq in self._published.values())
         score = Score(
             kind="similarity", subject=self.identity.public_key, subject_seq=subject_seq, value=1.0, samples=1
         )
         for _ in range(SCORES_PER_ROUND):
             self.barraged["score"] += await self._delivered(addresses, score, round)
+        # Last: one connection delivers in order, and 60 MB may still be on its way when a fast
+        # peer ends its rounds; the SCOREs queued behind it would then never be judged at all.
+        model = Model(kind="params", tensors={"weight": self._model})
+        self.barraged["model"] += await self._delivered(addresses, model, round)
 
     async def _delivered(self, addresses: tuple[str, ...], body: Body, round: int) -> int:
         """Sign and send `body` tagged `round`; how many of `addresses` took it."""

@@ -7,7 +7,8 @@
   of the truth among honest nodes.
 - Two colluding (issue #43): nodes 1 and 3, each honest node's only cluster-mate, rescale and
   with the barrage also every round their payload tagged r−2 / r / r+3 / r+1000, NaN, wrong
-  shapes, frames past the bounds, a 60 MB MODEL and SCORE bursts. Before, two peers tagging
+  shapes, frames past the bounds, SCORE bursts and a 60 MB MODEL (sent last: with rounds of a
+  tenth of a second it may still be on its way when the honest nodes end). Before, two peers tagging
   r+1000 were a quorum that made every honest node skip to its end after a round or two; now
   every honest node runs all 8 rounds and skips none, each falls back on itself, and every
   kind of frame is refused where it should be."""
