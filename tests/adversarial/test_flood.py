@@ -171,7 +171,9 @@ async def test_multipart_messages_never_finished_from_8_connections_are_cut_off_
         # The node's own process holds at most the bound of what is relayed to it.
         whole_mb = limit_mb + a.ingress[PUBLIC].buffered_bound() / 1e6
         assert growth <= whole_mb, f"RSS grew {growth:.0f} MB (ingress {ingress_growth:.0f}), limit {whole_mb:.0f}"
-        assert full_mesh([a, b]) and not any(key.startswith("evicted") for key in a.membership.counts), a.membership.counts
+        assert full_mesh([a, b]) and not any(key.startswith("evicted") for key in a.membership.counts), (
+            a.membership.counts
+        )
         await _gives_memory_back(a, rss_before)
         a.request_stop()
         b.request_stop()
