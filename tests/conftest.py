@@ -28,9 +28,6 @@ def pytest_addoption(parser):
 
 def pytest_collection_modifyitems(config, items):
     if not config.getoption("--quick"):
-        # The modules that start daemons or train first, the quick ones after (in their order
-        # otherwise): `make test` hands whole files to its workers, so the short ones fill the tail.
-        items.sort(key=lambda item: item.get_closest_marker("quick") is not None)
         return
     slow = [item for item in items if item.get_closest_marker("quick") is None]
     if slow:
