@@ -9,7 +9,7 @@ import pytest
 
 from p2pnode_cli import main
 from testnet.launch.learning import DISCOVERY
-from testnet.launch.nat import NatLab, cluster_on, missing, observed, tcp_reaches
+from testnet.launch.nat import NatLab, cluster_on, missing, observed, simultaneous_open, tcp_reaches
 
 from .helpers import wait_for
 
@@ -66,3 +66,18 @@ def test_a_daemon_behind_a_nat_says_it_is_out_of_its_bootstrap_s_reach(tmp_path,
     # `p2pnode doctor` names its address's kind, its reachability, and what is in the way.
     assert doctor == 1 and f"advertises tcp://{hosts[1].address}:7000: a private address" in printed
     assert "reachability: private" in printed and "takes this node's connection but its answers never" in printed
+
+
+def test_hole_punching_works_where_both_nats_keep_the_port_and_fails_behind_a_symmetric_one():
+    """TCP simultaneous open (libp2p's DCUtR) between hosts behind two home routers gets through
+    both; with a symmetric NAT on one side it cannot, whatever the timing: its port is new for
+    each destination, so the other side aims at a port nobody holds."""
+    with NatLab() as lab:
+        home, other_home, symmetric = (lab.add(name, site) for name, site in HOLE_PUNCH_HOSTS)
+        assert len({home.seen_from, other_home.seen_from, symmetric.seen_from}) == 3  # three routers
+        assert home.seen_from != home.address and home.seen_from.startswith("198.51.100.")
+        assert simultaneous_open(home, other_home)
+        assert not simultaneous_open(home, symmetric, timeout_s=3.0)
+
+
+HOLE_PUNCH_HOSTS = (("home1", "port-restricted"), ("home2", "double"), ("sym", "symmetric"))

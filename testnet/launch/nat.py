@@ -7,16 +7,17 @@ the routers' outside ends join. Each host is a namespace of its own, behind what
 - `firewall`: on the bridge, but its own iptables drop inbound connections it did not open
   (`INPUT` accepts `ESTABLISHED,RELATED` only): reachable by nobody, as behind a host firewall;
 - `port-restricted`: behind a home router that masquerades its hosts (10.N.0.0/24) and forwards
-  inbound only what belongs to a connection they opened (`MASQUERADE` + `ESTABLISHED,RELATED`):
-  one mapping per source port, whatever the destination;
+  inbound only what belongs to a connection they opened (`MASQUERADE` + `ESTABLISHED,RELATED`),
+  dropping the rest without a reset: one mapping per source port, whatever the destination;
 - `symmetric`: the same router with `MASQUERADE --random-fully`: a new outside port per
   connection, so what one peer observes tells another nothing;
 - `double`: a home router behind a carrier-grade one (100.64.N.0/24 between, RFC 6598), both
   masquerading.
 
 Hosts of one router share it (its inside is a bridge), as devices behind one home router do.
-`flush(router)` runs `conntrack -F` there: every mapping expires at once, as when a router
-restarts or a mapping idles out. Needs root, `ip netns`, `iptables` and `conntrack`
+`simultaneous_open(a, b)` tries hole punching between two hosts (TCP simultaneous open at the
+address and port each would be seen from). `flush(router)` runs `conntrack -F` there: every
+mapping expires at once, as when a router restarts or a mapping idles out. Needs root, `ip netns`, `iptables` and `conntrack`
 (`apt-get install iptables conntrack`); `missing()` says what is not there. Namespaces and links
 carry a random tag and are removed on `close`, so runs side by side do not meet.
 """
@@ -33,7 +34,7 @@ from pathlib import Path
 
 from .cluster import Cluster
 
-__all__ = ["SITES", "Host", "NatLab", "cluster_on", "missing", "observed", "tcp_reaches"]
+__all__ = ["SITES", "Host", "NatLab", "cluster_on", "missing", "observed", "simultaneous_open", "tcp_reaches"]
 
 SITES = ("public", "firewall", "port-restricted", "symmetric", "double")
 INTERNET_PREFIX = "198.51.100"  # TEST-NET-2: never routed outside this testbed
@@ -59,6 +60,7 @@ class Host:
     namespace: str
     address: str  # its own address (behind a NAT, a private one nobody outside can reach)
     router: str | None = None  # the namespace of the router it sits behind (the outer one if double)
+    seen_from: str = ""  # the address the internet sees its connections come from (its router's, behind a NAT)
 
     @property
     def prefix(self) -> tuple[str, ...]:
@@ -75,6 +77,7 @@ class NatLab:
     routers: list[str] = field(default_factory=list)  # every router namespace, outer ones too
     _outer: dict[str, str] = field(default_factory=dict)  # a double NAT's home router → its carrier's
     _lan: dict[str, str] = field(default_factory=dict)  # a router → its inside network's first three octets
+    _wan: dict[str, str] = field(default_factory=dict)  # a router on the bridge → its address there
     _namespaces: list[str] = field(default_factory=list)
     _outside: int = 10  # the next address on the internet bridge
 
@@ -105,11 +108,11 @@ class NatLab:
             address = self._on_internet(namespace)
             if site == "firewall":
                 self._firewall(namespace)
-            host = Host(name, site, namespace, address)
+            host = Host(name, site, namespace, address, seen_from=address)
         else:
             router = router or self.add_router(site)
-            address = self._behind(router, namespace)
-            host = Host(name, site, namespace, address, router=self._outermost(router))
+            address, outermost = self._behind(router, namespace), self._outermost(router)
+            host = Host(name, site, namespace, address, router=outermost, seen_from=self._wan[outermost])
         self.hosts.append(host)
         return host
 
@@ -154,15 +157,16 @@ class NatLab:
         """Make `namespace` a masquerading router: outside on the bridge (or already linked), inside
         a bridge on `inside`.0/24 with itself at .1."""
         if not outside_done:
-            self._on_internet(namespace)
+            self._wan[namespace] = self._on_internet(namespace)
         self._ip(namespace, "link", "add", "lan", "type", "bridge")
         self._ip(namespace, "addr", "add", f"{inside}.1/24", "dev", "lan")
         self._ip(namespace, "link", "set", "lan", "up")
         self._run(namespace, "sysctl", "-qw", "net.ipv4.ip_forward=1")
         masquerade = ["-j", "MASQUERADE", *(["--random-fully"] if random_ports else [])]
         self._run(namespace, "iptables", "-t", "nat", "-A", "POSTROUTING", "-o", "out0", *masquerade)
-        self._run(namespace, "iptables", "-A", "FORWARD", "-i", "out0", *ESTABLISHED)
-        self._run(namespace, "iptables", "-A", "FORWARD", "-i", "out0", "-j", "DROP")
+        for chain in ("FORWARD", "INPUT"):  # and no reset from the router itself for what it drops, as home routers do
+            self._run(namespace, "iptables", "-A", chain, "-i", "out0", *ESTABLISHED)
+            self._run(namespace, "iptables", "-A", chain, "-i", "out0", "-j", "DROP")
         self.routers.append(namespace)
         self._lan[namespace] = inside
         return namespace
@@ -282,4 +286,42 @@ _CONNECT = """
 import socket, sys
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.settimeout(float(sys.argv[3]))
 s.bind(("", int(sys.argv[4]))); s.connect((sys.argv[1], int(sys.argv[2]))); s.close()
+"""
+
+
+def simultaneous_open(a: Host, b: Host, port: int = 41000, timeout_s: float = 6.0) -> bool:
+    """Hole punching, as libp2p's DCUtR does it over TCP: `a` and `b` both connect from `port` to
+    the other's `seen_from` at `port` at once, for `timeout_s` (a first SYN that reaches the
+    other's router before that router has seen its own host's goes unanswered, and the kernel
+    sends it again), and it works if one connection carries a byte each way. Each assumes the other keeps its port
+    through its NAT, which a symmetric NAT does not: no exchange of addresses could tell it the
+    port to aim at (a probe of the testbed, not of p2pnode)."""
+    tries = [
+        subprocess.Popen(
+            [*host.prefix, sys.executable, "-I", "-S", "-c", _PUNCH, str(port), peer.seen_from, str(timeout_s)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for host, peer in ((a, b), (b, a))
+    ]
+    said = [punch.communicate(timeout=timeout_s + 10)[0].strip() for punch in tries]
+    return said == ["ok", "ok"]
+
+
+_PUNCH = """
+import socket, sys, time
+port, peer, deadline = int(sys.argv[1]), sys.argv[2], time.monotonic() + float(sys.argv[3])
+said = "none"
+while time.monotonic() < deadline:  # one socket while it waits: the kernel resends its SYN (1 s, 3 s)
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.settimeout(max(0.1, deadline - time.monotonic())); s.bind(("", port))
+    try:
+        s.connect((peer, port)); s.sendall(b"x")
+        said = "ok" if s.recv(1) == b"x" else "closed"
+        break
+    except ConnectionRefusedError:  # a reset (a SYN that came while no socket was there): again
+        s.close(); time.sleep(0.1)
+    except OSError:
+        break
+print(said, flush=True)
 """

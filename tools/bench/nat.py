@@ -9,13 +9,16 @@ Every node but the bootstrap names the bootstrap (its key and public address) an
 discovery only (`algorithm none`, CURVE on, the launcher's fast liveness settings) for
 `--seconds`; then each node's peer table is read. Per site: how many nodes were admitted by how
 many peers, whether the bootstrap admitted them, and what each says of its reachability
-(`status`'s `reachability`: public, private or unknown). Needs root, `ip netns`, `iptables` and
-`conntrack`; it says what is missing otherwise and exits 2.
+(`status`'s `reachability`: public, private or unknown). Then, the daemons stopped, hole
+punching between each pair of sites (`simultaneous_open`: TCP simultaneous open, each host at
+the address and port its NAT would show if it kept the port). Needs root, `ip netns`, `iptables`
+and `conntrack`; it says what is missing otherwise and exits 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import time
 from collections import Counter
@@ -37,10 +40,12 @@ LAYOUT = (
     ("walled", "firewall", None),
 )
 PORT = 7000
+PUNCH_TIMEOUT_S = 6.0
 
 
-def run(out: Path, seconds: float) -> list[dict]:
-    """One run on a fresh testbed; each node's site, address and the sites of its peers."""
+def run(out: Path, seconds: float) -> tuple[list[dict], list[dict]]:
+    """One run on a fresh testbed: each node's site, address and the sites of its peers; then
+    hole punching between the first host of each pair of sites."""
     from testnet.launch.learning import DISCOVERY
     from testnet.launch.nat import NatLab, cluster_on
 
@@ -60,7 +65,7 @@ def run(out: Path, seconds: float) -> list[dict]:
         site_of = {spec.node_id: host.site for spec, host in zip(cluster.specs, hosts, strict=True)}
         bootstrap = cluster.specs[0].node_id
         bootstrap_peers = set(_peers(statuses[0]))
-        return [
+        nodes = [
             {
                 "name": host.name,
                 "site": host.site,
@@ -72,6 +77,24 @@ def run(out: Path, seconds: float) -> list[dict]:
             }
             for spec, host, status in zip(cluster.specs, hosts, statuses, strict=True)
         ]
+        return nodes, _punches(hosts)
+
+
+def _punches(hosts: list) -> list[dict]:
+    """Hole punching between the first hosts of each pair of different sites (two hosts of one
+    site share a router here, whose inside reaches itself anyway)."""
+    from testnet.launch.nat import simultaneous_open
+
+    by_site: dict[str, list] = {}
+    for host in hosts[1:]:  # not the bootstrap: public1 and public2 stand for public
+        by_site.setdefault(host.site, []).append(host)
+    pairs = list(itertools.combinations(by_site, 2))
+    rows = []
+    for a, b in pairs:
+        started = time.monotonic()
+        ok = simultaneous_open(by_site[a][0], by_site[b][0], timeout_s=PUNCH_TIMEOUT_S)
+        rows.append({"sites": [a, b], "ok": ok, "seconds": round(time.monotonic() - started, 1)})
+    return rows
 
 
 def _peers(status: dict | None) -> list[str]:
@@ -95,7 +118,18 @@ def render(result: dict) -> str:
         says = ", ".join(f"{state} {count}" for state, count in Counter(node["reachability"] for node in nodes).items())
         row = f"| {site} | {len(nodes)} | {admitted_text} | {min(counts)}–{max(counts)} | {', '.join(seen)} | {says} |"
         rows.append(row)
-    return "\n".join(rows) + f"\n\nAfter {result['seconds']:g} s of discovery.\n"
+    table = "\n".join(rows) + f"\n\nAfter {result['seconds']:g} s of discovery.\n"
+    return table + _render_punches(result.get("punches", []))
+
+
+def _render_punches(punches: list[dict]) -> str:
+    if not punches:
+        return ""
+    rows = ["", "| hole punching between | TCP simultaneous open | seconds |", "|---|---|---|"]
+    for punch in punches:
+        a, b = punch["sites"]
+        rows.append(f"| {a} ↔ {b} | {'works' if punch['ok'] else 'fails'} | {punch['seconds']:g} |")
+    return "\n".join(rows) + f"\n\nEach pair tried for {PUNCH_TIMEOUT_S:g} s at most.\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,8 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     words = ["python", "-m", "tools.bench.nat", *(sys.argv[1:] if argv is None else argv)]
     with capture(words, settings={"algorithm.name": "none"}, runs=1) as provenance:
-        nodes = run(args.out, args.seconds)
-    data = {"seconds": args.seconds, "nodes": nodes}
+        nodes, punches = run(args.out, args.seconds)
+    data = {"seconds": args.seconds, "nodes": nodes, "punches": punches}
     print(render({"data": data}))
     if args.save:
         print(f"saved {save(args.save, 'tools.bench.nat', provenance, data)}", file=sys.stderr)
