@@ -17,9 +17,10 @@ the routers' outside ends join. Each host is a namespace of its own, behind what
 Hosts of one router share it (its inside is a bridge), as devices behind one home router do.
 `simultaneous_open(a, b)` tries hole punching between two hosts (TCP simultaneous open at the
 address and port each would be seen from). `flush(router)` runs `conntrack -F` there: every
-mapping expires at once, as when a router restarts or a mapping idles out. Needs root, `ip netns`, `iptables` and `conntrack`
-(`apt-get install iptables conntrack`); `missing()` says what is not there. Namespaces and links
-carry a random tag and are removed on `close`, so runs side by side do not meet.
+mapping expires at once, as when a router restarts or a mapping idles out. Needs root, `ip
+netns`, `iptables` and `conntrack` (`apt-get install iptables conntrack`); `missing()` says what
+is not there. Namespaces and links carry a random tag and are removed on `close`, so runs side by
+side do not meet.
 """
 
 from __future__ import annotations
