@@ -31,7 +31,18 @@ from testnet.simulation.simulator import SimulationSpec
 from .results import capture, save
 from .runs import simulate_all, write_summary
 
-METHODS = ("local", "local@convnet", "oracle", "mapl", "mapl+", "mapl-dual", "mapl-auto", "fedmrl", "sfmtl", "scool-attention")
+METHODS = (
+    "local",
+    "local@convnet",
+    "oracle",
+    "mapl",
+    "mapl+",
+    "mapl-dual",
+    "mapl-auto",
+    "fedmrl",
+    "sfmtl",
+    "scool-attention",
+)
 BASELINES = ("local", "local@convnet", "oracle")  # run with their defaults, whatever --set says
 TUNING_SEEDS = (0, 1, 2)  # MAPL-Dual's defaults were chosen on them (MAPL's β on seed 0)
 THREADS = 1  # runs.py: every run one torch thread
