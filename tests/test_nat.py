@@ -9,7 +9,7 @@ import pytest
 
 from p2pnode_cli import main
 from testnet.launch.learning import DISCOVERY
-from testnet.launch.nat import NatLab, cluster_on, missing, observed, simultaneous_open, tcp_reaches
+from testnet.launch.nat import NatLab, cluster_on, missing, observed, simultaneous_open, survives_flush, tcp_reaches
 
 from .helpers import wait_for
 
@@ -81,3 +81,14 @@ def test_hole_punching_works_where_both_nats_keep_the_port_and_fails_behind_a_sy
 
 
 HOLE_PUNCH_HOSTS = (("home1", "port-restricted"), ("home2", "double"), ("sym", "symmetric"))
+
+
+def test_an_open_connection_outlives_expired_mappings_unless_the_nat_is_symmetric():
+    """`conntrack -F` on every router, mid-connection, the inside host sending first (a peer's
+    keep-alive): a router that keeps ports maps the connection again as it was, through one NAT
+    or two; a symmetric NAT gives it a new port, and the server resets what looks like a stranger.
+    So behind a symmetric NAT a node must dial again after a router forgets it."""
+    with NatLab() as lab:
+        server = lab.add("pub", "public")
+        for site, survives in (("port-restricted", True), ("double", True), ("symmetric", False)):
+            assert survives_flush(lab, lab.add(site[:4], site), server) is survives, site

@@ -17,7 +17,8 @@ the routers' outside ends join. Each host is a namespace of its own, behind what
 Hosts of one router share it (its inside is a bridge), as devices behind one home router do.
 `simultaneous_open(a, b)` tries hole punching between two hosts (TCP simultaneous open at the
 address and port each would be seen from). `flush(router)` runs `conntrack -F` there: every
-mapping expires at once, as when a router restarts or a mapping idles out. Needs root, `ip
+mapping expires at once, as when a router restarts or a mapping idles out (`survives_flush`: does
+an open connection outlive it). Needs root, `ip
 netns`, `iptables` and `conntrack` (`apt-get install iptables conntrack`); `missing()` says what
 is not there. Namespaces and links carry a random tag and are removed on `close`, so runs side by
 side do not meet.
@@ -35,7 +36,17 @@ from pathlib import Path
 
 from .cluster import Cluster
 
-__all__ = ["SITES", "Host", "NatLab", "cluster_on", "missing", "observed", "simultaneous_open", "tcp_reaches"]
+__all__ = [
+    "SITES",
+    "Host",
+    "NatLab",
+    "cluster_on",
+    "missing",
+    "observed",
+    "simultaneous_open",
+    "survives_flush",
+    "tcp_reaches",
+]
 
 SITES = ("public", "firewall", "port-restricted", "symmetric", "double")
 INTERNET_PREFIX = "198.51.100"  # TEST-NET-2: never routed outside this testbed
@@ -325,4 +336,61 @@ while time.monotonic() < deadline:  # one socket while it waits: the kernel rese
     except OSError:
         break
 print(said, flush=True)
+"""
+
+
+def survives_flush(lab: NatLab, inside: Host, server: Host, port: int = 9100) -> bool:
+    """Whether a TCP connection from `inside` to `server`, open and used, still carries a byte
+    each way after `lab.flush()` expired every mapping, `inside` sending first (as a peer's
+    keep-alive would): a router that keeps ports maps it again as it was; one that draws a new
+    port per connection shows the server a stranger, which resets it (a probe of the testbed)."""
+    echo = subprocess.Popen(
+        [*server.prefix, sys.executable, "-I", "-S", "-c", _ECHO, server.address, str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    client = subprocess.Popen(
+        [*inside.prefix, sys.executable, "-I", "-S", "-c", _PINGS, server.address, str(port)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert echo.stdout is not None and echo.stdout.readline().strip() == "listening"
+        assert client.stdin is not None and client.stdout is not None
+
+        def exchange() -> bool:
+            client.stdin.write("go\n")
+            client.stdin.flush()
+            return client.stdout.readline().strip() == "ok"
+
+        if not exchange():
+            raise RuntimeError(f"no connection from {inside.name} to {server.name} before the flush")
+        lab.flush()
+        return exchange()
+    finally:
+        for process in (client, echo):
+            process.kill()
+            process.wait()
+            for stream in (process.stdin, process.stdout):
+                if stream is not None:
+                    stream.close()
+
+
+_ECHO = """
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1); print("listening", flush=True)
+c, _ = s.accept()
+while (data := c.recv(64)):
+    c.sendall(data)
+"""
+_PINGS = """
+import socket, sys
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5); s.settimeout(5)
+for _ in sys.stdin:
+    try:
+        s.sendall(b"x"); print("ok" if s.recv(1) == b"x" else "closed", flush=True)
+    except OSError:
+        print("reset", flush=True)
 """
