@@ -33,6 +33,7 @@ from protocol import (
     QUERY_TYPES,
     Body,
     Decoder,
+    Dialed,
     Encoder,
     Envelope,
     Hello,
@@ -62,7 +63,7 @@ from .wire import sequence, signing
 from .wire.gate import Gate
 from .wire.inbound.reader import Inbound, decode_all
 from .wire.inbound.supervisor import BindError, Ingress, ingress_fork_server
-from .wire.transport import DROPPED, SENT, Transport
+from .wire.transport import DROPPED, SENT, Transport, TransportError
 from .wire.zap import PEERS, PUBLIC, Connections, PeerTransportKeys
 
 if TYPE_CHECKING:
@@ -82,6 +83,8 @@ TRIM_INTERVAL_S = 2.0
 MAINTAIN_MAX_SLEEP_S = 1.0
 # While frames wait for a peers' connection that is opening, it is tried this often.
 WAITING_POLL_S = 0.02
+# How long libzmq may take to connect and hand over a dial-back's DIALED before it is dropped.
+DIAL_BACK_WITHIN_S = 5.0
 
 
 def wall_clock_us() -> int:
@@ -283,7 +286,13 @@ class Node:
         config = self.config
         announced = capabilities(config.node.capabilities, config.algorithm.name, self.learning_peers.labels)
         self._hello = own_hello(self.address, self.peer_port, announced)
-        self.membership = Membership(self.identity.public_key, config.discovery, rng=self.rng, now=self._started_at)
+        self.membership = Membership(
+            self.identity.public_key,
+            config.discovery,
+            rng=self.rng,
+            now=self._started_at,
+            advertised=self._hello.address,
+        )
         self.membership_actions = MembershipActions(
             self.membership,
             self.transport,
@@ -294,6 +303,7 @@ class Node:
             self.peer_transport_keys,
             self.metrics.connections,
             self._bootstrap_entries,
+            self._dial_back,
         )
         self.membership.set_own_hello(self._hello_frame())
 
@@ -340,6 +350,18 @@ class Node:
         if seq is None:
             return None
         return self.encoder.encode(body, seq=seq, timestamp_us=self.clock_us(), round=self.round)
+
+    def _dial_back(self, address: str, key: bytes, nonce: int) -> None:
+        """DIALED to `address` on a connection of its own (discovery/dial_back.py): `key` asked."""
+        frame = self._encode(Dialed(nonce=nonce, address=address))
+        if frame is None:
+            return
+        try:
+            self.transport.send_once(address, key, frame, DIAL_BACK_WITHIN_S)
+        except TransportError as exc:
+            log.warning("cannot dial %s back: %s", address, exc)
+            return
+        self.metrics.connections["dial_backs_sent"] += 1
 
     def send(self, addresses: tuple[str, ...], body: Body) -> int:
         """Sign `body` once and queue it for each address; returns how many took it."""
@@ -488,6 +510,7 @@ class Node:
                 else:  # no sequence number reserved: the old HELLO serves a while longer
                     next_refresh = now + sequence.RESERVATION_RETRY_S
             self.membership_actions.count_handshakes()
+            self.transport.close_expired(time.monotonic())
             self.membership_actions.carry_out(self.membership.tick(now))
             due = self.membership.next_due(trio.current_time())
             self._maintain_at = min(due, now + MAINTAIN_MAX_SLEEP_S, next_refresh)

@@ -21,6 +21,8 @@ class MessageType(enum.StrEnum):
     PING = "PING"
     PONG = "PONG"
     BYE = "BYE"
+    DIAL_ME = "DIAL_ME"
+    DIALED = "DIALED"
     PROTOTYPES = "PROTOTYPES"
     HEAD = "HEAD"
     SCORE = "SCORE"
@@ -34,7 +36,17 @@ class MessageType(enum.StrEnum):
         return self in LEARNING_TYPES
 
 
-DISCOVERY_TYPES = frozenset({MessageType.HELLO, MessageType.PEERS, MessageType.PING, MessageType.PONG, MessageType.BYE})
+DISCOVERY_TYPES = frozenset(
+    {
+        MessageType.HELLO,
+        MessageType.PEERS,
+        MessageType.PING,
+        MessageType.PONG,
+        MessageType.BYE,
+        MessageType.DIAL_ME,
+        MessageType.DIALED,
+    }
+)
 QUERY_TYPES = frozenset({MessageType.ASK, MessageType.ANSWER})
 # A new algorithm's payload type is one more member above, with its body in messages.py.
 LEARNING_TYPES = frozenset(MessageType) - DISCOVERY_TYPES - QUERY_TYPES

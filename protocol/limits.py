@@ -32,6 +32,8 @@ _DEFAULT_FRAME_BYTES_BY_TYPE: Mapping[MessageType, int] = MappingProxyType(
         MessageType.SCORE: 1 * KiB,
         MessageType.MODEL: 64 * MiB,
         MessageType.PASS: 1 * KiB,
+        MessageType.DIAL_ME: 1 * KiB,
+        MessageType.DIALED: 1 * KiB,
         MessageType.ASK: 2 * MiB,  # up to 64 images, each a PNG of the asker's input size
         MessageType.ANSWER: 16 * KiB,
     }

@@ -31,6 +31,8 @@ __all__ = [
     "Ping",
     "Pong",
     "Bye",
+    "Dialed",
+    "DialMe",
     "Prototypes",
     "Head",
     "Score",
@@ -230,6 +232,25 @@ class Pong(Body):
 @body(MessageType.BYE)
 class Bye(Body):
     reason: str = wire(TOKEN)
+
+
+@body(MessageType.DIAL_ME)
+class DialMe(Body):
+    """Dial me back (AutoNAT): connect to the host this frame's connection comes from, at `port`,
+    and send DIALED with `nonce` there. The receiver dials no host but that one, so nobody can aim
+    it at a third party; whether the DIALED arrives tells the sender if it is reachable there."""
+
+    nonce: int = wire(UInt(64))
+    port: int = wire(UInt(16))
+
+
+@body(MessageType.DIALED)
+class Dialed(Body):
+    """The answer to DIAL_ME, sent over a connection of its own to `address` (the asker's host as
+    the sender saw it, and the port asked for), after the sender's HELLO."""
+
+    nonce: int = wire(UInt(64))  # the DIAL_ME's, echoed
+    address: str = wire(TCP_ADDRESS)
 
 
 @body(MessageType.PROTOTYPES)

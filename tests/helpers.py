@@ -378,6 +378,8 @@ VALID = {
     "PING": {"nonce": 1},
     "PONG": {"nonce": 1},
     "BYE": {"reason": "shutdown"},
+    "DIAL_ME": {"nonce": 1, "port": 7000},
+    "DIALED": {"nonce": 1, "address": "tcp://198.51.100.7:7000"},
     "PROTOTYPES": {
         "classes": [0, 1],
         "counts": [3, 4],

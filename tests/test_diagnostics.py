@@ -291,3 +291,37 @@ def test_doctor_names_what_is_in_the_way_of_each_bootstrap_entry():
     ):
         lines, problems = diagnose({**base, "address": address, "bootstraps": [], "reachability": None})
         assert kind in lines[0] and problems == problem, lines
+
+
+async def test_a_node_that_advertises_the_wrong_address_is_dialled_back_where_it_is_reached(tmp_path, caplog):
+    """a listens on 127.0.0.1 but advertises 127.0.0.2 (as a node behind a router that forwards
+    its port advertises its inside address): b's challenge never reaches it, but b dials it back
+    at the host its connection comes from, and a learns, says and `doctor` tells where it is
+    reached and what to advertise; b gave one dial-back."""
+    caplog.set_level(logging.INFO, logger="p2pnode")
+    curve = {"security": {"curve": True}}
+    port = free_ports(1)
+    reached, wrong = f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.2:{port}"
+    asking = {**QUICK, "dial_back_after_s": 0.2, "reachability_confirmations": 1}
+    async with trio.open_nursery() as nursery:
+        b = await start_node(nursery, tmp_path / "b", **curve)
+        a = await start_node(
+            nursery,
+            tmp_path / "a",
+            [bootstrap_entry(b)],
+            node={"listen": reached, "advertise": wrong},
+            discovery=asking,
+            **curve,
+        )
+        await wait_until(lambda: a.membership.reachability.reachable_at, timeout=20)
+        seen, lines = a.status()["reachability"], diagnose(a.status())[0]
+        dial_backs = b.metrics.connections["dial_backs_sent"]
+        for node in (a, b):
+            node.request_stop()
+    # Not public: nobody reached it at its advertised address (private once the entry gives up on it).
+    assert seen["state"] in ("unknown", "private") and seen["reachable_at"] == [reached], seen
+    assert f"nodes that dialled it back reached it at {reached}: advertise that ([node].advertise" in seen["why"]
+    assert any(line.startswith("reachability: ") and f"reached it at {reached}: advertise" in line for line in lines)
+    assert dial_backs == 1
+    said = [line for line in _said(caplog) if line.startswith("reachability:") and f"reached it at {reached}" in line]
+    assert said, _said(caplog)

@@ -239,3 +239,70 @@ def test_reachability_is_public_once_enough_peers_reached_the_address_and_privat
     for index in range(3 * MAX_REMEMBERED):  # a stranger's many keys are remembered within the bound
         seen.challenged(index.to_bytes(32, "big"))
     assert seen.describe(address)["reached_by"] == MAX_REMEMBERED
+
+
+def test_a_dial_back_goes_only_to_the_askers_own_host_within_its_bounds():
+    """DIAL_ME is taken from strangers (the node that needs it most is admitted nowhere), so what
+    it costs is bounded: the one host it came from, once per interval, a few in all."""
+    from p2pnode.discovery.dial_back import ANSWER_WITHIN_S, DIAL_BACK_RATE, DIAL_BACKS_BUSY, NO_SOURCE, DialBacks
+
+    backs = DialBacks(interval_s=60, max_dial_backs=2, asks=2, first_at=5, now=0)
+    assert backs.requested(None, 7000, 0) == (None, NO_SOURCE)  # nowhere to dial but a host it names: refused
+    assert backs.requested("198.51.100.7", 7000, 0) == ("tcp://198.51.100.7:7000", None)
+    assert backs.requested("198.51.100.7", 7001, 30) == (None, DIAL_BACK_RATE)  # one per host per interval
+    assert backs.requested("2001:db8::1", 7000, 30) == ("tcp://[2001:db8::1]:7000", None)
+    assert backs.requested("198.51.100.8", 7000, 31) == (None, DIAL_BACKS_BUSY)  # two in all per interval
+    assert backs.requested("198.51.100.8", 7000, 61) == ("tcp://198.51.100.8:7000", None)  # the first one aged out
+    assert backs.requested("198.51.100.7", 7000, 62) == (None, DIAL_BACKS_BUSY)
+    # Asking: not before `first_at`, `asks` targets, each its own nonce; again after twice the
+    # wait while nobody answered (a DIAL_ME sent before its connection was up is lost), then
+    # once per interval.
+    targets = ["tcp://198.51.100.1:7000", "tcp://198.51.100.2:7000", "tcp://198.51.100.3:7000"]
+    assert backs.due(4, targets, 7000, [10, 11]) == []
+    asks = backs.due(5, targets, 7000, [10, 11])
+    assert [(ask.address, ask.nonce, ask.port) for ask in asks] == [(targets[0], 10, 7000), (targets[1], 11, 7000)]
+    assert backs.due(6, targets, 7000, [12, 13]) == [] and backs.next_ask_at == 10
+    assert backs.answered(10, 6) and not backs.answered(10, 6)  # each nonce counts once
+    assert not backs.answered(99, 6)  # never asked
+    assert len(backs.due(10, targets, 7000, [12, 13])) == 2 and backs.next_ask_at == 70  # answered: each interval
+    assert not backs.answered(11, 5 + ANSWER_WITHIN_S + 1)  # too late
+
+
+def test_a_node_not_known_to_be_reachable_asks_to_be_dialled_back_and_learns_where_it_is_reached():
+    """Membership's side of it: asked while not public, the DIAL_ME's nonce answered by a DIALED
+    from each of two nodes at another address than the advertised one (a router's, forwarding the
+    port): `reachable_at` names it and the status says to advertise it. A stranger's DIAL_ME is a
+    DialBack to its own host; a DIALED nobody asked for is refused."""
+    import random
+
+    from p2pnode.discovery.actions import DialBack, Send
+    from p2pnode.discovery.dial_back import UNEXPECTED_DIALED
+    from p2pnode.discovery.peers import Membership
+    from p2pnode.discovery.settings import DiscoverySettings
+    from protocol import Decoder, Dialed, DialMe, Encoder, MessageType
+
+    from .conftest import fixed_identity
+
+    settings = DiscoverySettings(bootstrap=("tcp://198.51.100.1:7000", "tcp://198.51.100.2:7000"), dial_back_after_s=1)
+    advertised, forwarded = "tcp://10.0.0.5:7000", "tcp://203.0.113.5:7000"
+    node = Membership(fixed_identity(1).public_key, settings, rng=random.Random(0), now=0, advertised=advertised)
+    others = [Encoder(fixed_identity(2 + i), "sim") for i in range(3)]
+    decoder = Decoder("sim")
+
+    def envelope(sender: Encoder, body):
+        frame = sender.encode(body, seq=1, timestamp_us=1, round=0)
+        return decoder.decode(frame), frame
+
+    asked = [action for action in node.tick(1.5) if isinstance(action, Send) and isinstance(action.body, DialMe)]
+    assert [(ask.addresses, ask.body.port) for ask in asked] == [((address,), 7000) for address in settings.bootstrap]
+    for sender, ask in zip(others, asked, strict=False):
+        node.on_message(*envelope(sender, Dialed(nonce=ask.body.nonce, address=forwarded)), 2.0, 1)
+    seen = node.reachability.describe(advertised)
+    assert seen["reachable_at"] == [forwarded] and f"reached it at {forwarded}: advertise that" in seen["why"]
+    assert seen["state"] != "public"  # its advertised address is still reached by nobody
+    actions, refusal = node.on_message(*envelope(others[2], Dialed(nonce=1, address=forwarded)), 2.0, 1)
+    assert (actions, refusal) == ([], UNEXPECTED_DIALED)
+    ask = envelope(others[2], DialMe(nonce=7, port=7100))
+    assert ask[0].type is MessageType.DIAL_ME
+    actions, refusal = node.on_message(*ask, 2.0, 1, source="198.51.100.9")
+    assert actions == [DialBack("tcp://198.51.100.9:7100", others[2].identity.public_key, 7)] and refusal is None

@@ -3,6 +3,7 @@ daemon behind one says why it is not admitted. Needs root, `ip netns`, `iptables
 skipped with the reason where one is missing."""
 
 import re
+import signal
 import time
 
 import pytest
@@ -92,3 +93,31 @@ def test_an_open_connection_outlives_expired_mappings_unless_the_nat_is_symmetri
         server = lab.add("pub", "public")
         for site, survives in (("port-restricted", True), ("double", True), ("symmetric", False)):
             assert survives_flush(lab, lab.add(site[:4], site), server) is survives, site
+
+
+def test_a_daemon_behind_a_forwarding_router_is_dialled_back_at_the_routers_address_and_joins_there(tmp_path, capsys):
+    """A home router forwards the daemon's two ports, but the daemon advertises its inside
+    address: the bootstrap's challenge never reaches it, the bootstrap's dial-back at the host its
+    connection came from (the router's) does, and `doctor` says to advertise that. Told so, it is
+    admitted."""
+    with NatLab() as lab:
+        bootstrap, home = lab.add("bootstrap", "public"), lab.add("home", "port-restricted")
+        lab.forward(home, 7000, 7001)
+        cluster = cluster_on([bootstrap, home], tmp_path / "net", discovery={**DISCOVERY, "dial_back_after_s": 0.5})
+        spec = cluster.specs[1]
+        spec.settings["node"]["peer_listen"] = f"tcp://{home.address}:7001"
+        reached = f"tcp://{home.seen_from}:7000"
+        with cluster:
+            for each in cluster.specs:
+                cluster.start(each)
+            seen = wait_for(lambda: ((cluster.status(spec) or {}).get("reachability") or {}).get("dialled_back"), 30)
+            doctor = main(["doctor", "--config", str(spec.config_path)])
+            printed = capsys.readouterr().out
+            assert seen == {reached: 1} and doctor == 1  # one bootstrap: one of the two needed to be sure
+            assert f"reached it at {reached} (1 of the 2 needed to be sure): advertise that" in printed, printed
+            # As `doctor` says: advertise the router's address (its peers' port forwarded as well).
+            cluster.kill(spec, signal.SIGTERM, timeout=20)
+            spec.settings["node"].update(advertise=reached, peer_advertise_port=7001)
+            cluster.start(spec)
+            wait_for(lambda: [len((status or {}).get("peers", [])) for status in cluster.statuses()] == [1, 1], 30)
+            assert (cluster.status(spec) or {})["reachability"]["state"] != "private"

@@ -11,6 +11,7 @@ PURE = True  # no I/O and no clock: time comes in as arguments (tests/test_layer
 
 __all__ = [
     "Dial",
+    "DialBack",
     "DialPeers",
     "Hangup",
     "SendHello",
@@ -68,6 +69,16 @@ class DialPeers:
 
 
 @dataclass(frozen=True)
+class DialBack:
+    """Send DIALED(`nonce`, `address`) to `address`, where `key` is expected, on a connection of
+    its own that closes once the frame is out (dial_back.py): `key` asked to be dialled back."""
+
+    address: str
+    key: bytes
+    nonce: int
+
+
+@dataclass(frozen=True)
 class Admitted:
     """`key` proved itself with the frame numbered `seq`: trust it from there on (replay window)."""
 
@@ -95,7 +106,7 @@ class Unreachable:
     next_in_s: float
 
 
-Action = Dial | DialPeers | Hangup | SendHello | Send | Admitted | Evicted | Unreachable
+Action = Dial | DialPeers | DialBack | Hangup | SendHello | Send | Admitted | Evicted | Unreachable
 
 
 @dataclass(frozen=True)

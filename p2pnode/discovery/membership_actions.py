@@ -14,7 +14,7 @@ from protocol import Body, Hello, ReplayGuard, node_id
 
 from ..wire.transport import MissingKey, Transport, TransportError
 from ..wire.zap import PeerTransportKeys
-from .actions import Action, Admitted, Dial, DialPeers, Evicted, Hangup, Send, SendHello, Unreachable
+from .actions import Action, Admitted, Dial, DialBack, DialPeers, Evicted, Hangup, Send, SendHello, Unreachable
 from .peers import Membership
 from .reachability import PRIVATE, UNKNOWN
 
@@ -31,7 +31,8 @@ class MembershipActions:
     """Carries out a running node's `Membership` actions on its transport. `send(addresses,
     body)` signs and sends a body, returning how many addresses took it; `hello` is the node's
     own HELLO; `lowest_parked_seq(key)` is the gate's; `bootstrap_entries` numbers the
-    bootstrap addresses, whose dials are watched so that a wrong key is named as such."""
+    bootstrap addresses, whose dials are watched so that a wrong key is named as such;
+    `dial_back(address, key, nonce)` sends a DIALED on a connection of its own."""
 
     def __init__(
         self,
@@ -44,12 +45,14 @@ class MembershipActions:
         peer_keys: PeerTransportKeys,
         connections: Counter[str],
         bootstrap_entries: dict[str, int],
+        dial_back: Callable[[str, bytes, int], None],
     ) -> None:
         self.membership, self.transport, self.send, self.hello = membership, transport, send, hello
         self.guard, self.lowest_parked_seq, self.peer_keys = guard, lowest_parked_seq, peer_keys
         self.connections = connections  # Metrics.connections
         self.bootstrap_entries = bootstrap_entries
-        self._reachability_said = UNKNOWN  # the state last logged
+        self.dial_back = dial_back
+        self._reachability_said: tuple = (UNKNOWN, ())  # the state last logged, and where dial-backs got through
 
     def carry_out(self, actions: list[Action]) -> None:
         membership = self.membership
@@ -70,6 +73,8 @@ class MembershipActions:
                 self.carry_out(membership.hello_sent(action.address, sent, trio.current_time()))
             elif isinstance(action, Dial | DialPeers | Hangup):
                 self._connect(action)
+            elif isinstance(action, DialBack):
+                self.dial_back(action.address, action.key, action.nonce)
             else:
                 self._membership_changed(action)
         self._say_reachability()
@@ -77,9 +82,10 @@ class MembershipActions:
     def _say_reachability(self) -> None:
         """Log the node's reachability when it becomes known or changes (`status` shows it always)."""
         reachability = self.membership.reachability
-        if reachability.state == self._reachability_said:
+        now = (reachability.state, tuple(reachability.dialled_back.items()))
+        if now == self._reachability_said:
             return
-        self._reachability_said = reachability.state
+        self._reachability_said = now
         said = reachability.describe(self.hello.address)
         level = logging.WARNING if said["state"] == PRIVATE else logging.INFO
         log.log(level, "reachability: %s (%s)", said["state"], said["why"], extra={"reachability": said["state"]})

@@ -16,7 +16,8 @@ the other before anything later arrives on the same connection.
 
 Bounds against strangers with many keys (docs/security.md):
 - Until a key is admitted, it gets no replay window (the node trusts it only on `Admitted`),
-  its PEERS are not read, and its frames other than HELLO, PING and PONG are refused.
+  its PEERS are not read, and its frames other than HELLO, PING and PONG are refused, but for
+  a dial-back's request and answer (DIAL_ME, DIALED: dial_back.py, bounded there).
 - Verifications in flight are bounded overall (`max_dialing`), per informant (the peer that
   relayed the address, or the source subnet of strangers' own HELLOs: `dialing_per_informant`;
   strangers' HELLOs together take at most half of `max_dialing`) and per target subnet
@@ -54,6 +55,7 @@ from protocol import (
     MAX_RELAYED_HELLOS,
     PROTOCOL_VERSION,
     Bye,
+    DialMe,
     Envelope,
     MessageType,
     Peers,
@@ -62,14 +64,15 @@ from protocol import (
 )
 
 from ..metrics import UNKNOWN_PEER
-from .actions import Action, Admitted, DialPeers, Direct, Evicted, Hangup, Informant, Send, SendHello
+from .actions import Action, Admitted, DialBack, DialPeers, Direct, Evicted, Hangup, Informant, Send, SendHello
 from .admission import Room
+from .dial_back import UNEXPECTED_DIALED, DialBacks
 from .dialing import STRANGERS, Dialing, Dials
 from .passive import Passive
 from .peer import Peer
-from .reachability import Reachability
+from .reachability import PUBLIC, Reachability
 from .settings import DiscoverySettings
-from .subnets import Subnets
+from .subnets import Subnets, port_of
 
 PURE = True  # no I/O and no clock: time comes in as arguments (tests/test_layering.py checks)
 
@@ -89,8 +92,13 @@ def _addresses(peers) -> tuple[str, ...]:
 class Membership:
     """This node's discovery, as a state machine (module docstring): messages and time in, actions out."""
 
-    def __init__(self, own_key: bytes, settings: DiscoverySettings, *, rng: random.Random, now: float) -> None:
+    def __init__(
+        self, own_key: bytes, settings: DiscoverySettings, *, rng: random.Random, now: float, advertised: str = ""
+    ) -> None:
+        """`advertised`: the address this node's HELLO gives, which it asks to be dialled back at
+        while it is not known to be reachable there (dial_back.py); "": it never asks."""
         self.own_key = own_key
+        self.advertised = advertised
         self.settings = settings
         self.rng = rng
         self.peers: dict[bytes, Peer] = {}  # the active view; the parts below read it, only Membership changes it
@@ -100,6 +108,13 @@ class Membership:
         self.passive = Passive(own_key, settings, self.peers)  # key -> its latest signed HELLO (bounded)
         self.room = Room(settings, self.peers, self.dialing)
         self.reachability = Reachability(settings.reachability_confirmations)  # whose challenges reached us
+        self.dial_backs = DialBacks(
+            settings.dial_back_interval_s,
+            settings.max_dial_backs,
+            asks=settings.reachability_confirmations,
+            first_at=now + settings.dial_back_after_s,
+            now=now,
+        )
         self.own_hello: bytes | None = None
         # Strangers' latest direct HELLOs, kept for their PONG (least recently heard dropped).
         self._heard: OrderedDict[bytes, tuple[Envelope, bytes]] = OrderedDict()
@@ -141,6 +156,8 @@ class Membership:
             return self.on_ping(envelope.sender, body)
         if kind is MessageType.PONG:
             return self.on_pong(envelope, now), None
+        if kind in (MessageType.DIAL_ME, MessageType.DIALED):
+            return self.on_dial_back(envelope, now, source)
         if not is_peer:
             return [], UNKNOWN_PEER  # PEERS and BYE mean something only from a peer
         if kind is MessageType.PEERS:
@@ -267,6 +284,23 @@ class Membership:
             return []
         return self._admit(entry, *hello, seq=envelope.seq, now=now)
 
+    def on_dial_back(self, envelope: Envelope, now: float, source: str | None) -> tuple[list[Action], str | None]:
+        """DIAL_ME, from anyone (bounded: dial_back.py), over a connection from host `source`; or
+        DIALED, the answer to one of ours: its sender reached this node at the address it names."""
+        body = envelope.body
+        if envelope.type is MessageType.DIAL_ME:
+            address, declined = self.dial_backs.requested(source, body.port, now)
+            if declined is not None:  # a fair request, not now: counted, not refused as a bad frame
+                self.counts[declined] += 1
+                return [], None
+            self.counts["dial_backs"] += 1
+            return [DialBack(address, envelope.sender, body.nonce)], None
+        if not self.dial_backs.answered(body.nonce, now):
+            self.counts[UNEXPECTED_DIALED] += 1
+            return [], UNEXPECTED_DIALED
+        self.reachability.dialed_back(envelope.sender, body.address, advertised=body.address == self.advertised)
+        return [], None
+
     def hello_sent(self, address: str, ok: bool, now: float) -> list[Action]:
         """Outcome of a SendHello. A dropped HELLO is counted, and the node then sends nothing
         after it to that address in the same batch; the schedule is the dial's own."""
@@ -311,6 +345,8 @@ class Membership:
             due.append(now)  # alone: rejoin
         if self.passive and self.room.seeking():
             due.append(self.passive.earliest())
+        if self.advertised and self.reachability.state != PUBLIC:
+            due.append(self.dial_backs.next_ask_at)
         return max(now, min(due))
 
     def tick(self, now: float) -> list[Action]:
@@ -341,6 +377,12 @@ class Membership:
             if ready:
                 chosen = self.rng.sample(ready, min(self.settings.gossip_fanout, len(ready)))
                 actions.append(Send(_addresses(chosen), self._peers_body()))
+        if self.advertised and self.reachability.state != PUBLIC and now >= self.dial_backs.next_ask_at:
+            # Not known to be reachable where it says: the bootstrap entries and peers it reaches dial it back.
+            targets = list(dict.fromkeys([*self._bootstrap, *_addresses(ready)]))
+            nonces = [self.rng.randint(0, _U64) for _ in targets[: self.dial_backs.asks]]
+            for ask in self.dial_backs.due(now, targets, port_of(self.advertised), nonces):
+                actions.append(Send((ask.address,), DialMe(nonce=ask.nonce, port=ask.port)))
         return actions
 
     def goodbye(self) -> list[Action]:

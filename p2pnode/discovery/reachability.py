@@ -6,9 +6,13 @@ challenge there: a challenge that arrives is a peer that reached it. That is the
 says little about the rest of the network). The evidence for `private` is the other way round:
 a bootstrap node took this node's connection (its handshake succeeded), so this node's frames
 reach it, but never answered, and nobody has reached this node either: its answers go to an
-address it cannot reach (a NAT, a firewall). Anything else is `unknown`. The node only watches
-what admission does anyway; it asks no peer to dial it back, so it tests the address it
-advertises, not the one a router shows its peers.
+address it cannot reach (a NAT, a firewall). Anything else is `unknown`.
+
+While it is not `public`, the node also asks the nodes it reaches to dial it back at the host
+they see its connection come from (dial_back.py): a dial-back at its advertised address is the
+same evidence as a challenge; one at another address (a router's public one, where the router
+forwards the port) says where the node could be reached instead (`reachable_at`), which `status`,
+the log and `doctor` name.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ __all__ = ["PRIVATE", "PUBLIC", "UNKNOWN", "Reachability"]
 
 PUBLIC, PRIVATE, UNKNOWN = "public", "private", "unknown"
 MAX_REMEMBERED = 64  # keys and addresses kept, the oldest forgotten first: a stranger's keys cost nothing more
+MAX_ADDRESSES = 8  # addresses dialled back at that are kept (a node has one or two)
 
 
 class Reachability:
@@ -28,10 +33,32 @@ class Reachability:
         self.confirmations = confirmations
         self._reached_by: OrderedDict[bytes, None] = OrderedDict()  # keys whose challenge arrived here
         self._unanswered: OrderedDict[str, None] = OrderedDict()  # bootstraps that took our connection, no answer
+        self._dialled_at: OrderedDict[str, OrderedDict[bytes, None]] = OrderedDict()  # address → keys that dialled it
 
     def challenged(self, key: bytes) -> None:
         """`key`'s challenge arrived at this node's address."""
         _remember(self._reached_by, key)
+
+    def dialed_back(self, key: bytes, address: str, *, advertised: bool) -> None:
+        """`key` dialled this node back at `address` (its `advertised` one or not) and got through."""
+        if advertised:
+            self.challenged(key)
+        keys = self._dialled_at.get(address)
+        if keys is None:
+            keys = self._dialled_at[address] = OrderedDict()
+            while len(self._dialled_at) > MAX_ADDRESSES:
+                self._dialled_at.popitem(last=False)
+        _remember(keys, key)
+
+    @property
+    def dialled_back(self) -> dict[str, int]:
+        """How many nodes dialled this node back and got through, by the address they dialled."""
+        return {address: len(keys) for address, keys in self._dialled_at.items()}
+
+    @property
+    def reachable_at(self) -> list[str]:
+        """The addresses where `confirmations` nodes dialled this node back and got through."""
+        return [address for address, count in self.dialled_back.items() if count >= self.confirmations]
 
     def unanswered(self, address: str) -> None:
         """The bootstrap at `address` took this node's connection but never answered it."""
@@ -58,12 +85,22 @@ class Reachability:
             )
         else:
             why = f"{reached} of the {self.confirmations} peers needed reached it at {address} so far"
+        elsewhere = {other: count for other, count in self.dialled_back.items() if other != address}
+        if state != PUBLIC and elsewhere:
+            best, count = max(elsewhere.items(), key=lambda item: item[1])
+            sure = "" if count >= self.confirmations else f" ({count} of the {self.confirmations} needed to be sure)"
+            why += (
+                f"; but nodes that dialled it back reached it at {best}{sure}: advertise that "
+                "([node].advertise, and its peers' port forwarded too: [node].peer_advertise_port)"
+            )
         return {
             "state": state,
             "address": address,
             "reached_by": reached,
             "needed": self.confirmations,
             "unanswered_bootstraps": list(self._unanswered),
+            "dialled_back": self.dialled_back,
+            "reachable_at": self.reachable_at,
             "why": why,
         }
 

@@ -93,6 +93,22 @@ class DiscoverySettings(Section):
         "peers whose challenge must have reached this node at its advertised address before `status` "
         'calls it `public` (docs/daemon.md, "Reachability")',
     )
+    dial_back_after_s: float = option(
+        Number(0, 86400),
+        5.0,
+        "while not known to be reachable at its advertised address, a node asks its bootstrap entries "
+        "and peers to dial it back (DIAL_ME, docs/protocol.md) this long after it starts, then every "
+        'dial_back_interval_s (docs/daemon.md, "Reachability")',
+    )
+    dial_back_interval_s: float = option(
+        Number(1, 86400),
+        60.0,
+        "how often a node asks for dial-backs, and dials back one host at most (what it asks for: its "
+        "own host, at a port it names)",
+    )
+    max_dial_backs: int = option(
+        Integer(0, 4096), 16, "dial-backs a node gives in all per dial_back_interval_s, to any hosts; 0: none"
+    )
     max_peers_per_subnet: int = option(
         Integer(1, 4096), 16, "peers admitted from one subnet (/24 for IPv4, /64 for IPv6)"
     )

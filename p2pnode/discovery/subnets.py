@@ -14,6 +14,11 @@ def host_of(address: str) -> str:
     return address.removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
 
 
+def port_of(address: str) -> int:
+    """The port of a tcp:// address."""
+    return int(address.rsplit(":", 1)[1])
+
+
 class Subnets:
     """The subnet of a host (a /24 or /64, `subnet_of`), except in the networks `exempt` from the
     limits (`subnet_limits_exempt`)."""

@@ -55,6 +55,8 @@ HANDSHAKE_TYPES = frozenset(HANDSHAKE_KINDS)
 # What of it may come on the peers' socket, from a key being verified or a peer that dropped this
 # node unnoticed: a challenge and its answer (a HELLO always goes to the public socket).
 CHALLENGE_TYPES = frozenset({MessageType.PING, MessageType.PONG})
+# What may open a stranger's connection: a HELLO, or a dial-back, the one frame of its connection.
+FIRST_TYPES = frozenset({MessageType.HELLO, MessageType.DIALED})
 PARK = "park"  # Gate.admit's answer for a frame to hold until its key is admitted
 PARK_S = 2.0
 MAX_PARKED_BYTES = 16 << 20
@@ -203,7 +205,7 @@ class Gate:
     def _stranger_claim(self, connection: bytes, header: Header) -> str | None:
         link = self.stranger_links.get(connection)
         if link is None:
-            if header.type is not MessageType.HELLO and not self.is_peer(header.sender):
+            if header.type not in FIRST_TYPES and not self.is_peer(header.sender):
                 return HANDSHAKE_FIRST
             self._remember_stranger(connection, _Link(header.sender))
             return None

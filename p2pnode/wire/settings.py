@@ -10,7 +10,15 @@ from protocol import DEFAULT_LIMITS, Limits, MessageType
 from ..options import CheckContext, Flag, FrameSizes, Integer, ListOf, Number, PublicKey, Section, option
 
 # What a stranger may send (gate.py); the public socket must take the largest of them.
-HANDSHAKE_KINDS = (MessageType.HELLO, MessageType.PING, MessageType.PONG)
+# What a key that is not an admitted peer may send: a HELLO, a challenge and its answer; asking
+# for a dial-back and the dial-back itself (discovery/dial_back.py).
+HANDSHAKE_KINDS = (
+    MessageType.HELLO,
+    MessageType.PING,
+    MessageType.PONG,
+    MessageType.DIAL_ME,
+    MessageType.DIALED,
+)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -36,6 +36,7 @@ are not thread-safe.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -154,6 +155,7 @@ class Transport:
         # Tags of held frames (`send`: WAITING) sent, and given up, since `send_waiting` last told.
         self._waited_sent: list[object] = []
         self._given_up: list[object] = []
+        self._once: deque[tuple[float, zmq.Socket]] = deque()  # `send_once`'s sockets, oldest first
 
     def _context(self) -> zmq.Context:
         if self.context is None:
@@ -238,7 +240,9 @@ class Transport:
         entry.peers_address, entry.peers_up = peers_address, False
         entry.peers_redial.opened(time.monotonic())
 
-    def _connect(self, address: str, key: bytes | None) -> zmq.Socket:
+    def _connect(self, address: str, key: bytes | None, *, once: bool = False) -> zmq.Socket:
+        """A DEALER connecting to `address`; `once`: for one frame (`send_once`), queued before
+        the connection is up and never reconnected."""
         s = self.settings
         server_key = None
         if self.curve is not None:
@@ -250,9 +254,9 @@ class Transport:
                 raise TransportError(f"cannot dial {address}: {exc}") from None
         socket = self._context().socket(zmq.DEALER)
         socket.setsockopt(zmq.SNDHWM, s.send_hwm)
-        socket.setsockopt(zmq.IMMEDIATE, 1)
+        socket.setsockopt(zmq.IMMEDIATE, 0 if once else 1)
         socket.setsockopt(zmq.LINGER, s.linger_ms)
-        socket.setsockopt(zmq.RECONNECT_IVL, s.reconnect_ivl_ms)
+        socket.setsockopt(zmq.RECONNECT_IVL, -1 if once else s.reconnect_ivl_ms)
         socket.setsockopt(zmq.RECONNECT_IVL_MAX, s.reconnect_ivl_max_ms)
         socket.setsockopt(zmq.RCVHWM, 1)
         socket.setsockopt(zmq.MAXMSGSIZE, _OUTBOUND_MAX_INBOUND_BYTES)
@@ -267,6 +271,26 @@ class Transport:
             socket.close(linger=0)
             raise TransportError(f"cannot connect to {address}: {exc.strerror}") from None
         return socket
+
+    def send_once(self, address: str, key: bytes | None, frame: bytes, within_s: float) -> None:
+        """`frame` to `address` on a connection of its own: libzmq connects and sends it in the
+        background, and the socket is closed `within_s` later, the frame sent or not (a
+        dial-back: whether it gets there is what the other side learns). Queued before the
+        connection is up (IMMEDIATE=0), unlike every other outbound socket's frames; with CURVE,
+        only `key`'s holder can take it. Closing the node closes these at once."""
+        now = time.monotonic()
+        self.close_expired(now)
+        socket = self._connect(address, key, once=True)  # one try: a closed port is an answer too
+        try:
+            socket.send(frame, zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # cannot be: an empty queue takes one frame
+        self._once.append((now + within_s, socket))
+
+    def close_expired(self, now: float) -> None:
+        """Close `send_once`'s sockets whose time is up (the node calls this as it maintains)."""
+        while self._once and self._once[0][0] <= now:
+            self._once.popleft()[1].close(linger=0)
 
     def outbound_socket(self, address: str) -> zmq.Socket | None:
         """The socket frames for `address` go on first (its peers' socket once there is one),
@@ -366,7 +390,9 @@ class Transport:
             self._open_peers(entry, entry.peers_address)
 
     async def close(self) -> None:
-        """Close every socket; outbound frames already queued (a BYE) get up to linger_ms."""
+        """Close every socket; outbound frames already queued (a BYE) get up to linger_ms, but
+        a dial-back's (`send_once`), which is not worth waiting for."""
+        self.close_expired(math.inf)
         for address in list(self.outbound):
             entry = self.outbound.pop(address)
             if entry.monitor is not None:

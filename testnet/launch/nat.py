@@ -143,6 +143,19 @@ class NatLab:
             self._namespace("nat"), inside=f"10.{len(self.routers)}.0", random_ports=site == "symmetric"
         )
 
+    def forward(self, host: Host, *ports: int) -> None:
+        """Forward `ports` of `host`'s router's public address to `host` (a home router's port
+        forwarding: inbound connections to them get through). One NAT only, not a double one."""
+        if host.router is None or host.router in self._outer.values():
+            raise ValueError(f"{host.name} is not behind a NAT of its own that could forward ports")
+        for port in ports:
+            to = ("-p", "tcp", "--dport", str(port))
+            dnat = ("-j", "DNAT", "--to-destination", f"{host.address}:{port}")
+            self._run(host.router, "iptables", "-t", "nat", "-A", "PREROUTING", "-i", "out0", *to, *dnat)
+            self._run(
+                host.router, "iptables", "-I", "FORWARD", "1", "-i", "out0", "-d", host.address, *to, "-j", "ACCEPT"
+            )
+
     def flush(self, router: str | None = None) -> None:
         """Expire the NAT mappings of `router` (every router: None), as `conntrack -F` does."""
         for namespace in self.routers if router is None else [router]:
