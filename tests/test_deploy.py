@@ -51,7 +51,9 @@ def test_every_toml_block_of_the_walkthrough_loads(tmp_path):
     additions = [block for block in toml_blocks() if block not in hosts.values()]
     assert additions
     for index, block in enumerate(additions):
-        document = filled_in(hosts["a"], keys, tmp_path / f"add{index}" / "data") | tomllib.loads(block)
+        document = filled_in(hosts["a"], keys, tmp_path / f"add{index}" / "data")
+        for section, table in tomllib.loads(block).items():  # added to its sections, key by key
+            document[section] = {**document.get(section, {}), **table}
         config = load_config(install(document, tmp_path / f"add{index}", keys["a"]))
         for section, table in tomllib.loads(block).items():
             for key, value in table.items():
