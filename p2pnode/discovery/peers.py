@@ -298,7 +298,9 @@ class Membership:
         if not self.dial_backs.answered(body.nonce, now):
             self.counts[UNEXPECTED_DIALED] += 1
             return [], UNEXPECTED_DIALED
-        self.reachability.dialed_back(envelope.sender, body.address, advertised=body.address == self.advertised)
+        self.reachability.reached_by_dial_back(
+            envelope.sender, body.address, advertised=body.address == self.advertised
+        )
         return [], None
 
     def hello_sent(self, address: str, ok: bool, now: float) -> list[Action]:

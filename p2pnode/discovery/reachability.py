@@ -39,7 +39,7 @@ class Reachability:
         """`key`'s challenge arrived at this node's address."""
         _remember(self._reached_by, key)
 
-    def dialed_back(self, key: bytes, address: str, *, advertised: bool) -> None:
+    def reached_by_dial_back(self, key: bytes, address: str, *, advertised: bool) -> None:
         """`key` dialled this node back at `address` (its `advertised` one or not) and got through."""
         if advertised:
             self.challenged(key)
