@@ -48,6 +48,7 @@ from .discovery.beacon import run_beacon
 from .discovery.hello import capabilities, own_hello
 from .discovery.membership_actions import MembershipActions
 from .discovery.peers import Membership
+from .discovery.subnets import port_of
 from .files import describe_os_error
 from .learning.algorithm import LearningSetupError, build_algorithm
 from .learning.checkpoint import CHECKPOINT_NAME
@@ -241,7 +242,7 @@ class Node:
                     setting = "listen" if exc.socket == PUBLIC else "peer_listen"
                     raise NodeStartError(f"[node].{setting}: {exc}") from None
                 self.address = config.node.advertise or endpoint
-                self.peer_port = config.node.peer_advertise_port or int(peers_endpoint.rsplit(":", 1)[1])
+                self.peer_port = config.node.peer_advertise_port or port_of(peers_endpoint)
                 self._started_at = trio.current_time()
                 self._start_membership()
                 async with trio.open_nursery() as nursery:

@@ -18,13 +18,14 @@ the hosts remembered (`MAX_HOSTS`) and the nonces outstanding.
 
 from __future__ import annotations
 
-import ipaddress
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
+from .subnets import tcp_address
+
 PURE = True  # no I/O and no clock: time comes in as arguments (tests/test_layering.py checks)
 
-__all__ = ["Ask", "DialBacks", "NO_SOURCE", "DIAL_BACK_RATE", "DIAL_BACKS_BUSY", "UNEXPECTED_DIALED", "dial_address"]
+__all__ = ["Ask", "DialBacks", "NO_SOURCE", "DIAL_BACK_RATE", "DIAL_BACKS_BUSY", "UNEXPECTED_DIALED"]
 
 NO_SOURCE = "dial_back_no_source"  # the asker's host is unknown: there is nowhere to dial
 DIAL_BACK_RATE = "dial_back_rate"  # its host was dialled back less than an interval ago
@@ -41,11 +42,6 @@ class Ask:
     address: str
     nonce: int
     port: int
-
-
-def dial_address(host: str, port: int) -> str:
-    """The tcp:// address of `host` (an IPv4 or IPv6 address) at `port`."""
-    return f"tcp://[{host}]:{port}" if ipaddress.ip_address(host).version == 6 else f"tcp://{host}:{port}"
 
 
 class DialBacks:
@@ -68,7 +64,7 @@ class DialBacks:
         """Someone whose connection comes from host `source` asks to be dialled back at `port`:
         (the address to dial, None), or (None, why not)."""
         try:
-            address = dial_address(source, port) if source else None
+            address = tcp_address(source, port) if source else None
         except ValueError:
             address = None
         if address is None:

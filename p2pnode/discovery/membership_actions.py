@@ -82,10 +82,10 @@ class MembershipActions:
     def _say_reachability(self) -> None:
         """Log the node's reachability when it becomes known or changes (`status` shows it always)."""
         reachability = self.membership.reachability
-        now = (reachability.state, tuple(reachability.dialled_back.items()))
-        if now == self._reachability_said:
+        seen = (reachability.state, tuple(reachability.dialled_back.items()))
+        if seen == self._reachability_said:
             return
-        self._reachability_said = now
+        self._reachability_said = seen
         said = reachability.describe(self.hello.address)
         level = logging.WARNING if said["state"] == PRIVATE else logging.INFO
         log.log(level, "reachability: %s (%s)", said["state"], said["why"], extra={"reachability": said["state"]})

@@ -19,6 +19,11 @@ def port_of(address: str) -> int:
     return int(address.rsplit(":", 1)[1])
 
 
+def tcp_address(host: str, port: int) -> str:
+    """The tcp:// address of `host` (an IPv4 or IPv6 address: ValueError otherwise) at `port`."""
+    return f"tcp://[{host}]:{port}" if ipaddress.ip_address(host).version == 6 else f"tcp://{host}:{port}"
+
+
 class Subnets:
     """The subnet of a host (a /24 or /64, `subnet_of`), except in the networks `exempt` from the
     limits (`subnet_limits_exempt`)."""

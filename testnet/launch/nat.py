@@ -268,32 +268,39 @@ def observed(
 ) -> tuple[str, int] | None:
     """The address and port `target` sees a TCP connection from `source` (from `source_port`,
     0: any) come from, or None if it never arrives: a listener on `target` for the one try."""
-    listener = subprocess.Popen(
-        [*target.prefix, sys.executable, "-I", "-S", "-c", _LISTEN, target.address, str(port), str(timeout_s + 2)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    listener = _start(target, _LISTEN, target.address, port, timeout_s + 2)
     try:
-        assert listener.stdout is not None and listener.stdout.readline().strip() == "listening"
-        connect = [
-            *source.prefix,
-            sys.executable,
-            "-I",
-            "-S",
-            "-c",
-            _CONNECT,
-            target.address,
-            str(port),
-            str(timeout_s),
-        ]
-        if subprocess.run([*connect, str(source_port)], capture_output=True, timeout=timeout_s + 5).returncode:
+        assert listener.stdout.readline().strip() == "listening"
+        connect = _command(source, _CONNECT, target.address, port, timeout_s, source_port)
+        if subprocess.run(connect, capture_output=True, timeout=timeout_s + 5).returncode:
             return None  # refused or timed out: nothing reached the listener
         seen = listener.stdout.readline().split()
         return (seen[0], int(seen[1])) if len(seen) == 2 else None
     finally:
-        listener.kill()
-        listener.wait()
-        listener.stdout.close()
+        _stop(listener)
+
+
+def _command(host: Host, script: str, *args: object) -> list[str]:
+    """Run the Python `script` on `host` with `args` (a probe: the testbed's, not p2pnode's)."""
+    return [*host.prefix, sys.executable, "-I", "-S", "-c", script, *map(str, args)]
+
+
+def _start(host: Host, script: str, *args: object, stdin: bool = False) -> subprocess.Popen:
+    """`script` started on `host`, its output (and with `stdin`, its input) lines of text."""
+    return subprocess.Popen(
+        _command(host, script, *args),
+        stdin=subprocess.PIPE if stdin else None,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _stop(process: subprocess.Popen) -> None:
+    process.kill()
+    process.wait()
+    for stream in (process.stdin, process.stdout):
+        if stream is not None:
+            stream.close()
 
 
 _LISTEN = """
@@ -318,17 +325,10 @@ def simultaneous_open(a: Host, b: Host, port: int = 41000, timeout_s: float = 6.
     """Hole punching, as libp2p's DCUtR does it over TCP: `a` and `b` both connect from `port` to
     the other's `seen_from` at `port` at once, for `timeout_s` (a first SYN that reaches the
     other's router before that router has seen its own host's goes unanswered, and the kernel
-    sends it again), and it works if one connection carries a byte each way. Each assumes the other keeps its port
-    through its NAT, which a symmetric NAT does not: no exchange of addresses could tell it the
-    port to aim at (a probe of the testbed, not of p2pnode)."""
-    tries = [
-        subprocess.Popen(
-            [*host.prefix, sys.executable, "-I", "-S", "-c", _PUNCH, str(port), peer.seen_from, str(timeout_s)],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for host, peer in ((a, b), (b, a))
-    ]
+    sends it again), and it works if one connection carries a byte each way. Each assumes the
+    other keeps its port through its NAT, which a symmetric NAT does not: no exchange of
+    addresses could tell it the port to aim at (a probe of the testbed, not of p2pnode)."""
+    tries = [_start(host, _PUNCH, port, peer.seen_from, timeout_s) for host, peer in ((a, b), (b, a))]
     said = [punch.communicate(timeout=timeout_s + 10)[0].strip() for punch in tries]
     return said == ["ok", "ok"]
 
@@ -357,20 +357,10 @@ def survives_flush(lab: NatLab, inside: Host, server: Host, port: int = 9100) ->
     each way after `lab.flush()` expired every mapping, `inside` sending first (as a peer's
     keep-alive would): a router that keeps ports maps it again as it was; one that draws a new
     port per connection shows the server a stranger, which resets it (a probe of the testbed)."""
-    echo = subprocess.Popen(
-        [*server.prefix, sys.executable, "-I", "-S", "-c", _ECHO, server.address, str(port)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    client = subprocess.Popen(
-        [*inside.prefix, sys.executable, "-I", "-S", "-c", _PINGS, server.address, str(port)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    echo = _start(server, _ECHO, server.address, port)
+    client = _start(inside, _PINGS, server.address, port, stdin=True)
     try:
-        assert echo.stdout is not None and echo.stdout.readline().strip() == "listening"
-        assert client.stdin is not None and client.stdout is not None
+        assert echo.stdout.readline().strip() == "listening"
 
         def exchange() -> bool:
             client.stdin.write("go\n")
@@ -382,12 +372,8 @@ def survives_flush(lab: NatLab, inside: Host, server: Host, port: int = 9100) ->
         lab.flush()
         return exchange()
     finally:
-        for process in (client, echo):
-            process.kill()
-            process.wait()
-            for stream in (process.stdin, process.stdout):
-                if stream is not None:
-                    stream.close()
+        _stop(client)
+        _stop(echo)
 
 
 _ECHO = """

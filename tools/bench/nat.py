@@ -85,14 +85,13 @@ def _punches(hosts: list) -> list[dict]:
     site share a router here, whose inside reaches itself anyway)."""
     from testnet.launch.nat import simultaneous_open
 
-    by_site: dict[str, list] = {}
-    for host in hosts[1:]:  # not the bootstrap: public1 and public2 stand for public
-        by_site.setdefault(host.site, []).append(host)
-    pairs = list(itertools.combinations(by_site, 2))
+    first: dict[str, object] = {}
+    for host in hosts[1:]:  # not the bootstrap: public1 stands for public
+        first.setdefault(host.site, host)
     rows = []
-    for a, b in pairs:
+    for a, b in itertools.combinations(first, 2):
         started = time.monotonic()
-        ok = simultaneous_open(by_site[a][0], by_site[b][0], timeout_s=PUNCH_TIMEOUT_S)
+        ok = simultaneous_open(first[a], first[b], timeout_s=PUNCH_TIMEOUT_S)
         rows.append({"sites": [a, b], "ok": ok, "seconds": round(time.monotonic() - started, 1)})
     return rows
 
