@@ -358,9 +358,10 @@ def survives_flush(lab: NatLab, inside: Host, server: Host, port: int = 9100) ->
     keep-alive would): a router that keeps ports maps it again as it was; one that draws a new
     port per connection shows the server a stranger, which resets it (a probe of the testbed)."""
     echo = _start(server, _ECHO, server.address, port)
-    client = _start(inside, _PINGS, server.address, port, stdin=True)
+    client = None
     try:
         assert echo.stdout.readline().strip() == "listening"
+        client = _start(inside, _PINGS, server.address, port, stdin=True)  # it connects at once
 
         def exchange() -> bool:
             client.stdin.write("go\n")
@@ -372,7 +373,8 @@ def survives_flush(lab: NatLab, inside: Host, server: Host, port: int = 9100) ->
         lab.flush()
         return exchange()
     finally:
-        _stop(client)
+        if client is not None:
+            _stop(client)
         _stop(echo)
 
 
