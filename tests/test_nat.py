@@ -4,7 +4,10 @@ skipped with the reason where one is missing."""
 
 import re
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +18,8 @@ from testnet.launch.nat import NatLab, cluster_on, missing, observed, simultaneo
 from .helpers import wait_for
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=f"the NAT testbed {missing()}")
+
+ROUTED_PEER = Path(__file__).with_name("routed_peer.py")
 
 
 def test_each_site_is_reachable_as_its_nat_allows_and_maps_ports_as_its_kind_does():
@@ -121,3 +126,51 @@ def test_a_daemon_behind_a_forwarding_router_is_dialled_back_at_the_routers_addr
             cluster.start(spec)
             wait_for(lambda: [len((status or {}).get("peers", [])) for status in cluster.statuses()] == [1, 1], 30)
             assert (cluster.status(spec) or {})["reachability"]["state"] != "private"
+
+
+def test_a_node_behind_any_nat_is_answered_over_the_connection_it_dialled_even_after_its_router_forgets_it():
+    """The ground client mode stands on (issue #46): a client ingress behind each kind of NAT
+    dials a public node's peers' socket, and the public node answers over that connection, which
+    no dial from outside could open. After `conntrack -F` on every router the inside sends first
+    (as keep-alives will): through a router that keeps ports the same connection carries on;
+    behind a symmetric NAT the public node resets the stranger's packet and libzmq dials again,
+    so the answers resume within seconds, there over a new connection."""
+    with NatLab() as lab:
+        server = lab.add("pub", "public")
+        serving = subprocess.Popen(
+            [*server.prefix, sys.executable, str(ROUTED_PEER), "serve", f"tcp://{server.address}:9200"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        dialling = []
+        try:
+            assert serving.stdout.readline().strip() == "listening"
+            for site in ("port-restricted", "symmetric", "double"):
+                host = lab.add(site[:4], site)
+                command = [*host.prefix, sys.executable, str(ROUTED_PEER), "dial", f"tcp://{server.address}:9200"]
+                dialling.append(
+                    (site, subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+                )
+
+            def answered(process: subprocess.Popen, tries: int) -> int | None:
+                """The first of `tries` pings answered (each waits 2 s), or None."""
+                for number in range(tries):
+                    process.stdin.write(f"go {number}\n")
+                    process.stdin.flush()
+                    if process.stdout.readline().strip() == "ok":
+                        return number
+                return None
+
+            for site, process in dialling:
+                assert answered(process, 5) is not None, site
+            lab.flush()
+            after = {site: answered(process, 5) for site, process in dialling}
+            assert after["port-restricted"] == 0 and after["double"] == 0, after
+            assert after["symmetric"] is not None, after
+        finally:
+            for process in (*(process for _, process in dialling), serving):
+                process.kill()
+                process.wait()
+                for stream in (process.stdin, process.stdout):
+                    if stream is not None:
+                        stream.close()

@@ -113,6 +113,14 @@ class TransportSettings(Section):
     send_hwm: int = option(
         Integer(1, 1_000_000), 100, "frames queued per outbound peer socket; beyond it sends are dropped and counted"
     )
+    max_routed_send_bytes: int = option(
+        Integer(1 << 16, 1 << 40),
+        256 << 20,
+        "bytes an inbound socket's process may hold to send over the connections it holds: replies "
+        "to nodes behind a NAT, which cannot be dialled back (and a client-mode node's own frames); "
+        "beyond it frames are dropped and counted (`routed_send_over_bytes`). The public socket "
+        "holds no more than `max_public_buffered_bytes`",
+    )
     recv_hwm: int = option(
         Integer(1, 1_000_000), 1000, "frames queued per connection on the peers' socket before ZeroMQ pushes back"
     )

@@ -29,6 +29,7 @@ __all__ = [
     "PEERS_DOMAIN",
     "PUBLIC",
     "PEERS",
+    "CLIENT",
     "DOMAINS",
     "FAILED_EVENTS",
 ]
@@ -37,7 +38,8 @@ ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # fixed by the ZAP specification (RFC 2
 ZAP_DOMAIN = b"p2pnode"  # the public socket
 PEERS_DOMAIN = b"p2pnode-peers"  # the peers' socket: with CURVE, admitted peers' keys only
 PUBLIC, PEERS = "public", "peers"  # the inbound sockets (inbound/supervisor.py)
-DOMAINS = {PUBLIC: ZAP_DOMAIN, PEERS: PEERS_DOMAIN}
+CLIENT = "client"  # a node that cannot be dialled: its ROUTER dials out (inbound/process.py)
+DOMAINS = {PUBLIC: ZAP_DOMAIN, PEERS: PEERS_DOMAIN, CLIENT: None}  # a client's dials ask no ZAP handler
 MONITOR_QUEUE = 10_000  # monitor events held for the handler before libzmq's I/O thread waits
 _MONITOR_HEADER = struct.Struct("=hi")  # a monitor message's first frame: event id, value (libzmq)
 FAILED_EVENTS = {
@@ -50,6 +52,7 @@ _FAILED_MASK = (
 )
 _EVENTS = (
     zmq.EVENT_ACCEPTED
+    | zmq.EVENT_CONNECTED
     | zmq.EVENT_DISCONNECTED
     | zmq.EVENT_HANDSHAKE_SUCCEEDED
     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
@@ -94,9 +97,10 @@ def open_zap(context: zmq.Context) -> zmq.Socket:
 _MONITOR_NUMBERS = itertools.count()  # of the inproc endpoints monitors publish on, one per monitor
 
 
-def watch(context: zmq.Context, router: zmq.Socket, domain: bytes) -> zmq.Socket:
-    """Before `router` binds: its ZAP domain, and a monitor of its connections."""
-    router.setsockopt(zmq.ZAP_DOMAIN, domain)
+def watch(context: zmq.Context, router: zmq.Socket, domain: bytes | None) -> zmq.Socket:
+    """Before `router` binds: its ZAP domain (None: none), and a monitor of its connections."""
+    if domain is not None:
+        router.setsockopt(zmq.ZAP_DOMAIN, domain)
     endpoint = f"inproc://p2pnode.monitor.{next(_MONITOR_NUMBERS)}"
     router.monitor(endpoint, _EVENTS)
     monitor = context.socket(zmq.PAIR)

@@ -7,7 +7,9 @@ zmq-anyio (see BENCHMARKS.md): this adapter moves 20 KB frames as fast as blocki
 (0.9-1.3x), zmq-anyio at 0.1x.
 
 One task at a time may wait on a given socket (trio refuses two waiters on one descriptor);
-the transport keeps it so: one receiving task, and sends that never wait.
+the transport keeps it so: one receiving task, and sends that never wait. A send on a socket
+another task is reading can consume the edge that task waits for: whoever sends there calls
+`Wakeup.wake` after it, and the reader looks at ZMQ_EVENTS again.
 """
 
 from __future__ import annotations
@@ -17,16 +19,33 @@ from collections.abc import Awaitable, Callable
 import trio
 import zmq
 
-__all__ = ["wait_for", "receive_batch", "receive_routed", "send_waiting"]
+__all__ = ["wait_for", "receive_batch", "receive_routed", "send_waiting", "Wakeup"]
 
 Ready = Callable[[], Awaitable[None]]
 
 
-async def wait_for(socket: zmq.Socket, event: int) -> None:
+class Wakeup:
+    """Lets a task that used a socket make the task waiting on it look again (the module's
+    docstring)."""
+
+    def __init__(self) -> None:
+        self._waiting: trio.CancelScope | None = None
+
+    def wake(self) -> None:
+        if self._waiting is not None:
+            self._waiting.cancel()
+
+    async def wait_readable(self, fd: int) -> None:
+        with trio.CancelScope() as self._waiting:
+            await trio.lowlevel.wait_readable(fd)
+        self._waiting = None
+
+
+async def wait_for(socket: zmq.Socket, event: int, wakeup: Wakeup | None = None) -> None:
     """Return once `event` (zmq.POLLIN or zmq.POLLOUT) is possible on `socket`."""
     fd = socket.getsockopt(zmq.FD)
     while not socket.getsockopt(zmq.EVENTS) & event:
-        await trio.lowlevel.wait_readable(fd)
+        await (trio.lowlevel.wait_readable(fd) if wakeup is None else wakeup.wait_readable(fd))
 
 
 async def receive_batch(
@@ -42,7 +61,12 @@ async def receive_batch(
 
 
 async def receive_routed(
-    socket: zmq.Socket, max_messages: int, max_bytes: int = 1 << 62, *, before_read: Ready | None = None
+    socket: zmq.Socket,
+    max_messages: int,
+    max_bytes: int = 1 << 62,
+    *,
+    before_read: Ready | None = None,
+    wakeup: Wakeup | None = None,
 ) -> list[list]:
     """`receive_batch` for a ROUTER, at a third of the cost per message: each message is [routing
     id (bytes), frame (zmq.Frame: its buffer and its connection's metadata), further parts
@@ -51,8 +75,8 @@ async def receive_routed(
     and the frame's own `more` flag; in a flood of small frames that was most of the event
     loop's cost of refusing one (BENCHMARKS.md, "Hostile peers"). `before_read` is awaited
     before each attempt to read, after any wait (inbound/process.py tells the node of resets
-    then)."""
-    return await _batch(socket, lambda: _routed(socket), max_messages, max_bytes, before_read)
+    then); `wakeup`: the socket is also sent on (`Wakeup`)."""
+    return await _batch(socket, lambda: _routed(socket), max_messages, max_bytes, before_read, wakeup)
 
 
 def _routed(socket: zmq.Socket) -> list:
@@ -66,7 +90,12 @@ def _routed(socket: zmq.Socket) -> list:
 
 
 async def _batch(
-    socket: zmq.Socket, read: Callable[[], list], max_messages: int, max_bytes: int, before_read: Ready | None = None
+    socket: zmq.Socket,
+    read: Callable[[], list],
+    max_messages: int,
+    max_bytes: int,
+    before_read: Ready | None = None,
+    wakeup: Wakeup | None = None,
 ) -> list[list]:
     while True:
         if before_read is not None:
@@ -83,7 +112,7 @@ async def _batch(
         if batch:
             await trio.lowlevel.checkpoint()  # a busy socket must not starve other tasks
             return batch
-        await wait_for(socket, zmq.POLLIN)
+        await wait_for(socket, zmq.POLLIN, wakeup)
 
 
 async def send_waiting(socket: zmq.Socket, frame: bytes) -> None:

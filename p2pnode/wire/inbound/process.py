@@ -6,7 +6,7 @@ the node, never by hand:
 
 starts the node's fork server (`main`: p2pnode/forkserver.py `serve`, with what an ingress process
 needs imported), which forks one ingress process per socket, and again when one ends. Each
-ingress process gets two descriptors, each one end of a socket pair (pipes.py) whose other end
+ingress process gets three descriptors, each one end of a socket pair (pipes.py) whose other end
 the node holds:
 - control: first the node's setup (endpoint, socket settings, CURVE keys), answered with the
   endpoint bound or why not; then, this way, each connection event, each connection reset by
@@ -16,6 +16,13 @@ the node holds:
 - frames: the node asks for a batch ([max messages, max bytes]) and gets what the ROUTER had,
   up to that; nothing is read from the ROUTER unless the node asked for it, so the node's
   pacing (gate.py) still decides how fast strangers are read, and ZeroMQ still pushes back.
+- outbound: what the node does with the ROUTER's connections, in order: ["send", routing id,
+  frame] (sends.py), and a client ingress's ["connect", endpoint, routing id, server key] and
+  ["disconnect", endpoint].
+
+A client ingress (issue #46: a node nobody can dial) binds nothing: its ROUTER connects to the
+nodes the node dials, each connection named by a routing id the node chose, and reads and
+sends there as above.
 
 The process ends when the node closes the control pipe (or dies), and aborts with libzmq.
 It imports neither torch nor the node: it starts in a fraction of a second.
@@ -46,10 +53,11 @@ from ..zmqsetup import (
     unwatch,
     watch,
 )
-from ..zmqtrio import receive_batch, receive_routed
+from ..zmqtrio import Wakeup, receive_batch, receive_routed
 from .buffers import PER_CONNECTION_BYTES, GrowthAlarm, watch_buffers
 from .pipes import MessagePipe, PipeError
 from .resets import ResetWatch
+from .sends import OUTBOUND_SLACK, RoutedSends
 from .silence import HANDSHAKE_BYTES, SilentConnections
 
 log = logging.getLogger("p2pnode.ingress")
@@ -76,12 +84,15 @@ class _ForwardLogs(logging.Handler):
 class InboundRouter:
     """One inbound ROUTER, as the node set it up (supervisor.py `Ingress._setup`)."""
 
-    def __init__(self, setup: dict, control: MessagePipe, frames: MessagePipe) -> None:
-        self.setup, self.control, self.frames = setup, control, frames
+    def __init__(self, setup: dict, control: MessagePipe, frames: MessagePipe, outbound: MessagePipe) -> None:
+        self.setup, self.control, self.frames, self.outbound = setup, control, frames, outbound
         self.name = setup["name"]  # PUBLIC or PEERS
         self.context = zmq.Context(io_threads=1)
         self.router: zmq.Socket | None = None
         self.monitor: zmq.Socket | None = None
+        self.routed: RoutedSends | None = None  # set once bound
+        self.dialled: dict[str, bytes] = {}  # a client's: endpoint -> its connection's routing id
+        self.wakeup = Wakeup()  # the reader, after a send (zmqtrio.py)
         self.zap = open_zap(self.context)
         self.tcp: dict[int, tuple] = {}  # live connections: descriptor -> remote end (buffers.py)
         self.counts: Counter[str] = Counter()
@@ -94,31 +105,59 @@ class InboundRouter:
         self.resets_told = [0, 0]  # resets queued for the node, and sent
 
     def bind(self) -> dict:
-        """The ROUTER bound: {"endpoint": ...}, or {"error": ...}."""
+        """The ROUTER bound: {"endpoint": ...}, or {"error": ...}; a client ingress's binds
+        nothing ({"endpoint": None})."""
         router = self.context.socket(zmq.ROUTER)
         for option, value in (
             (zmq.MAXMSGSIZE, self.setup["max_message_bytes"]),
             (zmq.RCVHWM, self.setup["recv_hwm"]),
-            (zmq.SNDHWM, 1),  # never sends
-            (zmq.ROUTER_MANDATORY, 1),  # were it to send, unknown peers raise, not vanish
+            (zmq.SNDHWM, self.setup["send_hwm"]),
+            (zmq.ROUTER_MANDATORY, 1),  # a frame for a connection that is gone raises, not vanishes
             (zmq.LINGER, 0),
         ):
             router.setsockopt(option, value)
         set_liveness(router, self.setup["handshake_ivl_ms"], self.setup["keepalive_s"])
+        endpoint = self.setup["endpoint"]
         if self.setup["curve"] is not None:
             secret, public = self.setup["curve"]
-            router.setsockopt(zmq.CURVE_SERVER, 1)
+            router.setsockopt(zmq.CURVE_SERVER, int(endpoint is not None))  # a client's: each connect names the server
             router.setsockopt(zmq.CURVE_SECRETKEY, secret)
             router.setsockopt(zmq.CURVE_PUBLICKEY, public)
         monitor = watch(self.context, router, DOMAINS[self.name])
         try:
-            router.bind(self.setup["endpoint"])
+            if endpoint is not None:
+                router.bind(endpoint)
         except zmq.ZMQError as exc:
             unwatch(router, monitor)
             router.close(linger=0)
-            return {"error": f"cannot bind {self.setup['endpoint']}: {exc.strerror}"}
+            return {"error": f"cannot bind {endpoint}: {exc.strerror}"}
         self.router, self.monitor = router, monitor
-        return {"endpoint": router.getsockopt_string(zmq.LAST_ENDPOINT)}
+        self.routed = RoutedSends(router, self.setup["max_routed_send_bytes"], self.counts)
+        return {"endpoint": None if endpoint is None else router.getsockopt_string(zmq.LAST_ENDPOINT)}
+
+    def connect(self, endpoint: str, routing_id: bytes, server_key: bytes | None) -> None:
+        """A client ingress dials `endpoint` (with CURVE, where `server_key` is expected), and
+        names the connection `routing_id`; libzmq reconnects it as it does a DEALER's."""
+        if self.dialled.get(endpoint) == routing_id:
+            return  # dialled already (the node's dials are replayed to every new process)
+        if endpoint in self.dialled:
+            self.disconnect(endpoint)
+        try:
+            self.router.setsockopt(zmq.CONNECT_ROUTING_ID, routing_id)
+            if server_key is not None:
+                self.router.setsockopt(zmq.CURVE_SERVERKEY, server_key)
+            self.router.connect(endpoint)
+            self.dialled[endpoint] = routing_id
+        except zmq.ZMQError as exc:  # e.g. a host name that does not resolve, or a routing id in use
+            self.counts["connect_failed"] += 1
+            log.warning("cannot connect to %s: %s", endpoint, exc.strerror)
+
+    def disconnect(self, endpoint: str) -> None:
+        self.dialled.pop(endpoint, None)
+        try:
+            self.router.disconnect(endpoint)
+        except zmq.ZMQError:
+            pass  # not connected: nothing to undo
 
     async def run(self) -> None:
         token = trio.lowlevel.current_trio_token()
@@ -163,6 +202,7 @@ class InboundRouter:
             nursery.start_soon(self._follow)
             nursery.start_soon(self._report_resets)
             nursery.start_soon(self._serve)
+            nursery.start_soon(self._act, nursery.cancel_scope)
 
     async def _send_outbox(self) -> None:
         try:
@@ -184,12 +224,28 @@ class InboundRouter:
         except PipeError:
             done.cancel()
 
+    async def _act(self, done: trio.CancelScope) -> None:
+        """The node's frames for the ROUTER's connections (sends.py), and a client's dials."""
+        while True:
+            try:
+                kind, *args = await self.outbound.receive()
+            except PipeError:
+                done.cancel()  # the node is going, or sent what it must not: this process ends
+                return
+            if kind == "send":
+                self.routed.send(*args)
+                self.wakeup.wake()
+            elif kind == "connect":
+                self.connect(*args)
+            elif kind == "disconnect":
+                self.disconnect(*args)
+
     async def _event(self, parts: list[bytes]) -> None:
         """Waits while the node does not take events: the monitor's queue then fills and
         libzmq's I/O thread waits too, so no event is ever dropped (zap.py)."""
         event, fd = monitor_event(parts)
         address = None
-        if event == zmq.EVENT_ACCEPTED:
+        if event in (zmq.EVENT_ACCEPTED, zmq.EVENT_CONNECTED):  # CONNECTED: a client ingress's dial
             peer = remote_peer(fd)
             if peer is not None:
                 self.tcp[fd] = peer
@@ -232,7 +288,9 @@ class InboundRouter:
                 return  # the node is going: the control pipe ends this process
             relayed = []
             # Resets are told before each read that could let libzmq abort on one, and after it.
-            routed = await receive_routed(self.router, max_messages, max_bytes, before_read=self._tell_resets)
+            routed = await receive_routed(
+                self.router, max_messages, max_bytes, before_read=self._tell_resets, wakeup=self.wakeup
+            )
             await self._tell_resets()
             for routing_id, frame, *more in routed:
                 sizes = [len(part) for part in more]  # a peer never sends more parts: the node refuses them
@@ -245,8 +303,9 @@ class InboundRouter:
                 return
 
     def _user_id(self, frame: zmq.Frame) -> str | None:
-        """The CURVE key (hex) the frame's connection was authenticated with (zap.py)."""
-        return frame.get("User-Id") if self.setup["curve"] is not None else None
+        """The CURVE key (hex) the frame's connection was authenticated with (zap.py). A client's
+        connections asked no ZAP handler: the node knows the server key each one dialled."""
+        return frame.get("User-Id") if self.setup["curve"] is not None and self.setup["endpoint"] is not None else None
 
     async def _forward_counts(self) -> None:
         while True:
@@ -314,13 +373,14 @@ class DataLimit:
             resource.setrlimit(resource.RLIMIT_DATA, (limit, resource.getrlimit(resource.RLIMIT_DATA)[1]))
 
 
-async def _main(control_fd: int, frames_fd: int) -> None:
+async def _main(control_fd: int, frames_fd: int, outbound_fd: int) -> None:
     control = MessagePipe(socket.socket(fileno=control_fd), CONTROL_MAX_BYTES)
     try:
         setup = await control.receive()
     except PipeError:
         return  # the node went before it said what to bind
-    ingress = InboundRouter(setup, control, MessagePipe(socket.socket(fileno=frames_fd), 1 << 10))
+    outbound = MessagePipe(socket.socket(fileno=outbound_fd), setup["max_message_bytes"] + OUTBOUND_SLACK)
+    ingress = InboundRouter(setup, control, MessagePipe(socket.socket(fileno=frames_fd), 1 << 10), outbound)
     root = logging.getLogger("p2pnode")
     root.handlers[:] = [_ForwardLogs(ingress.outbox)]
     root.setLevel(setup["log_level"])
@@ -334,10 +394,10 @@ async def _main(control_fd: int, frames_fd: int) -> None:
         ingress.close()
 
 
-def run_ingress(control_fd: int, frames_fd: int) -> int:
+def run_ingress(control_fd: int, frames_fd: int, outbound_fd: int) -> int:
     """One ingress process's life, in a child the fork server forked; its exit code."""
     try:
-        trio.run(_main, control_fd, frames_fd)
+        trio.run(_main, control_fd, frames_fd, outbound_fd)
     except BaseException as exc:
         # Past `DataLimit` in Python rather than in libzmq (which aborts): said by the exit
         # code, so that the node counts it as what it is, an attack (supervisor.py).
@@ -349,7 +409,7 @@ def run_ingress(control_fd: int, frames_fd: int) -> int:
 
 
 def _ingress_child(request: dict, fds: list[int]) -> int:
-    """A forked child: the ingress process on its two pipe ends (control, frames)."""
+    """A forked child: the ingress process on its three pipe ends (control, frames, outbound)."""
     return run_ingress(*fds)
 
 

@@ -43,6 +43,7 @@ from ..settings import TransportSettings
 from ..transport import CURVE_SLACK, TransportError
 from ..zap import PUBLIC, Connections
 from .pipes import MessagePipe, PipeError, socket_pair
+from .sends import OUTBOUND_SLACK, SEND_GONE
 
 __all__ = ["Ingress", "BindError", "RelayedFrame", "PROCESS_MODULE", "ingress_fork_server"]
 
@@ -105,18 +106,26 @@ class _Part:
         return self.size
 
 
+# Counted, beside sends.py's: the node queued `send_hwm` frames for the process already; a frame
+# over the socket's frame bound.
+SEND_QUEUE_FULL, SEND_TOO_LARGE = "routed_send_queue_full", "routed_send_too_large"
+
+
 @dataclass
 class _Child:
     pid: int
     control: MessagePipe
     frames: MessagePipe
+    outbound: MessagePipe
     generation: int = 0  # set when it binds
     gone: trio.Event = field(default_factory=trio.Event)
 
 
 class Ingress:
     """One inbound socket (PUBLIC or PEERS), in its process: `start` binds, `supervise` keeps it
-    up, `receive` takes frames, `close` ends it."""
+    up, `receive` takes frames, `reply` sends over a connection a frame came on, `close` ends
+    it. CLIENT, a node nobody can dial (issue #46), binds nothing: `connect` dials, and `send`
+    sends over a connection it dialled."""
 
     def __init__(
         self,
@@ -143,12 +152,16 @@ class Ingress:
         self.forks, self._own_forks = forks or ingress_fork_server(), forks is None
         self._up = trio.Event()
         self._generation = 0
+        self.dials: dict[str, tuple[bytes, bytes | None]] = {}  # CLIENT: endpoint -> routing id, server key
+        # In order, for the process: (generation, or None for any; [kind, *arguments]).
+        self._to_send, self._outbound = trio.open_memory_channel[tuple[int | None, list]](settings.send_hwm)
+        self._backlog: list[tuple[int | None, list]] = []  # dials that found the queue full
 
     # --- lifecycle -------------------------------------------------------------------------
 
-    async def start(self, endpoint: str) -> str:
+    async def start(self, endpoint: str | None) -> str | None:
         """Start the process and bind; returns the endpoint bound (a port 0 chosen). Raises
-        BindError if it cannot bind (the process is gone again then)."""
+        BindError if it cannot bind (the process is gone again then). CLIENT: None, nothing bound."""
         try:
             child = await self._spawn()
         except ForkServerError as exc:
@@ -211,6 +224,62 @@ class Ingress:
 
     # --- frames ------------------------------------------------------------------------------
 
+    def reply(self, routing_id: bytes, frame: bytes) -> bool:
+        """Send `frame` over the connection a frame came on with `routing_id` (as `receive`
+        gave it), never waiting; False if it is dropped here: that connection's process has
+        ended, or `send_hwm` frames wait for the process (counted). The process may drop it
+        too (sends.py: counted there)."""
+        generation, routing_id = int.from_bytes(routing_id[:4], "big"), routing_id[4:]
+        if self._child is None or self._child.generation != generation:
+            self.counts[SEND_GONE] += 1
+            return False
+        return self._send(generation, routing_id, frame)
+
+    def send(self, routing_id: bytes, frame: bytes) -> bool:
+        """CLIENT: `frame` over the connection `connect` named `routing_id`, as `reply`."""
+        return self._send(None, routing_id, frame)
+
+    def _send(self, generation: int | None, routing_id: bytes, frame: bytes) -> bool:
+        if len(frame) > self.max_frame_bytes:  # the public socket sends handshakes, not models
+            self.counts[SEND_TOO_LARGE] += 1
+            return False
+        return self._queue(generation, ["send", routing_id, frame])
+
+    def connect(self, endpoint: str, routing_id: bytes, server_key: bytes | None = None) -> None:
+        """CLIENT: dial `endpoint` (with CURVE, where the X25519 `server_key` is expected), its
+        connection named `routing_id`; dialled again by every later process."""
+        self.dials[endpoint] = (routing_id, server_key)
+        self._queue(None, ["connect", endpoint, routing_id, server_key], always=True)
+
+    def disconnect(self, endpoint: str) -> None:
+        if self.dials.pop(endpoint, None) is not None:
+            self._queue(None, ["disconnect", endpoint], always=True)
+
+    def _queue(self, generation: int | None, action: list, always: bool = False) -> bool:
+        try:
+            self._to_send.send_nowait((generation, action))
+        except trio.WouldBlock:
+            if not always:
+                self.counts[SEND_QUEUE_FULL] += 1
+                return False
+            self._backlog.append((generation, action))  # a dial is never dropped; rare and small
+        return True
+
+    async def _pump(self, child: _Child) -> None:
+        """What the node queued for the process, to it, in order; a reply meant for an earlier
+        process is dropped (counted)."""
+        try:
+            while True:
+                while self._backlog:
+                    await child.outbound.send(self._backlog.pop(0)[1])
+                generation, action = await self._outbound.receive()
+                if generation is not None and generation != child.generation:
+                    self.counts[SEND_GONE] += 1
+                    continue
+                await child.outbound.send(action)
+        except (PipeError, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # it has ended: supervise() starts the next one
+
     async def receive(self, max_messages: int, max_bytes: int) -> list[list]:
         """Wait for inbound messages; each is [routing id (bytes), frame (RelayedFrame),
         ...further parts]. Routing ids carry the process's generation: a connection of an earlier
@@ -254,14 +323,14 @@ class Ingress:
 
     async def _spawn(self) -> _Child:
         """A new ingress process (forked by the fork server), waiting for its setup."""
-        pairs = [socket_pair() for _ in ("control", "frames")]
+        pairs = [socket_pair() for _ in ("control", "frames", "outbound")]
         try:
             pid = await self.forks.fork({}, [pair[1].detach() for pair in pairs])
         except ForkServerError:
             for ours, _ in pairs:
                 ours.close()
             raise
-        return _Child(pid, MessagePipe(pairs[0][0], 1 << 20), MessagePipe(pairs[1][0], 1 << 20))
+        return _Child(pid, *(MessagePipe(ours, 1 << 20) for ours, _ in pairs))
 
     async def _end(self, child: _Child) -> str:
         """Close its pipes (it leaves once they close) and wait for it, at most STOP_WAIT_S
@@ -275,20 +344,28 @@ class Ingress:
         adds PER_CONNECTION_BYTES per live connection): room for what it lets through, and for
         the largest frame and a batch of them in flight to the node."""
         bound = self.buffered_bound()
-        return bound + bound // 2 + 2 * (self.max_frame_bytes + self.settings.verify_batch_bytes)
+        return bound + bound // 2 + 2 * (self.max_frame_bytes + self.settings.verify_batch_bytes) + self.routed_bound()
 
     def buffered_bound(self) -> int:
         """What ZeroMQ may hold for this socket before buffers.py sheds connections."""
         s = self.settings
-        return s.max_public_buffered_bytes if self.name == PUBLIC else s.max_peers_buffered_bytes
+        return s.max_public_buffered_bytes if self.name == PUBLIC else s.max_peers_buffered_bytes  # CLIENT: models
 
-    def _setup(self, endpoint: str) -> dict:
+    def routed_bound(self) -> int:
+        """What the process may hold to send (sends.py): on the public socket, which sends
+        handshakes only, no more than it may hold received."""
+        bound = self.settings.max_routed_send_bytes
+        return min(bound, self.settings.max_public_buffered_bytes) if self.name == PUBLIC else bound
+
+    def _setup(self, endpoint: str | None) -> dict:
         s, public = self.settings, self.name == PUBLIC
         return {
             "name": self.name,
             "endpoint": endpoint,
             "max_message_bytes": self.max_frame_bytes + CURVE_SLACK,
             "recv_hwm": s.public_recv_hwm if public else s.recv_hwm,
+            "send_hwm": s.send_hwm,
+            "max_routed_send_bytes": self.routed_bound(),
             "max_buffered_bytes": self.buffered_bound(),
             "data_limit_bytes": self.data_limit_bytes(),
             "curve": list(self.curve) if self.curve is not None else None,
@@ -300,12 +377,13 @@ class Ingress:
             "log_level": self.log_level.upper(),
         }
 
-    async def _bind(self, child: _Child, endpoint: str) -> _Child:
+    async def _bind(self, child: _Child, endpoint: str | None) -> _Child:
         """Set `child` up on `endpoint`; raises BindError (the process gone again) if it
         cannot bind or ends first."""
         self._generation += 1
         child.generation = self._generation
         child.frames.max_bytes = self.settings.verify_batch_bytes + self.max_frame_bytes + _PIPE_SLACK
+        child.outbound.max_bytes = self.max_frame_bytes + CURVE_SLACK + OUTBOUND_SLACK
         try:
             await child.control.send(self._setup(endpoint))
             kind, bound = await child.control.receive()
@@ -318,10 +396,19 @@ class Ingress:
             await self._end(child)
             raise BindError(bound.get("error", f"unexpected answer {kind!r}"), self.name)
         self.endpoint = bound["endpoint"]
+        for dialled, (routing_id, server_key) in self.dials.items():  # a later process dials again
+            await child.outbound.send(["connect", dialled, routing_id, server_key])
         return child
 
     async def _relay(self, child: _Child) -> None:
-        """Until the process ends: its connection events, ZAP requests, counts and log records."""
+        """Until the process ends: its connection events, ZAP requests, counts and log records
+        from it, and what the node sends to it."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._pump, child)
+            await self._relay_control(child)
+            nursery.cancel_scope.cancel()
+
+    async def _relay_control(self, child: _Child) -> None:
         control = child.control
         try:
             while True:
@@ -344,7 +431,7 @@ class Ingress:
 
 
 async def _close_pipes(child: _Child) -> None:
-    for pipe in (child.control, child.frames):
+    for pipe in (child.control, child.frames, child.outbound):
         try:
             await pipe.aclose()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):

@@ -1,0 +1,64 @@
+"""Frames an ingress process sends over the connections its ROUTER holds (issue #46): replies to a
+node that dialled this one from behind a NAT, which nobody can dial back, and, in a node that
+cannot be dialled itself (client mode), everything it sends over the connections it dialled.
+
+Sends never wait, as on the node's DEALERs (transport.py): a frame for a connection that is gone
+(ROUTER_MANDATORY) or whose queue is full (SNDHWM) is dropped and counted. What libzmq holds for
+sending is also bounded in bytes (`max_bytes`): each frame is handed over with a tracker that
+says when libzmq has let go of it (written to TCP, or the connection gone), and a frame that
+would take the bytes held past the bound is dropped and counted too. The process's hard memory
+limit has room for that bound (process.py `DataLimit`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import zmq
+
+__all__ = ["RoutedSends", "SEND_GONE", "SEND_FULL", "SEND_OVER_BYTES", "OUTBOUND_SLACK"]
+
+OUTBOUND_SLACK = 1024  # on the node's pipe to the process: msgpack and the routing id around a frame, or a dial
+
+# Counted (in the node's connection counts) for each frame not sent, by why.
+SEND_GONE = "routed_send_gone"  # no connection with that routing id (any more)
+SEND_FULL = "routed_send_full"  # its queue (SNDHWM) is full
+SEND_OVER_BYTES = "routed_send_over_bytes"  # libzmq holds `max_bytes` for sending already
+
+
+class RoutedSends:
+    """`send(routing_id, frame)` on `router`, within `max_bytes` held; `held` says how many."""
+
+    def __init__(self, router: zmq.Socket, max_bytes: int, counts: Counter[str]) -> None:
+        self.router, self.max_bytes, self.counts = router, max_bytes, counts
+        self.held = 0
+        self._tracked: list[tuple[zmq.MessageTracker, int]] = []
+
+    def send(self, routing_id: bytes, frame: bytes) -> bool:
+        """Whether libzmq took `frame` for the connection `routing_id`."""
+        self._release()
+        if self.held + len(frame) > self.max_bytes:
+            self.counts[SEND_OVER_BYTES] += 1
+            return False
+        try:
+            self.router.send(routing_id, zmq.NOBLOCK | zmq.SNDMORE)
+            tracker = self.router.send(frame, zmq.NOBLOCK, copy=False, track=True)
+        except zmq.Again:
+            self.counts[SEND_FULL] += 1
+            return False
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
+            self.counts[SEND_GONE] += 1
+            return False
+        self._tracked.append((tracker, len(frame)))
+        self.held += len(frame)
+        self.counts["routed_sent"] += 1
+        return True
+
+    def _release(self) -> None:
+        """Forget the frames libzmq has let go of."""
+        if self._tracked:
+            kept = [(tracker, size) for tracker, size in self._tracked if not tracker.done]
+            self.held = sum(size for _, size in kept)
+            self._tracked = kept

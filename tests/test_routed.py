@@ -1,0 +1,140 @@
+"""Sending over the connections an ingress process holds (issue #46): a node behind a NAT cannot
+be dialled, so whatever reaches it must come back over a connection it dialled. A client
+ingress (CLIENT) dials out from its ROUTER; the node it dialled replies over the connection the
+frame came on (`Ingress.reply`); both sides' sends are bounded and counted, and a client's dials
+outlive its process."""
+
+import os
+import signal
+from collections import Counter
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+import zmq
+
+from p2pnode.wire.inbound.sends import SEND_FULL, SEND_GONE, SEND_OVER_BYTES, RoutedSends
+from p2pnode.wire.inbound.supervisor import SEND_TOO_LARGE, Ingress
+from p2pnode.wire.settings import SecuritySettings, TransportSettings
+from p2pnode.wire.zap import Connections
+from p2pnode.wire.zmqsetup import CLIENT, PEERS, PUBLIC
+from protocol import Identity
+
+PUBLIC_BOUND = 64 << 10
+
+
+def _ingress(name: str, curve: tuple[bytes, bytes] | None, counts: Counter, **settings) -> Ingress:
+    """With CURVE the peers' socket takes admitted peers' keys only: here, every key is one."""
+    connections = Connections(SecuritySettings(), counts, lambda key: True)
+    bound = PUBLIC_BOUND if name == PUBLIC else 1 << 20
+    return Ingress(name, TransportSettings(**settings), bound, curve, connections, counts)
+
+
+@asynccontextmanager
+async def _dialled(server: Ingress, client: Ingress, server_key: bytes | None = None):
+    """`server` bound on loopback, `client` dialled to it (its connection named b"server") and
+    both supervised; both closed after."""
+    try:
+        async with trio.open_nursery() as nursery:
+            endpoint = await server.start("tcp://127.0.0.1:0")
+            assert await client.start(None) is None  # binds nothing: nobody can dial it
+            nursery.start_soon(server.supervise)
+            nursery.start_soon(client.supervise)
+            client.connect(endpoint, b"server", server_key)
+            yield
+            nursery.cancel_scope.cancel()
+    finally:
+        await server.close()
+        await client.close()
+
+
+async def _next_frame(ingress: Ingress) -> tuple[bytes, bytes]:
+    with trio.fail_after(10):
+        routing_id, frame, *_ = (await ingress.receive(1, 1 << 22))[0]
+    return routing_id, frame.bytes
+
+
+@pytest.mark.parametrize("curve", [False, True], ids=["plaintext", "curve"])
+async def test_a_client_dials_out_and_both_ends_send_over_its_one_connection(curve):
+    server_key, client_key = Identity.generate(), Identity.generate()
+    counts = {name: Counter() for name in (PEERS, CLIENT)}
+    server = _ingress(PEERS, server_key.curve_keypair() if curve else None, counts[PEERS])
+    client = _ingress(CLIENT, client_key.curve_keypair() if curve else None, counts[CLIENT])
+    async with _dialled(server, client, server_key.curve_keypair()[1] if curve else None):
+        assert client.send(b"server", b"hello")
+        routing_id, frame = await _next_frame(server)
+        assert frame == b"hello"
+        assert server.reply(routing_id, bytes(300_000))  # larger than pyzmq copies: tracked
+        assert await _next_frame(client) == ((1).to_bytes(4, "big") + b"server", bytes(300_000))
+        assert client.send(b"server", b"again")
+        assert (await _next_frame(server)) == (routing_id, b"again")  # the same connection, both ways
+        with trio.fail_after(5):  # the processes tell their counts every quarter of a second
+            while counts[PEERS]["routed_sent"] < 1 or counts[CLIENT]["routed_sent"] < 2:
+                await trio.sleep(0.05)
+
+
+async def test_replies_for_a_gone_process_or_over_the_bound_are_dropped_and_counted():
+    counts = Counter()
+    server = _ingress(PUBLIC, None, counts)
+    client = _ingress(CLIENT, None, Counter())
+    async with _dialled(server, client):
+        client.send(b"server", b"hello")
+        routing_id, _ = await _next_frame(server)
+        assert not server.reply(routing_id, bytes(PUBLIC_BOUND + 1))  # the public socket sends no models
+        assert not server.reply((7).to_bytes(4, "big") + routing_id[4:], b"x")  # a process that is not this one
+        assert server.reply(routing_id[:4] + b"nobody", b"x")  # queued, and refused in the process: no such connection
+        with trio.fail_after(5):
+            while counts[SEND_GONE] < 2:
+                await trio.sleep(0.05)
+    assert counts[SEND_TOO_LARGE] == 1 and counts[SEND_GONE] == 2 and not counts["routed_sent"]
+
+
+def test_what_libzmq_holds_to_send_is_bounded_in_bytes_and_in_frames():
+    """A peer that does not read: frames pile up in libzmq, up to `max_bytes` (frames large
+    enough to be tracked, not copied), then up to SNDHWM; each refusal counted by why."""
+    context = zmq.Context()
+    reader = context.socket(zmq.ROUTER)
+    reader.setsockopt(zmq.RCVHWM, 1)
+    port = reader.bind_to_random_port("tcp://127.0.0.1")
+    sender = context.socket(zmq.ROUTER)
+    sender.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    sender.setsockopt(zmq.SNDHWM, 4)
+    sender.setsockopt(zmq.SNDBUF, 4096)
+    sender.setsockopt(zmq.CONNECT_ROUTING_ID, b"reader")
+    sender.connect(f"tcp://127.0.0.1:{port}")
+    try:
+        counts = Counter()
+        sends = RoutedSends(sender, 10 << 20, counts)
+        taken = 0
+        for _ in range(50):  # 4 MiB frames: the first few fill TCP's buffers, then the bound
+            taken += sends.send(b"reader", bytes(4 << 20))
+        assert counts[SEND_OVER_BYTES] > 0 and sends.held <= 10 << 20 and taken >= 2
+        small = RoutedSends(sender, 1 << 40, Counter())
+        for _ in range(50):  # nothing drains: the queue fills
+            small.send(b"reader", bytes(100_000))
+        assert small.counts[SEND_FULL] > 0
+        assert not small.send(b"someone else", b"x") and small.counts[SEND_GONE] == 1
+    finally:
+        sender.close(linger=0)
+        reader.close(linger=0)
+        context.term()
+
+
+async def test_a_client_dials_again_from_the_process_that_replaces_one_that_ended():
+    counts = Counter()
+    server = _ingress(PEERS, None, Counter())
+    client = _ingress(CLIENT, None, counts)
+    async with _dialled(server, client):
+        client.send(b"server", b"before")
+        assert (await _next_frame(server))[1] == b"before"
+        os.kill(client.pid, signal.SIGKILL)
+        with trio.fail_after(10):
+            while client.restarts == 0 or client.pid is None:
+                await trio.sleep(0.02)
+        with trio.fail_after(10):  # the new process dialled the same endpoint again
+            while not client.send(b"server", b"after") or counts["routed_sent"] < 1:
+                await trio.sleep(0.05)
+            routing_id, frame = await _next_frame(server)
+        assert frame == b"after"
+        server.reply(routing_id, b"back")
+        assert (await _next_frame(client))[1] == b"back"
