@@ -89,35 +89,46 @@ async def test_replies_for_a_gone_process_or_over_the_bound_are_dropped_and_coun
     assert counts[SEND_TOO_LARGE] == 1 and counts[SEND_GONE] == 2 and not counts["routed_sent"]
 
 
-def test_what_libzmq_holds_to_send_is_bounded_in_bytes_and_in_frames():
-    """A peer that does not read: frames pile up in libzmq, up to `max_bytes` (frames large
-    enough to be tracked, not copied), then up to SNDHWM; each refusal counted by why."""
-    context = zmq.Context()
+def _not_reading(context: zmq.Context, send_hwm: int) -> tuple[zmq.Socket, zmq.Socket]:
+    """A ROUTER that never reads, and a ROUTER dialled to it (the connection named b"reader")."""
     reader = context.socket(zmq.ROUTER)
     reader.setsockopt(zmq.RCVHWM, 1)
     port = reader.bind_to_random_port("tcp://127.0.0.1")
     sender = context.socket(zmq.ROUTER)
-    sender.setsockopt(zmq.ROUTER_MANDATORY, 1)
-    sender.setsockopt(zmq.SNDHWM, 4)
-    sender.setsockopt(zmq.SNDBUF, 4096)
+    for option, value in ((zmq.ROUTER_MANDATORY, 1), (zmq.SNDHWM, send_hwm), (zmq.SNDBUF, 4096)):
+        sender.setsockopt(option, value)
     sender.setsockopt(zmq.CONNECT_ROUTING_ID, b"reader")
     sender.connect(f"tcp://127.0.0.1:{port}")
-    try:
-        counts = Counter()
-        sends = RoutedSends(sender, 10 << 20, counts)
-        taken = 0
-        for _ in range(50):  # 4 MiB frames: the first few fill TCP's buffers, then the bound
-            taken += sends.send(b"reader", bytes(4 << 20))
-        assert counts[SEND_OVER_BYTES] > 0 and sends.held <= 10 << 20 and taken >= 2
-        small = RoutedSends(sender, 1 << 40, Counter())
-        for _ in range(50):  # nothing drains: the queue fills
-            small.send(b"reader", bytes(100_000))
-        assert small.counts[SEND_FULL] > 0
-        assert not small.send(b"someone else", b"x") and small.counts[SEND_GONE] == 1
-    finally:
-        sender.close(linger=0)
-        reader.close(linger=0)
-        context.term()
+    return reader, sender
+
+
+@pytest.mark.parametrize("frame_bytes", [4 << 20, 20_000], ids=["models", "handshakes"])
+def test_what_libzmq_holds_to_send_is_bounded_in_bytes(frame_bytes):
+    """A peer that does not read: frames pile up in libzmq up to `max_bytes` (small frames
+    too, which pyzmq would copy and let go of untracked), then are dropped and counted."""
+    with zmq.Context() as context:
+        sockets = _not_reading(context, 1000)
+        try:
+            sends = RoutedSends(sockets[1], 10 * frame_bytes, Counter())
+            taken = sum(sends.send(b"reader", bytes(frame_bytes)) for _ in range(100))
+            assert sends.counts[SEND_OVER_BYTES] > 0 and sends.held <= 10 * frame_bytes and taken >= 2
+        finally:
+            for socket in sockets:
+                socket.close(linger=0)
+
+
+def test_frames_for_a_full_queue_or_no_connection_are_dropped_and_counted():
+    with zmq.Context() as context:
+        sockets = _not_reading(context, 4)
+        try:
+            sends = RoutedSends(sockets[1], 1 << 40, Counter())
+            for _ in range(50):  # nothing drains: the queue fills
+                sends.send(b"reader", bytes(100_000))
+            assert sends.counts[SEND_FULL] > 0
+            assert not sends.send(b"someone else", b"x") and sends.counts[SEND_GONE] == 1
+        finally:
+            for socket in sockets:
+                socket.close(linger=0)
 
 
 async def test_a_client_dials_again_from_the_process_that_replaces_one_that_ended():

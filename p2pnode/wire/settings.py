@@ -119,7 +119,7 @@ class TransportSettings(Section):
         "bytes an inbound socket's process may hold to send over the connections it holds: replies "
         "to nodes behind a NAT, which cannot be dialled back (and a client-mode node's own frames); "
         "beyond it frames are dropped and counted (`routed_send_over_bytes`). The public socket "
-        "holds no more than `max_public_buffered_bytes`",
+        "holds no more than a quarter of `max_public_buffered_bytes`",
     )
     recv_hwm: int = option(
         Integer(1, 1_000_000), 1000, "frames queued per connection on the peers' socket before ZeroMQ pushes back"

@@ -31,6 +31,7 @@ class RoutedSends:
 
     def __init__(self, router: zmq.Socket, max_bytes: int, counts: Counter[str]) -> None:
         self.router, self.max_bytes, self.counts = router, max_bytes, counts
+        router.copy_threshold = 0  # pyzmq copies smaller frames and lets go of them at once: untracked
         self.held = 0
         self._tracked: list[tuple[zmq.MessageTracker, int]] = []
 

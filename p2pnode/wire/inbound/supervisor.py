@@ -353,9 +353,9 @@ class Ingress:
 
     def routed_bound(self) -> int:
         """What the process may hold to send (sends.py): on the public socket, which sends
-        handshakes only, no more than it may hold received."""
+        handshakes only, a quarter of what it may hold received."""
         bound = self.settings.max_routed_send_bytes
-        return min(bound, self.settings.max_public_buffered_bytes) if self.name == PUBLIC else bound
+        return min(bound, self.settings.max_public_buffered_bytes // 4) if self.name == PUBLIC else bound
 
     def _setup(self, endpoint: str | None) -> dict:
         s, public = self.settings, self.name == PUBLIC
