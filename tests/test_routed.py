@@ -14,7 +14,7 @@ import trio
 import zmq
 
 from p2pnode.wire.inbound.sends import SEND_FULL, SEND_GONE, SEND_OVER_BYTES, RoutedSends
-from p2pnode.wire.inbound.supervisor import SEND_TOO_LARGE, Ingress
+from p2pnode.wire.inbound.supervisor import SEND_TOO_LARGE, BindError, Ingress
 from p2pnode.wire.settings import SecuritySettings, TransportSettings
 from p2pnode.wire.zap import Connections
 from p2pnode.wire.zmqsetup import CLIENT, PEERS, PUBLIC
@@ -149,3 +149,14 @@ async def test_a_client_dials_again_from_the_process_that_replaces_one_that_ende
         assert frame == b"after"
         server.reply(routing_id, b"back")
         assert (await _next_frame(client))[1] == b"back"
+
+
+async def test_a_socket_libzmq_refuses_to_set_up_is_a_bind_error_not_a_hang(monkeypatch):
+    """Every socket of a process whose setup fails is closed, so the process ends and says
+    why (a socket left open held it in `context.term()`, and the node waited)."""
+    server = _ingress(PEERS, None, Counter())
+    setup = server._setup
+    monkeypatch.setattr(server, "_setup", lambda endpoint: {**setup(endpoint), "recv_hwm": -1})
+    with trio.fail_after(10), pytest.raises(BindError, match="cannot bind"):
+        await server.start("tcp://127.0.0.1:0")
+    await server.close()

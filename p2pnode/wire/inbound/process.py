@@ -105,9 +105,27 @@ class InboundRouter:
         self.resets_told = [0, 0]  # resets queued for the node, and sent
 
     def bind(self) -> dict:
-        """The ROUTER bound: {"endpoint": ...}, or {"error": ...}; a client ingress's binds
+        """The ROUTER bound: {"endpoint": ...}, or {"error": ...} (nothing left open then: a
+        socket left open would hold `close` in `context.term()`); a client ingress's binds
         nothing ({"endpoint": None})."""
         router = self.context.socket(zmq.ROUTER)
+        monitor = None
+        endpoint = self.setup["endpoint"]
+        try:
+            self._set_up(router)
+            monitor = watch(self.context, router, DOMAINS[self.name])
+            if endpoint is not None:
+                router.bind(endpoint)
+        except zmq.ZMQError as exc:
+            if monitor is not None:
+                unwatch(router, monitor)
+            router.close(linger=0)
+            return {"error": f"cannot bind {endpoint}: {exc.strerror}"}
+        self.router, self.monitor = router, monitor
+        self.routed = RoutedSends(router, self.setup["max_routed_send_bytes"], self.counts)
+        return {"endpoint": None if endpoint is None else router.getsockopt_string(zmq.LAST_ENDPOINT)}
+
+    def _set_up(self, router: zmq.Socket) -> None:
         for option, value in (
             (zmq.MAXMSGSIZE, self.setup["max_message_bytes"]),
             (zmq.RCVHWM, self.setup["recv_hwm"]),
@@ -117,23 +135,12 @@ class InboundRouter:
         ):
             router.setsockopt(option, value)
         set_liveness(router, self.setup["handshake_ivl_ms"], self.setup["keepalive_s"])
-        endpoint = self.setup["endpoint"]
         if self.setup["curve"] is not None:
             secret, public = self.setup["curve"]
-            router.setsockopt(zmq.CURVE_SERVER, int(endpoint is not None))  # a client's: each connect names the server
+            # A client's ROUTER is a CURVE client: each of its connects names the server's key.
+            router.setsockopt(zmq.CURVE_SERVER, int(self.setup["endpoint"] is not None))
             router.setsockopt(zmq.CURVE_SECRETKEY, secret)
             router.setsockopt(zmq.CURVE_PUBLICKEY, public)
-        monitor = watch(self.context, router, DOMAINS[self.name])
-        try:
-            if endpoint is not None:
-                router.bind(endpoint)
-        except zmq.ZMQError as exc:
-            unwatch(router, monitor)
-            router.close(linger=0)
-            return {"error": f"cannot bind {endpoint}: {exc.strerror}"}
-        self.router, self.monitor = router, monitor
-        self.routed = RoutedSends(router, self.setup["max_routed_send_bytes"], self.counts)
-        return {"endpoint": None if endpoint is None else router.getsockopt_string(zmq.LAST_ENDPOINT)}
 
     def connect(self, endpoint: str, routing_id: bytes, server_key: bytes | None) -> None:
         """A client ingress dials `endpoint` (with CURVE, where `server_key` is expected), and
