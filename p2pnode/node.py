@@ -41,6 +41,7 @@ from protocol import (
     ProtocolError,
     ReplayGuard,
 )
+from protocol.messages import CLIENT_CAPABILITY
 
 from .config import Config
 from .data_dir import DataDir, DataDirError
@@ -48,7 +49,6 @@ from .discovery.beacon import run_beacon
 from .discovery.hello import capabilities, own_hello
 from .discovery.membership_actions import MembershipActions
 from .discovery.peers import Membership
-from .discovery.subnets import port_of
 from .files import describe_os_error
 from .learning.algorithm import LearningSetupError, build_algorithm
 from .learning.checkpoint import CHECKPOINT_NAME
@@ -63,9 +63,11 @@ from .serving.predict import PREDICT, LiveModel, answer_predict, control_request
 from .wire import sequence, signing
 from .wire.gate import Gate
 from .wire.inbound.reader import Inbound, decode_all
+from .wire.inbound.routes import open_inbound, routes_for
 from .wire.inbound.supervisor import BindError, Ingress, ingress_fork_server
 from .wire.transport import DROPPED, SENT, Transport, TransportError
 from .wire.zap import PEERS, PUBLIC, Connections, PeerTransportKeys
+from .wire.zmqsetup import CLIENT
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -124,11 +126,6 @@ def _locked_data_dir(path: Path, clock_us: Callable[[], int], metrics: Metrics):
         data_dir.__exit__(None, None, None)
 
 
-def _any_port(endpoint: str) -> str:
-    """The peers' socket's default: the public socket's host, any port."""
-    return f"{endpoint.rsplit(':', 1)[0]}:0"
-
-
 class Node:
     def __init__(self, config: Config, *, clock_us: Callable[[], int] = wall_clock_us, seed: int | None = None) -> None:
         if config.identity is None:
@@ -157,12 +154,12 @@ class Node:
         self.peer_transport_keys = PeerTransportKeys(config.security.curve)
         self.connections = Connections(config.security, self.metrics.connections, self.peer_transport_keys.__contains__)
         self.peer_transport_keys.on_admitted = lambda key: self.connections.peer_admitted(key, trio.current_time())
-        # The inbound sockets, each in a process of its own, forked by one fork server (wire/inbound/).
-        self.ingress_forks = ingress_fork_server()
+        self.ingress_forks = ingress_fork_server()  # forks each inbound socket's process (wire/inbound/)
         self.ingress = self._inbound_sockets(curve)
         self.inbound = Inbound(
             self.ingress, self.decoder, self.guard, self.gate, self.metrics, config.transport, clock_us
         )
+        self.transport.routes = routes_for(self.ingress, self.inbound, config, curve is not None, self._is_peer)
         self.membership: Membership | None = None
         self.membership_actions: MembershipActions | None = None  # carries out membership's actions
         self.address: str | None = None  # what peers dial: [node].advertise, or the bound endpoint
@@ -192,10 +189,10 @@ class Node:
         }
 
     def _inbound_sockets(self, curve: tuple[bytes, bytes] | None) -> dict[str, Ingress]:
-        config, bounds = (
-            self.config,
-            {PUBLIC: self.config.limits.max_public_frame_bytes, PEERS: self.decoder.limits.max_frame_bytes},
-        )
+        config, largest = self.config, self.decoder.limits.max_frame_bytes
+        bounds = {PUBLIC: config.limits.max_public_frame_bytes, PEERS: largest}
+        if config.node.client_mode:
+            bounds = {CLIENT: largest}  # it dials out, and reads and sends over what it dialled
         return {
             name: Ingress(
                 name,
@@ -234,15 +231,12 @@ class Node:
             self._sequence = reservation
             try:
                 try:
-                    endpoint = await self.ingress[PUBLIC].start(config.node.listen)
-                    peers_endpoint = await self.ingress[PEERS].start(
-                        config.node.peer_listen or _any_port(config.node.listen)
+                    self.address, self.peer_port, listening = await open_inbound(
+                        self.ingress, self.identity.public_key, config.node
                     )
                 except BindError as exc:
                     setting = "listen" if exc.socket == PUBLIC else "peer_listen"
                     raise NodeStartError(f"[node].{setting}: {exc}") from None
-                self.address = config.node.advertise or endpoint
-                self.peer_port = config.node.peer_advertise_port or port_of(peers_endpoint)
                 self._started_at = trio.current_time()
                 self._start_membership()
                 async with trio.open_nursery() as nursery:
@@ -253,18 +247,12 @@ class Node:
                         nursery.start_soon(self.inbound.run, self._handle)
                         nursery.start_soon(self._maintain)
                         nursery.start_soon(self._send_waiting)
-                        if config.beacon.enabled:
+                        if config.beacon.enabled and not config.node.client_mode:  # it dials, never dialled
                             nursery.start_soon(self._beacon)
                         if config.algorithm.name != "none":
                             nursery.start_soon(self._learn, data_dir)
                             nursery.start_soon(self.asking.serve)
-                        log.info(
-                            "node %s listening on %s (peers' socket %s), advertising %s",
-                            self.identity.node_id,
-                            endpoint,
-                            peers_endpoint,
-                            self.address,
-                        )
+                        log.info("node %s %s, advertising %s", self.identity.node_id, listening, self.address)
                         task_status.started(self)
                     await self._stop.wait()
                     nursery.cancel_scope.cancel()
@@ -286,13 +274,15 @@ class Node:
         once the node knows the address its HELLO announces."""
         config = self.config
         announced = capabilities(config.node.capabilities, config.algorithm.name, self.learning_peers.labels)
+        if config.node.client_mode:
+            announced = (*announced, CLIENT_CAPABILITY)
         self._hello = own_hello(self.address, self.peer_port, announced)
         self.membership = Membership(
             self.identity.public_key,
             config.discovery,
             rng=self.rng,
             now=self._started_at,
-            advertised=self._hello.address,
+            advertised="" if config.node.client_mode else self._hello.address,  # a client asks no dial-back
         )
         self.membership_actions = MembershipActions(
             self.membership,
@@ -547,8 +537,9 @@ class Node:
             "public_key": self.identity.public_key.hex(),
             "network": self.config.node.network,
             "address": self.address,
-            "listen": self.ingress[PUBLIC].endpoint,
-            "peers_listen": self.ingress[PEERS].endpoint,
+            "listen": getattr(self.ingress.get(PUBLIC), "endpoint", None),  # a client node binds nothing
+            "peers_listen": getattr(self.ingress.get(PEERS), "endpoint", None),
+            "client_mode": self.config.node.client_mode,
             "peer_port": self.peer_port,
             "pid": os.getpid(),
             "uptime_s": round(now - self._started_at, 3),

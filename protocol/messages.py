@@ -44,6 +44,9 @@ __all__ = [
     "BODY_TYPES",
     "MAX_RELAYED_HELLOS",
     "PUBLIC_KEY_SIZE",
+    "CLIENT_CAPABILITY",
+    "client_address",
+    "is_client_address",
 ]
 
 PUBLIC_KEY_SIZE = 32  # Ed25519 raw public key
@@ -178,6 +181,23 @@ TCP_ADDRESS = Text(
 )
 MAX_CLASSES = 4096
 MAX_RELAYED_HELLOS = 64
+
+# A node nobody can dial (behind a NAT; docs/protocol.md §5, "Client nodes") announces this
+# capability and, as its address, one derived from its key under the reserved `.invalid` domain
+# (RFC 2606): it resolves nowhere, and no other key can claim it in a signed HELLO.
+CLIENT_CAPABILITY = "client"
+_CLIENT_DOMAIN = ".client.invalid"
+
+
+def client_address(public_key: bytes) -> str:
+    """The address a client node announces: its key's, reached only over connections it dials."""
+    return f"tcp://{bytes(public_key[:16]).hex()}{_CLIENT_DOMAIN}:1"
+
+
+def is_client_address(address: str) -> bool:
+    return address.endswith(f"{_CLIENT_DOMAIN}:1")
+
+
 MAX_ASKED_IMAGES = 64
 
 

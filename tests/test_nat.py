@@ -174,3 +174,34 @@ def test_a_node_behind_any_nat_is_answered_over_the_connection_it_dialled_even_a
                 for stream in (process.stdin, process.stdout):
                     if stream is not None:
                         stream.close()
+
+
+def test_daemons_behind_nats_that_forward_nothing_join_in_client_mode_and_stay_after_their_routers_forget_them(
+    tmp_path,
+):
+    """Client mode (issue #46): behind a port-restricted and a symmetric NAT, forwarding nothing,
+    a daemon with `client_mode` is admitted by the public bootstrap over the connection it
+    dialled, hears of the other public node from it and dials that one too; both public nodes
+    reach it over its connections. Two client nodes cannot reach each other (that takes a
+    relay), so each has the two public nodes as peers. After `conntrack -F` on every router the
+    clients are peers again within the peer timeout."""
+    with NatLab() as lab:
+        hosts = [lab.add("boot", "public"), lab.add("pub", "public"), lab.add("home", "port-restricted")]
+        hosts.append(lab.add("sym", "symmetric"))
+        cluster = cluster_on(hosts, tmp_path / "net", discovery=DISCOVERY)
+        for spec in cluster.specs[2:]:
+            spec.settings["node"]["client_mode"] = True
+        with cluster:
+            for spec in cluster.specs:
+                cluster.start(spec)
+            expected = [3, 3, 2, 2]  # the public nodes have everyone; a client, the public nodes
+
+            def peer_counts() -> list:
+                return [(cluster.status(spec) or {}).get("peer_count") for spec in cluster.specs]
+
+            assert wait_for(lambda: peer_counts() == expected, 30), peer_counts()
+            client = cluster.status(cluster.specs[3])
+            assert client["client_mode"] and client["listen"] is None
+            lab.flush()
+            time.sleep(DISCOVERY["peer_timeout_s"] + 1)  # anyone not heard from since is evicted by now
+            assert wait_for(lambda: peer_counts() == expected, 30), peer_counts()

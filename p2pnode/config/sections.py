@@ -15,6 +15,7 @@ from ..options import (
     CheckContext,
     Endpoint,
     FilePath,
+    Flag,
     Integer,
     ListOf,
     Number,
@@ -47,7 +48,15 @@ class NodeSettings(Section):
         "p2pnode",
         "network id; frames of other networks are refused",
     )
-    listen: str = option(Endpoint(bind=True), doc="address the inbound socket binds")
+    listen: str | None = option(
+        Endpoint(bind=True), None, "address the inbound socket binds (required unless `client_mode`)"
+    )
+    client_mode: bool = option(
+        Flag(),
+        False,
+        "bind nothing and accept no connection: dial the bootstrap nodes and the peers they name, and be "
+        "reached over those connections only (a device behind a NAT that forwards nothing; docs/deploy.md)",
+    )
     advertise: str | None = option(
         Endpoint(bind=False),
         None,
@@ -126,7 +135,10 @@ class NodeSettings(Section):
 
     def check(self, context: CheckContext) -> list[str]:
         problems = []
-        if self.advertise is None and self.listen.startswith(("tcp://*:", "tcp://0.0.0.0:", "tcp://[::]:")):
+        if self.listen is None and not self.client_mode:
+            problems.append("[node].listen: required (or client_mode = true: a node nobody can dial)")
+        listen = self.listen or ""
+        if self.advertise is None and listen.startswith(("tcp://*:", "tcp://0.0.0.0:", "tcp://[::]:")):
             problems.append(
                 "[node].advertise: required when listen binds all "
                 f"interfaces ({self.listen}): say how peers reach this node"

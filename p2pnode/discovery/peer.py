@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from protocol import Envelope, Hello, node_id
+from protocol.messages import is_client_address
 
 from .actions import Action, DialPeers
 
@@ -64,8 +65,9 @@ class Peer:
 
     @property
     def relayable(self) -> bool:
-        """Its HELLO names the address it was verified at: others may be told of it."""
-        return self.hello_address == self.address
+        """Its HELLO names the address it was verified at, one others can dial (not a client
+        node's, which only the nodes it dials reach): others may be told of it."""
+        return self.hello_address == self.address and not is_client_address(self.address)
 
     def update(self, hello: Envelope, frame: bytes) -> list[Action]:
         """A newer signed HELLO of this peer: new capabilities and peers' port (dialled anew: it

@@ -62,6 +62,7 @@ from protocol import (
     Ping,
     Pong,
 )
+from protocol.messages import is_client_address
 
 from ..metrics import UNKNOWN_PEER
 from .actions import Action, Admitted, DialBack, DialPeers, Direct, Evicted, Hangup, Informant, Send, SendHello
@@ -479,7 +480,9 @@ class Membership:
         key = hello.sender
         recent = [relay for other, relay in reversed(self._redirected.items()) if other != key and relay]
         others = recent[: 4 * self.target]  # the latest are likelier to have room still
-        self._redirected[key] = frame if hello.body.address == entry.address else None  # verified there
+        # Relayed to later newcomers if verified there and dialable (a client node is not).
+        dialable = hello.body.address == entry.address and not is_client_address(entry.address)
+        self._redirected[key] = frame if dialable else None
         self._redirected.move_to_end(key)
         while len(self._redirected) > STRANGERS:
             self._redirected.popitem(last=False)

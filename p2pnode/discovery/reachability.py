@@ -19,11 +19,14 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from protocol.messages import is_client_address
+
 PURE = True  # no I/O and no clock (tests/test_layering.py checks)
 
 __all__ = ["PRIVATE", "PUBLIC", "UNKNOWN", "Reachability"]
 
 PUBLIC, PRIVATE, UNKNOWN = "public", "private", "unknown"
+CLIENT = "client"  # `[node].client_mode`: nobody dials it, by design
 MAX_REMEMBERED = 64  # keys and addresses kept, the oldest forgotten first: a stranger's keys cost nothing more
 MAX_ADDRESSES = 8  # addresses dialled back at that are kept (a node has one or two)
 
@@ -76,7 +79,10 @@ class Reachability:
         """`status`'s `reachability` of a node advertising `address`: the state, its evidence, and
         why in words."""
         state, reached = self.state, len(self._reached_by)
-        if state == PUBLIC:
+        if is_client_address(address):
+            state = CLIENT
+            why = f"client mode: it binds nothing and is reached over the connections it dials ({reached} peers so far)"
+        elif state == PUBLIC:
             why = f"{reached} peers reached it at {address}"
         elif state == PRIVATE:
             why = (
@@ -86,7 +92,7 @@ class Reachability:
         else:
             why = f"{reached} of the {self.confirmations} peers needed reached it at {address} so far"
         elsewhere = {other: count for other, count in self.dialled_back.items() if other != address}
-        if state != PUBLIC and elsewhere:
+        if state not in (PUBLIC, CLIENT) and elsewhere:
             best, count = max(elsewhere.items(), key=lambda item: item[1])
             sure = "" if count >= self.confirmations else f" ({count} of the {self.confirmations} needed to be sure)"
             why += (

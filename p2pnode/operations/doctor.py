@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import ipaddress
 
+from protocol.messages import is_client_address
+
 from ..discovery.subnets import host_of
 
 PURE = True  # no I/O and no clock (tests/test_layering.py checks)
@@ -47,8 +49,14 @@ def diagnose(status: dict) -> tuple[list[str], int]:
 
 
 def _address(address: str) -> tuple[str, int]:
-    host = host_of(address)
     said = f"advertises {address}"
+    if is_client_address(address):
+        return (
+            f"{said}: client mode, reached over the connections it dials; the nodes it can dial (public ones) "
+            "are its peers, other client nodes are not (that takes a relay, not built yet: issue #46)",
+            0,
+        )
+    host = host_of(address)
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:

@@ -39,7 +39,9 @@ import logging
 import math
 import time
 from collections import Counter, deque
+from collections.abc import Sized
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import trio
 import zmq
@@ -49,7 +51,7 @@ from protocol.curve import curve_public_from_ed25519
 from ..wire.settings import TransportSettings
 from .zmqsetup import read_events, set_liveness, unwatch, watch_handshakes
 
-__all__ = ["Transport", "TransportError", "MissingKey", "SENT", "WAITING", "DROPPED"]
+__all__ = ["Transport", "TransportError", "MissingKey", "Routes", "SENT", "WAITING", "DROPPED"]
 
 log = logging.getLogger("p2pnode.transport")
 
@@ -65,6 +67,19 @@ CURVE_SLACK = 64
 SENT = "sent"  # queued on a connection
 WAITING = "waiting"  # held for a peers' connection still opening (`send_waiting` says what became of it)
 DROPPED = "dropped"  # no connection took it
+
+
+class Routes(Protocol):
+    """What reaches the addresses it `owns` over connections the node holds (inbound/routes.py)."""
+
+    def owns(self, address: str) -> bool: ...
+    def dial(self, address: str, key: bytes | None) -> None: ...
+    def dial_peers(self, address: str, peers_address: str) -> None: ...
+    def hangup(self, address: str, flush: bool = False) -> None: ...
+    def send(self, address: str, frame: bytes, *, public: bool = False, tag: object = None) -> str: ...
+    def send_waiting(self) -> tuple[list[object], list[object]]: ...
+
+    held: Sized  # frames waiting for a connection, sent by `send_waiting` once it is up
 
 
 class TransportError(Exception):
@@ -156,6 +171,9 @@ class Transport:
         self._waited_sent: list[object] = []
         self._given_up: list[object] = []
         self._once: deque[tuple[float, zmq.Socket]] = deque()  # `send_once`'s sockets, oldest first
+        # Addresses reached over connections the node holds, not by dialling them (set by the
+        # node: inbound/routes.py): whatever it `owns` goes there.
+        self.routes: Routes | None = None
 
     def _context(self) -> zmq.Context:
         if self.context is None:
@@ -167,6 +185,8 @@ class Transport:
         open yet (with another key: reopened); ZeroMQ connects and reconnects in the background
         (RECONNECT_IVL doubling up to RECONNECT_IVL_MAX). With CURVE, `key` is required.
         `watch`: count its handshakes' outcomes (`handshakes`), for a bootstrap entry."""
+        if self._routed(address):
+            return self.routes.dial(address, key)
         entry = self.outbound.get(address)
         if entry is not None:
             if self.curve is None or entry.key == key:
@@ -227,6 +247,8 @@ class Transport:
     def dial_peers(self, address: str, peers_address: str) -> None:
         """Also open the outbound socket to the peers' socket of the admitted peer at `address`
         (dialled before), for frames larger than the public bound."""
+        if self._routed(address):
+            return self.routes.dial_peers(address, peers_address)
         entry = self.outbound.get(address)
         if entry is None or entry.peers_address == peers_address:
             return
@@ -278,6 +300,8 @@ class Transport:
         dial-back: whether it gets there is what the other side learns). Queued before the
         connection is up (IMMEDIATE=0), unlike every other outbound socket's frames; with CURVE,
         only `key`'s holder can take it. Closing the node closes these at once."""
+        if self._routed(address):
+            return  # nobody dials a client node: the dial-back is what it asks of the dialled
         now = time.monotonic()
         self.close_expired(now)
         socket = self._connect(address, key, once=True)  # one try: a closed port is an answer too
@@ -303,6 +327,8 @@ class Transport:
     def hangup(self, address: str, flush: bool = False) -> None:
         """Close the connections to `address`; with `flush`, what is queued on them (a BYE)
         still goes out within `linger_ms`, from ZeroMQ's I/O thread."""
+        if self._routed(address):
+            return self.routes.hangup(address, flush)
         entry = self.outbound.pop(address, None)
         if entry is not None:
             for _, _, tag in entry.waiting:
@@ -322,6 +348,8 @@ class Transport:
         larger frame that the peers' connection refuses because it is still opening waits for
         it (`connect_wait_s`; `send_waiting` reports it with `tag`, unless None); one it refuses
         full is dropped."""
+        if self._routed(address):
+            return self.routes.send(address, frame, public=public, tag=tag)
         entry = self.outbound.get(address)
         if entry is None:
             return DROPPED
@@ -342,6 +370,9 @@ class Transport:
         entry.redial.took(now)
         return SENT
 
+    def _routed(self, address: str) -> bool:
+        return self.routes is not None and self.routes.owns(address)
+
     def _to_peers(self, entry: _Outbound, frame: bytes) -> bool:
         try:
             entry.peers.send(frame, zmq.NOBLOCK)
@@ -361,7 +392,8 @@ class Transport:
     @property
     def waiting(self) -> int:
         """Frames held for peers' connections still opening."""
-        return sum(len(entry.waiting) for entry in self.outbound.values())
+        routed = 0 if self.routes is None else len(self.routes.held)  # a client node's wait there
+        return routed + sum(len(entry.waiting) for entry in self.outbound.values())
 
     def send_waiting(self) -> tuple[list[object], list[object]]:
         """Send the frames held for connections that are up now; returns the tags of the held
@@ -373,6 +405,9 @@ class Transport:
             if entry.waiting:
                 self._revive_peers(entry)
         (sent, self._waited_sent), (given_up, self._given_up) = (self._waited_sent, []), (self._given_up, [])
+        if self.routes is not None:
+            routed_sent, routed_given_up = self.routes.send_waiting()
+            sent, given_up = sent + routed_sent, given_up + routed_given_up
         return sent, given_up
 
     def _send_waiting(self, entry: _Outbound, now: float) -> None:

@@ -31,6 +31,7 @@ It imports neither torch nor the node: it starts in a fraction of a second.
 from __future__ import annotations
 
 import logging
+import math
 import resource
 import signal
 import socket
@@ -44,6 +45,7 @@ import zmq
 from ...forkserver import serve
 from ..zmqsetup import (
     DOMAINS,
+    FAILED_EVENTS,
     PUBLIC,
     close_zap,
     monitor_event,
@@ -91,7 +93,9 @@ class InboundRouter:
         self.router: zmq.Socket | None = None
         self.monitor: zmq.Socket | None = None
         self.routed: RoutedSends | None = None  # set once bound
-        self.dialled: dict[str, bytes] = {}  # a client's: endpoint -> its connection's routing id
+        # A client's: endpoint -> its connection's routing id and server key; those refused.
+        self.dialled: dict[str, tuple[bytes, bytes | None]] = {}
+        self.refused = RefusedDials(setup["redial_s"], setup["redial_max_s"])
         self.wakeup = Wakeup()  # the reader, after a send (zmqtrio.py)
         self.zap = open_zap(self.context)
         self.tcp: dict[int, tuple] = {}  # live connections: descriptor -> remote end (buffers.py)
@@ -145,7 +149,7 @@ class InboundRouter:
     def connect(self, endpoint: str, routing_id: bytes, server_key: bytes | None) -> None:
         """A client ingress dials `endpoint` (with CURVE, where `server_key` is expected), and
         names the connection `routing_id`; libzmq reconnects it as it does a DEALER's."""
-        if self.dialled.get(endpoint) == routing_id:
+        if self.dialled.get(endpoint) == (routing_id, server_key):
             return  # dialled already (the node's dials are replayed to every new process)
         if endpoint in self.dialled:
             self.disconnect(endpoint)
@@ -154,13 +158,14 @@ class InboundRouter:
             if server_key is not None:
                 self.router.setsockopt(zmq.CURVE_SERVERKEY, server_key)
             self.router.connect(endpoint)
-            self.dialled[endpoint] = routing_id
+            self.dialled[endpoint] = (routing_id, server_key)
         except zmq.ZMQError as exc:  # e.g. a host name that does not resolve, or a routing id in use
             self.counts["connect_failed"] += 1
             log.warning("cannot connect to %s: %s", endpoint, exc.strerror)
 
     def disconnect(self, endpoint: str) -> None:
         self.dialled.pop(endpoint, None)
+        self.refused.forget(endpoint)
         try:
             self.router.disconnect(endpoint)
         except zmq.ZMQError:
@@ -210,6 +215,8 @@ class InboundRouter:
             nursery.start_soon(self._report_resets)
             nursery.start_soon(self._serve)
             nursery.start_soon(self._act, nursery.cancel_scope)
+            if self.setup["endpoint"] is None:
+                nursery.start_soon(self._redial)
 
     async def _send_outbox(self) -> None:
         try:
@@ -247,10 +254,25 @@ class InboundRouter:
             elif kind == "disconnect":
                 self.disconnect(*args)
 
+    async def _redial(self) -> None:
+        """A client's dials that were refused or failed, dialled anew when due (RefusedDials)."""
+        while True:
+            with trio.move_on_at(self.refused.next_at()):
+                await self.refused.changed.wait()
+            self.refused.changed = trio.Event()
+            for endpoint in self.refused.take_due(trio.current_time()):
+                if endpoint in self.dialled:
+                    routing_id, server_key = self.dialled[endpoint]
+                    self.disconnect(endpoint)
+                    self.connect(endpoint, routing_id, server_key)
+                    self.counts["redialled"] += 1
+
     async def _event(self, parts: list[bytes]) -> None:
         """Waits while the node does not take events: the monitor's queue then fills and
         libzmq's I/O thread waits too, so no event is ever dropped (zap.py)."""
         event, fd = monitor_event(parts)
+        if self.setup["endpoint"] is None:  # a client's: the event names the endpoint it dialled
+            self.refused.on_event(event, parts[1].decode(errors="replace"), trio.current_time())
         address = None
         if event in (zmq.EVENT_ACCEPTED, zmq.EVENT_CONNECTED):  # CONNECTED: a client ingress's dial
             peer = remote_peer(fd)
@@ -265,6 +287,8 @@ class InboundRouter:
                 self.resets.forget(fd)
         if self.data_limit is not None:
             self.data_limit.set(len(self.tcp))
+        if self.setup["endpoint"] is None:
+            address = parts[1].decode(errors="replace")  # a client's: which of its dials (supervisor.py)
         await self.outbox.send(["event", event, fd, address])
 
     async def _follow(self) -> None:
@@ -351,6 +375,40 @@ class InboundRouter:
             self.router.close(linger=0)
         close_zap(self.zap)
         self.context.term()
+
+
+class RefusedDials:
+    """A client's dials whose handshake failed or was refused (the other side's ZAP handler: a
+    node that has not admitted this one yet, a cap): libzmq never tries those again, so each is
+    dialled anew after `first_s`, then twice as long each time up to `max_s`, until one
+    succeeds (as transport.py's `Redial` reopens a DEALER)."""
+
+    def __init__(self, first_s: float, max_s: float) -> None:
+        self.first_s, self.max_s = first_s, max_s
+        self.due: dict[str, float] = {}
+        self.waits: dict[str, float] = {}
+        self.changed = trio.Event()
+
+    def on_event(self, event: int, endpoint: str, now: float) -> None:
+        if event in FAILED_EVENTS:
+            wait = min(self.max_s, 2 * self.waits[endpoint]) if endpoint in self.waits else self.first_s
+            self.waits[endpoint], self.due[endpoint] = wait, now + wait
+            self.changed.set()
+        elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self.forget(endpoint)
+
+    def forget(self, endpoint: str) -> None:
+        self.due.pop(endpoint, None)
+        self.waits.pop(endpoint, None)
+
+    def next_at(self) -> float:
+        return min(self.due.values(), default=math.inf)
+
+    def take_due(self, now: float) -> list[str]:
+        taken = [endpoint for endpoint, at in self.due.items() if at <= now]
+        for endpoint in taken:
+            del self.due[endpoint]  # its wait stays: the next refusal waits twice as long
+        return taken
 
 
 class DataLimit:

@@ -25,7 +25,7 @@ from protocol import Decoder, Envelope, MessageType, ProtocolError, Reason, Repl
 from ...metrics import HANDSHAKE_FIRST, MULTIPART, UNKNOWN_PEER, Metrics
 from ..gate import CHALLENGE_TYPES, PARK, Gate
 from ..settings import TransportSettings
-from ..zmqsetup import PEERS, PUBLIC
+from ..zmqsetup import CLIENT, PEERS, PUBLIC
 from .supervisor import Ingress
 
 __all__ = ["Inbound", "decode_all"]
@@ -39,6 +39,12 @@ REPLAY_LOG_EVERY_S = 60.0  # per sender: a replay is worth a line, a flood of th
 # Takes an accepted envelope, its frame and the host a stranger's connection comes from (if
 # known); returns None, or the reason it refuses it after all.
 Handler = Callable[[Envelope, bytes, str | None], Awaitable[str | None]]
+# Told, before the handler, each accepted envelope and the socket and routing id of the
+# connection it came on (routes.py learns where client peers are from it).
+RouteSeen = Callable[[Envelope, str, bytes], None]
+# Each socket's connections apart: a prefix of the connection's id in the gate.
+_PREFIXES = {PUBLIC: b"p", PEERS: b"P", CLIENT: b"c"}
+_SOCKETS = {prefix[0]: name for name, prefix in _PREFIXES.items()}
 
 
 def decode_all(decoder: Decoder, frames: list[bytes]) -> list[Envelope | ProtocolError]:
@@ -76,6 +82,7 @@ class Inbound:
         self._replays_logged: dict[bytes, float] = {}  # sender -> when its last replay was logged
         self.verify_limiter = trio.CapacityLimiter(settings.verify_threads)
         self._pending = 0  # frames read and passed to verification, not yet handled
+        self.route_seen: RouteSeen | None = None
 
     @property
     def in_flight(self) -> int:
@@ -107,25 +114,27 @@ class Inbound:
         to_verify, verify = trio.open_memory_channel[_Batch](queue)
         to_deliver, deliver = trio.open_memory_channel[_Batch](queue + self.settings.verify_threads)
         async with trio.open_nursery() as nursery, to_verify, verify, to_deliver, deliver:
-            nursery.start_soon(self._read, to_verify.clone(), to_deliver.clone(), False)
-            nursery.start_soon(self._read, to_verify.clone(), to_deliver.clone(), True)
+            for name in self.ingress:  # PUBLIC and PEERS, or a client node's CLIENT
+                nursery.start_soon(self._read, to_verify.clone(), to_deliver.clone(), name)
             for _ in range(self.settings.verify_threads):
                 nursery.start_soon(self._verify, verify.clone())
             nursery.start_soon(self._deliver, deliver.clone(), handle)
 
     async def _read(
-        self, to_verify: trio.MemorySendChannel[_Batch], to_deliver: trio.MemorySendChannel[_Batch], peers: bool
+        self, to_verify: trio.MemorySendChannel[_Batch], to_deliver: trio.MemorySendChannel[_Batch], name: str
     ) -> None:
-        """Read the public socket, or the peers' one (`peers`): each reader's batches are
-        delivered in the order it read them."""
+        """Read the socket `name`: each reader's batches are delivered in the order it read them.
+        A client's connections, which it dialled, are read as the public socket is: strangers'
+        frames at their pace, peers' links freely."""
+        peers = name == PEERS
         async with to_verify, to_deliver:
             while True:
                 if not peers:  # strangers' frames: no faster than their budget (gate.py)
                     await trio.sleep(self.gate.stranger_reads.wait_s(trio.current_time()))
-                messages = await self.ingress[PEERS if peers else PUBLIC].receive(
+                messages = await self.ingress[name].receive(
                     self.settings.verify_batch, self.settings.verify_batch_bytes
                 )
-                batch = self._admit(messages, trio.current_time(), peers)
+                batch = self._admit(messages, trio.current_time(), _PREFIXES[name])
                 if batch.frames:
                     self._pending += len(batch.frames)
                     await to_deliver.send(batch)  # first: delivery order is read order
@@ -142,15 +151,15 @@ class Inbound:
             return False
         return sum(len(parts[-1]) for parts in messages) < self.settings.verify_batch_bytes // 2
 
-    def _admit(self, messages: list[list], now: float, peers: bool) -> _Batch:
+    def _admit(self, messages: list[list], now: float, prefix: bytes) -> _Batch:
         """The frames of `messages` that may be verified; the rest are counted and dropped.
         On the peers' socket admitted peers' frames pass without spending the strangers' budget
         (with CURVE, only admitted peers and keys being verified can connect there at all);
         others' PINGs and PONGs are judged as on the public socket, the rest parked or refused."""
-        batch = _Batch()
+        batch, peers = _Batch(), prefix == _PREFIXES[PEERS]
         for parts in messages:
-            # Routing ids are per socket: the prefix keeps the two sockets' connections apart.
-            connection, message = (b"P" if peers else b"p") + parts[0], parts[1]
+            # Routing ids are per socket: the prefix keeps the sockets' connections apart.
+            connection, message = prefix + parts[0], parts[1]
             refusal = None if peers else self.gate.budget(connection, message.get, now)
             if refusal is None and len(parts) != 2:  # [routing id, frame]; more parts: not a peer
                 refusal = MULTIPART
@@ -242,6 +251,8 @@ class Inbound:
             self.metrics.rejected(result.reason.value, len(frame))
             return
         self.gate.verified(connection, result.sender)
+        if self.route_seen is not None:
+            self.route_seen(result, _SOCKETS[connection[0]], connection[1:])
         refusal = await handle(result, frame, self.gate.source(connection))
         if refusal is None:
             self.metrics.received(result.type, result.size)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import Counter
 
 import zmq
+from zmq.utils.garbage import gc as zero_copy_collector
 
 __all__ = ["RoutedSends", "SEND_GONE", "SEND_FULL", "SEND_OVER_BYTES", "OUTBOUND_SLACK"]
 
@@ -32,6 +33,11 @@ class RoutedSends:
     def __init__(self, router: zmq.Socket, max_bytes: int, counts: Counter[str]) -> None:
         self.router, self.max_bytes, self.counts = router, max_bytes, counts
         router.copy_threshold = 0  # pyzmq copies smaller frames and lets go of them at once: untracked
+        # pyzmq hands zero-copy frames back through a thread (and context) of its own, started at
+        # the first: start it now, before the process's memory limit leaves no room for a thread
+        # (process.py DataLimit; libzmq aborts when it cannot start one).
+        if not zero_copy_collector.is_alive():
+            zero_copy_collector.start()
         self.held = 0
         self._tracked: list[tuple[zmq.MessageTracker, int]] = []
 

@@ -36,12 +36,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import trio
+import zmq
 
 from ...forkserver import ForkServerError, TrioForkServer, describe_exit
 from ...memory import process_memory
 from ..settings import TransportSettings
 from ..transport import CURVE_SLACK, TransportError
 from ..zap import PUBLIC, Connections
+from ..zmqsetup import CLIENT, FAILED_EVENTS
 from .pipes import MessagePipe, PipeError, socket_pair
 from .sends import OUTBOUND_SLACK, SEND_GONE
 
@@ -153,6 +155,8 @@ class Ingress:
         self._up = trio.Event()
         self._generation = 0
         self.dials: dict[str, tuple[bytes, bytes | None]] = {}  # CLIENT: endpoint -> routing id, server key
+        self._server_keys: dict[bytes, str] = {}  # CLIENT, with CURVE: routing id -> server key (hex)
+        self.connected: set[str] = set()  # CLIENT: the endpoints whose connection is up (handshake done)
         # In order, for the process: (generation, or None for any; [kind, *arguments]).
         self._to_send, self._outbound = trio.open_memory_channel[tuple[int | None, list]](settings.send_hwm)
         self._backlog: list[tuple[int | None, list]] = []  # dials that found the queue full
@@ -195,6 +199,7 @@ class Ingress:
             await self._relay(child)
             self._up = trio.Event()
             self._child = None
+            self.connected.clear()
             how = await self._end(child)  # its pipes broke: it has ended, or is ended now
             banned = self.connections.forget_all(self.name, trio.current_time(), aborted=how in _ABORTED)
             if banned:
@@ -249,11 +254,21 @@ class Ingress:
         """CLIENT: dial `endpoint` (with CURVE, where the X25519 `server_key` is expected), its
         connection named `routing_id`; dialled again by every later process."""
         self.dials[endpoint] = (routing_id, server_key)
+        if server_key is not None:  # CURVE proved it: what the gate takes a frame's User-Id for
+            self._server_keys[routing_id] = server_key.hex()
         self._queue(None, ["connect", endpoint, routing_id, server_key], always=True)
 
     def disconnect(self, endpoint: str) -> None:
+        routing_id, _ = self.dials.get(endpoint, (None, None))
+        self._server_keys.pop(routing_id, None)
         if self.dials.pop(endpoint, None) is not None:
             self._queue(None, ["disconnect", endpoint], always=True)
+
+    def _follow_dial(self, event: int, endpoint: str) -> None:
+        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self.connected.add(endpoint)
+        elif event == zmq.EVENT_DISCONNECTED or event in FAILED_EVENTS:
+            self.connected.discard(endpoint)
 
     def _queue(self, generation: int | None, action: list, always: bool = False) -> bool:
         try:
@@ -302,6 +317,7 @@ class Ingress:
         batch = []
         for routing_id, data, address, user_id, more in relayed:
             metadata = {"Peer-Address": address}
+            user_id = user_id or self._server_keys.get(routing_id)  # a client's: the key it dialled
             if user_id is not None:
                 metadata["User-Id"] = user_id
             batch.append([prefix + routing_id, RelayedFrame(data, metadata), *(_Part(size) for size in more)])
@@ -365,6 +381,8 @@ class Ingress:
             "max_message_bytes": self.max_frame_bytes + CURVE_SLACK,
             "recv_hwm": s.public_recv_hwm if public else s.recv_hwm,
             "send_hwm": s.send_hwm,
+            "redial_s": s.redial_s,
+            "redial_max_s": s.redial_max_s,
             "max_routed_send_bytes": self.routed_bound(),
             "max_buffered_bytes": self.buffered_bound(),
             "data_limit_bytes": self.data_limit_bytes(),
@@ -417,6 +435,8 @@ class Ingress:
                 if kind == "event":
                     _, event, fd, address = message
                     self.connections.on_event(event, fd, address, self.name, trio.current_time())
+                    if self.name == CLIENT:  # `address` is the endpoint it dialled
+                        self._follow_dial(event, address)
                 elif kind == "reset":
                     self.connections.reset(self.name, message[2], trio.current_time())
                 elif kind == "zap":
