@@ -1,6 +1,6 @@
 """Who joins from behind a NAT (issue #46): discovery daemons on the NAT testbed, each node's peers.
 
-    python -m tools.bench.nat [--seconds 30] [--out bench-out/nat] [--save nat]
+    python -m tools.bench.nat [--seconds 30] [--client-mode] [--out bench-out/nat] [--save nat]
 
 The testbed (testnet/launch/nat.py): a bootstrap node and two more public nodes on the internet
 bridge; two nodes behind one port-restricted home router, two behind one symmetric NAT, two
@@ -11,8 +11,10 @@ discovery only (`algorithm none`, CURVE on, the launcher's fast liveness setting
 many peers, whether the bootstrap admitted them, and what each says of its reachability
 (`status`'s `reachability`: public, private or unknown). Then, the daemons stopped, hole
 punching between each pair of sites (`simultaneous_open`: TCP simultaneous open, each host at
-the address and port its NAT would show if it kept the port). Needs root, `ip netns`, `iptables`
-and `conntrack`; it says what is missing otherwise and exits 2.
+the address and port its NAT would show if it kept the port). With `--client-mode` every node
+that is not on the internet bridge runs with `[node].client_mode` (and no hole punching is
+tried). Needs root, `ip netns`, `iptables` and `conntrack`; it says what is missing otherwise
+and exits 2.
 """
 
 from __future__ import annotations
@@ -43,9 +45,9 @@ PORT = 7000
 PUNCH_TIMEOUT_S = 6.0
 
 
-def run(out: Path, seconds: float) -> tuple[list[dict], list[dict]]:
+def run(out: Path, seconds: float, client_mode: bool = False) -> tuple[list[dict], list[dict]]:
     """One run on a fresh testbed: each node's site, address and the sites of its peers; then
-    hole punching between the first host of each pair of sites."""
+    hole punching between the first host of each pair of sites (not with `client_mode`)."""
     from testnet.launch.learning import DISCOVERY
     from testnet.launch.nat import NatLab, cluster_on
 
@@ -57,6 +59,8 @@ def run(out: Path, seconds: float) -> tuple[list[dict], list[dict]]:
                 routers[group] = lab.add_router(site)
             hosts.append(lab.add(name, site, routers.get(group)))
         cluster = cluster_on(hosts, out, port=PORT, discovery=DISCOVERY)
+        for spec, host in zip(cluster.specs, hosts, strict=True):
+            spec.settings["node"]["client_mode"] = client_mode and host.site != "public"
         with cluster:
             for spec in cluster.specs:
                 cluster.start(spec)
@@ -77,7 +81,7 @@ def run(out: Path, seconds: float) -> tuple[list[dict], list[dict]]:
             }
             for spec, host, status in zip(cluster.specs, hosts, statuses, strict=True)
         ]
-        return nodes, _punches(hosts)
+        return nodes, [] if client_mode else _punches(hosts)
 
 
 def _punches(hosts: list) -> list[dict]:
@@ -117,7 +121,8 @@ def render(result: dict) -> str:
         says = ", ".join(f"{state} {count}" for state, count in Counter(node["reachability"] for node in nodes).items())
         row = f"| {site} | {len(nodes)} | {admitted_text} | {min(counts)}–{max(counts)} | {', '.join(seen)} | {says} |"
         rows.append(row)
-    table = "\n".join(rows) + f"\n\nAfter {result['seconds']:g} s of discovery.\n"
+    mode = "; every node off the internet bridge in client mode" if result.get("client_mode") else ""
+    table = "\n".join(rows) + f"\n\nAfter {result['seconds']:g} s of discovery{mode}.\n"
     return table + _render_punches(result.get("punches", []))
 
 
@@ -136,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--client-mode", action="store_true", help="nodes off the internet bridge in client mode")
     parser.add_argument("--out", type=Path, default=Path("bench-out/nat"))
     parser.add_argument("--save", metavar="NAME", help="write the result to tools/bench/results/NAME.json")
     args = parser.parse_args(argv)
@@ -143,9 +149,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"the NAT testbed {why}", file=sys.stderr)
         return 2
     words = ["python", "-m", "tools.bench.nat", *(sys.argv[1:] if argv is None else argv)]
-    with capture(words, settings={"algorithm.name": "none"}, runs=1) as provenance:
-        nodes, punches = run(args.out, args.seconds)
-    data = {"seconds": args.seconds, "nodes": nodes, "punches": punches}
+    settings = {"algorithm.name": "none", **({"node.client_mode": "true, behind a NAT"} if args.client_mode else {})}
+    with capture(words, settings=settings, runs=1) as provenance:
+        nodes, punches = run(args.out, args.seconds, args.client_mode)
+    data = {"seconds": args.seconds, "client_mode": args.client_mode, "nodes": nodes, "punches": punches}
     print(render({"data": data}))
     if args.save:
         print(f"saved {save(args.save, 'tools.bench.nat', provenance, data)}", file=sys.stderr)
