@@ -27,6 +27,7 @@ import tomli_w
 
 from p2pnode.wire.keystore import write_key
 from protocol import Identity
+from protocol.messages import is_client_address
 
 from .placement import LocalPlacement, NodeSpec, Placement
 
@@ -126,7 +127,7 @@ class Cluster:
         """
         self.placement.place([spec], self.start_timeout_s)
         node = spec.settings.setdefault("node", {})
-        if spec.address is not None and "advertise" not in node:
+        if spec.address is not None and "advertise" not in node and not is_client_address(spec.address):
             node["listen"] = spec.address
         discovery = spec.settings.setdefault("discovery", {})
         if "bootstrap" not in discovery:
@@ -152,7 +153,11 @@ class Cluster:
         draw = random.Random(len(self.specs))
         for spec in self.specs:
             discovery = spec.settings.setdefault("discovery", {})
-            up = [other for other in self.specs[1 : spec.index] if other.address is not None and self.alive(other)]
+            up = [
+                other
+                for other in self.specs[1 : spec.index]
+                if other.address is not None and not is_client_address(other.address) and self.alive(other)
+            ]  # a client node is dialled by nobody
             if self.bootstrap is not None and up and "bootstrap" not in discovery:
                 contact = draw.choice(up)
                 named = f"{contact.public_key.hex()}@{contact.address}" if contact.public_key else contact.address

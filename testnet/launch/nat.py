@@ -35,11 +35,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .cluster import Cluster
+from .placement import LocalPlacement
 
 __all__ = [
     "SITES",
     "Host",
     "NatLab",
+    "NatPlacement",
     "cluster_on",
     "missing",
     "observed",
@@ -245,6 +247,29 @@ class NatLab:
         if check and result.returncode != 0:
             raise RuntimeError(f"{' '.join(args)} in {namespace}: {result.stderr.strip() or result.returncode}")
         return result.stdout
+
+
+class NatPlacement(LocalPlacement):
+    """A launcher's placement (placement.py) of node i on `hosts[i]`, at `port` of its address
+    (the namespaces are the lab's own, so a fixed port is free); with `client_mode`, a node not
+    on the internet bridge runs in client mode (`[node].client_mode`), and, since only the public
+    nodes can be its peers (no relay yet), waits for no more of them before its first round."""
+
+    def __init__(self, hosts: list[Host], port: int = 7000, client_mode: bool = False) -> None:
+        super().__init__(fork=False)  # a daemon runs in its host's namespace: started with exec there
+        self.hosts, self.port, self.client_mode = hosts, port, client_mode
+
+    def place(self, specs, timeout: float) -> None:
+        for spec in specs:
+            host = self.hosts[spec.index]
+            spec.prefix = host.prefix
+            spec.settings["node"]["listen"] = f"tcp://{host.address}:{self.port}"
+            client = self.client_mode and host.site != "public"
+            spec.settings["node"]["client_mode"] = client
+            algorithm = spec.settings.get("algorithm")
+            if client and algorithm and "start_peers" in algorithm:
+                public = sum(other.site == "public" for other in self.hosts)
+                algorithm["start_peers"] = min(algorithm["start_peers"], public)
 
 
 def cluster_on(hosts: list[Host], out: Path, *, port: int = 7000, discovery: dict | None = None) -> Cluster:

@@ -1,0 +1,118 @@
+"""Learning from behind NATs (issue #46): a MAPL-Dual testnet on the NAT testbed, every node
+behind a NAT in client mode, beside the same nodes all on the internet bridge (the control).
+
+    python -m tools.bench.nat_learning [--rounds 40] [--seed 10] [--out bench-out/nat-learning] [--save NAME]
+
+The layout is tools.bench.nat's (a bootstrap and two more public nodes; two nodes behind one
+port-restricted home router, two behind one symmetric NAT, two behind a home router behind a
+carrier-grade NAT, one behind a firewall), ten daemons on mnist5k Scenario 1 (two clusters of
+five, node i in cluster i mod 2), 10 training and 80 test images per own class, CURVE on, the
+learning testnet's settings (testnet/launch/learning.py). The control runs the same spec with
+every host public. Per run: accuracy, within-cluster mass, payloads missing, `--check`; for the
+NAT run also each node's site. Needs root, `ip netns`, `iptables` and `conntrack`; it says what
+is missing otherwise and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .nat import LAYOUT, PORT
+from .results import capture, save
+
+
+def run(out: Path, rounds: int, seed: int, natted: bool) -> dict:
+    """One learning testnet on a fresh testbed: NATed (client mode behind the NATs) or all public."""
+    from algorithms.data.setup import ScenarioSpec
+    from testnet.launch.learning import run_learning_testnet
+    from testnet.launch.nat import NatLab, NatPlacement
+    from testnet.simulation.spec import SimulationSpec
+
+    spec = SimulationSpec(
+        algorithm="mapl-dual",
+        data=ScenarioSpec(
+            dataset="mnist5k", scenario="1", nodes=len(LAYOUT), seed=seed, samples_per_class=10, test_per_class=80
+        ),
+        rounds=rounds,
+    )
+    with NatLab() as lab:
+        routers: dict[str, str] = {}
+        hosts = []
+        for name, site, group in LAYOUT:
+            site = site if natted else "public"
+            if natted and group is not None and group not in routers:
+                routers[group] = lab.add_router(site)
+            hosts.append(lab.add(name, site, routers.get(group)))
+        placement = NatPlacement(hosts, PORT, client_mode=natted)
+        code, report = run_learning_testnet(spec, out, placement=placement)
+    return {
+        "run": "behind NATs, client mode" if natted else "all public (control)",
+        "sites": [host.site for host in hosts],
+        "exit_code": code,
+        "check": report["check"],
+        "accuracy": report["accuracy"]["mean"],
+        "accuracy_per_node": report["accuracy"]["per_node"],
+        "within_cluster_mass": report["graph"]["within_cluster_mass"],
+        "missing_payloads": report["missing_payloads"],
+        "rounds_completed_per_node": report["rounds_completed_per_node"],
+        "messages": report["comm"]["messages"],
+        "wall_s": round(report["wall_s"], 1),
+    }
+
+
+def render(result: dict) -> str:
+    data = result["data"]
+    rows = [
+        "| run | accuracy, % (mean over nodes) | behind a NAT / public nodes, % | within-cluster mass "
+        "| payloads missing | rounds completed (min) | `--check` | wall, s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    natted_sites = next(run["sites"] for run in data["runs"] if "NAT" in run["run"])
+    for run in data["runs"]:
+        behind = [a for a, site in zip(run["accuracy_per_node"], natted_sites, strict=True) if site != "public"]
+        public = [a for a, site in zip(run["accuracy_per_node"], natted_sites, strict=True) if site == "public"]
+        verdict = "passed" if run["check"]["passed"] else "failed: " + "; ".join(run["check"]["failures"])
+        rows.append(
+            f"| {run['run']} | {100 * run['accuracy']:.1f} | {100 * _mean(behind):.1f} / {100 * _mean(public):.1f} "
+            f"| {run['within_cluster_mass']:.3f} | {run['missing_payloads']} | {min(run['rounds_completed_per_node'])} "
+            f"| {verdict} | {run['wall_s']:.0f} |"
+        )
+    return "\n".join(rows) + (
+        f"\n\nmnist5k Scenario 1, {len(natted_sites)} MAPL-Dual daemons, {data['rounds']} rounds, seed {data['seed']};"
+        " the second column splits the nodes by where they sit in the NAT run (the same nodes in the control).\n"
+    )
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from testnet.launch.nat import missing
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--seed", type=int, default=10)
+    parser.add_argument("--out", type=Path, default=Path("bench-out/nat-learning"))
+    parser.add_argument("--save", metavar="NAME", help="write the result to tools/bench/results/NAME.json")
+    args = parser.parse_args(argv)
+    if (why := missing()) is not None:
+        print(f"the NAT testbed {why}", file=sys.stderr)
+        return 2
+    words = ["python", "-m", "tools.bench.nat_learning", *(sys.argv[1:] if argv is None else argv)]
+    settings = {"node.client_mode": "true, behind a NAT (NAT run)"}
+    with capture(words, settings=settings, seeds=[args.seed], threads=1, runs=2) as provenance:
+        runs = [
+            run(args.out / name, args.rounds, args.seed, natted) for name, natted in (("nat", True), ("control", False))
+        ]
+    data = {"rounds": args.rounds, "seed": args.seed, "runs": runs}
+    print(render({"data": data}))
+    if args.save:
+        print(f"saved {save(args.save, 'tools.bench.nat_learning', provenance, data)}", file=sys.stderr)
+    return 0 if all(run["exit_code"] == 0 for run in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
