@@ -207,6 +207,7 @@ HOSTILE_ADMITTED = Quick("python -m tools.bench.hostile --admitted-peer --quick"
 COLLUDERS = Quick("python -m tools.bench.colluders --seeds 0 --runs 0 3", 180, heavy=True)
 CAMPAIGN = Quick("python -m tools.bench.campaign --seconds 3 --sources 8", 180, heavy=True)
 NAT = Quick("python -m tools.bench.nat --seconds 2 --out DIR", 120, heavy=True, needs=nat_missing)
+NAT_LEARNING = Quick("python -m tools.bench.nat_learning --rounds 2 --out DIR", 300, heavy=True, needs=nat_missing)
 NAT_CLIENT = Quick("python -m tools.bench.nat --seconds 2 --client-mode --out DIR", 120, heavy=True, needs=nat_missing)
 # On the CPU alone: the CUDA runs need a GPU, and the CPU runs take the same path.
 GPU = Quick("python -m tools.bench.gpu --rounds 1 --methods local --devices cpu --out DIR")
@@ -289,6 +290,7 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "python -m tools.bench.nat": NAT,
     "python -m tools.bench.nat --seconds 30 --save nat": NAT,
     "python -m tools.bench.nat --seconds 30 --client-mode --save nat-client": NAT_CLIENT,
+    "python -m tools.bench.nat_learning --rounds 40 --seed 10 --save nat-learning": NAT_LEARNING,
 }
 
 _MAKE = "a Makefile target (it builds .venv first): its commands are listed here and run quick"
