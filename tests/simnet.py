@@ -17,6 +17,7 @@ from p2pnode.discovery.peers import Membership
 from p2pnode.discovery.settings import DiscoverySettings
 from p2pnode.wire.inbound.reader import decode_all
 from protocol import PROTOCOL_VERSION, Decoder, Encoder, Envelope, Hello, MessageType, ProtocolError, ReplayGuard
+from protocol.messages import CLIENT_CAPABILITY, client_address
 
 from .conftest import fixed_identity
 
@@ -57,6 +58,7 @@ class SimNode:
     connections: set  # addresses with an open outbound connection
     guard: ReplayGuard
     up: bool = True
+    host: str | None = None  # where its connections come from, as a receiver sees it (`client_host`)
 
     @property
     def key(self) -> bytes:
@@ -84,10 +86,13 @@ class SimNet:
         bootstrap: list[str] = (),
         seed_identity: int | None = None,
         address: str | None = None,
+        client_host: str | None = None,
         **settings,
     ) -> SimNode:
-        address = address or f"tcp://10.0.0.{index}:7000"
+        """A node at `address` (default 10.0.0.`index`); with `client_host`, a client node
+        (docs/daemon.md, "Client mode") whose connections come from that host."""
         identity = fixed_identity(100 + (index if seed_identity is None else seed_identity))
+        address = client_address(identity.public_key) if client_host else address or f"tcp://10.0.0.{index}:7000"
         config = replace(DiscoverySettings(), bootstrap=tuple(bootstrap), **{**_UNLIMITED_SUBNETS, **settings})
         node = SimNode(
             index,
@@ -97,13 +102,17 @@ class SimNet:
             itertools.count(self.now_us()),
             set(),
             ReplayGuard(),
+            host=client_host,
         )
         node.membership.set_own_hello(self.frame(node, self._hello(node)))
         self.nodes[address] = node
         return node
 
     def _hello(self, node: SimNode) -> Hello:
-        return Hello(address=node.address, capabilities=(), dataset_size=0, protocol_versions=(PROTOCOL_VERSION,))
+        capabilities = (CLIENT_CAPABILITY,) if node.host else ()
+        return Hello(
+            address=node.address, capabilities=capabilities, dataset_size=0, protocol_versions=(PROTOCOL_VERSION,)
+        )
 
     def frame(self, node: SimNode, body) -> bytes:
         """`body` signed by `node`, as it would send it now."""
@@ -111,7 +120,7 @@ class SimNet:
 
     def inject(self, node: SimNode, frame: bytes) -> None:
         """Deliver `frame` to `node` now, as if a stranger had sent it there."""
-        heapq.heappush(self._queue, (self.now, next(self._order), node.address, frame))
+        heapq.heappush(self._queue, (self.now, next(self._order), node.address, frame, None))
 
     def kill(self, node: SimNode) -> None:
         """Like kill -9: no BYE, its connections just stop answering."""
@@ -122,7 +131,7 @@ class SimNet:
         connected = address in node.connections and self.now >= self._connected_at.get((node.address, address), 0)
         if not connected or target is None or not target.up:
             return False
-        heapq.heappush(self._queue, (self.now + self.latency, next(self._order), address, frame))
+        heapq.heappush(self._queue, (self.now + self.latency, next(self._order), address, frame, node.host))
         return True
 
     def execute(self, node: SimNode, actions) -> None:
@@ -145,7 +154,7 @@ class SimNet:
                 for address in action.addresses:
                     self._send(node, address, frame)
 
-    def _deliver(self, address: str, frame: bytes) -> None:
+    def _deliver(self, address: str, frame: bytes, source: str | None = None) -> None:
         node = self.nodes[address]
         if not node.up:
             return
@@ -158,7 +167,7 @@ class SimNet:
             ):
                 if not isinstance(hello, ProtocolError) and hello.type is MessageType.HELLO:
                     relayed.append((hello, raw))
-        actions, refusal = node.membership.on_message(envelope, frame, self.now, self.now_us(), relayed)
+        actions, refusal = node.membership.on_message(envelope, frame, self.now, self.now_us(), relayed, source=source)
         if refusal is not None:
             self.refusals[refusal] += 1
         self.delivered += 1
@@ -169,8 +178,8 @@ class SimNet:
         next_tick = self.now
         while self.now < end:
             if self._queue and self._queue[0][0] <= next_tick:
-                self.now, _, address, frame = heapq.heappop(self._queue)
-                self._deliver(address, frame)
+                self.now, _, address, frame, source = heapq.heappop(self._queue)
+                self._deliver(address, frame, source)
             else:
                 self.now = next_tick
                 for node in list(self.nodes.values()):

@@ -414,7 +414,7 @@ class Membership:
         dials us is verified even when the table is full: it is then redirected (`_admit`).
         A relayed HELLO that cannot be verified now is kept in the passive view."""
         address = hello.body.address
-        subnet = self._subnets.of(address)
+        subnet = self._subnets.of_node(address, _source(informant))
         refusal = self.dialing.over_budget(address, informant) or self.room.no_room_for(
             subnet, now, newcomer=isinstance(informant, Direct)
         )
@@ -430,7 +430,7 @@ class Membership:
     def _admit(self, entry: Dialing, hello: Envelope, frame: bytes, *, seq: int, now: float) -> list[Action]:
         """`hello`'s key answered the challenge sent to `entry.address`: admit it there, or,
         with the table full, redirect it."""
-        subnet = self._subnets.of(entry.address)
+        subnet = self._subnets.of_node(entry.address, _source(entry.informant))
         key = hello.sender
         refusal = self.room.no_room_for(subnet, now)
         full = len(self.peers) >= self.settings.max_peers  # then the subnet rule may displace (#14)
@@ -560,3 +560,8 @@ class Membership:
         head = ([self.own_hello] if self.own_hello is not None else []) + list(first)[: MAX_RELAYED_HELLOS - 1]
         sample = self.rng.sample(others, min(len(others), MAX_RELAYED_HELLOS - len(head)))
         return Peers(hellos=tuple(head + sample))
+
+
+def _source(informant: Informant) -> str | None:
+    """The host a HELLO's connection came from, where it came from its own key."""
+    return informant.source if isinstance(informant, Direct) else None

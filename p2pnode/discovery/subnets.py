@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ipaddress
 
+from protocol.messages import is_client_address
+
 from ..wire.gate import subnet_of
 
 PURE = True  # no I/O and no clock: time comes in as arguments (tests/test_layering.py checks)
@@ -30,6 +32,14 @@ class Subnets:
 
     def __init__(self, exempt: tuple[str, ...]) -> None:
         self._exempt = tuple(ipaddress.ip_network(cidr) for cidr in exempt)
+
+    def of_node(self, address: str, source: str | None) -> str | None:
+        """The subnet a node at `address` counts in: its address's; a client node's, whose
+        address names no host and is one per key, that of the host its connection came from
+        (`source`), so that many keys behind one NAT count as one subnet."""
+        if is_client_address(address) and source is not None:
+            return self.of_host(source)
+        return self.of(address)
 
     def of(self, address: str) -> str | None:
         """The subnet of an address's host, or None where the limits do not apply (loopback by

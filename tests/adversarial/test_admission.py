@@ -35,6 +35,20 @@ def test_sixty_sybils_from_one_subnet_cannot_fill_the_table():
     assert len(target.membership.peers) <= 8
 
 
+def test_sixty_client_sybils_behind_one_nat_count_as_one_subnet():
+    """Client nodes (issue #46) have an address per key that names no host: they count in the
+    subnet of the host their connections come from, so sixty keys behind one NAT get two places."""
+    net = SimNet()
+    target = net.add(0, max_peers=8, max_peers_per_subnet=2)
+    sybils = [net.add(100 + i, [target.address], client_host="198.51.100.7") for i in range(60)]
+    net.run(5)
+    assert len(set(target.membership.peers) & {node.key for node in sybils}) == 2
+    assert target.membership.counts["refused_subnet"] > 0
+    honest = [net.add(200 + i, [target.address], client_host=f"203.0.{i}.1") for i in range(1, 5)]
+    net.run(3)
+    assert all(node.key in target.membership.peers for node in honest)
+
+
 def test_a_full_table_keeps_its_long_lived_peers_and_displaces_only_from_the_crowded_subnet():
     net = SimNet()
     target = net.add(0, max_peers=4, max_peers_per_subnet=4)
