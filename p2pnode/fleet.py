@@ -68,6 +68,7 @@ class FleetSpec:
     class_names: tuple[str, ...] = ()  # default: the class folders found under data_per_node
     image_size: int | None = None
     force: bool = False
+    behind_nat: frozenset[int] = frozenset()  # nodes nobody can dial: client mode, dialling the others
 
 
 @dataclass(frozen=True)
@@ -129,8 +130,11 @@ def _write_nodes(spec: FleetSpec, slots: list[_Slot], data: list[Path] | None, c
         directory = node_directory(spec, index)
         directory.mkdir(parents=True)
         write_key(directory / KEY_FILE, identity)
-        others = [f"{other.public_key.hex()}@{s.address}" for other, s in zip(identities, slots, strict=True)]
-        del others[index]
+        others = [  # a node behind a NAT is dialled by nobody: it dials the others
+            f"{other.public_key.hex()}@{s.address}"
+            for number, (other, s) in enumerate(zip(identities, slots, strict=True))
+            if number != index and number not in spec.behind_nat
+        ]
         text = _config_text(spec, index, slot, others, peers_per_host[slot.host], data, class_names)
         (directory / CONFIG_FILE).write_text(text)
         paths.append(directory / CONFIG_FILE)
@@ -151,6 +155,10 @@ def check_fleet(paths: list[Path]) -> list[str]:
 def _slots(spec: FleetSpec) -> list[_Slot]:
     if not 1 <= spec.nodes <= MAX_FLEET:
         raise FleetError(f"--nodes: 1 to {MAX_FLEET} (each node names all the others as bootstrap entries)")
+    if any(not 0 <= index < spec.nodes for index in spec.behind_nat):
+        raise FleetError(f"--behind-nat: node numbers 0 to {spec.nodes - 1}, got {sorted(spec.behind_nat)}")
+    if spec.behind_nat and len(spec.behind_nat) == spec.nodes:
+        raise FleetError("--behind-nat: at least one node must be reachable (nodes behind NATs dial it; no relay yet)")
     if not spec.hosts or any(not host or any(c in host for c in " /@:[]") for host in spec.hosts):
         raise FleetError(f"--hosts: expected host names or IPv4 addresses separated by commas, got {spec.hosts!r}")
     slots, used = [], dict.fromkeys(spec.hosts, 0)
@@ -236,12 +244,16 @@ def _config_text(
     data: list[Path] | None,
     class_names: tuple[str, ...],
 ) -> str:
-    node = {"key": KEY_FILE, "data_dir": "data", "network": spec.network, **_addresses(slot)}
+    client = index in spec.behind_nat
+    node = {"key": KEY_FILE, "data_dir": "data", "network": spec.network}
+    node.update({"client_mode": True} if client else _addresses(slot))
     security: dict = {"curve": True}
     per_address = CONNECTIONS_PER_NEIGHBOUR * (on_host - 1)
     if per_address > DEFAULT_PER_ADDRESS:  # the fleet's nodes on one host connect from one address
         security["max_connections_per_address"] = per_address
-    algorithm = {"name": spec.algorithm, "rounds": spec.rounds, "start_peers": min(spec.nodes - 1, 64)}
+    # A client's peers are the reachable nodes (not the other clients); a reachable node's, every other.
+    peers = spec.nodes - len(spec.behind_nat) if client else spec.nodes - 1
+    algorithm = {"name": spec.algorithm, "rounds": spec.rounds, "start_peers": min(peers, 64)}
     if spec.local_baseline:
         algorithm["local_baseline"] = True
     if spec.settings:

@@ -25,6 +25,14 @@ positive_int = positive(int, "integer")
 positive_float = positive(float, "number")
 
 
+def node_numbers(text: str) -> tuple[int, ...]:
+    """An argparse type: node numbers separated by commas, as `2,3`."""
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected node numbers separated by commas, as 2,3; got {text!r}") from None
+
+
 def backbone_name(text: str) -> str:
     """A built-in backbone's name or MODULE:CALLABLE, as `[model].backbone` takes it."""
     import re

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from p2pnode.exits import EXIT_FAILED, EXIT_OK
 
-from .arguments import backbone_name, positive_float, positive_int
+from .arguments import backbone_name, node_numbers, positive_float, positive_int
 from .errors import EXIT_USAGE, CommandError
 from .scenario import write_report
 
@@ -225,6 +225,7 @@ def _init(args: argparse.Namespace) -> int:
         class_names=tuple(args.class_names or ()),
         image_size=args.image_size,
         force=args.force,
+        behind_nat=frozenset(args.behind_nat or ()),
     )
     try:
         paths = write_fleet(spec)  # nothing left behind if it fails
@@ -403,20 +404,7 @@ def _add_init_parser(commands) -> None:
     )
     init.add_argument("--nodes", type=positive_int, required=True, help="nodes in the fleet")
     init.add_argument("--out", required=True, metavar="DIR", help="DIR/node<i>/ gets key.pem and node.toml")
-    init.add_argument(
-        "--hosts",
-        default="127.0.0.1",
-        metavar="H1,H2,...",
-        help="hosts the nodes run on, dealt round-robin (IPv4 addresses or host names; default 127.0.0.1)",
-    )
-    init.add_argument(
-        "--port",
-        type=positive_int,
-        default=7000,
-        help="public port of the first node on each host, its peers' port one above; the next node on the "
-        "same host takes the next two (default 7000)",
-    )
-    init.add_argument("--network", default="p2pnode", help="[node].network of every node (default p2pnode)")
+    _add_init_layout_arguments(init)
     init.add_argument(
         "--algorithm",
         choices=[a for a in ALGORITHM_NAMES if a != "oracle"],
@@ -450,6 +438,31 @@ def _add_init_parser(commands) -> None:
     init.add_argument("--image-size", type=positive_int, metavar="N", help="[data].image_size of image folders")
     init.add_argument("--force", action="store_true", help="replace the node directories of a non-empty DIR")
     init.set_defaults(run=_init)
+
+
+def _add_init_layout_arguments(init) -> None:
+    """Where the fleet's nodes run and how they reach each other."""
+    init.add_argument(
+        "--hosts",
+        default="127.0.0.1",
+        metavar="H1,H2,...",
+        help="hosts the nodes run on, dealt round-robin (IPv4 addresses or host names; default 127.0.0.1)",
+    )
+    init.add_argument(
+        "--port",
+        type=positive_int,
+        default=7000,
+        help="public port of the first node on each host, its peers' port one above; the next node on the "
+        "same host takes the next two (default 7000)",
+    )
+    init.add_argument(
+        "--behind-nat",
+        type=node_numbers,
+        metavar="I,J,...",
+        help="nodes nobody can dial (behind a NAT or a firewall that forwards nothing): [node].client_mode, "
+        "reached over the connections they dial to the others; they are not the others' bootstrap entries",
+    )
+    init.add_argument("--network", default="p2pnode", help="[node].network of every node (default p2pnode)")
 
 
 def _add_init_model_arguments(init) -> None:

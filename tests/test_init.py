@@ -232,3 +232,32 @@ def test_three_daemons_from_init_find_each_other_and_learn_as_rehearsed(tmp_path
     gain = 100 * (deployed[0] - local[0])
     assert f"local baseline {local[0]:.3f} (gain {gain:+.1f} points)" in format_status(statuses[0])  # `p2pnode status`
     assert rehearsed["baselines"]["local"]["accuracy"]["per_node"] == pytest.approx(local, abs=1e-9)
+
+
+def test_a_fleet_with_nodes_behind_nats_writes_them_in_client_mode_and_they_learn_with_the_others(tmp_path, capsys):
+    """`init --behind-nat 2,3`: those nodes bind nothing (client mode), nobody names them as a
+    bootstrap entry, they name the others and wait only for those before round 0; started as
+    written, each client has the two reachable nodes as peers (not the other client: that takes a
+    relay), every reachable node all three, and every node finishes its rounds."""
+    for index in range(4):
+        write_digit_pngs(tmp_path / "images" / f"device{index}", (0, 1, 2), part=index, parts=4, per_class=12)
+    code, paths, err = init(
+        capsys,
+        *("--nodes", "4", "--out", str(tmp_path / "fleet"), "--port", str(free_ports(8)), "--behind-nat", "2,3"),
+        *("--data-per-node", str(tmp_path / "images"), "--image-size", "8", "--backbone", "mlp"),
+        *("--rounds", "2", "--set", "warmup_rounds=1"),
+    )
+    assert code == 0, err
+    configs = [load_config(path) for path in paths]
+    reachable = {config.identity.public_key for config in configs[:2]}
+    for index, config in enumerate(configs):
+        client = index >= 2
+        assert config.node.client_mode is client and (config.node.listen is None) is client
+        named = {key for _, key in config.discovery.bootstrap_peers()}
+        assert named == reachable - {config.identity.public_key}
+        assert config.algorithm.start_peers == (2 if client else 3)  # a client: the reachable two
+    statuses = run_fleet([tmp_path / "fleet" / f"node{index}" for index in range(4)])
+    assert [status["peer_count"] for status in statuses] == [3, 3, 2, 2]
+    assert [status["reachability"]["state"] for status in statuses][2:] == ["client", "client"]
+    assert all(len(status["learning"]["history"]) == 2 for status in statuses)
+    assert main(["init", "--nodes", "2", "--out", str(tmp_path / "x"), "--behind-nat", "0,1"]) == 2
