@@ -55,7 +55,7 @@ from ..zmqsetup import (
     unwatch,
     watch,
 )
-from ..zmqtrio import Wakeup, receive_batch, receive_routed
+from ..zmqtrio import Wakeup, receive_batch, receive_routed, wait_for
 from .buffers import PER_CONNECTION_BYTES, GrowthAlarm, watch_buffers
 from .pipes import MessagePipe, PipeError
 from .resets import ResetWatch
@@ -97,6 +97,7 @@ class InboundRouter:
         self.dialled: dict[str, tuple[bytes, bytes | None]] = {}
         self.refused = RefusedDials(setup["redial_s"], setup["redial_max_s"])
         self.wakeup = Wakeup()  # the reader, after a send (zmqtrio.py)
+        self._events = trio.Lock()  # the monitor's events are read and told under it (`_forward_events`)
         self.zap = open_zap(self.context)
         self.tcp: dict[int, tuple] = {}  # live connections: descriptor -> remote end (buffers.py)
         self.counts: Counter[str] = Counter()
@@ -293,21 +294,29 @@ class InboundRouter:
 
     async def _follow(self) -> None:
         while True:
-            for parts in await receive_batch(self.monitor, 256):
-                await self._event(parts)
+            await wait_for(self.monitor, zmq.POLLIN)
+            async with self._events:
+                await self._forward_events()
+
+    async def _forward_events(self) -> None:
+        """Every connection event queued, to the node; called holding `_events`, so that no event
+        read is still on its way while a ZAP request overtakes it: under load a connection was
+        once judged before its own ACCEPTED had been counted, and the total cap let one more in."""
+        while True:
+            try:
+                parts = self.monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            await self._event(parts)
 
     async def _relay_zap(self) -> None:
         """Each ZAP request to the node, after every connection event before it (the request's
         own ACCEPTED among them), and the node's verdict back to libzmq."""
         while True:
             for request in await receive_batch(self.zap, 1):
-                while True:
-                    try:
-                        parts = self.monitor.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    await self._event(parts)
-                await self.outbox.send(["zap", request])
+                async with self._events:
+                    await self._forward_events()
+                    await self.outbox.send(["zap", request])
                 self.zap.send_multipart(await self._verdicts.receive(), zmq.NOBLOCK)
 
     async def _serve(self) -> None:
