@@ -11,8 +11,11 @@
   the connections it dialled (`Ingress.connect`), one to a node's public socket and, once
   admitted, one to its peers' socket.
 
-Neither waits, as transport.py's sends never do: a frame with no route, or one the ingress
-refuses, is DROPPED.
+Neither blocks, as transport.py's sends never do: a frame whose connection is not up yet waits
+for it (WAITING, `connect_wait_s`, as a DEALER's frame for a peers' socket still opening; sent
+by `send_waiting`); one with no route coming, or one the ingress refuses, is DROPPED.
+`open_inbound` starts a node's inbound sockets (or a client's one) and `routes_for` picks which
+of the two a node uses.
 """
 
 from __future__ import annotations
