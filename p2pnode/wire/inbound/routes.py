@@ -41,10 +41,11 @@ __all__ = ["Replies", "Dials", "open_inbound", "routes_for"]
 class _Holding:
     """Frames for a connection not up yet wait for it, as transport.py's do for a peers' socket
     still opening: each up to `wait_s` (`connect_wait_s`), `max_waiting` (`send_hwm`) in all,
-    as (give up at, address, frame, tag), oldest first; `send_waiting` sends what can go now."""
+    as (give up at, address, frame, public, tag), oldest first; `send_waiting` sends what can go
+    now."""
 
     def __init__(self, wait_s: float, max_waiting: int) -> None:
-        self.held: deque[tuple[float, str, bytes, object]] = deque()
+        self.held: deque[tuple[float, str, bytes, bool, object]] = deque()
         self.wait_s, self.max_waiting = wait_s, max_waiting
 
     def _try(self, address: str, frame: bytes, public: bool) -> str | None:
@@ -61,15 +62,15 @@ class _Holding:
             return outcome
         if len(self.held) >= self.max_waiting or not self.wait_s or not self._expects(address):
             return DROPPED
-        self.held.append((time.monotonic() + self.wait_s, address, frame, tag))
+        self.held.append((time.monotonic() + self.wait_s, address, frame, public, tag))
         return WAITING
 
     def send_waiting(self) -> tuple[list[object], list[object]]:
         """The tags of the held frames sent now, and of those given up."""
         sent, given_up, kept, now = [], [], deque(), time.monotonic()
         for held in self.held:
-            give_up_at, address, frame, tag = held
-            outcome = self._try(address, frame, False) if self._expects(address) else DROPPED
+            give_up_at, address, frame, public, tag = held
+            outcome = self._try(address, frame, public) if self._expects(address) else DROPPED
             if outcome is None and give_up_at > now:
                 kept.append(held)
             elif tag is not None:
