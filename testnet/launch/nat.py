@@ -253,7 +253,8 @@ class NatPlacement(LocalPlacement):
     """A launcher's placement (placement.py) of node i on `hosts[i]`, at `port` of its address
     (the namespaces are the lab's own, so a fixed port is free); with `client_mode`, a node not
     on the internet bridge runs in client mode (`[node].client_mode`), and, since only the public
-    nodes can be its peers (no relay yet), waits for no more of them before its first round."""
+    nodes can be its peers (no relay yet), waits for no more of them before its first round.
+    Without it, a node's own `client_mode` setting is left as it is."""
 
     def __init__(self, hosts: list[Host], port: int = 7000, client_mode: bool = False) -> None:
         super().__init__(fork=False)  # a daemon runs in its host's namespace: started with exec there
@@ -264,22 +265,22 @@ class NatPlacement(LocalPlacement):
             host = self.hosts[spec.index]
             spec.prefix = host.prefix
             spec.settings["node"]["listen"] = f"tcp://{host.address}:{self.port}"
-            client = self.client_mode and host.site != "public"
-            spec.settings["node"]["client_mode"] = client
+            if not (self.client_mode and host.site != "public"):
+                continue
+            spec.settings["node"]["client_mode"] = True
             algorithm = spec.settings.get("algorithm")
-            if client and algorithm and "start_peers" in algorithm:
+            if algorithm and "start_peers" in algorithm:
                 public = sum(other.site == "public" for other in self.hosts)
                 algorithm["start_peers"] = min(algorithm["start_peers"], public)
 
 
-def cluster_on(hosts: list[Host], out: Path, *, port: int = 7000, discovery: dict | None = None) -> Cluster:
-    """A launcher's cluster of one daemon per host, node i on `hosts[i]` at `port` (the namespaces
-    are the lab's own, so a fixed port is free); the first started is the others' bootstrap."""
-    cluster = Cluster.prepare(out, len(hosts), discovery=discovery)
-    for spec, host in zip(cluster.specs, hosts, strict=True):
-        spec.settings["node"]["listen"] = f"tcp://{host.address}:{port}"
-        spec.prefix = host.prefix
-    return cluster
+def cluster_on(
+    hosts: list[Host], out: Path, *, port: int = 7000, discovery: dict | None = None, client_mode: bool = False
+) -> Cluster:
+    """A launcher's cluster of one daemon per host, node i on `hosts[i]` at `port`, with
+    `client_mode` behind the NATs (`NatPlacement`); the first started is the others' bootstrap."""
+    placement = NatPlacement(hosts, port, client_mode)
+    return Cluster.prepare(out, len(hosts), discovery=discovery, placement=placement)
 
 
 def tcp_reaches(source: Host, target: Host, port: int = 9, timeout_s: float = 0.5) -> bool:

@@ -45,6 +45,19 @@ PORT = 7000
 PUNCH_TIMEOUT_S = 6.0
 
 
+def lab_hosts(lab, natted: bool = True) -> list:
+    """The hosts of LAYOUT on `lab`, each behind its site's router (those of a group behind one);
+    all on the internet bridge unless `natted` (a control run's)."""
+    routers: dict[str, str] = {}
+    hosts = []
+    for name, site, group in LAYOUT:
+        site = site if natted else "public"
+        if natted and group is not None and group not in routers:
+            routers[group] = lab.add_router(site)
+        hosts.append(lab.add(name, site, routers.get(group)))
+    return hosts
+
+
 def run(out: Path, seconds: float, client_mode: bool = False) -> tuple[list[dict], list[dict]]:
     """One run on a fresh testbed: each node's site, address and the sites of its peers; then
     hole punching between the first host of each pair of sites (not with `client_mode`)."""
@@ -52,15 +65,8 @@ def run(out: Path, seconds: float, client_mode: bool = False) -> tuple[list[dict
     from testnet.launch.nat import NatLab, cluster_on
 
     with NatLab() as lab:
-        routers: dict[str, str] = {}
-        hosts = []
-        for name, site, group in LAYOUT:
-            if group is not None and group not in routers:
-                routers[group] = lab.add_router(site)
-            hosts.append(lab.add(name, site, routers.get(group)))
-        cluster = cluster_on(hosts, out, port=PORT, discovery=DISCOVERY)
-        for spec, host in zip(cluster.specs, hosts, strict=True):
-            spec.settings["node"]["client_mode"] = client_mode and host.site != "public"
+        hosts = lab_hosts(lab)
+        cluster = cluster_on(hosts, out, port=PORT, discovery=DISCOVERY, client_mode=client_mode)
         with cluster:
             for spec in cluster.specs:
                 cluster.start(spec)

@@ -19,7 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .nat import LAYOUT, PORT
+from .nat import LAYOUT, PORT, lab_hosts
 from .results import capture, save
 
 
@@ -38,13 +38,7 @@ def run(out: Path, rounds: int, seed: int, natted: bool) -> dict:
         rounds=rounds,
     )
     with NatLab() as lab:
-        routers: dict[str, str] = {}
-        hosts = []
-        for name, site, group in LAYOUT:
-            site = site if natted else "public"
-            if natted and group is not None and group not in routers:
-                routers[group] = lab.add_router(site)
-            hosts.append(lab.add(name, site, routers.get(group)))
+        hosts = lab_hosts(lab, natted)
         placement = NatPlacement(hosts, PORT, client_mode=natted)
         code, report = run_learning_testnet(spec, out, placement=placement)
     return {

@@ -272,8 +272,10 @@ class InboundRouter:
         """Waits while the node does not take events: the monitor's queue then fills and
         libzmq's I/O thread waits too, so no event is ever dropped (zap.py)."""
         event, fd = monitor_event(parts)
+        dialled = None
         if self.setup["endpoint"] is None:  # a client's: the event names the endpoint it dialled
-            self.refused.on_event(event, parts[1].decode(errors="replace"), trio.current_time())
+            dialled = parts[1].decode(errors="replace")
+            self.refused.on_event(event, dialled, trio.current_time())
         address = None
         if event in (zmq.EVENT_ACCEPTED, zmq.EVENT_CONNECTED):  # CONNECTED: a client ingress's dial
             peer = remote_peer(fd)
@@ -288,9 +290,8 @@ class InboundRouter:
                 self.resets.forget(fd)
         if self.data_limit is not None:
             self.data_limit.set(len(self.tcp))
-        if self.setup["endpoint"] is None:
-            address = parts[1].decode(errors="replace")  # a client's: which of its dials (supervisor.py)
-        await self.outbox.send(["event", event, fd, address])
+        # A client's: which of its dials (supervisor.py follows them by endpoint).
+        await self.outbox.send(["event", event, fd, address if dialled is None else dialled])
 
     async def _follow(self) -> None:
         while True:
