@@ -26,10 +26,13 @@ demo: venv
 	$(BIN)/python -m tools.demo --out demo-out
 
 # Test files spread over TEST_WORKERS processes, each file whole on one (its module fixtures,
-# the testnets most files share among their tests, then run once); TEST_WORKERS=0: one process.
-TEST_WORKERS ?= 2
+# the testnets most files share among their tests, then run once), the longest files first
+# (tests/conftest.py, LONGEST_FIRST; xdist's own reordering off); TEST_WORKERS=0: one process.
+# Three on two cores: a fifth of the suite's time is spent waiting on daemons, which a third
+# process fills (BENCHMARKS.md, "`make test`").
+TEST_WORKERS ?= 3
 test: venv
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The edit-run loop: the modules marked quick (no daemons, no training; tests/conftest.py).
 test-quick: venv

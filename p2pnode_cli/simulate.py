@@ -97,7 +97,7 @@ def add_parser(commands) -> None:
         "--threads",
         type=positive_int,
         metavar="N",
-        help="torch CPU threads per worker (default 1; inline: torch's default)",
+        help="CPU threads of torch and of numpy's BLAS per worker (default 1; inline: their defaults)",
     )
     simulate.add_argument(
         "--ray-address", metavar="ADDR", help="--engine ray: the cluster to use (default: start a local Ray)"

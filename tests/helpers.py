@@ -311,7 +311,7 @@ def run_fleet(directories, timeout_s: float = 90) -> list[dict]:
     warm parent (testnet/launch/warm_parent.py: `python -m p2pnode_cli start --config …`, its imports
     done once), as a local testnet's are."""
     specs = [NodeSpec(index, directory, {}) for index, directory in enumerate(directories)]
-    server = WarmParent()
+    server = WarmParent.shared()
     try:
         for spec in specs:
             spec.process = server.spawn(DAEMON, ["--config", str(spec.config_path)], spec.log_path)
@@ -324,10 +324,7 @@ def run_fleet(directories, timeout_s: float = 90) -> list[dict]:
             time.sleep(0.3)
         return [read_status(spec.control_socket, 2.0) for spec in specs]
     finally:
-        try:
-            stop_daemons(specs)
-        finally:
-            server.close()
+        stop_daemons(specs)
 
 
 def stop_daemons(specs) -> None:

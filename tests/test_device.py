@@ -20,7 +20,7 @@ import torch
 
 from algorithms.catalog import ALGORITHM_NAMES
 from algorithms.data.setup import ScenarioSpec, build_setup
-from algorithms.models.device import CPU, DeviceError, placement, resolve_device
+from algorithms.models.device import CPU, DeviceError, placement, resolve_device, set_cpu_threads
 from algorithms.registry import ALGORITHMS, apply_overrides, default_config, make_algorithm
 from p2pnode.config import ConfigError, load_config
 from p2pnode.learning.checkpoint import Checkpoint
@@ -419,3 +419,23 @@ def test_mapl_steps_on_cuda(mixed_precision, tmp_path):
     saved = dict(tensors(exchange.nodes[0].state_dict()))
     for key, tensor in tensors(on_cpu.state_dict()):
         assert tensor.device == CPU and torch.equal(tensor, saved[key].cpu()), key
+
+
+def test_the_cpu_threads_bound_numpy_s_blas_as_torch_s():
+    """[model].threads: numpy's BLAS gets the bound torch gets (its spare threads spin beside
+    other nodes); 0 leaves both alone."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    def blas() -> set[int]:
+        return {pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"}
+
+    torch_threads = torch.get_num_threads()
+    try:
+        with threadpool_limits(2, user_api="blas"):  # restored on leaving
+            assert blas() == {2}
+            set_cpu_threads(0)
+            assert blas() == {2}
+            set_cpu_threads(1)
+            assert blas() == {1} and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(torch_threads)

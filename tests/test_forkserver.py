@@ -6,9 +6,11 @@ default signal handlers)."""
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 
+from p2pnode.forkserver import _Replies
 from testnet.launch.warm_parent import WarmParent
 
 PROGRAM = ("tests.forked_program",)
@@ -69,3 +71,32 @@ def test_each_forked_child_draws_its_own_random_numbers(server, tmp_path):
         assert server.spawn(PROGRAM, [], log).wait(30) == 0
     draws = [_lines(log)["draws"] for log in logs]
     assert len(set(draws)) == 3, draws
+
+
+def test_a_thread_s_warm_parents_serve_testnet_after_testnet_and_start_again_once_gone(tmp_path):
+    """One warm parent of each kind per thread, kept for the next testnet; the discovery kind has
+    not imported torch, so neither have its children; a parent that died is replaced."""
+    learning, discovery = WarmParent.shared(), WarmParent.shared(learning=False)
+    assert WarmParent.shared() is learning and WarmParent.shared(learning=False) is discovery
+    for parent, name in ((learning, "learning"), (discovery, "discovery")):
+        assert parent.spawn(PROGRAM, [], tmp_path / f"{name}.log").wait(30) == 0
+    assert _lines(tmp_path / "learning.log")["torch"] == "True"
+    assert _lines(tmp_path / "discovery.log")["torch"] == "False"
+    elsewhere = []
+    thread = threading.Thread(target=lambda: elsewhere.append(WarmParent.shared(learning=False)))
+    thread.start()
+    thread.join()
+    assert elsewhere[0] is not discovery  # and it died with its thread (PR_SET_PDEATHSIG)
+    assert elsewhere[0].server.process.wait(30) == -signal.SIGKILL
+    discovery.server.process.kill()
+    discovery.server.process.wait()
+    again = WarmParent.shared(learning=False)
+    assert again is not discovery and again.spawn(PROGRAM, ["--exit", "4"], tmp_path / "again.log").wait(30) == 4
+
+
+def test_an_exit_told_for_a_pid_is_forgotten_when_the_pid_is_given_to_a_new_child():
+    replies = _Replies()
+    replies.feed(b'{"exited": 41, "code": 0}\n{"pid": 41}\n')
+    assert replies.forked == [41] and 41 not in replies.exits  # the new child is running
+    replies.feed(b'{"exited": 41, "code": -9}\n')
+    assert replies.exits[41] == -9

@@ -72,9 +72,9 @@ def main(argv: list[str] | None = None) -> int:
         code, mapl = run_learning_testnet(spec, out, check=check)
         if args.baselines and code != 130:
             print(f"Baselines on the same nodes, simulated: {', '.join(args.baselines)}", file=sys.stderr)
-            import torch
+            from algorithms.models.device import set_cpu_threads
 
-            torch.set_num_threads(1)
+            set_cpu_threads(1)
             baselines = run_baselines(spec, args.baselines, progress=RoundProgress, engine=default_engine(spec.nodes))
             attach_baselines(mapl, baselines)
         wall_s = time.monotonic() - started

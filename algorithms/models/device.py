@@ -12,10 +12,11 @@ from __future__ import annotations
 import re
 
 import torch
+from threadpoolctl import threadpool_limits
 
 from ..catalog import DEVICE_FORMS, DEVICE_PATTERN
 
-__all__ = ["CPU", "DeviceError", "resolve_device", "supports_mixed_precision", "placement"]
+__all__ = ["CPU", "DeviceError", "resolve_device", "supports_mixed_precision", "placement", "set_cpu_threads"]
 
 CPU = torch.device("cpu")
 
@@ -67,3 +68,14 @@ def placement(name: str, mixed_precision: bool) -> tuple[torch.device, bool]:
     precision: asked for, and the device has it (the caller says so when it does not)."""
     device = resolve_device(name)
     return device, mixed_precision and supports_mixed_precision(device)
+
+
+def set_cpu_threads(threads: int) -> None:
+    """Run torch's CPU kernels and numpy's BLAS (the graph and prototype maths) on `threads`
+    threads each; 0 leaves both as they are. Each defaults to a thread per core, and its idle
+    threads spin: several nodes on one machine (a testnet, a simulator's workers, a test suite)
+    each want 1. On 2 cores, numpy's second thread cost a simulated SCooL run a third more CPU for
+    the same wall time, alone on the machine; beside other work it crawls."""
+    if threads:
+        torch.set_num_threads(threads)
+        threadpool_limits(threads, user_api="blas")  # for the process's life, as torch's

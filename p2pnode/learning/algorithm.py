@@ -40,15 +40,13 @@ class LearningSetupError(Exception):
 def build_algorithm(config: LearningConfig, node_id: str) -> Algorithm:
     """The node's algorithm, its share of the configured data and its model (slow: loads data
     and builds the model; run it in a worker thread)."""
-    import torch
-
     from algorithms.data.setup import forget_scenarios
+    from algorithms.models.device import set_cpu_threads
     from algorithms.models.user_backbone import BackboneError
     from algorithms.registry import make_algorithm, run_config
 
     model, algorithm = config.model, config.algorithm
-    if model.threads:
-        torch.set_num_threads(model.threads)
+    set_cpu_threads(model.threads)
     settings = run_config(algorithm.name, dict(algorithm.settings), algorithm.rounds)
     setup = dataclasses.replace(_node_setup(config, node_id), backbone_files=backbone_files(config))
     # The node keeps its own tensors only: the dataset they were cut from, and what loading

@@ -268,7 +268,10 @@ class ModelSettings(Section):
         "ignored with a warning where `auto` finds no GPU",
     )
     threads: int = option(
-        Integer(0, 1024), 1, "torch CPU threads (0: torch's default); several daemons on one machine want 1"
+        Integer(0, 1024),
+        1,
+        "CPU threads of torch and of numpy's BLAS each (0: their defaults, a thread per core); several "
+        "daemons on one machine want 1",
     )
 
     def check(self, context: CheckContext) -> list[str]:

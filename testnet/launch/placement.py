@@ -4,8 +4,8 @@ keys, configs, the bootstrap, start order, stops, churn) and the processes it la
 A placement starts a node's `p2pnode start` process, hands back a handle to signal and reap it
 (`DaemonProcess`, the part of `subprocess.Popen` the launcher uses), reads the node's status on
 its control socket and brings its log to `NodeSpec.log_path`. `LocalPlacement` runs every
-daemon on this machine (a learning daemon forked from a warm parent, testnet/launch/warm_parent.py;
-any other a child of the launcher); `testnet/launch/raynodes.py` runs each on a node of
+daemon on this machine (forked from a warm parent, testnet/launch/warm_parent.py; one in a
+network namespace a child of the launcher); `testnet/launch/raynodes.py` runs each on a node of
 a Ray cluster, through a launcher actor there that does on its node what `LocalPlacement` does
 here (`spawn_daemon`, `read_status`). Nothing else differs between the two engines.
 """
@@ -159,25 +159,23 @@ def read_status(control_socket: Path, timeout: float) -> dict | None:
 
 
 class LocalPlacement:
-    """Every daemon on this machine: a learning daemon forked from a warm parent (testnet/launch/warm_parent.py:
-    the imports every learning daemon makes, done once), any other a child of the launcher,
-    started with exec; `fork=False` starts every one with exec."""
+    """Every daemon on this machine, forked from this thread's warm parent of its kind
+    (testnet/launch/warm_parent.py: the imports every such daemon makes, done once); one in a
+    network namespace, or every one with `fork=False`, a child of the launcher started with exec."""
 
     engine = "local"
 
     def __init__(self, fork: bool = True) -> None:
         self.fork = fork
-        self._server: WarmParent | None = None
 
     def place(self, specs: Sequence[NodeSpec], timeout: float) -> None:
         pass  # here, as configured
 
     def spawn(self, spec: NodeSpec) -> DaemonProcess:
-        if not (self.fork and learns(spec) and not spec.prefix):
+        if not self.fork or spec.prefix:
             return spawn_daemon(spec)
-        if self._server is None:
-            self._server = WarmParent()
-        return self._server.spawn(spec.program, ["--config", str(spec.config_path)], spec.log_path)
+        parent = WarmParent.shared(learning=learns(spec))
+        return parent.spawn(spec.program, ["--config", str(spec.config_path)], spec.log_path)
 
     def statuses(self, specs: Sequence[NodeSpec], timeout: float) -> list[dict | None]:
         return [read_status(spec.control_socket, timeout) for spec in specs]
@@ -189,9 +187,7 @@ class LocalPlacement:
         return False  # this machine is where the launcher runs: it is here as long as the run is
 
     def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            self._server = None
+        pass  # the warm parents are this thread's, for its next testnet too; the cluster stopped the daemons
 
     def __enter__(self) -> LocalPlacement:
         return self

@@ -21,30 +21,50 @@ before (testnet/launch/placement.py).
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
 from p2pnode.forkserver import ForkServer, die_with_parent, serve
 
-__all__ = ["WarmParent", "ForkedDaemon", "WARM_MODULES"]
+__all__ = ["WarmParent", "ForkedDaemon", "WARM_MODULES", "DISCOVERY_MODULES"]
 
 # What every learning daemon imports: torch (through the algorithms), torch._dynamo (the first
 # optimizer imports it), the daemon itself. A discovery-only daemon imports none of the heavy
-# ones, so a local testnet forks only learning daemons (LocalPlacement): a forked child's
-# resident memory starts at the server's.
+# ones: it is forked from a parent that imported the daemon alone, so that a forked child's
+# resident memory, which starts at its server's, is what an exec'd daemon's would be.
 WARM_MODULES = ("torch", "torch._dynamo", "p2pnode_cli", "p2pnode.node", "algorithms.registry", "algorithms.data.setup")
+DISCOVERY_MODULES = ("p2pnode_cli", "p2pnode.node")
+
+
+_this_thread = threading.local()
 
 
 class WarmParent:
-    """One warm parent for a launcher's daemons; `spawn` returns a `ForkedDaemon`."""
+    """One warm parent for a launcher's daemons, learning ones or (`learning=False`) those that
+    only run discovery; `spawn` returns a `ForkedDaemon`."""
 
-    def __init__(self) -> None:
-        self.server = ForkServer("testnet.launch.warm_parent")
+    def __init__(self, learning: bool = True) -> None:
+        self.server = ForkServer("testnet.launch.warm_parent", () if learning else ("discovery",))
+
+    @classmethod
+    def shared(cls, learning: bool = True) -> WarmParent:
+        """This thread's warm parent of that kind, started by its first use and again once it is
+        gone: a process that runs testnet after testnet (a benchmark, a test suite) imports torch
+        once for all of them. It dies with the thread that started it (PR_SET_PDEATHSIG); a thread
+        has its own, as one server answers one client."""
+        parents = _this_thread.__dict__.setdefault("parents", {})
+        parent = parents.get(learning)
+        if parent is None or parent.server.process.poll() is not None:
+            parent = parents[learning] = cls(learning)
+            atexit.register(parent.close)
+        return parent
 
     def spawn(self, program: Sequence[str], arguments: Sequence[str], log: Path) -> ForkedDaemon:
         request = {"program": list(program), "arguments": list(arguments), "log": str(log)}
@@ -132,14 +152,14 @@ def _exit_code(code: object) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """The server: import WARM_MODULES, then fork a daemon per request until the launcher closes
-    its end and every daemon has ended."""
+    """The server: import WARM_MODULES (DISCOVERY_MODULES after `discovery`), then fork a daemon
+    per request until the launcher closes its end and every daemon has ended."""
     import importlib
 
-    (channel_fd,) = (int(fd) for fd in (argv or sys.argv[1:]))
-    for name in WARM_MODULES:
+    channel_fd, *kind = argv or sys.argv[1:]
+    for name in DISCOVERY_MODULES if kind == ["discovery"] else WARM_MODULES:
         importlib.import_module(name)
-    serve(channel_fd, _become_daemon, own_groups=True, wait_for_children=True)
+    serve(int(channel_fd), _become_daemon, own_groups=True, wait_for_children=True)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from algorithms.data.setup import build_setup, forget_scenarios
 from algorithms.methods.poison import Attack, PoisoningNode
-from algorithms.models.device import placement
+from algorithms.models.device import placement, set_cpu_threads
 from algorithms.registry import ALGORITHMS, make_algorithm
 from p2pnode.memory import process_memory, trim_now
 from protocol import Limits
@@ -30,14 +30,12 @@ class Host(Shard):
     def __init__(
         self, spec: SimulationSpec, block: Sequence[int], threads: int | None = None, *, worker: bool = False
     ) -> None:
-        """Nodes `block` of `spec`; `threads`: torch's CPU threads in this process (None: as
+        """Nodes `block` of `spec`; `threads`: torch's and BLAS's CPU threads in this process (None: as
         they are); `worker`: this process is the host's alone, so the dataset the shards were
         cut from is dropped once they are (as a daemon does: p2pnode/memory.py)."""
         self._cpu_started = time.process_time()
         if threads is not None:
-            import torch
-
-            torch.set_num_threads(threads)
+            set_cpu_threads(threads)
         self.device, self.mixed_precision = placement(spec.device, spec.mixed_precision)
         info = ALGORITHMS[spec.algorithm]
         config = spec.algorithm_config()

@@ -38,7 +38,7 @@ def cores() -> int:
 @dataclass(frozen=True)
 class Engine:
     """How a simulation runs: `kind` (one of ENGINES), `workers` hosts (None: one per core for
-    processes, one per CPU of the cluster for Ray), `threads` torch threads per host (None: one
+    processes, one per CPU of the cluster for Ray), `threads` torch and BLAS threads per host (None: one
     in a worker, torch's own default inline), `ray_address` of a Ray cluster (None: a local Ray
     started for the run), `timeout_s` the most a host may take over one command."""
 

@@ -106,10 +106,11 @@ async def test_strangers_flooding_signed_frames_over_many_connections_are_bounde
         b.request_stop()
 
 
-async def _gives_memory_back(node, rss_before: float, within_s: float = 10.0) -> None:
+async def _gives_memory_back(node, rss_before: float, within_s: float = 20.0) -> None:
     """Within `within_s`, the node (its process and its ingress processes) holds less than 20 MB
     more than before the attack: what libzmq freed is given back, also for connections that left
-    by themselves (buffers.py trims after them; before, up to the bound stayed in the heap)."""
+    by themselves (buffers.py trims after them; before, up to the bound stayed in the heap). Once
+    in six runs of the suite on three processes, 10 s was not enough (31 MB kept)."""
     with trio.move_on_after(within_s):
         while node_rss_mb(node) - rss_before >= 20:
             await trio.sleep(0.5)

@@ -19,13 +19,12 @@ __all__ = ["simulate_all", "write_summary"]
 
 
 def _simulate(job: tuple[SimulationSpec, str]) -> dict:
-    import torch
-
+    from algorithms.models.device import set_cpu_threads
     from testnet.reporting.report import write_report
     from testnet.simulation.simulator import run_simulation
 
     spec, out = job
-    torch.set_num_threads(1)
+    set_cpu_threads(1)
     report = run_simulation(spec)
     write_report(report, Path(out))
     return report
