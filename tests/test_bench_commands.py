@@ -310,6 +310,8 @@ NOT_RUN = {
     "make bench-report": _MAKE,
     "python -m tools.bench.render": "tests/test_bench_results.py renders every table from its file and compares",
     "make test": "the suite this test is part of (CI's `make test`)",
+    "make test-quick": "the quick modules of this suite, which `make test` runs too",
+    "python -m pytest --quick -q": "the quick modules of this suite, which `make test` runs too",
     "python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder": "the suite this test is part of",
     "make lint": "CI's `make lint` (.ci/run), before the suite",
     "ruff format --check .": "CI's `make lint` (.ci/run), before the suite",
