@@ -6,6 +6,7 @@ outlive its process."""
 
 import os
 import signal
+import time
 from collections import Counter
 from contextlib import asynccontextmanager
 
@@ -13,7 +14,7 @@ import pytest
 import trio
 import zmq
 
-from p2pnode.wire.inbound.sends import SEND_FULL, SEND_GONE, SEND_OVER_BYTES, RoutedSends
+from p2pnode.wire.inbound.sends import SEND_FULL, SEND_GONE, SEND_OVER_BYTES, SEND_OVER_CONNECTION_BYTES, RoutedSends
 from p2pnode.wire.inbound.supervisor import SEND_TOO_LARGE, BindError, Ingress
 from p2pnode.wire.settings import SecuritySettings, TransportSettings
 from p2pnode.wire.zap import Connections
@@ -109,7 +110,7 @@ def test_what_libzmq_holds_to_send_is_bounded_in_bytes(frame_bytes):
     with zmq.Context() as context:
         sockets = _not_reading(context, 1000)
         try:
-            sends = RoutedSends(sockets[1], 10 * frame_bytes, Counter())
+            sends = RoutedSends(sockets[1], 10 * frame_bytes, Counter(), 1 << 40)
             taken = sum(sends.send(b"reader", bytes(frame_bytes)) for _ in range(100))
             assert sends.counts[SEND_OVER_BYTES] > 0 and sends.held <= 10 * frame_bytes and taken >= 2
         finally:
@@ -117,11 +118,44 @@ def test_what_libzmq_holds_to_send_is_bounded_in_bytes(frame_bytes):
                 socket.close(linger=0)
 
 
+def _sent_once_connected(sends: RoutedSends, routing_id: bytes, size: int) -> None:
+    """Send a frame of `size` bytes to `routing_id` as soon as its connection is up (within 10 s)."""
+    deadline = time.monotonic() + 10
+    while not sends.send(routing_id, bytes(size)):
+        assert time.monotonic() < deadline, sends.counts
+        time.sleep(0.01)
+
+
+def test_a_connection_that_stops_reading_holds_its_share_and_the_others_still_get_theirs():
+    """Two readers that never read, on one ROUTER: the first fills its share of what libzmq may
+    hold to send, and its next frames are refused and counted; the second still gets frames
+    through, up to a share of its own."""
+    frame, share = 100_000, 1_000_000
+    with zmq.Context() as context:
+        first, sender = _not_reading(context, 1000)
+        second = context.socket(zmq.ROUTER)
+        second.setsockopt(zmq.RCVHWM, 1)
+        port = second.bind_to_random_port("tcp://127.0.0.1")
+        sender.setsockopt(zmq.CONNECT_ROUTING_ID, b"second")
+        sender.connect(f"tcp://127.0.0.1:{port}")
+        try:
+            sends = RoutedSends(sender, 3 * share, Counter(), share)
+            _sent_once_connected(sends, b"reader", frame)
+            taken = 1 + sum(sends.send(b"reader", bytes(frame)) for _ in range(50))
+            assert sends.counts[SEND_OVER_CONNECTION_BYTES] > 0 and not sends.counts[SEND_OVER_BYTES]
+            assert sends.held_by[b"reader"] <= share and taken >= 2
+            _sent_once_connected(sends, b"second", frame)
+            assert sends.held_by[b"second"] >= frame and sends.held <= 2 * share
+        finally:
+            for socket in (first, second, sender):
+                socket.close(linger=0)
+
+
 def test_frames_for_a_full_queue_or_no_connection_are_dropped_and_counted():
     with zmq.Context() as context:
         sockets = _not_reading(context, 4)
         try:
-            sends = RoutedSends(sockets[1], 1 << 40, Counter())
+            sends = RoutedSends(sockets[1], 1 << 40, Counter(), 1 << 40)
             for _ in range(50):  # nothing drains: the queue fills
                 sends.send(b"reader", bytes(100_000))
             assert sends.counts[SEND_FULL] > 0

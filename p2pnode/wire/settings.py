@@ -121,6 +121,13 @@ class TransportSettings(Section):
         "beyond it frames are dropped and counted (`routed_send_over_bytes`). The public socket "
         "holds no more than a quarter of `max_public_buffered_bytes`",
     )
+    max_routed_send_bytes_per_connection: int = option(
+        Integer(1 << 16, 1 << 40),
+        80 << 20,
+        "of `max_routed_send_bytes` (and never more), what one connection may hold: a neighbour "
+        "that stops reading takes no more (`routed_send_over_connection_bytes`); at least the "
+        "largest frame sent (`[limits].max_frame_bytes`, 64 MiB by default)",
+    )
     recv_hwm: int = option(
         Integer(1, 1_000_000), 1000, "frames queued per connection on the peers' socket before ZeroMQ pushes back"
     )

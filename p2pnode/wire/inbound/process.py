@@ -127,7 +127,9 @@ class InboundRouter:
             router.close(linger=0)
             return {"error": f"cannot bind {endpoint}: {exc.strerror}"}
         self.router, self.monitor = router, monitor
-        self.routed = RoutedSends(router, self.setup["max_routed_send_bytes"], self.counts)
+        self.routed = RoutedSends(
+            router, self.setup["max_routed_send_bytes"], self.counts, self.setup["max_routed_send_bytes_per_connection"]
+        )
         return {"endpoint": None if endpoint is None else router.getsockopt_string(zmq.LAST_ENDPOINT)}
 
     def _set_up(self, router: zmq.Socket) -> None:

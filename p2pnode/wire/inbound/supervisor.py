@@ -384,6 +384,7 @@ class Ingress:
             "redial_s": s.redial_s,
             "redial_max_s": s.redial_max_s,
             "max_routed_send_bytes": self.routed_bound(),
+            "max_routed_send_bytes_per_connection": s.max_routed_send_bytes_per_connection,
             "max_buffered_bytes": self.buffered_bound(),
             "data_limit_bytes": self.data_limit_bytes(),
             "curve": list(self.curve) if self.curve is not None else None,
