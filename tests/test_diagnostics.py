@@ -19,6 +19,7 @@ from p2pnode.operations.doctor import diagnose
 from p2pnode.operations.status import format_status
 from p2pnode.wire.zap import PEERS
 from protocol import Identity
+from protocol.messages import client_address
 
 from .adversarial.attacker import Attacker
 from .helpers import bootstrap_entry, free_ports, full_mesh, start_node, wait_until
@@ -138,6 +139,21 @@ def test_the_status_table_names_excluded_peers_and_failed_connections_by_reason(
     )
     plain = format_status(_status()).splitlines()  # no learning: no exclusions
     assert "peers 2/64" in plain and not [line for line in plain if "not learning" in line]
+
+
+def test_the_status_table_keeps_its_columns_for_a_client_node_s_long_address():
+    status = _status()
+    status["peers"][1]["address"] = client_address(bytes(range(32)))  # 49 characters
+    header, row_a, row_b = _peer_rows(status)
+    column = header.index("last seen") + len("last seen")  # right-aligned: the column ends there
+    assert all(row[:column].endswith("s") and row[column] == " " for row in (row_a, row_b)), (header, row_a, row_b)
+    assert status["peers"][1]["address"] + " " in row_b
+
+
+def _peer_rows(status: dict) -> list[str]:
+    lines = format_status(status).splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("  node id"))
+    return lines[start : start + 3]
 
 
 RACE_LINE = (

@@ -81,12 +81,14 @@ def _peer_lines(status: dict) -> list[str]:
     excluded = (status.get("learning") or {}).get("excluded", {})
     lines = []
     if status["peers"]:
-        lines.append(f"  {'node id':<18}{'address':<28}{'last seen':>10}{'rtt':>10}")
+        # As wide as the longest address: a client node's (tcp://<32 hex>.client.invalid:1) is 49 characters.
+        width = max(28, *(len(peer["address"]) + 2 for peer in status["peers"]))
+        lines.append(f"  {'node id':<18}{'address':<{width}}{'last seen':>10}{'rtt':>10}")
         for peer in status["peers"]:
             rtt = "-" if peer["rtt_ms"] is None else f"{peer['rtt_ms']:.2f} ms"
             why = excluded.get(peer["node_id"])
             lines.append(
-                f"  {peer['node_id']:<18}{peer['address']:<28}{_seconds(peer['last_seen_s']):>10}{rtt:>10}"
+                f"  {peer['node_id']:<18}{peer['address']:<{width}}{_seconds(peer['last_seen_s']):>10}{rtt:>10}"
                 + (f"  not learning with it: it {why}" if why else "")
             )
     return lines
