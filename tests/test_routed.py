@@ -9,17 +9,20 @@ import signal
 import time
 from collections import Counter
 from contextlib import asynccontextmanager
+from types import SimpleNamespace
 
 import pytest
 import trio
 import zmq
 
+from p2pnode.wire.inbound.routes import Replies
 from p2pnode.wire.inbound.sends import SEND_FULL, SEND_GONE, SEND_OVER_BYTES, SEND_OVER_CONNECTION_BYTES, RoutedSends
 from p2pnode.wire.inbound.supervisor import SEND_TOO_LARGE, BindError, Ingress
 from p2pnode.wire.settings import SecuritySettings, TransportSettings
 from p2pnode.wire.zap import Connections
 from p2pnode.wire.zmqsetup import CLIENT, PEERS, PUBLIC
 from protocol import Identity
+from protocol.messages import client_address
 
 PUBLIC_BOUND = 64 << 10
 
@@ -194,3 +197,19 @@ async def test_a_socket_libzmq_refuses_to_set_up_is_a_bind_error_not_a_hang(monk
     with trio.fail_after(10), pytest.raises(BindError, match="cannot bind"):
         await server.start("tcp://127.0.0.1:0")
     await server.close()
+
+
+def test_a_client_s_route_is_a_peer_s_from_its_admission_and_no_stranger_pushes_it_out():
+    """Routes learned from strangers' frames are bounded (the least recently heard leave first);
+    an admitted client's is kept from its admission on, before any frame of its own as a peer."""
+    peers: set[bytes] = set()
+    replies = Replies({}, PUBLIC_BOUND, 2, peers.__contains__, 1.0, 10)
+    key, *strangers = (Identity.generate().public_key for _ in range(4))
+    replies.learn(client_address(key), PUBLIC, b"route", peer=False)  # its HELLO, as a stranger
+    replies.admitted(client_address(key))
+    for stranger in strangers:  # more strangers than the table keeps
+        replies.learn(client_address(stranger), PUBLIC, stranger[:4], peer=False)
+    assert replies.routes[client_address(key)] == {PUBLIC: b"route"} and len(replies.strangers) == 2
+    peers.add(key)
+    replies.seen(SimpleNamespace(sender=key), PEERS, b"peers")  # a later frame adds the peers' socket's route
+    assert replies.routes[client_address(key)] == {PUBLIC: b"route", PEERS: b"peers"}

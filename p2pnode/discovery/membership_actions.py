@@ -118,6 +118,7 @@ class MembershipActions:
             # Frames it sent before the PONG that admitted it may be parked: checked once each.
             self.guard.trust(action.key, action.seq, unseen_from=self.lowest_parked_seq(action.key))
             self.peer_keys.track(action.key, admitted=True)
+            self.transport.admitted(action.address)
             log.info("peer %s admitted at %s (%d/%d peers)", node_id(action.key), action.address, peers, max_peers)
         elif isinstance(action, Evicted):
             self.guard.forget(action.key)

@@ -124,6 +124,10 @@ class Replies(_Holding):
     def dial_peers(self, address: str, peers_address: str) -> None:
         """Nothing to open: the client dials this node's peers' socket itself."""
 
+    def admitted(self, address: str) -> None:
+        if address in self.strangers:
+            self.routes.setdefault(address, {}).update(self.strangers.pop(address))
+
     def hangup(self, address: str, flush: bool = False) -> None:
         self.routes.pop(address, None)
         self.strangers.pop(address, None)
@@ -166,6 +170,9 @@ class Dials(_Holding):
             self.client.disconnect(self.peers.pop(address))
         self.peers[address] = peers_address
         self.client.connect(peers_address, _alias(peers_address), self._server_key(self.keys.get(address)))
+
+    def admitted(self, address: str) -> None:
+        """Its connections are this node's dials, kept until hung up."""
 
     def hangup(self, address: str, flush: bool = False) -> None:
         for endpoint in (self.peers.pop(address, None), address):
