@@ -43,9 +43,12 @@ class RoutedSends:
         # (process.py DataLimit; libzmq aborts when it cannot start one).
         if not zero_copy_collector.is_alive():
             zero_copy_collector.start()
-        self.held = 0
         self.held_by: Counter[bytes] = Counter()  # routing id -> bytes libzmq holds for it
         self._tracked: list[tuple[zmq.MessageTracker, int, bytes]] = []
+
+    @property
+    def held(self) -> int:
+        return sum(self.held_by.values())
 
     def send(self, routing_id: bytes, frame: bytes) -> bool:
         """Whether libzmq took `frame` for the connection `routing_id`."""
@@ -68,7 +71,6 @@ class RoutedSends:
             self.counts[SEND_GONE] += 1
             return False
         self._tracked.append((tracker, len(frame), routing_id))
-        self.held += len(frame)
         self.held_by[routing_id] += len(frame)
         self.counts["routed_sent"] += 1
         return True
@@ -80,4 +82,3 @@ class RoutedSends:
             self.held_by = Counter()
             for _, size, routing_id in self._tracked:
                 self.held_by[routing_id] += size
-            self.held = sum(self.held_by.values())
