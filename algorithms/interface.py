@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
 
@@ -265,6 +265,15 @@ class NeighbourView:
         if held is None or held[0] <= round:
             self._latest[key] = (round, body)
 
+    def _held(self, kind: MessageType) -> Iterator[tuple[str, int, Body]]:
+        """(peer, round, payload) of `kind`, in the peers' order, not their payloads' arrival:
+        every sum over neighbours then adds in one order, so a daemon's model is the
+        simulator's to the bit whichever peer's payload came first."""
+        for peer in self.peers:
+            held = self._latest.get((peer, kind))
+            if held is not None:
+                yield peer, *held
+
     def fresh(self, kind: MessageType, round: int, max_staleness: int | None = None) -> dict[str, Body]:
         """Payloads of `kind` at most `max_staleness` (default: the view's) rounds older than
         `round`; the schedule's bound, where it sets one, replaces the view's and widens a
@@ -277,20 +286,18 @@ class NeighbourView:
         if self.staleness.max_staleness is not None:
             wider = max_staleness is not None and max_staleness > self.max_staleness
             bound = max(bound, self.staleness.max_staleness) if wider else self.staleness.max_staleness
-        return {
-            peer: max(0, round - r) for (peer, k), (r, _) in self._latest.items() if k == kind and round - r <= bound
-        }
+        return {peer: max(0, round - r) for peer, r, _ in self._held(kind) if round - r <= bound}
 
     def decay(self, kind: MessageType, round: int) -> dict[str, float]:
         """λ^age of each fresh payload of `kind` (1.0 under the sync schedule)."""
         return {peer: self.staleness.weight(age) for peer, age in self.ages(kind, round).items()}
 
     def latest(self, kind: MessageType) -> dict[str, Body]:
-        return {peer: body for (peer, k), (_, body) in self._latest.items() if k == kind}
+        return {peer: body for peer, _, body in self._held(kind)}
 
     def senders_since(self, kind: MessageType, round: int) -> tuple[str, ...]:
         """Peers whose latest payload of `kind` is for `round` or later."""
-        return tuple(sorted(peer for (peer, k), (r, _) in self._latest.items() if k == kind and r >= round))
+        return tuple(peer for peer, r, _ in self._held(kind) if r >= round)
 
     def rounds(self) -> dict[str, int]:
         """The round of each peer's latest payload, of any type."""

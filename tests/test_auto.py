@@ -54,12 +54,16 @@ def _exchange(nodes, round: int) -> None:
 
 def test_the_own_backbone_goes_only_to_peers_that_announced_the_same_model(digits):
     same, also_same, other = _nodes(digits, ["convnet", "convnet", "mlp"])
-    # Round 0: nobody is known, everybody gets the small model and the architecture.
+    # Round 0: nobody is known, everybody gets the small model and the architecture; even where a
+    # peer's MODEL of round 0 came before the node published (a daemon delivers what came during
+    # its local step), as the simulator, where none comes first, sends.
+    also_same.local_step(0)
+    same.receive("n1", 0, _models(also_same.publish(0))["n0"])
     first = _models(same.publish(0))
     assert set(first) == {"n1", "n2"}
     assert all(ARCH_KEY in body.tensors and not split_model(body)[2] for body in first.values())
     _exchange([same, also_same, other], 0)
-    assert same.same_model == {"n1": True, "n2": False}
+    assert same.same_model == {"n1": (0, True), "n2": (0, False)}
     later = _models(same.publish(1))
     own = split_model(later["n1"])[2]
     assert own.keys() == same.own.state().keys() and not split_model(later["n2"])[2]
@@ -87,7 +91,10 @@ def test_the_own_backbone_is_shared_equally_by_the_same_model_peers_and_then_pre
     assert a.predictors().chosen == "personal" and nodes[2].predictors().chosen == "ensemble"
     restored = _nodes(digits, ["convnet", "convnet", "mlp"], validation_fraction="0", own_uniform_share="1")[0]
     restored.load_state_dict(a.state_dict())
-    assert restored.mixes_own and restored.same_model == {"n1": True, "n2": False}
+    assert restored.mixes_own and restored.same_model == {"n1": (0, True), "n2": (0, False)}
+    # A checkpoint written before the round of the verdict was kept:
+    restored.load_state_dict({**a.state_dict(), "same_model": {"n1": True, "n2": False}})
+    assert restored.same_model == {"n1": (-1, True), "n2": (-1, False)}
 
 
 def test_a_forged_architecture_or_own_modules_of_the_wrong_shape_are_refused(digits):

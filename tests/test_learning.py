@@ -183,6 +183,28 @@ def test_neighbour_view_keeps_the_freshest_payload_within_staleness():
         NeighbourView(-1)
 
 
+@pytest.mark.parametrize("name", ["mapl-auto", "dfedavgm"])
+def test_the_order_neighbours_payloads_arrive_in_changes_no_bit_of_the_model(name, digits_nodes):
+    """A daemon takes its neighbours' payloads as they come; the simulator, in node order. Both
+    must end with the same model to the bit (sums over neighbours add in the peers' order), or a
+    deployed fleet drifts from its rehearsal (CI once saw a node two test images apart)."""
+    senders = [make_node(name, digits_nodes, index) for index in (1, 2, 3)]
+    for sender in senders:
+        sender.local_step(0)
+    outs = [(f"n{index}", out) for index, sender in enumerate(senders, 1) for out in sender.publish(0)]
+    models = []
+    for order in (outs, outs[::-1]):
+        node = make_node(name, digits_nodes, 0)
+        node.local_step(0)
+        for peer, out in order:
+            if "n0" in out.to:
+                node.receive(peer, 0, out.body)
+        node.end_round(0)
+        models.append(node.model.state_dict())
+    assert models[0].keys() == models[1].keys()
+    assert all(torch.equal(models[0][key], models[1][key]) for key in models[0])
+
+
 def test_dfedavgm_averages_models_exactly(digits_nodes):
     a = make_node("dfedavgm", digits_nodes, 0)
     b = make_node("dfedavgm", digits_nodes, 1)

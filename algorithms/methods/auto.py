@@ -163,7 +163,9 @@ class MaplAuto(MaplDual):
         self.setup = setup
         self.own = SharedModules({"backbone": self.model.backbone, "projector": self.model.projector})
         self.arch = architecture(self.own)
-        self.same_model: dict[str, bool] = {}  # peer → whether its latest MODEL announced our architecture
+        # peer → (the round of the MODEL that first gave the verdict its latest MODELs give, whether
+        # they announce our architecture)
+        self.same_model: dict[str, tuple[int, bool]] = {}
         self.mixes_own = False  # whether same-model peers hold SHARED_MIN of this round's own mix
         self.local = None if self.held_out is None else Local(fit, config)  # what training alone gives
         self.chooser = Chooser(config.choice_window, config.switch_margin)
@@ -225,10 +227,10 @@ class MaplAuto(MaplDual):
         small = out.pop()
         recipients = small.to
         if self.config.own_uniform_share > 0:  # every same-model peer, neighbour or not
-            same = tuple(sorted(peer for peer in self.peers if self.same_model.get(peer)))
+            same = tuple(sorted(peer for peer in self.peers if self._same_before(peer, round)))
             recipients = tuple(sorted({*recipients, *same}))
         elif self.graph.learning(round) or self.config.own_during_warmup:
-            same = tuple(peer for peer in recipients if self.same_model.get(peer))
+            same = tuple(peer for peer in recipients if self._same_before(peer, round))
         else:
             same = ()
         tensors = {**small.body.tensors, ARCH_KEY: self.arch}
@@ -251,10 +253,21 @@ class MaplAuto(MaplDual):
             scales["own_model"] = Scale(self.own.scale_of(own), self.own.scale())
         return scales
 
+    def _same_before(self, peer: str, round: int) -> bool:
+        """Whether `peer` runs our model, as its MODELs of rounds before `round` said. Not this
+        round's: one may come before the node publishes (a slower local step), and what it sends
+        would then depend on the timing; the simulator, where none comes first, would send
+        otherwise (a deployed fleet ended two test images from its rehearsal)."""
+        since, same = self.same_model.get(peer, (round, False))
+        return same and since < round
+
     def keep(self, peer: str, round: int, body: Body, frame: Frame | None) -> None:
         if isinstance(body, Model):
             arch = body.tensors.get(ARCH_KEY)
-            self.same_model[peer] = arch is not None and np.array_equal(arch, self.arch)
+            same = arch is not None and np.array_equal(arch, self.arch)
+            held = self.same_model.get(peer)
+            if held is None or held[1] != same or round < held[0]:
+                self.same_model[peer] = (round, same)
         super().keep(peer, round, body, frame)
 
     def set_peers(self, peers) -> None:
@@ -290,7 +303,8 @@ class MaplAuto(MaplDual):
         self.own.mix(weights.get(self.node_id, 0.0), others)
 
     def state_dict(self) -> dict[str, Any]:
-        state = {**super().state_dict(), "mixes_own": self.mixes_own, "same_model": dict(self.same_model)}
+        same_model = {peer: [since, same] for peer, (since, same) in self.same_model.items()}
+        state = {**super().state_dict(), "mixes_own": self.mixes_own, "same_model": same_model}
         if self.local is not None:
             state["local"] = self.local.state_dict()
             state["chooser"] = self.chooser.state_dict()
@@ -301,13 +315,18 @@ class MaplAuto(MaplDual):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.mixes_own = bool(state.get("mixes_own", False))
-        self.same_model = {str(peer): bool(same) for peer, same in state.get("same_model", {}).items()}
+        self.same_model = {str(peer): _verdict(held) for peer, held in state.get("same_model", {}).items()}
         if self.local is not None:
             if "local" not in state:
                 raise ValueError("the saved state has no local model: it was saved with validation_fraction = 0")
             self.local.load_state_dict(state["local"])
             self.chooser.load_state_dict(state.get("chooser", []))
         self.choice = Choice.from_dict(state["choice"]) if self.local is not None and "choice" in state else None
+
+
+def _verdict(held: Any) -> tuple[int, bool]:
+    """A saved `same_model` entry: [round, same], or a bare bool (checkpoints before the round was kept)."""
+    return (-1, bool(held)) if isinstance(held, bool) else (int(held[0]), bool(held[1]))
 
 
 def _normalised(weights: dict[str, float]) -> dict[str, float]:

@@ -20,7 +20,7 @@ from algorithms.registry import ALGORITHMS, make_algorithm
 from p2pnode.memory import process_memory, trim_now
 from protocol import Limits
 
-from .shard import Shard, simulation_identity
+from .shard import Shard
 from .spec import SimulationSpec
 
 __all__ = ["Host", "blocks"]
@@ -40,7 +40,7 @@ class Host(Shard):
         info = ALGORITHMS[spec.algorithm]
         config = spec.algorithm_config()
         backbones = spec.node_backbones()
-        identities = {i: simulation_identity(spec.seed, i) for i in range(spec.nodes)}
+        identities = {i: spec.identity(i) for i in range(spec.nodes)}
         ids = [identities[i].node_id for i in range(spec.nodes)]
         attack = Attack(spec.attack, spec.attack_factor)
         nodes = {}

@@ -6,7 +6,9 @@ refused here with the daemon's message), and the run is put together from what t
 algorithm, its rounds and settings, each node's backbone (a user backbone's code and weights too),
 data (its own folder or `.npz`, or its shard of a benchmark), seed and device, and the gather rule.
 Node i of the rehearsal is the config whose `[data].node_index` is i, which is what seeds its
-model on the device too, so simulated node i and daemon i start from the same weights and data. A
+model on the device too, so simulated node i and daemon i start from the same weights and data;
+it signs with daemon i's key, so it has its id too, and sums its neighbours' payloads in the
+daemon's order (algorithms/interface.py `NeighbourView`): the two agree to the bit. A
 setting that must be the same on every node for one run to describe them (the algorithm, its
 settings, the seed, the classes) and is not, is
 an error naming the two configs that differ.
@@ -102,6 +104,7 @@ def read_fleet(directory: Path) -> Rehearsal:
             round_deadline_s=first.algorithm.round_deadline_s,
             straggler_grace_s=first.algorithm.straggler_grace_s,
             schedule=Schedule.of(first.algorithm),
+            key_files=tuple(config.node.key for config in configs),
         )
         spec.node_backbones()  # one backbone for an algorithm that averages whole models
     except ValueError as exc:

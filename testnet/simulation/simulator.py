@@ -67,7 +67,7 @@ def run_simulation(
     config = spec.config_dict()  # a bad override fails here, before any host starts
     _, partition = load_scenario(spec.data)
     backbones = spec.node_backbones()
-    ids = [simulation_identity(spec.seed, i).node_id for i in range(spec.nodes)]
+    ids = spec.node_ids()
     truth = Truth.of(partition)
     records: list[RoundRecord] = []
     with open_hosts(spec, engine) as hosts:

@@ -10,6 +10,7 @@ import random
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from algorithms.catalog import DEVICE_FORMS, DEVICE_PATTERN, FLOAT32_ONLY_DEVICES
@@ -20,6 +21,10 @@ from algorithms.models.user_backbone import NO_FILES, BackboneFiles
 from algorithms.registry import ALGORITHMS, config_as_dict, run_config
 from p2pnode.learning.rounds import Schedule
 from p2pnode.learning.settings import AlgorithmSettings
+from p2pnode.wire.keystore import load_key
+from protocol import Identity
+
+from .shard import simulation_identity
 
 __all__ = ["SimulationSpec", "HOMOGENEOUS_DEFAULT", "Slow", "parse_slow"]
 
@@ -88,6 +93,9 @@ class SimulationSpec:
     straggler_grace_s: float = _GATHER.straggler_grace_s
     # `[algorithm].schedule` and what goes with it (p2pnode/learning/rounds.py): sync or async, the deadline
     schedule: Schedule = field(default_factory=Schedule)
+    # `--fleet`: each node's `[node].key`, so the rehearsal's nodes are the daemons' (their ids, and
+    # so the order each sums its neighbours' payloads in); empty: keys derived from the seed
+    key_files: tuple[Path, ...] = ()
 
     def __post_init__(self) -> None:
         if not re.fullmatch(DEVICE_PATTERN, self.device):
@@ -111,6 +119,15 @@ class SimulationSpec:
             raise ValueError(f"end_s must be ≥ 0, got {self.end_s}")
         if not 1 <= self.pace <= 1000:
             raise ValueError(f"--pace must be in [1, 1000], got {self.pace}")
+        if self.key_files and len(self.key_files) != self.nodes:
+            raise ValueError(f"{len(self.key_files)} key files for {self.nodes} nodes")
+
+    def identity(self, node: int) -> Identity:
+        """Node `node`'s key: its daemon's (`key_files`), or one derived from the seed."""
+        return load_key(self.key_files[node]) if self.key_files else simulation_identity(self.seed, node)
+
+    def node_ids(self) -> list[str]:
+        return [self.identity(i).node_id for i in range(self.nodes)]
 
     def speed_factors(self) -> list[float]:
         """Each node's compute (local step, end of round) as a multiple of its backbone's (1: full speed)."""
