@@ -123,3 +123,20 @@ def test_a_distrusted_peer_gets_no_share_of_the_backbone(digits):
     for name, tensor in a.own.state().items():
         torch.testing.assert_close(tensor, before[name])
     assert not a.mixes_own
+
+
+def test_the_small_model_teaches_an_own_model_shared_with_same_model_peers_only_where_it_is_better(digits):
+    """A node whose own model is mixed with same-model peers (MAPL+'s regime) is taught by the small
+    model only on the samples where that is better on the label; one alone with its backbone
+    (MAPL-Dual's) on every sample; a `distill_where` set explicitly holds either way."""
+    nodes = _nodes(digits, ["convnet", "convnet", "mlp"], warmup_rounds="0")
+    for round in (0, 1):
+        _exchange(nodes, round)
+        for node in nodes:
+            node.end_round(round)
+    convnet, _, mlp = nodes
+    assert convnet.mixes_own and not mlp.mixes_own
+    assert (convnet.distill_where(), mlp.distill_where()) == ("teacher_better", "all")
+    everywhere = _nodes(digits, ["convnet", "convnet", "mlp"], distill_where="all")[0]
+    everywhere.mixes_own = True
+    assert everywhere.distill_where() == "all"

@@ -14,7 +14,7 @@ from algorithms.interface import NodeSetup, PayloadRejected
 from algorithms.methods.auto import AUTO_PREDICTORS
 from algorithms.methods.dual import DualConfig
 from algorithms.methods.fedmrl import Matryoshka
-from algorithms.models.losses import distillation, ensemble_logits
+from algorithms.models.losses import better_on_label, distillation, ensemble_logits
 from algorithms.models.personal import SmallModel
 from algorithms.models.small import HEAD_KEY, SmallShare, encode_state
 from algorithms.registry import make_algorithm
@@ -37,6 +37,20 @@ def test_distillation_on_a_hand_computed_case():
     assert distillation(teacher, teacher, temperature=3.0).item() == pytest.approx(0.0, abs=1e-7)
     with pytest.raises(ValueError, match="differ"):
         distillation(student, torch.zeros(1, 3), 1.0)
+
+
+def test_a_teacher_teaches_only_where_it_is_better_on_the_label():
+    teacher = torch.log(torch.tensor([[0.8, 0.2], [0.3, 0.7], [0.5, 0.5]]))
+    student = torch.log(torch.tensor([[0.6, 0.4], [0.4, 0.6], [0.5, 0.5]]))
+    labels = torch.tensor([0, 0, 1])
+    # Sample 0: the teacher gives label 0 more (0.8 > 0.6); sample 1 less (0.3 < 0.4); a tie is no lead.
+    where = better_on_label(teacher, student, labels)
+    assert where.tolist() == [1.0, 0.0, 0.0]
+    # The kept samples' KL, averaged over the whole batch.
+    first = distillation(student[:1], teacher[:1], 1.0).item()
+    assert distillation(student, teacher, 1.0, where).item() == pytest.approx(first / 3)
+    with pytest.raises(ValueError, match="distill_where"):
+        DualConfig(distill_where="sometimes")
 
 
 def test_ensemble_averages_probabilities():
@@ -161,6 +175,8 @@ def test_mapl_dual_distils_only_after_warm_up_and_reports_every_predictor(digits
     assert {"distill_into_small", "distill_into_personal"} <= both.local_step(0).parts.keys()
     into_small = _node("mapl-dual", digits_nodes, 0, "mlp", warmup_rounds=0, distill_into="small")
     assert "distill_into_personal" not in into_small.local_step(0).parts
+    gated = _node("mapl-dual", digits_nodes, 0, "mlp", warmup_rounds=0, distill_where="teacher_better")
+    assert 0 <= gated.local_step(0).parts["distill_into_personal"] < math.inf
     evaluation = node.evaluate()
     assert evaluation.by_predictor.keys() == {"personal", "shared", "ensemble"}
     assert evaluation.accuracy == evaluation.by_predictor["ensemble"]

@@ -33,16 +33,17 @@ from protocol.messages import Body, MessageType, Model
 
 from ..graphs.graph import GraphConfig
 from ..interface import Evaluation, LocalReport, NodeSetup, Outbound, Predictors
-from ..models.losses import distillation, ensemble_logits
+from ..models.losses import better_on_label, distillation, ensemble_logits
 from ..models.small import ENCODINGS, SmallShare, shared_small_model
 from ..models.training import LocalTrainer, evaluate_predictors
 from ..outliers import Scale
 from .mapl import Mapl, MaplConfig
 
-__all__ = ["DualConfig", "DualPredictors", "MaplDual", "PREDICTORS"]
+__all__ = ["DISTILL_WHERE", "DualConfig", "DualPredictors", "MaplDual", "PREDICTORS"]
 
 PREDICTORS = ("personal", "shared", "ensemble")
 DISTILL_INTO = ("both", "small", "personal")
+DISTILL_WHERE = ("all", "teacher_better")
 
 
 @dataclass(frozen=True)
@@ -59,9 +60,13 @@ class DualConfig(MaplConfig):
     # 1.0, but L1 to the true graph rose from 0.07 to 0.19 and from 0.16 to 0.27 (BENCHMARKS.md).
     distill_into: str = "personal"
     distill_after: int | None = None  # the first round with distillation (default: the end of warm-up)
+    # "all": every sample teaches; "teacher_better": only those where the teacher gives the true
+    # label more probability than the student (a weaker teacher pulls a stronger model down elsewhere)
+    distill_where: str = "all"
     predict: str = "ensemble"  # "personal" (H) | "shared" (S) | "ensemble"
     encoding: str = "float32"  # how S travels: "float32" | "float16"
     predict_choices: ClassVar[tuple[str, ...]] = PREDICTORS
+    distill_where_choices: ClassVar[tuple[str, ...]] = DISTILL_WHERE
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -73,6 +78,9 @@ class DualConfig(MaplConfig):
             raise ValueError("distill_temperature must be > 0")
         if self.distill_after is not None and self.distill_after < 0:
             raise ValueError("distill_after must be ≥ 0")
+        if self.distill_where not in self.distill_where_choices:
+            choices = ", ".join(self.distill_where_choices)
+            raise ValueError(f"distill_where must be one of {choices}, got {self.distill_where!r}")
         if self.distill_into not in DISTILL_INTO:
             raise ValueError(f"distill_into must be one of {', '.join(DISTILL_INTO)}, got {self.distill_into!r}")
         if self.predict not in self.predict_choices:
@@ -131,14 +139,21 @@ class MaplDual(Mapl):
         parts["small_cross_entropy"] = F.cross_entropy(small_logits, both)
         loss = loss + cfg.weight_small * parts["small_cross_entropy"]
         if self.distilling and cfg.distill_weight > 0:
-            temperature = cfg.distill_temperature
+            temperature, gated = cfg.distill_temperature, self.distill_where() == "teacher_better"
+            personal, small = out.logits.detach(), small_logits.detach()
             if cfg.distill_into in ("both", "small"):
-                parts["distill_into_small"] = distillation(small_logits, out.logits.detach(), temperature)
+                where = better_on_label(personal, small, both) if gated else None
+                parts["distill_into_small"] = distillation(small_logits, personal, temperature, where)
                 loss = loss + cfg.distill_weight * parts["distill_into_small"]
             if cfg.distill_into in ("both", "personal"):
-                parts["distill_into_personal"] = distillation(out.logits, small_logits.detach(), temperature)
+                where = better_on_label(small, personal, both) if gated else None
+                parts["distill_into_personal"] = distillation(out.logits, small, temperature, where)
                 loss = loss + cfg.distill_weight * parts["distill_into_personal"]
         return loss, {name: value.item() for name, value in parts.items()}
+
+    def distill_where(self) -> str:
+        """Which samples teach this round (`DualConfig.distill_where`)."""
+        return self.config.distill_where
 
     def predictors(self) -> Predictors:
         return DualPredictors(self.model, self.small, self.config.predict)

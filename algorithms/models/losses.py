@@ -63,15 +63,29 @@ def prototype_uniformity(prototypes: torch.Tensor, temperature: float) -> torch.
     return (similarity * off_diagonal).sum(dim=1).mean()
 
 
-def distillation(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
+def distillation(
+    student: torch.Tensor, teacher: torch.Tensor, temperature: float, where: torch.Tensor | None = None
+) -> torch.Tensor:
     """Hinton's knowledge distillation: T² · KL(softmax(teacher / T) ‖ softmax(student / T)),
-    averaged over the batch. The T² keeps its gradient on the scale of a cross-entropy's as T
-    grows. Gradients flow into `student` only if the caller detaches `teacher`."""
+    averaged over the batch (over all of it, whichever samples `where` keeps: a teacher that
+    is better on fewer samples teaches less). The T² keeps its gradient on the scale of a
+    cross-entropy's as T grows. Gradients flow into `student` only if the caller detaches `teacher`."""
     if student.shape != teacher.shape:
         raise ValueError(f"student logits {tuple(student.shape)} and teacher logits {tuple(teacher.shape)} differ")
     log_student = F.log_softmax(student / temperature, dim=1)
     log_teacher = F.log_softmax(teacher / temperature, dim=1)
-    return F.kl_div(log_student, log_teacher, reduction="batchmean", log_target=True) * temperature**2
+    if where is None:
+        return F.kl_div(log_student, log_teacher, reduction="batchmean", log_target=True) * temperature**2
+    per_sample = F.kl_div(log_student, log_teacher, reduction="none", log_target=True).sum(dim=1)
+    return (per_sample * where).sum() / len(per_sample) * temperature**2
+
+
+def better_on_label(teacher: torch.Tensor, student: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """1.0 on the samples where `teacher` gives the true label more probability than `student`
+    does, 0.0 elsewhere (no gradient): where a teacher may teach."""
+    with torch.no_grad():
+        rows = torch.arange(len(labels), device=labels.device)
+        return (F.log_softmax(teacher, dim=1)[rows, labels] > F.log_softmax(student, dim=1)[rows, labels]).float()
 
 
 def ensemble_logits(*logits: torch.Tensor) -> torch.Tensor:
