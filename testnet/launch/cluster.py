@@ -79,18 +79,19 @@ class Cluster:
         discovery: dict | None = None,
         extra: dict | Callable[[int], dict] | None = None,
         placement: Placement | None = None,
+        identities: Callable[[int], Identity] | None = None,
     ) -> Cluster:
         """Write a key and a config per node under `out`, each listening on port 0 of `host`,
         with CURVE on and connection caps that fit `count` nodes on one host.
         `[discovery].bootstrap` is left out: `start` fills it in. `extra` adds sections, or
         settings to the sections above: one document for all nodes, or a function of the node
         index. `placement` runs the daemons (default: here, `LocalPlacement`), and may move
-        `host` to where each one runs."""
+        `host` to where each one runs. `identities` gives node i's key (default: a new one)."""
         specs = []
         for index in range(count):
             directory = out / f"node{index:02d}"
             directory.mkdir(parents=True, exist_ok=True)
-            identity = Identity.generate()
+            identity = Identity.generate() if identities is None else identities(index)
             write_key(directory / "key.pem", identity, overwrite=True)
             settings = {
                 "node": {"key": "key.pem", "data_dir": "data", "network": network, "listen": f"tcp://{host}:0"},

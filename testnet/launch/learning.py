@@ -235,7 +235,10 @@ def _prepared(
     placement: Placement | None,
     barrage: bool,
 ) -> Cluster:
-    """The daemons' keys and configs, the poisoners' as Byzantine daemons."""
+    """The daemons' keys and configs, the poisoners' as Byzantine daemons. Daemon i has the
+    simulator's key for node i, so the two runs are of the same nodes (their ids, and the order
+    each sums its neighbours' payloads in); a fleet's (`--fleet`) gets new ones, its own staying
+    where they are."""
     defaults, chosen = DiscoverySettings(), settings.get("discovery", {})
     target = min(chosen.get("active_view", defaults.active_view), chosen.get("max_peers", defaults.max_peers))
     cluster = Cluster.prepare(
@@ -244,6 +247,7 @@ def _prepared(
         discovery=DISCOVERY,
         extra=lambda i: _merged(node_settings(spec, i, backbones[i], round_deadline_s, target), settings),
         placement=placement,
+        identities=None if spec.key_files else spec.identity,
     )
     for i in spec.poisoners:
         cluster.specs[i].program = byzantine_program(spec, i, barrage)
