@@ -458,6 +458,7 @@ README_NOT_FIGURES = {
     r"Ed25519": "the key type",
     r"on 2 cores": "the machine a time was measured on",
     r"seeds 3–5": "which seeds, named beside the figure",
+    r"on seed 19": "which seed, named beside the figure",
     r"tools\.bench\.scale --nodes 10 30 100": "a command",
 }
 
