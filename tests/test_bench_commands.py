@@ -240,7 +240,11 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "python -m tools.bench.heterogeneous --methods local mapl-dual --samples 10 --save heterogeneous": HETEROGENEOUS,
     "python -m tools.bench.heterogeneous --out bench-out/heterogeneous-auto --methods local oracle "
     "mapl-auto --samples 10 --scenarios 1 --save heterogeneous-auto": HETEROGENEOUS,
+    "python -m tools.bench.heterogeneous --out bench-out/heterogeneous-auto-fresh --methods local oracle mapl-auto "
+    "--samples 10 --scenarios 1 --seeds 16 17 18 --workers 1 --save heterogeneous-auto-fresh": HETEROGENEOUS,
     "python -m tools.bench.fleets --nodes 3 4 10 --datasets mnist5k digits --seeds 7 8 9 --save fleets": FLEETS,
+    "python -m tools.bench.fleets --nodes 3 4 10 --datasets mnist5k digits --seeds 16 17 18 --workers 1 "
+    "--save fleets-fresh": FLEETS,
     "python -m tools.bench.fleets --out bench-out/fleets-folder --datasets folder --nodes 3 4 10 --seeds 7 8 9 "
     "--save fleets-folder": FLEETS_FOLDER,
     "python -m tools.bench.scool --out bench-out/scool --save scool": SCOOL,
