@@ -213,3 +213,38 @@ def test_a_client_s_route_is_a_peer_s_from_its_admission_and_no_stranger_pushes_
     peers.add(key)
     replies.seen(SimpleNamespace(sender=key), PEERS, b"peers")  # a later frame adds the peers' socket's route
     assert replies.routes[client_address(key)] == {PUBLIC: b"route", PEERS: b"peers"}
+
+
+async def test_a_refused_dial_is_dialled_again_once_allowed_and_the_client_s_other_connections_stay():
+    """The peers' socket refuses a client not admitted yet; it dials again (`redial_s`) once it is,
+    over the same routing id, while its connection to another node carries on. Dialled anew right
+    after undoing the refused dial, libzmq aborted the client's process (router.cpp
+    `!has_out_pipe`) or ended that other connection: the refused dial is undone at once."""
+    keys = {name: Identity.generate() for name in ("refusing", "other", "client")}
+    admitted = False
+    counts = {name: Counter() for name in keys}
+
+    def server(name: str, is_peer) -> Ingress:
+        connections = Connections(SecuritySettings(), counts[name], is_peer)
+        return Ingress(PEERS, TransportSettings(), 1 << 20, keys[name].curve_keypair(), connections, counts[name])
+
+    refusing, other = server("refusing", lambda key: admitted), server("other", lambda key: True)
+    client = _ingress(CLIENT, keys["client"].curve_keypair(), counts["client"], redial_s=0.1)
+    async with _dialled(other, client, keys["other"].curve_keypair()[1]):
+        endpoint = await refusing.start("tcp://127.0.0.1:0")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(refusing.supervise)
+            client.connect(endpoint, b"refusing", keys["refusing"].curve_keypair()[1])
+            with trio.fail_after(10):
+                while not counts["refusing"]["zap_denied_not_peer"]:
+                    await trio.sleep(0.02)
+            admitted = True
+            with trio.fail_after(10):
+                while endpoint not in client.connected:
+                    await trio.sleep(0.02)
+            for routing_id, ingress in ((b"refusing", refusing), (b"server", other)):  # _dialled names it "server"
+                assert client.send(routing_id, b"hello")
+                assert (await _next_frame(ingress))[1] == b"hello"
+            assert client.restarts == 0
+            nursery.cancel_scope.cancel()
+        await refusing.close()
