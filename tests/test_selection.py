@@ -13,7 +13,7 @@ from algorithms.interface import LocalData, NodeSetup
 from algorithms.methods.auto import AUTO_PREDICTORS
 from algorithms.methods.mapl import Local
 from algorithms.models.inference import EvaluatedModel
-from algorithms.models.selection import Choice, Chooser, hold_out
+from algorithms.models.selection import Choice, Chooser, hold_out, sign_test_p
 from algorithms.registry import apply_overrides, default_config, make_algorithm
 
 
@@ -55,35 +55,56 @@ def test_a_class_with_one_image_is_never_held_out():
         hold_out(data, 1.0, seed=0)
 
 
-def test_the_local_model_is_served_only_where_it_is_clearly_better():
+def _right(count: int, images: int = 20) -> list[bool]:
+    return [True] * count + [False] * (images - count)
+
+
+def test_the_local_model_is_served_only_where_it_is_clearly_and_significantly_better():
     chooser = Chooser(window=3, margin=0.1)
-    # One image of ten better (ten points, the margin): local; less, the network's.
-    assert chooser.update({"personal": 0.8, "local": 0.9}, 10, "personal", ("local",)).chosen == "local"
-    choice = chooser.update({"personal": 0.9, "local": 0.9}, 10, "personal", ("local",))
-    assert choice.chosen == "personal" and choice.accuracy == pytest.approx({"personal": 0.85, "local": 0.9})
-    # The mean over the window: one round's luck does not switch it back.
-    assert chooser.update({"personal": 0.6, "local": 1.0}, 10, "personal", ("local",)).chosen == "local"
-    for _ in range(3):
-        choice = chooser.update({"personal": 1.0, "local": 0.9}, 10, "personal", ("local",))
-    assert choice.chosen == "personal" and choice.rounds == 3
+    # Right on 6 of the 20 images the network's predictor gets wrong, wrong on none it gets
+    # right: 30 points, p = 1/64. Local.
+    assert chooser.update({"personal": _right(14), "local": _right(20)}, "personal", ("local",)).chosen == "local"
+    # Three rounds level: the window's mean is 2 images ahead (p = 1/4), the network's again.
+    for _ in range(2):
+        choice = chooser.update({"personal": _right(20), "local": _right(20)}, "personal", ("local",))
+    assert choice.chosen == "personal" and choice.accuracy == pytest.approx({"personal": 0.9, "local": 1.0})
+    assert choice.images == 20 and choice.rounds == 3
     restored = Chooser(window=3, margin=0.1)
     restored.load_state_dict(chooser.state_dict())
-    assert restored.update({"personal": 0.0, "local": 1.0}, 10, "personal", ("local",)) == chooser.update(
-        {"personal": 0.0, "local": 1.0}, 10, "personal", ("local",)
-    )
+    last = {"personal": _right(0), "local": _right(20)}
+    assert restored.update(last, "personal", ("local",)) == chooser.update(last, "personal", ("local",))
+    restored.load_state_dict([{"personal": 0.5, "local": 0.9}])  # a checkpoint of before: forgotten
+    assert not restored.scores
     with pytest.raises(ValueError, match="window"):
         Chooser(window=0, margin=0.1)
+
+
+def test_a_margin_the_held_out_draw_can_give_does_not_switch():
+    """Ten points more of 20 images, each predictor right on some the other is wrong on: within
+    what the draw of the held-out images gives (p = 0.17), so the network's predictor stays; the
+    same lead on 100 images switches (p < 0.001)."""
+    collaborative = [True] * 14 + [False] * 6  # 70 %
+    local = [False] * 2 + [True] * 16 + [False] * 2  # 80 %: 4 images it alone gets right, 2 it alone gets wrong
+    assert (
+        Chooser(window=1, margin=0.1).update({"personal": collaborative, "local": local}, "personal", ("local",)).chosen
+        == "personal"
+    )
+    assert sign_test_p(4, 2) == pytest.approx(22 / 64)
+    many = Chooser(window=1, margin=0.1).update(
+        {"personal": _right(70, 100), "local": _right(80, 100)}, "personal", ("local",)
+    )
+    assert many.chosen == "local" and sign_test_p(10, 0) < 0.001
 
 
 def test_of_several_predictors_clearly_better_the_best_is_served():
     """An own model that learns too slowly (the small shared model far ahead of it): served
     what the held-out images show, not the local model merely because it is the alternative."""
-    chooser = Chooser(window=2, margin=0.1)
-    scores = {"personal": 0.2, "ensemble": 0.6, "shared": 0.9, "local": 0.3}
-    assert chooser.update(scores, 30, "personal", tuple(scores)).chosen == "shared"
-    level = {"personal": 0.9, "ensemble": 0.95, "shared": 0.95, "local": 0.9}
-    chooser = Chooser(window=2, margin=0.1)
-    assert chooser.update(level, 30, "personal", tuple(level)).chosen == "personal"  # none clearly better
+    scores = {"personal": _right(6, 30), "ensemble": _right(18, 30), "shared": _right(27, 30), "local": _right(9, 30)}
+    assert Chooser(window=2, margin=0.1).update(scores, "personal", tuple(scores)).chosen == "shared"
+    level = {"personal": _right(27, 30), "ensemble": _right(28, 30), "shared": _right(28, 30), "local": _right(27, 30)}
+    assert (
+        Chooser(window=2, margin=0.1).update(level, "personal", tuple(level)).chosen == "personal"
+    )  # none clearly better
 
 
 def _auto(data: LocalData, **settings: str):

@@ -22,7 +22,8 @@ should not have to know which fits the fleet, so the node finds out from what it
   ensemble otherwise; and not that either where another is clearly better: it holds out a share
   of its training images (`validation_fraction`, selection.py), trains a local-only model beside
   the others on the rest, and serves whichever predictor gets 10 points more of the held-out
-  images right (`switch_margin`, over `choice_window` rounds; training alone first on a tie). From `refit_round`
+  images right (`switch_margin`, over `choice_window` rounds, and significantly: `switch_p`; training alone
+  first on a tie). From `refit_round`
   the held-out images train every model and the choice stays (`predict = "auto"`).
 """
 
@@ -41,7 +42,7 @@ from protocol.messages import Body, MessageType, Model
 
 from ..interface import Evaluation, Frame, LocalReport, NodeSetup, Outbound, PayloadRejected
 from ..models.losses import ensemble_logits
-from ..models.selection import Choice, Chooser, held_out_accuracy, hold_out
+from ..models.selection import Choice, Chooser, held_out_right, hold_out
 from ..models.training import evaluate_predictors
 from ..outliers import Scale
 from ..payloads import SharedModules
@@ -98,6 +99,9 @@ class AutoConfig(DualConfig):
     # selection.Chooser says why).
     switch_margin: float = 0.1
     choice_window: int = 5
+    # ... and significantly so: a one-sided sign test over the held-out images where the two
+    # disagree must give at most this (selection.Chooser says why).
+    switch_p: float = 0.05
     # "auto": where the own model is mixed with same-model peers (MAPL+'s regime) the small model
     # teaches it only on the samples where it is better on the label, elsewhere on every sample
     # (MAPL-Dual's). On one backbone everywhere the own model is the stronger: distilling the
@@ -118,8 +122,8 @@ class AutoConfig(DualConfig):
             raise ValueError(f"predict = {self.predict!r} needs the local model: validation_fraction > 0")
         if self.refit_round is not None and self.refit_round < 0:
             raise ValueError(f"refit_round must be ≥ 0, got {self.refit_round}")
-        if self.choice_window < 1 or not 0 <= self.switch_margin <= 1:
-            raise ValueError("choice_window must be ≥ 1 and switch_margin in [0, 1]")
+        if self.choice_window < 1 or not 0 <= self.switch_margin <= 1 or not 0 < self.switch_p <= 1:
+            raise ValueError("choice_window must be ≥ 1, switch_margin in [0, 1] and switch_p in (0, 1]")
 
 
 def architecture(modules: SharedModules) -> np.ndarray:
@@ -176,7 +180,7 @@ class MaplAuto(MaplDual):
         self.same_model: dict[str, tuple[int, bool]] = {}
         self.mixes_own = False  # whether same-model peers hold SHARED_MIN of this round's own mix
         self.local = None if self.held_out is None else Local(fit, config)  # what training alone gives
-        self.chooser = Chooser(config.choice_window, config.switch_margin)
+        self.chooser = Chooser(config.choice_window, config.switch_margin, config.switch_p)
         self.choice: Choice | None = None  # the latest choice on the held-out images
         self.refitted = False  # whether the held-out images train the models now
 
@@ -228,8 +232,8 @@ class MaplAuto(MaplDual):
         if self.held_out is None or self.refitted:
             return
         models = nn.ModuleList([self.trainer.model, self.local.model])
-        accuracy = held_out_accuracy(self.predictors(), models, self.held_out)
-        self.choice = self.chooser.update(accuracy, len(self.held_out), self._collaborative(), ALTERNATIVES)
+        right = held_out_right(self.predictors(), models, self.held_out)
+        self.choice = self.chooser.update(right, self._collaborative(), ALTERNATIVES)
 
     # -- publish and receive ----------------------------------------------------------------
 
