@@ -245,6 +245,8 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "python -m tools.bench.fleets --nodes 3 4 10 --datasets mnist5k digits --seeds 7 8 9 --save fleets": FLEETS,
     "python -m tools.bench.fleets --nodes 3 4 10 --datasets mnist5k digits --seeds 16 17 18 --workers 1 "
     "--save fleets-fresh": FLEETS,
+    "python -m tools.bench.fleets --nodes 3 4 10 --datasets mnist5k --seeds 11 12 20 --workers 2 "
+    "--save fleets-unseen": FLEETS,
     "python -m tools.bench.fleets --out bench-out/fleets-folder --datasets folder --nodes 3 4 10 --seeds 7 8 9 "
     "--save fleets-folder": FLEETS_FOLDER,
     "python -m tools.bench.scool --out bench-out/scool --save scool": SCOOL,
