@@ -261,7 +261,7 @@ class InboundRouter:
         """Undo a dial whose handshake failed, at once: libzmq keeps its connection (and routing
         id) but never dials it again. Undone later, right before the dial anew, libzmq may not have
         let go of that routing id yet (it aborts: router.cpp `!has_out_pipe`) and has been seen to
-        end another connection of this socket instead (tests/test_client_mode.py)."""
+        end another connection of this socket instead (tests/test_routed.py, tests/test_client_mode.py)."""
         if endpoint in self.dialled:
             try:
                 self.router.disconnect(endpoint)
