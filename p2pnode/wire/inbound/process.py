@@ -169,6 +169,9 @@ class InboundRouter:
     def disconnect(self, endpoint: str) -> None:
         self.dialled.pop(endpoint, None)
         self.refused.forget(endpoint)
+        self._undo_dial(endpoint)
+
+    def _undo_dial(self, endpoint: str) -> None:
         try:
             self.router.disconnect(endpoint)
         except zmq.ZMQError:
@@ -263,10 +266,7 @@ class InboundRouter:
         let go of that routing id yet (it aborts: router.cpp `!has_out_pipe`) and has been seen to
         end another connection of this socket instead (tests/test_routed.py, tests/test_client_mode.py)."""
         if endpoint in self.dialled:
-            try:
-                self.router.disconnect(endpoint)
-            except zmq.ZMQError:
-                pass  # not connected: nothing to undo
+            self._undo_dial(endpoint)
 
     async def _redial(self) -> None:
         """A client's dials that were refused or failed, dialled anew when due (RefusedDials),
