@@ -169,6 +169,9 @@ class Evaluation:
     # predictor's accuracy on them, and how many there were.
     validation: Mapping[str, float] = field(default_factory=dict)
     validation_total: int = 0
+    # Why the node serves `predictor`, where what its peers run decided it (MAPL-Auto), in a few
+    # words for `status` and the report; "" otherwise.
+    why: str = ""
 
     @property
     def accuracy(self) -> float:

@@ -140,3 +140,23 @@ def test_the_small_model_teaches_an_own_model_shared_with_same_model_peers_only_
     everywhere = _nodes(digits, ["convnet", "convnet", "mlp"], distill_where="all")[0]
     everywhere.mixes_own = True
     assert everywhere.distill_where() == "all"
+
+
+def test_in_a_one_model_fleet_a_node_serves_its_own_model_even_where_it_mixes_it_with_nobody(digits):
+    """Round 0 sends no own modules, so after it no node mixes its own model; where every peer
+    announced the node's model it serves that model, where one runs another the ensemble."""
+    for backbones, served in ((["convnet"] * 3, "personal"), (["convnet", "convnet", "mlp"], "ensemble")):
+        nodes = _nodes(digits, backbones, validation_fraction="0")
+        first = nodes[0]
+        assert first.predictors().chosen == "ensemble"  # nobody heard from yet
+        _exchange(nodes, 0)
+        first.end_round(0)
+        assert not first.mixes_own and first.one_model_fleet() == (served == "personal")
+        assert first.predictors().chosen == served, backbones
+        why = "every peer runs its model" if served == "personal" else "no same-model peer shares its model"
+        assert first.evaluate().why.startswith(why)
+        _exchange(nodes, 1)  # now the same-model peers send their own modules
+        first.end_round(1)
+        assert first.predictors().chosen == "personal" and first.mixes_own
+        peers = len(backbones) - 1 if served == "personal" else 1
+        assert first.evaluate().why == f"mixed with {peers} same-model peer{'s' if peers > 1 else ''}"

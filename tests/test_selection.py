@@ -191,6 +191,11 @@ def test_status_and_the_report_say_what_a_node_serves_and_why():
     assert served_because("local", held_out, 10) == "local (held-out 90 %, ensemble 80 %; 10 images)"
     assert served_because("personal", held_out, 10) == "personal (held-out 72 %, local 90 %; 10 images)"
     assert served_because("ensemble", {}, 0) == "ensemble"  # nothing held out: no reason to give
+    # what its peers run, where that decided it (MAPL-Auto's `why`), then the held-out images
+    mixed = "mixed with 2 same-model peers"
+    because = served_because("personal", held_out, 10, mixed)
+    assert because == f"personal ({mixed}; held-out 72 %, local 90 %; 10 images)"
+    assert served_because("personal", {}, 0, mixed) == f"personal ({mixed})"
     record = {"predictor": "local", "validation_by_predictor": held_out, "validation_samples": 10}
     learning = {
         "accuracy": 0.9,
@@ -206,3 +211,6 @@ def test_status_and_the_report_say_what_a_node_serves_and_why():
     }
     (line,) = _learning_lines(learning, "n0")
     assert "predicting with: local (held-out 90 %, ensemble 80 %; 10 images)" in line
+    learning["history"] = [{"predictor": "personal", "predictor_why": mixed}]  # nothing held out
+    (line,) = _learning_lines(learning, "n0")
+    assert f"predicting with: personal ({mixed})" in line

@@ -18,13 +18,13 @@ should not have to know which fits the fleet, so the node finds out from what it
   alike and their average is a model from the first round (with separate starts, the average
   of the first rounds mixed unrelated features: digits, 8 rounds, the convnet nodes ended at
   53 and 77 % against Local's 79 and 88).
-- It serves its own model where same-model peers share it this round (`SHARED_MIN`), MAPL-Dual's
-  ensemble otherwise; and not that either where another is clearly better: it holds out a share
-  of its training images (`validation_fraction`, selection.py), trains a local-only model beside
-  the others on the rest, and serves whichever predictor gets 10 points more of the held-out
-  images right (`switch_margin`, over `choice_window` rounds, and significantly: `switch_p`; training alone
-  first on a tie). From `refit_round`
-  the held-out images train every model and the choice stays (`predict = "auto"`).
+- It serves its own model where same-model peers share it this round (`SHARED_MIN`) or every
+  peer runs it (one model everywhere), MAPL-Dual's ensemble otherwise; and not that either where
+  another is clearly better: it holds out a share of its training images (`validation_fraction`,
+  selection.py), trains a local-only model beside the others on the rest, and serves whichever
+  predictor gets 10 points more of the held-out images right (`switch_margin`, over
+  `choice_window` rounds, and significantly: `switch_p`; training alone first on a tie). From
+  `refit_round` the held-out images train every model and the choice stays (`predict = "auto"`).
 """
 
 from __future__ import annotations
@@ -78,9 +78,9 @@ class AutoConfig(DualConfig):
     # and the worst node: digits, one backbone, β = 1 +0.6 / -3.8, β = 0 +1.9 / -2.3; mnist5k,
     # four backbones, -2.2 / -19.2 and +2.4 / -9.0, with SHARED_MIN; docs/learning.md).
     own_uniform_share: float = 0.0
-    # "auto": the own model (`personal`) where same-model peers share it this round, the ensemble
-    # of the own and the small model otherwise, unless the local model is clearly better on the
-    # held-out images (below). On one backbone everywhere the ensemble was 1.4-2.0 points below
+    # "auto": the own model (`personal`) where same-model peers share it this round or every peer
+    # runs it, the ensemble of the own and the small model otherwise, unless the local model is
+    # clearly better on the held-out images (below). On one backbone everywhere the ensemble was 1.4-2.0 points below
     # the own model (mnist5k, 4 nodes, 40 rounds, seeds 0-2): the small model, 5-7 points
     # weaker, pulls it down; on resnet and mobilenet nodes without one to share with, the own
     # model was far below the ensemble (docs/learning.md).
@@ -179,6 +179,7 @@ class MaplAuto(MaplDual):
         # they announce our architecture)
         self.same_model: dict[str, tuple[int, bool]] = {}
         self.mixes_own = False  # whether same-model peers hold SHARED_MIN of this round's own mix
+        self.own_mixed_with = 0  # how many same-model peers had a share of it
         self.local = None if self.held_out is None else Local(fit, config)  # what training alone gives
         self.chooser = Chooser(config.choice_window, config.switch_margin, config.switch_p)
         self.choice: Choice | None = None  # the latest choice on the held-out images
@@ -210,9 +211,29 @@ class MaplAuto(MaplDual):
             return self.config.distill_where
         return "teacher_better" if self.mixes_own else "all"
 
+    def one_model_fleet(self) -> bool:
+        """Whether every peer heard from announced our model (one backbone everywhere, what `init`
+        writes): there the own model is the strongest predictor the node holds, mixed or not."""
+        return bool(self.same_model) and all(same for _, same in self.same_model.values())
+
     def _collaborative(self) -> str:
-        """The predictor the network's models give: the own model where same-model peers share it."""
-        return "personal" if self.mixes_own else "ensemble"
+        """The predictor the network's models give: the own model where same-model peers share it
+        or every peer runs it, MAPL-Dual's ensemble otherwise. A node alone in its cluster of a
+        one-model fleet mixes its own model with nobody, and its small model, mixed with nobody
+        either, is a weaker local model: averaged in, it cost that node 1 to 1.3 points (mnist5k,
+        3 nodes, seeds 0-2; docs/learning.md)."""
+        return "personal" if self.mixes_own or self.one_model_fleet() else "ensemble"
+
+    def _why(self) -> str:
+        """Why `_collaborative` gives what it gives, for `status` and the report."""
+        if self.mixes_own:
+            peers = self.own_mixed_with
+            return f"mixed with {peers} same-model peer{'' if peers == 1 else 's'}"
+        if self.one_model_fleet():
+            return "every peer runs its model, none shares it this round"
+        if any(same for _, same in self.same_model.values()):
+            return "no same-model peer shares its model this round"
+        return "no peer runs its model" if self.same_model else "no peer heard from yet"
 
     def predictors(self) -> AutoPredictors:
         chosen = self.config.predict
@@ -223,9 +244,13 @@ class MaplAuto(MaplDual):
     def evaluate(self) -> Evaluation:
         models = nn.ModuleList([self.trainer.model, *([] if self.local is None else [self.local.model])])
         evaluation = evaluate_predictors(self.predictors(), models, self.data)
+        chose_by_peers = self.config.predict == "auto" and evaluation.predictor == self._collaborative()
+        why = self._why() if chose_by_peers else ""  # else the held-out images or the settings chose
         if self.choice is None:
-            return evaluation
-        return dataclasses.replace(evaluation, validation=self.choice.accuracy, validation_total=self.choice.images)
+            return dataclasses.replace(evaluation, why=why)
+        return dataclasses.replace(
+            evaluation, validation=self.choice.accuracy, validation_total=self.choice.images, why=why
+        )
 
     def _choose(self) -> None:
         """After the round's aggregation, until the refit: the predictor the node serves."""
@@ -312,6 +337,7 @@ class MaplAuto(MaplDual):
         # Served where it is shared this round: on resnet and mobilenet nodes an own model mixed
         # with no one of its cluster was far below MAPL-Dual's ensemble (docs/learning.md).
         self.mixes_own = sum(weight for peer, weight in weights.items() if peer in owns) >= SHARED_MIN
+        self.own_mixed_with = sum(1 for peer in owns if weights.get(peer, 0.0) > 0)
         if not any(weights.get(peer, 0.0) > 0 for peer in owns):
             return
         others = [
@@ -322,6 +348,7 @@ class MaplAuto(MaplDual):
     def state_dict(self) -> dict[str, Any]:
         same_model = {peer: [since, same] for peer, (since, same) in self.same_model.items()}
         state = {**super().state_dict(), "mixes_own": self.mixes_own, "same_model": same_model}
+        state["own_mixed_with"] = self.own_mixed_with
         if self.local is not None:
             state["local"] = self.local.state_dict()
             state["chooser"] = self.chooser.state_dict()
@@ -332,6 +359,7 @@ class MaplAuto(MaplDual):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.mixes_own = bool(state.get("mixes_own", False))
+        self.own_mixed_with = int(state.get("own_mixed_with", 0))
         self.same_model = {str(peer): _verdict(held) for peer, held in state.get("same_model", {}).items()}
         if self.local is not None:
             if "local" not in state:

@@ -366,6 +366,7 @@ class RoundEngine:
             test_right=right_bits(evaluation.right),
             validation_by_predictor=evaluation.validation,
             validation_samples=evaluation.validation_total,
+            predictor_why=evaluation.why,
             discovery_sent={str(kind): counts for kind, counts in (discovery_sent or {}).items()},
             local_baseline=dict(local_baseline or {}),
             ended_at=seconds(timings.ended_at),

@@ -230,6 +230,8 @@ class RoundRecord:
     # on them, and how many there were
     validation_by_predictor: Mapping[str, float] = field(default_factory=dict)
     validation_samples: int = 0
+    # why the node serves `predictor`, where what its peers run decided it ("": no such reason)
+    predictor_why: str = ""
     # discovery and keep-alive frames sent so far, by type, shaped as `sent` (no payload bytes)
     discovery_sent: Mapping[str, tuple[int, int, int]] = field(default_factory=dict)
     # `[algorithm].local_baseline`: the local-only model trained beside this one on the same data
@@ -558,16 +560,19 @@ def right_from_bits(bits: str, n: int) -> np.ndarray | None:
     return unpacked[:n].astype(bool) if n > 0 and len(unpacked) >= n and len(bits) == 2 * ((n + 7) // 8) else None
 
 
-def served_because(chosen: str, validation: Mapping[str, float], images: int, alone: str = "local") -> str:
-    """Why a node serves `chosen`, in a few words for `status` and the report: its accuracy on the
-    images the node held out (the mean over the rounds it chose on), beside the local-only
-    model's, or beside the best collaborative one where it serves the local model."""
+def served_because(
+    chosen: str, validation: Mapping[str, float], images: int, why: str = "", alone: str = "local"
+) -> str:
+    """Why a node serves `chosen`, in a few words for `status` and the report: what its peers run
+    (`why`, where that decided it), then its accuracy on the images the node held out (the mean
+    over the rounds it chose on), beside the local-only model's, or beside the best collaborative
+    one where it serves the local model."""
     if not validation or images <= 0 or chosen not in validation:
-        return chosen
+        return f"{chosen} ({why})" if why else chosen
     if chosen == alone:  # beside the best predictor the network gave (not one mixed with the local model)
         others = [name for name in validation if alone not in name]
     else:
         others = [name for name in validation if name == alone]
     other = max(others, key=lambda name: validation[name], default=None)
     beside = "" if other is None else f", {other} {validation[other] * 100:.0f} %"
-    return f"{chosen} (held-out {validation[chosen] * 100:.0f} %{beside}; {images} images)"
+    return f"{chosen} ({why + '; ' if why else ''}held-out {validation[chosen] * 100:.0f} %{beside}; {images} images)"

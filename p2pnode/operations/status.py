@@ -36,8 +36,9 @@ def _learning_lines(learning: dict, own_id: str) -> list[str]:
     history = learning.get("history") or []
     last = history[-1] if history else {}
     predictor = last.get("predictor")  # where it has several (MAPL-Dual, -Auto), and why where it chose
-    if predictor and last.get("validation_by_predictor"):
-        predictor = served_because(predictor, last["validation_by_predictor"], last.get("validation_samples", 0))
+    if predictor:
+        validation, images = last.get("validation_by_predictor") or {}, last.get("validation_samples", 0)
+        predictor = served_because(predictor, validation, images, last.get("predictor_why", ""))
     lines = [
         f"learning {learning['algorithm'] or '(loading data and model)'}  phase {learning['phase']}  "
         f"rounds completed {learning['completed']}/{learning['rounds']}  accuracy {accuracy}"
