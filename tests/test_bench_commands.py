@@ -247,6 +247,8 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "--save fleets-fresh": FLEETS,
     "python -m tools.bench.fleets --nodes 3 4 10 --datasets mnist5k --seeds 11 12 20 --workers 2 "
     "--save fleets-unseen": FLEETS,
+    "python -m tools.bench.fleets --nodes 3 4 10 --datasets mnist5k --seeds 26 27 28 --workers 2 "
+    "--save fleets-one-model": FLEETS,
     "python -m tools.bench.fleets --out bench-out/fleets-folder --datasets folder --nodes 3 4 10 --seeds 7 8 9 "
     "--save fleets-folder": FLEETS_FOLDER,
     "python -m tools.bench.scool --out bench-out/scool --save scool": SCOOL,
