@@ -242,10 +242,9 @@ def _init(args: argparse.Namespace) -> int:
     if spec.algorithm == "mapl-auto":
         print(
             "each node learns with mapl-auto: its own model is averaged with the peers that run the same one "
-            f"(here {spec.backbone}), a small shared model with the peers it learns are alike; it holds out a "
-            "fifth of its training images until two thirds of the run and serves a model trained on its own "
-            "data alone where that is clearly better on them; `p2pnode status` and the report say which "
-            "model each node predicts with and why",
+            f"(here {spec.backbone}: every node) and is what it predicts with, and a small shared model with the "
+            "peers it learns are alike, which it predicts with instead where its own model cannot fit its "
+            "training images; `p2pnode status` and the report say which model each node predicts with and why",
             file=sys.stderr,
         )
     return EXIT_OK

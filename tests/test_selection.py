@@ -113,7 +113,7 @@ def _auto(data: LocalData, **settings: str):
 
 
 def test_mapl_auto_trains_nothing_on_what_it_holds_out_until_it_has_chosen(digits):
-    node = _auto(digits[0], refit_round="2")
+    node = _auto(digits[0], refit_round="2", validation_fraction="0.2")
     held = node.held_out
     fit_rows = _rows(held.fit.train_images)
     assert _rows(node.trainer.images) == fit_rows and _rows(node.local.trainer.images) == fit_rows
@@ -135,14 +135,14 @@ def test_mapl_auto_trains_nothing_on_what_it_holds_out_until_it_has_chosen(digit
     node.end_round(2)
     assert node.choice == chosen
     # A node resumed after the refit trains on the whole shard from its first round.
-    resumed = _auto(digits[0], refit_round="2")
+    resumed = _auto(digits[0], refit_round="2", validation_fraction="0.2")
     resumed.load_state_dict(node.state_dict())
     resumed.local_step(3)
     assert _rows(resumed.trainer.images) == whole and resumed.choice == chosen
 
 
 def test_a_node_whose_collaborative_models_are_useless_serves_what_scores_best_held_out(digits):
-    node = _auto(digits[0])
+    node = _auto(digits[0], validation_fraction="0.2")
     for round in range(8):
         node.local.local_step(round)  # only the local model learns
     with torch.no_grad():  # the collaborative models say nothing
@@ -158,22 +158,51 @@ def test_a_node_whose_collaborative_models_are_useless_serves_what_scores_best_h
     assert evaluation.predictor == "local" and evaluation.accuracy == evaluation.by_predictor["local"]
     assert evaluation.validation == choice.accuracy and evaluation.validation_total == len(node.held_out)
     # What it chose and the local model survive a checkpoint.
-    restored = _auto(digits[0])
+    restored = _auto(digits[0], validation_fraction="0.2")
     restored.load_state_dict(node.state_dict())
     assert restored.choice == choice and restored.predictors().chosen == "local"
+    # A node that holds nothing out chose on other images: its window starts afresh.
+    other = _auto(digits[0])
+    other.load_state_dict(node.state_dict())
+    assert other.choice is None and not other.chooser.scores
     torch.testing.assert_close(restored.local.model.head.weight, node.local.model.head.weight)
 
 
 def test_without_held_out_images_there_is_no_local_model_to_serve(digits):
-    node = _auto(digits[0], validation_fraction="0")
+    node = _auto(digits[0])  # the default: nothing held out
     assert node.held_out is None and node.local is None
     assert "local" not in node.predictors().all(digits[0].test_images[:2])
     with pytest.raises(ValueError, match="needs the local model"):
         apply_overrides(default_config("mapl-auto"), {"validation_fraction": "0", "predict": "local"})
 
 
-def test_the_kept_model_serves_the_predictor_chosen_when_it_was_kept(digits):
+def test_a_node_holding_nothing_out_serves_another_predictor_where_its_own_cannot_fit_its_images(digits):
+    """An own model that learns too slowly (here: it says nothing) in a one-model fleet, where
+    the own model is the collaborative predictor: the small model fits the node's training images
+    far better, so that is served, and the report says why. Where the own model fits them, it stays."""
     node = _auto(digits[0])
+    assert node.checked.labels.numel() == min(200, len(digits[0].train_labels))
+    for round in range(8):
+        node.local_step(round)
+    node.same_model = {"n1": (0, True)}  # every peer runs its model
+    node.end_round(0)
+    assert node.choice.chosen == "personal"  # it fits its images: nothing replaces it
+    with torch.no_grad():
+        node.model.head.weight.zero_()
+        node.model.head.bias.zero_()
+    node.end_round(1)
+    chosen = node.choice.chosen  # the small model, or its ensemble with the silent own model (the same votes)
+    assert chosen in ("shared", "ensemble") and node.choice.accuracy[chosen] >= node.choice.accuracy["personal"] + 0.2
+    evaluation = node.evaluate()
+    assert evaluation.predictor == chosen and not evaluation.validation  # training images are no held-out score
+    assert evaluation.why.startswith("fits ") and "training images, personal" in evaluation.why
+    restored = _auto(digits[0])
+    restored.load_state_dict(node.state_dict())
+    assert restored.choice == node.choice
+
+
+def test_the_kept_model_serves_the_predictor_chosen_when_it_was_kept(digits):
+    node = _auto(digits[0], validation_fraction="0.2")
     kept = EvaluatedModel()
     first = node.predictors()
     kept.keep(first, 0)

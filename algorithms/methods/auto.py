@@ -42,7 +42,7 @@ from protocol.messages import Body, MessageType, Model
 
 from ..interface import Evaluation, Frame, LocalReport, NodeSetup, Outbound, PayloadRejected
 from ..models.losses import ensemble_logits
-from ..models.selection import Choice, Chooser, held_out_right, hold_out
+from ..models.selection import Choice, Chooser, held_out_right, hold_out, training_sample
 from ..models.training import evaluate_predictors
 from ..outliers import Scale
 from ..payloads import SharedModules
@@ -87,8 +87,10 @@ class AutoConfig(DualConfig):
     predict: str = "auto"
     # The share of each class's training images held out to choose the predictor on; the node
     # also trains a local-only model on the rest, so it can serve that where its neighbours do
-    # not help. 0: nothing held out, no local model.
-    validation_fraction: float = 0.2
+    # not help. 0: nothing held out, no local model: the node checks its predictors on its
+    # training images instead (`fit_margin`). A fifth held out cost 1.5 and 2.1 points on four
+    # backbones and never switched (mnist5k, 3 and 4 nodes, seeds 3-9; docs/learning.md).
+    validation_fraction: float = 0.0
     # From this round on the held-out images train every model too and the choice made by then
     # stays (holding out a fifth of ten images a class for the whole run cost the own model 1.2
     # points, mnist5k, 4 nodes, seeds 0-2). None: they are never trained on; a run's
@@ -102,6 +104,12 @@ class AutoConfig(DualConfig):
     # ... and significantly so: a one-sided sign test over the held-out images where the two
     # disagree must give at most this (selection.Chooser says why).
     switch_p: float = 0.05
+    # With nothing held out: another predictor replaces the collaborative one only where it gets
+    # at least this many more of the node's training images right (and significantly, `switch_p`),
+    # checked on up to `fit_images` of them: a model that cannot fit the node's own data, as a
+    # ShuffleNet from scratch that learns too slowly (selection.training_sample).
+    fit_margin: float = 0.2
+    fit_images: int = 200
     # "auto": where the own model is mixed with same-model peers (MAPL+'s regime) the small model
     # teaches it only on the samples where it is better on the label, elsewhere on every sample
     # (MAPL-Dual's). On one backbone everywhere the own model is the stronger: distilling the
@@ -124,6 +132,8 @@ class AutoConfig(DualConfig):
             raise ValueError(f"refit_round must be ≥ 0, got {self.refit_round}")
         if self.choice_window < 1 or not 0 <= self.switch_margin <= 1 or not 0 < self.switch_p <= 1:
             raise ValueError("choice_window must be ≥ 1, switch_margin in [0, 1] and switch_p in (0, 1]")
+        if not 0 <= self.fit_margin <= 1 or self.fit_images < 1:
+            raise ValueError("fit_margin must be in [0, 1] and fit_images ≥ 1")
 
 
 def architecture(modules: SharedModules) -> np.ndarray:
@@ -181,8 +191,12 @@ class MaplAuto(MaplDual):
         self.mixes_own = False  # whether same-model peers hold SHARED_MIN of this round's own mix
         self.own_mixed_with = 0  # how many same-model peers had a share of it
         self.local = None if self.held_out is None else Local(fit, config)  # what training alone gives
-        self.chooser = Chooser(config.choice_window, config.switch_margin, config.switch_p)
-        self.choice: Choice | None = None  # the latest choice on the held-out images
+        # What the choice is made on: the held-out images, or (nothing held out) training images.
+        held = self.held_out is not None
+        self.checked = self.held_out if held else training_sample(setup.data, config.fit_images, setup.seed)
+        margin = config.switch_margin if held else config.fit_margin
+        self.chooser = Chooser(config.choice_window, margin, config.switch_p)
+        self.choice: Choice | None = None  # the latest choice on `checked`
         self.refitted = False  # whether the held-out images train the models now
 
     # -- local step, choice and prediction --------------------------------------------------
@@ -245,19 +259,29 @@ class MaplAuto(MaplDual):
         models = nn.ModuleList([self.trainer.model, *([] if self.local is None else [self.local.model])])
         evaluation = evaluate_predictors(self.predictors(), models, self.data)
         chose_by_peers = self.config.predict == "auto" and evaluation.predictor == self._collaborative()
-        why = self._why() if chose_by_peers else ""  # else the held-out images or the settings chose
-        if self.choice is None:
+        why = self._why() if chose_by_peers else self._unfit_why(evaluation.predictor)
+        if self.choice is None or self.held_out is None:  # training images are no held-out score
             return dataclasses.replace(evaluation, why=why)
         return dataclasses.replace(
             evaluation, validation=self.choice.accuracy, validation_total=self.choice.images, why=why
         )
 
+    def _unfit_why(self, served: str) -> str:
+        """Where nothing is held out and the check on the training images chose `served`."""
+        if self.held_out is not None or self.choice is None or self.config.predict != "auto":
+            return ""
+        accuracy, collaborative = self.choice.accuracy, self._collaborative()
+        return (
+            f"fits {accuracy[served] * 100:.0f} % of {self.choice.images} training images, "
+            f"{collaborative} {accuracy[collaborative] * 100:.0f} %"
+        )
+
     def _choose(self) -> None:
         """After the round's aggregation, until the refit: the predictor the node serves."""
-        if self.held_out is None or self.refitted:
+        if self.refitted:
             return
-        models = nn.ModuleList([self.trainer.model, self.local.model])
-        right = held_out_right(self.predictors(), models, self.held_out)
+        models = nn.ModuleList([self.trainer.model, *([] if self.local is None else [self.local.model])])
+        right = held_out_right(self.predictors(), models, self.checked)
         self.choice = self.chooser.update(right, self._collaborative(), ALTERNATIVES)
 
     # -- publish and receive ----------------------------------------------------------------
@@ -351,7 +375,7 @@ class MaplAuto(MaplDual):
         state["own_mixed_with"] = self.own_mixed_with
         if self.local is not None:
             state["local"] = self.local.state_dict()
-            state["chooser"] = self.chooser.state_dict()
+        state["chooser"], state["chosen_on"] = self.chooser.state_dict(), self._chosen_on()
         if self.choice is not None:
             state["choice"] = self.choice.to_dict()
         return state
@@ -365,8 +389,14 @@ class MaplAuto(MaplDual):
             if "local" not in state:
                 raise ValueError("the saved state has no local model: it was saved with validation_fraction = 0")
             self.local.load_state_dict(state["local"])
-            self.chooser.load_state_dict(state.get("chooser", []))
-        self.choice = Choice.from_dict(state["choice"]) if self.local is not None and "choice" in state else None
+        # A window and a choice made on other images (a checkpoint of the other way to choose,
+        # or of held-out images before `chosen_on` was kept) start afresh.
+        same_images = state.get("chosen_on", "held_out" if "local" in state else None) == self._chosen_on()
+        self.chooser.load_state_dict(state.get("chooser", []) if same_images else [])
+        self.choice = Choice.from_dict(state["choice"]) if same_images and "choice" in state else None
+
+    def _chosen_on(self) -> str:
+        return "held_out" if self.held_out is not None else "training"
 
 
 def _verdict(held: Any) -> tuple[int, bool]:

@@ -1,10 +1,13 @@
-"""Choosing the predictor a node serves on images it never trained on (issue #44: a device must
-never be worse off for joining).
+"""Choosing the predictor a node serves (issue #44: a device must never be worse off for joining).
 
-The node holds out a share of each class's training images (`hold_out`): none of its models,
-the collaborative ones or the local-only one, trains on them until the choice is made. After
-each round it scores every predictor on them (`held_out_right`), and `Chooser` decides
-whether the collaborative predictor is served or another that is clearly better there.
+Two ways, one `Chooser`. With `validation_fraction` > 0 the node holds out a share of each
+class's training images (`hold_out`): none of its models, the collaborative ones or the
+local-only one, trains on them until the choice is made. With nothing held out (the default) it
+checks its predictors on a sample of its own training images (`training_sample`): that cannot
+tell which generalises better, only which cannot even fit the node's data (a model that learns
+too slowly). After each round it scores every predictor on them (`held_out_right`), and
+`Chooser` decides whether the collaborative predictor is served or another that is clearly
+better there.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from torch import nn
 from ..interface import LocalData, Predictors
 from .training import seeded_generator
 
-__all__ = ["Choice", "Chooser", "HeldOut", "held_out_right", "hold_out", "sign_test_p"]
+__all__ = ["Choice", "Chooser", "HeldOut", "held_out_right", "hold_out", "sign_test_p", "training_sample"]
 
 HOLD_OUT_STREAM = 7  # the node seed's stream for the draw (the trainer's batches use 1)
 TOLERANCE = 1e-9  # 0.9 − 0.8 is a margin of 0.1, not 0.0999…
@@ -66,6 +69,18 @@ def hold_out(data: LocalData, fraction: float, seed: int) -> HeldOut | None:
     keep, out = (~chosen).to(data.train_labels.device), chosen.to(data.train_labels.device)
     fit = dataclasses.replace(data, train_images=data.train_images[keep], train_labels=data.train_labels[keep])
     return HeldOut(fit=fit, images=data.train_images[out], labels=data.train_labels[out])
+
+
+def training_sample(data: LocalData, most: int, seed: int) -> HeldOut:
+    """Up to `most` of the node's training images, drawn with its seed: what it checks its
+    predictors fit when it holds nothing out (`fit` is the whole shard: every model trains on
+    all of it)."""
+    if most < 1:
+        raise ValueError(f"the training sample needs at least one image, got {most}")
+    count = len(data.train_labels)
+    order = torch.randperm(count, generator=seeded_generator(seed, HOLD_OUT_STREAM))[:most]
+    order = order.to(data.train_labels.device)
+    return HeldOut(fit=data, images=data.train_images[order], labels=data.train_labels[order])
 
 
 @dataclass(frozen=True)
