@@ -169,8 +169,8 @@ class Evaluation:
     # predictor's accuracy on them, and how many there were.
     validation: Mapping[str, float] = field(default_factory=dict)
     validation_total: int = 0
-    # Why the node serves `predictor`, where what its peers run decided it (MAPL-Auto), in a few
-    # words for `status` and the report; "" otherwise.
+    # Why the node serves `predictor`, where the algorithm decided it (MAPL-Auto: what its peers
+    # run, or its check on its own training images), in a few words for `status` and the report.
     why: str = ""
 
     @property

@@ -249,11 +249,14 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "--save fleets-unseen": FLEETS,
     "python -m tools.bench.fleets --nodes 3 4 10 --datasets mnist5k --seeds 26 27 28 --workers 2 "
     "--save fleets-one-model": FLEETS,
+    "python -m tools.bench.fleets --nodes 3 4 10 --datasets mnist5k --seeds 29 30 32 --workers 2 "
+    "--save fleets-nothing-held-out": FLEETS,
     "python -m tools.bench.fleets --out bench-out/fleets-folder --datasets folder --nodes 3 4 10 --seeds 7 8 9 "
     "--save fleets-folder": FLEETS_FOLDER,
     "python -m tools.bench.scool --out bench-out/scool --save scool": SCOOL,
     "python -m tools.bench.scool --out DIR --seeds 13 14 15 --workers 2 --save scool-fresh": SCOOL,
     "python -m tools.bench.pretrained --out DIR --seeds 3 4 --workers 1 --save pretrained": PRETRAINED,
+    "python -m tools.bench.pretrained --out DIR --seeds 3 4 --workers 1 --save pretrained-fit-check": PRETRAINED,
     "python -m tools.bench.stragglers --out DIR --seeds 1 2 3 --workers 2 --schedule async --save stragglers-async": (
         STRAGGLERS
     ),

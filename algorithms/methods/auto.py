@@ -20,11 +20,14 @@ should not have to know which fits the fleet, so the node finds out from what it
   53 and 77 % against Local's 79 and 88).
 - It serves its own model where same-model peers share it this round (`SHARED_MIN`) or every
   peer runs it (one model everywhere), MAPL-Dual's ensemble otherwise; and not that either where
-  another is clearly better: it holds out a share of its training images (`validation_fraction`,
-  selection.py), trains a local-only model beside the others on the rest, and serves whichever
+  another is clearly better (`predict = "auto"`, selection.py). By default nothing is held out:
+  after each round it checks its predictors on its own training images and serves another only
+  where it fits 20 points more of them, sign-tested (`fit_margin`, `switch_p`): a model that
+  learns too slowly. With `validation_fraction` > 0 it holds out that share of its training
+  images, trains a local-only model beside the others on the rest, and serves whichever
   predictor gets 10 points more of the held-out images right (`switch_margin`, over
-  `choice_window` rounds, and significantly: `switch_p`; training alone first on a tie). From
-  `refit_round` the held-out images train every model and the choice stays (`predict = "auto"`).
+  `choice_window` rounds, and significantly; training alone first on a tie); from `refit_round`
+  the held-out images train every model and the choice stays.
 """
 
 from __future__ import annotations
@@ -79,11 +82,11 @@ class AutoConfig(DualConfig):
     # four backbones, -2.2 / -19.2 and +2.4 / -9.0, with SHARED_MIN; docs/learning.md).
     own_uniform_share: float = 0.0
     # "auto": the own model (`personal`) where same-model peers share it this round or every peer
-    # runs it, the ensemble of the own and the small model otherwise, unless the local model is
-    # clearly better on the held-out images (below). On one backbone everywhere the ensemble was 1.4-2.0 points below
-    # the own model (mnist5k, 4 nodes, 40 rounds, seeds 0-2): the small model, 5-7 points
-    # weaker, pulls it down; on resnet and mobilenet nodes without one to share with, the own
-    # model was far below the ensemble (docs/learning.md).
+    # runs it, the ensemble of the own and the small model otherwise, unless another is clearly
+    # better (below). On one backbone everywhere the ensemble was 1.4-2.0 points below the own
+    # model (mnist5k, 4 nodes, 40 rounds, seeds 0-2): the small model, 5-7 points weaker, pulls
+    # it down; on resnet and mobilenet nodes without one to share with, the own model was far
+    # below the ensemble (docs/learning.md).
     predict: str = "auto"
     # The share of each class's training images held out to choose the predictor on; the node
     # also trains a local-only model on the rest, so it can serve that where its neighbours do

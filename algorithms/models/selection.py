@@ -34,7 +34,8 @@ TOLERANCE = 1e-9  # 0.9 − 0.8 is a margin of 0.1, not 0.0999…
 
 @dataclass(frozen=True)
 class HeldOut:
-    """A node's training shard cut in two: what it trains on, and what it chooses on."""
+    """What a node trains on (`fit`), and the images it chooses on: held out of its shard
+    (`hold_out`), or a sample of the shard itself (`training_sample`)."""
 
     fit: LocalData  # the shard less the held-out images; the test split unchanged
     images: torch.Tensor

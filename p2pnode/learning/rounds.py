@@ -230,7 +230,7 @@ class RoundRecord:
     # on them, and how many there were
     validation_by_predictor: Mapping[str, float] = field(default_factory=dict)
     validation_samples: int = 0
-    # why the node serves `predictor`, where what its peers run decided it ("": no such reason)
+    # why the node serves `predictor`, where the algorithm decided it ("": no such reason)
     predictor_why: str = ""
     # discovery and keep-alive frames sent so far, by type, shaped as `sent` (no payload bytes)
     discovery_sent: Mapping[str, tuple[int, int, int]] = field(default_factory=dict)
@@ -563,10 +563,10 @@ def right_from_bits(bits: str, n: int) -> np.ndarray | None:
 def served_because(
     chosen: str, validation: Mapping[str, float], images: int, why: str = "", alone: str = "local"
 ) -> str:
-    """Why a node serves `chosen`, in a few words for `status` and the report: what its peers run
-    (`why`, where that decided it), then its accuracy on the images the node held out (the mean
-    over the rounds it chose on), beside the local-only model's, or beside the best collaborative
-    one where it serves the local model."""
+    """Why a node serves `chosen`, in a few words for `status` and the report: the algorithm's
+    reason (`why`: what its peers run, say), then its accuracy on the images the node held out
+    (the mean over the rounds it chose on), beside the local-only model's, or beside the best
+    collaborative one where it serves the local model."""
     if not validation or images <= 0 or chosen not in validation:
         return f"{chosen} ({why})" if why else chosen
     if chosen == alone:  # beside the best predictor the network gave (not one mixed with the local model)
