@@ -329,6 +329,8 @@ ALLOWED = {
     ("algorithms/models/selection.py", "hold_out", "randperm"): "drawn on the CPU with the node's CPU generator: "
     "the same images held out on any device",
     ("algorithms/models/selection.py", "hold_out", "zeros"): "the mask is built on the CPU beside the draw, then moved",
+    ("algorithms/models/selection.py", "training_sample", "randperm"): "drawn on the CPU with the node's CPU "
+    "generator, as hold_out's: the same images checked on any device, then moved",
 }
 
 
