@@ -124,8 +124,9 @@ def sign_test_p(wins: int, losses: int) -> float:
 
 
 class Chooser:
-    """Serves the collaborative predictor unless another is clearly better on the held-out
-    images: right on at least `margin` more of them (mean over the last `window` rounds) and
+    """Serves the collaborative predictor unless another is clearly better on the images the
+    node chooses on (held out, or with nothing held out its training images): right on at least
+    `margin` more of them (mean over the last `window` rounds) and
     significantly so, by a sign test over the images where the two disagree (`max_p`); of
     several that are, the best.
 
@@ -150,7 +151,7 @@ class Chooser:
         self.scores: deque[dict[str, list[bool]]] = deque(maxlen=window)
 
     def update(self, right: Mapping[str, Sequence[bool]], collaborative: str, alternatives: Sequence[str]) -> Choice:
-        """`right`: for each predictor, which held-out images it got right this round."""
+        """`right`: for each predictor, which of the images chosen on it got right this round."""
         self.scores.append({name: [bool(x) for x in each] for name, each in right.items()})
         images = len(right[collaborative])
         means = {name: statistics.fmean(_share(s[name]) for s in self.scores if name in s) for name in right}

@@ -359,7 +359,7 @@ def _tested(finals: list[RoundRecord | None]) -> dict[str, Any]:
     which of its predictors each node serves, where it has several (MAPL-Dual, MAPL-Auto)."""
     served = {
         "predictor_per_node": [None if f is None or not f.predictor else f.predictor for f in finals],
-        # why, where what its peers run or the images it held out decided it (MAPL-Auto)
+        # why, where what its peers run or the images it chose on decided it (MAPL-Auto)
         "predictor_why_per_node": [
             None
             if f is None or not (f.validation_by_predictor or f.predictor_why)
