@@ -244,7 +244,8 @@ def _init(args: argparse.Namespace) -> int:
             "each node learns with mapl-auto: its own model is averaged with the peers that run the same one "
             f"(here {spec.backbone}: every node) and is what it predicts with, and a small shared model with the "
             "peers it learns are alike, which it predicts with instead where its own model cannot fit its "
-            "training images; `p2pnode status` and the report say which model each node predicts with and why",
+            "training images; a node alike with none of the others predicts with a model trained on its own "
+            "data alone; `p2pnode status` and the report say which model each node predicts with and why",
             file=sys.stderr,
         )
     return EXIT_OK

@@ -160,3 +160,36 @@ def test_in_a_one_model_fleet_a_node_serves_its_own_model_even_where_it_mixes_it
         assert first.predictors().chosen == "personal" and first.mixes_own
         peers = len(backbones) - 1 if served == "personal" else 1
         assert first.evaluate().why == f"mixed with {peers} same-model peer{'s' if peers > 1 else ''}"
+
+
+def test_a_node_alone_in_its_cluster_of_a_one_model_fleet_serves_what_training_alone_gives(digits):
+    """Node n2 holds classes neither other node holds: its learned row keeps all but 1 % on
+    itself, so it serves its local-only model, trained exactly as the `local` baseline trains;
+    the others mix with each other, serve their own models and stop training theirs. In a fleet
+    that mixes models nobody trains one after the first round: the small model's ensemble serves."""
+    nodes = _nodes(digits, ["convnet"] * 3, warmup_rounds="2")
+    for round in range(4):
+        _exchange(nodes, round)
+        for node in nodes:
+            node.end_round(round)
+    mixing, alone = nodes[:2], nodes[2]
+    assert alone.alone and alone.predictors().chosen == "local" and alone._trains_local()
+    assert alone.evaluate().why.startswith("collaborates with nobody: its learned row keeps 99 % on itself")
+    dataset, partition = digits
+    setup = NodeSetup(node_id="n2", data=node_data(dataset, partition, 2, pooled=False), backbone="convnet", seed=2)
+    baseline = make_algorithm("local", setup)
+    for round in range(4):
+        baseline.local_step(round)
+    theirs = baseline.model.state_dict()
+    for name, mine in alone.local.model.state_dict().items():
+        assert torch.equal(mine, theirs[name]), name  # what Local gives, to the bit
+    for node in mixing:
+        assert node.alone is False and node.predictors().chosen == "personal" and not node._trains_local()
+        before = [p.clone() for p in node.local.model.parameters()]
+        node.local_step(4)
+        assert all(torch.equal(a, b) for a, b in zip(before, node.local.model.parameters(), strict=True))
+    mixed = _nodes(digits, ["convnet", "convnet", "mlp"], warmup_rounds="2")
+    _exchange(mixed, 0)
+    for node in mixed:
+        node.end_round(0)
+        assert not node._trains_local()

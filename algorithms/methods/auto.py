@@ -19,8 +19,10 @@ should not have to know which fits the fleet, so the node finds out from what it
   of the first rounds mixed unrelated features: digits, 8 rounds, the convnet nodes ended at
   53 and 77 % against Local's 79 and 88).
 - It serves its own model where same-model peers share it this round (`SHARED_MIN`) or every
-  peer runs it (one model everywhere), MAPL-Dual's ensemble otherwise; and not that either where
-  another is clearly better (`predict = "auto"`, selection.py). By default nothing is held out:
+  peer runs it (one model everywhere), MAPL-Dual's ensemble otherwise; in a one-model fleet, a
+  local-only model trained as `local` trains where its learned row gives nobody else `SHARED_MIN`
+  (`keep_local`: it gains nothing from the others, so it ends at Local, not below); and not that
+  either where another is clearly better (`predict = "auto"`, selection.py). By default nothing is held out:
   after each round it checks its predictors on its own training images and serves another only
   where it fits 20 points more of them, sign-tested (`fit_margin`, `switch_p`): a model that
   learns too slowly. With `validation_fraction` > 0 it holds out that share of its training
@@ -94,6 +96,14 @@ class AutoConfig(DualConfig):
     # training images instead (`fit_margin`). A fifth held out cost 1.5 and 2.1 points on four
     # backbones and never switched (mnist5k, 3 and 4 nodes, seeds 3-9; docs/learning.md).
     validation_fraction: float = 0.0
+    # With nothing held out, in a one-model fleet: train a local-only model beside the others (as
+    # the `local` baseline trains, on every training image) while the node may serve it, during
+    # warm-up and while its learned row gives nobody else SHARED_MIN, and serve it there. A node
+    # alone in its cluster mixes its own model with nobody after warm-up, yet ended under training
+    # alone: 0.5 points on the mean, 4.0 at worst (mnist5k, 3 nodes, one backbone, tuning seeds
+    # 0-9; 9.0 on seed 29). Not in fleets that mix models: there the ensemble with the small model
+    # served such a node 11 points above its Local on the mean (four backbones, same seeds).
+    keep_local: bool = True
     # From this round on the held-out images train every model too and the choice made by then
     # stays (holding out a fifth of ten images a class for the whole run cost the own model 1.2
     # points, mnist5k, 4 nodes, seeds 0-2). None: they are never trained on; a run's
@@ -129,8 +139,8 @@ class AutoConfig(DualConfig):
             raise ValueError(f"own_uniform_share must be in [0, 1], got {self.own_uniform_share}")
         if not 0 <= self.validation_fraction < 1:
             raise ValueError(f"validation_fraction must be in [0, 1), got {self.validation_fraction}")
-        if self.predict in ("local", "personal_local") and self.validation_fraction == 0:
-            raise ValueError(f"predict = {self.predict!r} needs the local model: validation_fraction > 0")
+        if self.predict in ("local", "personal_local") and self.validation_fraction == 0 and not self.keep_local:
+            raise ValueError(f"predict = {self.predict!r} needs the local model: keep_local or validation_fraction > 0")
         if self.refit_round is not None and self.refit_round < 0:
             raise ValueError(f"refit_round must be ≥ 0, got {self.refit_round}")
         if self.choice_window < 1 or not 0 <= self.switch_margin <= 1 or not 0 < self.switch_p <= 1:
@@ -193,7 +203,10 @@ class MaplAuto(MaplDual):
         self.same_model: dict[str, tuple[int, bool]] = {}
         self.mixes_own = False  # whether same-model peers hold SHARED_MIN of this round's own mix
         self.own_mixed_with = 0  # how many same-model peers had a share of it
-        self.local = None if self.held_out is None else Local(fit, config)  # what training alone gives
+        keep = self.held_out is not None or config.keep_local
+        self.local = Local(fit, config) if keep else None  # what training alone gives
+        # Whether the learned row gives nobody else SHARED_MIN: None until the graph is learned.
+        self.alone: bool | None = None
         # What the choice is made on: the held-out images, or (nothing held out) training images.
         held = self.held_out is not None
         self.checked = self.held_out if held else training_sample(setup.data, config.fit_images, setup.seed)
@@ -209,11 +222,22 @@ class MaplAuto(MaplDual):
         if self.held_out is not None and refit is not None and round >= refit and not self.refitted:
             self._refit()
         report = super().local_step(round)
-        if self.local is None:
+        if not self._trains_local():
             return report
         alone = self.local.local_step(round)
         parts = {**report.parts, "local_loss": alone.loss}
         return dataclasses.replace(report, parts=parts, steps=report.steps + alone.steps)
+
+    def _trains_local(self) -> bool:
+        """Whether the local-only model trains this round: always where it is chosen on held-out
+        images or asked for, else while the node may serve it: in what may be a one-model fleet,
+        before its row is learned or while it is alone."""
+        if self.local is None:
+            return False
+        if self.held_out is not None or self.config.predict in ("local", "personal_local"):
+            return True
+        one_model = self.one_model_fleet() or not self.same_model  # nobody heard from yet
+        return one_model and self.alone is not False
 
     def _refit(self) -> None:
         """The choice is made: the held-out images train every model from now on (a resumed
@@ -238,11 +262,17 @@ class MaplAuto(MaplDual):
         or every peer runs it, MAPL-Dual's ensemble otherwise. A node alone in its cluster of a
         one-model fleet mixes its own model with nobody, and its small model, mixed with nobody
         either, is a weaker local model: averaged in, it cost that node 1 to 1.3 points (mnist5k,
-        3 nodes, seeds 0-2; docs/learning.md)."""
+        3 nodes, seeds 0-2; docs/learning.md); its own model, mixed with other classes during
+        warm-up, ended under Local too, so it serves the local-only model (`keep_local`)."""
+        if self.alone and self.one_model_fleet() and self.held_out is None and self.local is not None:
+            return "local"
         return "personal" if self.mixes_own or self.one_model_fleet() else "ensemble"
 
     def _why(self) -> str:
         """Why `_collaborative` gives what it gives, for `status` and the report."""
+        if self._collaborative() == "local":
+            own = self.graph.weights().get(self.node_id, 1.0)
+            return f"collaborates with nobody: its learned row keeps {own * 100:.0f} % on itself"
         if self.mixes_own:
             peers = self.own_mixed_with
             return f"mixed with {peers} same-model peer{'' if peers == 1 else 's'}"
@@ -285,7 +315,10 @@ class MaplAuto(MaplDual):
             return
         models = nn.ModuleList([self.trainer.model, *([] if self.local is None else [self.local.model])])
         right = held_out_right(self.predictors(), models, self.checked)
-        self.choice = self.chooser.update(right, self._collaborative(), ALTERNATIVES)
+        # A local-only model that no longer trains (the node mixes with others) is no alternative.
+        fresh = self._trains_local()
+        alternatives = tuple(each for each in ALTERNATIVES if fresh or each not in ("local", "personal_local"))
+        self.choice = self.chooser.update(right, self._collaborative(), alternatives)
 
     # -- publish and receive ----------------------------------------------------------------
 
@@ -348,6 +381,9 @@ class MaplAuto(MaplDual):
     def end_round(self, round: int) -> None:
         super().end_round(round)  # graph step, prototypes, the small model
         self._mix_own(round)
+        if self.graph.learning(round):
+            others = sum(weight for peer, weight in self.graph.weights().items() if peer != self.node_id)
+            self.alone = others < SHARED_MIN
         self._choose()
 
     def _mix_own(self, round: int) -> None:
@@ -375,7 +411,7 @@ class MaplAuto(MaplDual):
     def state_dict(self) -> dict[str, Any]:
         same_model = {peer: [since, same] for peer, (since, same) in self.same_model.items()}
         state = {**super().state_dict(), "mixes_own": self.mixes_own, "same_model": same_model}
-        state["own_mixed_with"] = self.own_mixed_with
+        state["own_mixed_with"], state["alone"] = self.own_mixed_with, self.alone
         if self.local is not None:
             state["local"] = self.local.state_dict()
         state["chooser"], state["chosen_on"] = self.chooser.state_dict(), self._chosen_on()
@@ -388,10 +424,12 @@ class MaplAuto(MaplDual):
         self.mixes_own = bool(state.get("mixes_own", False))
         self.own_mixed_with = int(state.get("own_mixed_with", 0))
         self.same_model = {str(peer): _verdict(held) for peer, held in state.get("same_model", {}).items()}
-        if self.local is not None:
-            if "local" not in state:
-                raise ValueError("the saved state has no local model: it was saved with validation_fraction = 0")
+        self.alone = None if state.get("alone") is None else bool(state["alone"])
+        if self.local is not None and "local" in state:
             self.local.load_state_dict(state["local"])
+        elif self.held_out is not None:
+            raise ValueError("the saved state has no local model: it was saved with validation_fraction = 0")
+        # Else saved before keep_local: the local-only model starts afresh.
         # A window and a choice made on other images (a checkpoint of the other way to choose,
         # or of held-out images before `chosen_on` was kept) start afresh.
         same_images = state.get("chosen_on", "held_out" if "local" in state else None) == self._chosen_on()
