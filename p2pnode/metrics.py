@@ -20,6 +20,7 @@ __all__ = [
     "UNKNOWN_PEER",
     "MULTIPART",
     "NOT_LEARNING",
+    "NOT_RELAY",
 ]
 
 # Refusals decided by the daemon rather than by protocol/ (those use protocol.Reason values).
@@ -30,6 +31,7 @@ WRONG_SENDER = "wrong_sender"  # claims another key than the one its connection 
 UNKNOWN_PEER = "unknown_peer"  # a message that needs an admitted peer, from a sender that is not one
 MULTIPART = "malformed"  # a multipart ZeroMQ message: not a p2pnode frame
 NOT_LEARNING = "not_learning"  # a learning payload for a node that runs no algorithm (yet)
+NOT_RELAY = "not_relay"  # a relaying frame (protocol RELAY_TYPES): this daemon neither relays nor is relayed yet
 
 
 class SentTraffic:

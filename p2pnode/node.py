@@ -31,6 +31,7 @@ import trio
 from protocol import (
     DISCOVERY_TYPES,
     QUERY_TYPES,
+    RELAY_TYPES,
     Body,
     Decoder,
     Dialed,
@@ -56,7 +57,7 @@ from .learning.driver import Network, RoundDriver
 from .learning.history import HISTORY_NAME
 from .learning.learning_peers import LearningPeers
 from .memory import process_memory, trim_now
-from .metrics import NOT_LEARNING, UNKNOWN_PEER, Metrics
+from .metrics import NOT_LEARNING, NOT_RELAY, UNKNOWN_PEER, Metrics
 from .operations.control import serve_control
 from .serving.asking import Asking
 from .serving.predict import PREDICT, LiveModel, answer_predict, control_request_bytes
@@ -434,6 +435,8 @@ class Node:
             return refusal
         if not membership.on_frame(envelope.sender, now):
             return UNKNOWN_PEER  # learning payloads and queries are taken from admitted peers only
+        if envelope.type in RELAY_TYPES:
+            return NOT_RELAY  # counted, never handed to the round driver (protocol/kinds.py)
         if envelope.type in QUERY_TYPES:
             if self.config.algorithm.name == "none":
                 return NOT_LEARNING

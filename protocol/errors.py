@@ -25,6 +25,7 @@ class Reason(enum.StrEnum):
     BAD_TENSOR = "bad_tensor"  # dtype, shape, length, NaN/Inf or norm bound
     REPLAY = "replay"  # sequence number already seen or below the window
     STALE = "stale"  # timestamp outside the allowed clock skew
+    BAD_SEAL = "bad_seal"  # a relayed frame that does not open for the receiver from its claimed origin
 
     def __str__(self) -> str:
         return self.value

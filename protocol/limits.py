@@ -36,6 +36,15 @@ _DEFAULT_FRAME_BYTES_BY_TYPE: Mapping[MessageType, int] = MappingProxyType(
         MessageType.DIALED: 1 * KiB,
         MessageType.ASK: 2 * MiB,  # up to 64 images, each a PNG of the asker's input size
         MessageType.ANSWER: 16 * KiB,
+        MessageType.RESERVE: 1 * KiB,
+        MessageType.RESERVED: 1 * KiB,
+        # A relayed frame rides sealed in these two, with room for their own envelope: a relay
+        # forwards prototypes, heads and small models, not a 40 MB backbone (docs/protocol.md §5).
+        MessageType.RELAY: 4 * MiB + 1 * KiB,
+        MessageType.RELAYED: 4 * MiB + 1 * KiB,
+        MessageType.UNRELAYED: 1 * KiB,
+        MessageType.REVERSE: 5 * KiB,  # a HELLO frame inside
+        MessageType.REACH: 2 * KiB,
     }
 )
 

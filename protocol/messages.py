@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeVar
 
 from .errors import ProtocolError, Reason
-from .kinds import DISCOVERY_TYPES, LEARNING_TYPES, QUERY_TYPES, MessageType
+from .kinds import DISCOVERY_TYPES, LEARNING_TYPES, QUERY_TYPES, RELAY_TYPES, MessageType
 from .schema import Blob, Choice, Codec, ListOf, Nullable, Real, Tensor, TensorMap, Text, UInt, is_array, malformed
 
 if TYPE_CHECKING:
@@ -24,6 +24,7 @@ __all__ = [
     "MessageType",
     "DISCOVERY_TYPES",
     "QUERY_TYPES",
+    "RELAY_TYPES",
     "LEARNING_TYPES",
     "Body",
     "Hello",
@@ -40,11 +41,21 @@ __all__ = [
     "Ask",
     "Answer",
     "Pass",
+    "Reserve",
+    "Reserved",
+    "Relay",
+    "Relayed",
+    "Unrelayed",
+    "Reverse",
+    "Reach",
     "MAX_ASKED_IMAGES",
     "BODY_TYPES",
     "MAX_RELAYED_HELLOS",
     "PUBLIC_KEY_SIZE",
     "CLIENT_CAPABILITY",
+    "RELAY_CAPABILITY",
+    "RELAYED_CAPABILITY",
+    "MAX_RELAYS",
     "client_address",
     "is_client_address",
 ]
@@ -187,6 +198,13 @@ MAX_RELAYED_HELLOS = 64
 # (RFC 2606): it resolves nowhere, and no other key can claim it in a signed HELLO.
 CLIENT_CAPABILITY = "client"
 _CLIENT_DOMAIN = ".client.invalid"
+
+
+# A public node that forwards for clients (`[relay].enabled`) announces RELAY_CAPABILITY; a client
+# that holds reservations at relays announces RELAYED_CAPABILITY, and where it is reached in REACH.
+RELAY_CAPABILITY = "relay"
+RELAYED_CAPABILITY = "relayed"
+MAX_RELAYS = 4  # relays one REACH names
 
 
 def client_address(public_key: bytes) -> str:
@@ -410,3 +428,91 @@ class Answer(Body):
         values = (self.threshold, *self.probabilities, *self.own_probabilities)
         if not all(0.0 <= value <= 1.0 for value in values):
             raise malformed("ANSWER", "probabilities and the threshold lie in [0, 1]")
+
+
+# --- relaying (docs/protocol.md §5, "Relays") ------------------------------------------------
+
+# What a relayed frame may take of RELAY's and RELAYED's bound: the rest is their own envelope
+# (header, the other key, the map and its keys, the signature: under 400 bytes).
+_RELAY_ENVELOPE_ROOM = 512
+RELAY_REFUSALS = ("full", "subnet", "not_relay")
+UNRELAYED_REASONS = ("no_reservation", "circuits_full", "rate", "spent", "too_large", "gone")
+
+
+def _sealed_limit(limits: Limits) -> int:
+    return limits.max_frame_bytes_for(MessageType.RELAY) - _RELAY_ENVELOPE_ROOM
+
+
+_SEALED = Blob(max_len=_sealed_limit, what="a complete signed frame, sealed by its origin to its target")
+_KEY = Blob(size=PUBLIC_KEY_SIZE, what="a node's public key")
+
+
+@body(MessageType.RESERVE)
+class Reserve(Body):
+    """A node that cannot be dialled asks a relay, one of its admitted peers, to hold a place
+    for it for `ttl_s` seconds: to forward what others send it there. 0 gives the place up."""
+
+    ttl_s: int = wire(UInt(32))
+
+
+@body(MessageType.RESERVED)
+class Reserved(Body):
+    """The relay's answer to RESERVE: the seconds it grants (at most those asked), or why none."""
+
+    ttl_s: int = wire(UInt(32))
+    refused: str | None = wire(Nullable(Choice(*RELAY_REFUSALS)), None)
+
+    def check(self, limits: Limits) -> None:
+        if self.refused is not None and self.ttl_s != 0:
+            raise malformed("RESERVED", "a refusal grants 0 seconds")
+
+
+@body(MessageType.RELAY)
+class Relay(Body):
+    """Forward `sealed` to `target`, a node holding a reservation at the receiver (or the node a
+    circuit to the sender came from). `sealed` opens only for the target."""
+
+    target: bytes = wire(_KEY)
+    sealed: bytes = wire(_SEALED)
+
+
+@body(MessageType.RELAYED)
+class Relayed(Body):
+    """A frame forwarded by the sender, a relay, from `origin`, sealed by the origin to the receiver."""
+
+    origin: bytes = wire(_KEY)
+    sealed: bytes = wire(_SEALED)
+
+
+@body(MessageType.UNRELAYED)
+class Unrelayed(Body):
+    """The relay did not forward a RELAY to `target`, and why."""
+
+    target: bytes = wire(_KEY)
+    reason: str = wire(Choice(*UNRELAYED_REASONS))
+
+
+@body(MessageType.REVERSE)
+class Reverse(Body):
+    """Connection reversal: from a public node to `target`'s relay, and from the relay to the
+    target: dial the node whose signed HELLO this is. Traffic then goes directly."""
+
+    target: bytes = wire(_KEY)
+    hello: bytes = wire(Blob(max_len=_hello_frame_limit, what="a complete signed HELLO frame of the node to dial"))
+
+
+@body(MessageType.REACH)
+class Reach(Body):
+    """Where a client node is reached: the relays holding a reservation for it (their keys and
+    addresses, in the same order) until `expires_us`. Signed by the client, carried in PEERS
+    beside its HELLO."""
+
+    relay_keys: tuple[bytes, ...] = wire(ListOf(_KEY, min_len=1, max_len=MAX_RELAYS, unique=True))
+    relay_addresses: tuple[str, ...] = wire(ListOf(TCP_ADDRESS, min_len=1, max_len=MAX_RELAYS))
+    expires_us: int = wire(UInt(64))
+
+    def check(self, limits: Limits) -> None:
+        if len(self.relay_keys) != len(self.relay_addresses):
+            raise malformed("REACH", f"{len(self.relay_keys)} relay keys, {len(self.relay_addresses)} addresses")
+        if any(is_client_address(address) for address in self.relay_addresses):
+            raise malformed("REACH.relay_addresses", "a client node relays for nobody")

@@ -404,6 +404,13 @@ VALID = {
         "own_probabilities": [0.95],
         "refused": None,
     },
+    "RESERVE": {"ttl_s": 600},
+    "RESERVED": {"ttl_s": 600, "refused": None},
+    "RELAY": {"target": b"\x02" * 32, "sealed": b"\x00" * 64},
+    "RELAYED": {"origin": b"\x02" * 32, "sealed": b"\x00" * 64},
+    "UNRELAYED": {"target": b"\x02" * 32, "reason": "no_reservation"},
+    "REVERSE": {"target": b"\x02" * 32, "hello": b"\x00" * 300},
+    "REACH": {"relay_keys": [b"\x02" * 32], "relay_addresses": ["tcp://198.51.100.7:7000"], "expires_us": 10**16},
 }
 
 

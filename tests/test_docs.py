@@ -13,6 +13,7 @@ from protocol import (
     HEADER_MAX_BYTES,
     LEARNING_TYPES,
     QUERY_TYPES,
+    RELAY_TYPES,
     MessageType,
     Reason,
 )
@@ -40,7 +41,13 @@ def test_every_reason_and_type_is_documented():
     for reason in Reason:
         assert f"| `{reason.value}` |" in SPEC
     assert " ".join(kind.value for kind in MessageType) in SPEC
-    for family, kinds in (("Discovery", DISCOVERY_TYPES), ("Queries", QUERY_TYPES), ("Learning", LEARNING_TYPES)):
+    families = (
+        ("Discovery", DISCOVERY_TYPES),
+        ("Queries", QUERY_TYPES),
+        ("Relaying", RELAY_TYPES),
+        ("Learning", LEARNING_TYPES),
+    )
+    for family, kinds in families:
         listed = " ".join(kind.value for kind in MessageType if kind in kinds)
         assert f"**{family}**: `{listed}" in SPEC.replace("\n", " "), family
 
@@ -70,7 +77,7 @@ def _hex_blocks() -> list[str]:
 
 
 def test_documented_vectors_are_the_tested_ones():
-    assert _hex_blocks() == [vectors.PING_FRAME, vectors.PROTOTYPES_FRAME]
+    assert _hex_blocks() == [vectors.PING_FRAME, vectors.PROTOTYPES_FRAME, vectors.SEALED_PING]
     assert vectors.PUBLIC_KEY in SPEC and vectors.NODE_ID in SPEC
 
 

@@ -98,6 +98,18 @@ BAD_FIELDS = [
     ("ANSWER", "threshold", -0.1),
     ("ANSWER", "refused", "busy"),  # a refusal with labels
     ("ANSWER", "classes", [1, 1]),
+    ("RESERVED", "refused", "busy"),
+    ("RESERVED", "refused", "full"),  # a refusal that grants 600 s
+    ("RELAY", "target", b"\x02" * 31),
+    ("RELAY", "sealed", b"x" * (4 * 2**20 + 1024 - 511)),  # leaves RELAY's envelope under 512 bytes
+    ("RELAYED", "sealed", "not bin"),
+    ("UNRELAYED", "reason", "busy"),
+    ("REVERSE", "hello", b"x" * 4200),  # longer than a HELLO frame may be
+    ("REACH", "relay_keys", []),
+    ("REACH", "relay_keys", [b"\x02" * 32, b"\x02" * 32]),
+    ("REACH", "relay_keys", [bytes([i]) * 32 for i in range(5)]),
+    ("REACH", "relay_addresses", ["tcp://198.51.100.7:7000", "tcp://198.51.100.8:7000"]),  # two for one key
+    ("REACH", "relay_addresses", ["tcp://0123456789abcdef0123456789abcdef.client.invalid:1"]),
 ]
 
 

@@ -55,3 +55,13 @@ PROTOTYPES_FRAME = (
     "d1aa6ce9c7b45ac9e0c4da8d290bce430af87b8fc4cb3083ea87929cc39bc894"  # signature
     "179629a0668a11fe104a25de1fc1615afb6ad5565af67023bb5015fd8307910c"
 )
+
+# The PING above sealed by its key to the key of seed 02 03 ... 21 (protocol/sealing.py), seq 7.
+SECOND_PUBLIC_KEY = "43cdc023d22d5f9e107d1a0693457d35d1d10eb7d21c721192f56f5de40665d3"
+SEALED_PING = (
+    "0000000000000007"  # seq 7, the nonce's last 8 bytes
+    "1f946af3e1c0fa88f8634385d950759e6d52b91efd3d1519e2cbb2ddb34fb007532ac44b10086f66380fdfea25deef6bc0"
+    "f34e3a2d7e2fcd03a2ae667afc659c9f65e3d753cf7a57518e880d707deade94f12ef7ea2b8e73edfc2ad4f93277d8164f"
+    "6549dab295c4d8aa40a08f154a9711f021b15d3eb6c084d7b94260001e5c03e334e52a57a7e3b864fcfb59cb4a4bd3a2e8"
+    "a91ce06389342bc327d69873"  # the PING, encrypted, then the 16-byte tag
+)

@@ -3,7 +3,7 @@ counted with its reason, while the honest peer carries on."""
 
 import trio
 
-from protocol import Bye, Encoder, Peers, Ping, seal_raw
+from protocol import Bye, Encoder, Peers, Ping, Relay, Reserve, seal_raw
 
 from ..helpers import full_mesh, start_chain, wait_until
 from .attacker import NETWORK, Attacker, Stranger
@@ -27,6 +27,7 @@ async def test_hostile_frames_are_refused_and_counted_while_honest_peers_carry_o
                 mallory.frame(Bye(reason="x")),  # handshake_first: a stranger's first frame must be HELLO
                 mallory.hello(UNREACHABLE),  # accepted: it binds this connection to mallory's key
                 mallory.frame(Peers(hellos=())),  # handshake_first: a stranger sends handshake frames only
+                mallory.frame(Relay(target=b.identity.public_key, sealed=b"x" * 64)),  # handshake_first too
                 bytes(forged),  # bad_signature
                 seal_raw(mallory.identity, [1, NETWORK, "PING", mallory.key, seq, now, 0, {"nonce": 1, "x": 2}]),
                 b"\x00garbage",  # malformed
@@ -46,7 +47,7 @@ async def test_hostile_frames_are_refused_and_counted_while_honest_peers_carry_o
             replayer = Attacker(a.address)
             await replayer.send(b.membership.own_hello)
             expected = {
-                "handshake_first": 2,
+                "handshake_first": 3,
                 "bad_signature": 1,
                 "malformed": 3,
                 "stale": 1,
@@ -69,5 +70,23 @@ async def test_hostile_frames_are_refused_and_counted_while_honest_peers_carry_o
             replayer.close()
         finally:
             attacker.close()
+        a.request_stop()
+        b.request_stop()
+
+
+async def test_relaying_frames_from_a_peer_are_counted_and_go_no_further(tmp_path):
+    """This daemon neither relays nor is relayed yet (docs/daemon.md, "Client mode"): an admitted
+    peer's RESERVE or RELAY is refused as `not_relay`, never handed to the round driver."""
+    async with trio.open_nursery() as nursery:
+        a, b = await start_chain(nursery, tmp_path, 2)
+        await wait_until(lambda: full_mesh([a, b]), timeout=10)
+        for _ in range(40):  # the first may find the connection still coming up
+            b.send((a.address,), Reserve(ttl_s=60))
+            b.send((a.address,), Relay(target=b.identity.public_key, sealed=b"x" * 64))
+            await trio.sleep(0.05)
+            if a.metrics.rejections.get("not_relay", 0) >= 2:
+                break
+        await wait_until(lambda: a.metrics.rejections.get("not_relay", 0) >= 2, timeout=5)
+        assert full_mesh([a, b]) and set(a.metrics.rejections) == {"not_relay"}
         a.request_stop()
         b.request_stop()
