@@ -21,6 +21,7 @@ __all__ = [
     "MULTIPART",
     "NOT_LEARNING",
     "NOT_RELAY",
+    "RESERVED_UNEXPECTED",
 ]
 
 # Refusals decided by the daemon rather than by protocol/ (those use protocol.Reason values).
@@ -31,7 +32,8 @@ WRONG_SENDER = "wrong_sender"  # claims another key than the one its connection 
 UNKNOWN_PEER = "unknown_peer"  # a message that needs an admitted peer, from a sender that is not one
 MULTIPART = "malformed"  # a multipart ZeroMQ message: not a p2pnode frame
 NOT_LEARNING = "not_learning"  # a learning payload for a node that runs no algorithm (yet)
-NOT_RELAY = "not_relay"  # a relaying frame (protocol RELAY_TYPES): this daemon neither relays nor is relayed yet
+NOT_RELAY = "not_relay"  # a relaying frame (protocol RELAY_TYPES) this node does not take (yet, or as configured)
+RESERVED_UNEXPECTED = "reserved_unexpected"  # RESERVED from a peer this node asked nothing (relay/service.py)
 
 
 class SentTraffic:

@@ -42,7 +42,7 @@ from protocol import (
     ProtocolError,
     ReplayGuard,
 )
-from protocol.messages import CLIENT_CAPABILITY
+from protocol.messages import CLIENT_CAPABILITY, RELAY_CAPABILITY
 
 from .config import Config
 from .data_dir import DataDir, DataDirError
@@ -57,8 +57,9 @@ from .learning.driver import Network, RoundDriver
 from .learning.history import HISTORY_NAME
 from .learning.learning_peers import LearningPeers
 from .memory import process_memory, trim_now
-from .metrics import NOT_LEARNING, NOT_RELAY, UNKNOWN_PEER, Metrics
+from .metrics import NOT_LEARNING, UNKNOWN_PEER, Metrics
 from .operations.control import serve_control
+from .relay.service import RelayService
 from .serving.asking import Asking
 from .serving.predict import PREDICT, LiveModel, answer_predict, control_request_bytes
 from .wire import sequence, signing
@@ -171,15 +172,15 @@ class Node:
         self.metrics_port: int | None = None  # where Prometheus metrics are served, if they are
         self._sequence: sequence.SequenceReservation | None = None  # reserved while the data dir is locked
         self._hello: Hello | None = None  # this node's HELLO, once it knows its address
-        self._stop = trio.Event()
+        self._stop, self._wake_maintain = trio.Event(), trio.Event()
         self._maintain_at = math.inf  # when `_maintain` wakes next; `_wake_maintain` sooner
-        self._wake_maintain = trio.Event()
         self._frames_waiting = trio.Event()  # set when a frame waits for a connection (`_send_waiting`)
         self._start_problems: list[str] = []
         self._started_at = 0.0
         self.learning_peers = LearningPeers(
             lambda: self.membership.ready(), config.algorithm.name, config.data, config.discovery.max_peers
         )
+        self.relay = RelayService(config.relay, config.node.client_mode)  # reservations (relay/)
         self.live_model = LiveModel(lambda: self.driver, config)  # what `predict` answers with
         asking = (self.learning_peers.chosen, self.send_payload, self.live_model, self.metrics.rejected)
         self.asking = Asking(config.node, *asking)  # --ask-peers, and the peers' asks (serving/asking.py)
@@ -274,9 +275,8 @@ class Node:
         """Discovery's state machine (peers.py) and what carries out its actions (membership_actions.py),
         once the node knows the address its HELLO announces."""
         config = self.config
-        announced = capabilities(config.node.capabilities, config.algorithm.name, self.learning_peers.labels)
-        if config.node.client_mode:
-            announced = (*announced, CLIENT_CAPABILITY)
+        roles = (CLIENT_CAPABILITY,) * config.node.client_mode + (RELAY_CAPABILITY,) * config.relay.enabled
+        announced = capabilities(config.node.capabilities, config.algorithm.name, self.learning_peers.labels, roles)
         self._hello = own_hello(self.address, self.peer_port, announced)
         self.membership = Membership(
             self.identity.public_key,
@@ -435,8 +435,11 @@ class Node:
             return refusal
         if not membership.on_frame(envelope.sender, now):
             return UNKNOWN_PEER  # learning payloads and queries are taken from admitted peers only
-        if envelope.type in RELAY_TYPES:
-            return NOT_RELAY  # counted, never handed to the round driver (protocol/kinds.py)
+        if envelope.type in RELAY_TYPES:  # never handed to the round driver
+            refusal, sends = self.relay.on_message(envelope, membership.peers[envelope.sender], now)
+            for address, body in sends:
+                self.send((address,), body)
+            return refusal
         if envelope.type in QUERY_TYPES:
             if self.config.algorithm.name == "none":
                 return NOT_LEARNING
@@ -506,6 +509,8 @@ class Node:
             self.membership_actions.count_handshakes()
             self.transport.close_expired(time.monotonic())
             self.membership_actions.carry_out(self.membership.tick(now))
+            for address, body in self.relay.tick(now, self.membership.peers, self.membership.ready()):
+                self.send((address,), body)
             due = self.membership.next_due(trio.current_time())
             self._maintain_at = min(due, now + MAINTAIN_MAX_SLEEP_S, next_refresh)
             self._wake_maintain = trio.Event()
@@ -549,6 +554,7 @@ class Node:
             "round": self.round,
             "peer_count": len(membership.peers),
             "reachability": membership.reachability.describe(self.address),
+            "relay": self.relay.status(now),
             "bootstraps": self._bootstraps(),
             "max_peers": self.config.discovery.max_peers,
             "active_view": membership.target,  # the peers it seeks

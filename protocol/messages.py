@@ -56,6 +56,7 @@ __all__ = [
     "RELAY_CAPABILITY",
     "RELAYED_CAPABILITY",
     "MAX_RELAYS",
+    "MAX_CAPABILITIES",
     "client_address",
     "is_client_address",
 ]
@@ -191,6 +192,7 @@ TCP_ADDRESS = Text(
     rule=_port_in_range,
 )
 MAX_CLASSES = 4096
+MAX_CAPABILITIES = 32  # tokens in one HELLO
 MAX_RELAYED_HELLOS = 64
 
 # A node nobody can dial (behind a NAT; docs/protocol.md §5, "Client nodes") announces this
@@ -231,7 +233,7 @@ class Hello(Body):
     """Who I am and where to reach me; signed, so it binds node key ↔ address ↔ capabilities."""
 
     address: str = wire(TCP_ADDRESS)
-    capabilities: tuple[str, ...] = wire(ListOf(TOKEN, max_len=32, unique=True))
+    capabilities: tuple[str, ...] = wire(ListOf(TOKEN, max_len=MAX_CAPABILITIES, unique=True))
     dataset_size: int = wire(UInt(64))
     protocol_versions: tuple[int, ...] = wire(ListOf(UInt(8), min_len=1, max_len=16, unique=True))
     # The port where admitted peers send frames too large for `address` (a node's public port

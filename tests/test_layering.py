@@ -125,7 +125,7 @@ P2PNODE_FLOORS = (
     {"metrics", "memory", "data_dir"},
     {"wire"},
     {"discovery"},
-    {"learning"},
+    {"learning", "relay"},
     {"operations"},
     {"config"},
     {"serving", "fleet"},

@@ -5,7 +5,8 @@ need two or more sections, which no one section can check and which alone live h
 
 - a `[discovery].bootstrap` entry names its peer's key when `[security].curve` is on;
 - `[transport]`'s buffers hold the largest frames `[limits]` lets through;
-- `[node].capabilities` leave HELLO room for the tokens of a node with `[data].path`;
+- `[node].capabilities` leave HELLO room for the node's own tokens (its algorithm, labels and roles);
+- `[relay].enabled` is not for a client node;
 - `[algorithm].start_peers` fits in `[discovery].max_peers`;
 - the rules of `[data]`, `[model]` and `[algorithm]` that read files or import the learning stack
   apply to a node whose `[algorithm].name` learns (CheckContext.learns).
@@ -17,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from protocol.messages import MAX_CAPABILITIES
 
 from ..options import CheckContext, split_bootstrap
 from .sections import SECTIONS, Config
@@ -36,14 +39,34 @@ def check_config(config: Config, raw: Mapping[str, Any], base: Path, check_learn
 
 def cross_checks(config: Config, learns: bool) -> list[str]:
     problems = _curve_checks(config) + _buffer_checks(config)
-    if config.data.path is not None and len(config.node.capabilities) > 30:
-        problems.append("[node].capabilities: at most 30 with [data].path (HELLO carries 32, two are the node's own)")
+    problems += _capability_checks(config)
     algorithm, max_peers = config.algorithm, config.discovery.max_peers
     if learns and algorithm.start_peers > max_peers:
         problems.append(
             f"[algorithm].start_peers: must not exceed [discovery].max_peers ({max_peers}), "
             f"got {algorithm.start_peers}: the first round would wait start_timeout_s for peers the table cannot hold"
         )
+    return problems
+
+
+def _capability_checks(config: Config) -> list[str]:
+    """HELLO carries 32 capability tokens: the configured ones and the node's own (discovery/hello.py)."""
+    own = {
+        "algorithm:<name>": config.algorithm.name != "none",
+        "labels:<fingerprint>": config.data.path is not None,
+        "client": config.node.client_mode,
+        "relay": config.relay.enabled,
+    }
+    added = [token for token, adds in own.items() if adds]
+    problems = []
+    if len(config.node.capabilities) + len(added) > MAX_CAPABILITIES:
+        problems.append(
+            f"[node].capabilities: at most {MAX_CAPABILITIES - len(added)} here, got {len(config.node.capabilities)}: "
+            f"HELLO carries {MAX_CAPABILITIES} and [algorithm].name, [data].path, [node].client_mode and "
+            f"[relay].enabled add the node's own ({', '.join(added)})"
+        )
+    if config.relay.enabled and config.node.client_mode:
+        problems.append("[relay].enabled: a client node ([node].client_mode) cannot be dialled: it relays for nobody")
     return problems
 
 

@@ -23,6 +23,7 @@ from ..options import (
     Text,
     option,
 )
+from ..relay.settings import RelaySettings
 from ..wire.settings import LimitSettings, SecuritySettings, TransportSettings
 
 CONTROL_SOCKET_NAME = "control.sock"
@@ -168,6 +169,7 @@ SECTIONS: dict[str, type[Section]] = {
     "model": ModelSettings,
     "algorithm": AlgorithmSettings,
     "metrics": MetricsSettings,
+    "relay": RelaySettings,
 }
 
 
@@ -185,6 +187,7 @@ class Config:
     model: ModelSettings = ModelSettings()
     algorithm: AlgorithmSettings = AlgorithmSettings()
     metrics: MetricsSettings = MetricsSettings()
+    relay: RelaySettings = RelaySettings()
     identity: Identity | None = None  # loaded from node.key by load_config
 
     @property

@@ -9,11 +9,14 @@ from .capabilities import learning_capability
 __all__ = ["capabilities", "own_hello"]
 
 
-def capabilities(configured: tuple[str, ...], algorithm: str, labels: tuple[str, ...]) -> tuple[str, ...]:
+def capabilities(
+    configured: tuple[str, ...], algorithm: str, labels: tuple[str, ...], roles: tuple[str, ...] = ()
+) -> tuple[str, ...]:
     """What HELLO announces: the configured tokens ([node].capabilities), the algorithm this
-    node learns with and, with its own data, the fingerprint of its class list (`labels`)."""
+    node learns with and, with its own data, the fingerprint of its class list (`labels`), and
+    its roles in reaching others (`client`, `relay`: protocol/messages.py)."""
     own = () if algorithm == "none" else (learning_capability(algorithm), *labels)
-    return tuple(dict.fromkeys((*configured, *own)))
+    return tuple(dict.fromkeys((*configured, *own, *roles)))
 
 
 def own_hello(address: str, peer_port: int, capabilities: tuple[str, ...]) -> Hello:

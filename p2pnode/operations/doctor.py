@@ -37,6 +37,9 @@ def diagnose(status: dict) -> tuple[list[str], int]:
     if reachability is not None:
         lines.append(f"reachability: {reachability['state']} ({reachability['why']})")
         problems += reachability["state"] == "private"
+    relay = relay_line(status)
+    if relay:
+        lines.append(relay + ("; frames through them: not built yet (issue #46)" if status.get("client_mode") else ""))
     for entry in status.get("bootstraps", []):
         line, problem = _bootstrap(entry, status["address"])
         lines.append(line)
@@ -93,3 +96,18 @@ def _bootstrap(entry: dict, address: str) -> tuple[str, int]:
         "no connection yet: nothing listens there, or a firewall on its side drops it "
         "(still retrying; check the address and that the node runs)"
     ), 1
+
+
+def relay_line(status: dict) -> str:
+    """What the node holds of relays: the places it keeps for client nodes, or, on a client node,
+    its places at relays; "" where neither (or an older node, which does not say)."""
+    relay = status.get("relay")
+    if relay is None:
+        return ""
+    if relay["enabled"]:
+        holders = relay["holders"]
+        return f"relay: holds places for {len(holders)} client node{'s' * (len(holders) != 1)}"
+    if not status.get("client_mode"):
+        return ""
+    held = ", ".join(f"{r['node_id']} (expires in {r['expires_in_s']:.0f} s)" for r in relay["relays"])
+    return f"relays: {held}" if held else "relays: none held (no peer announces `relay`: [relay].enabled)"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from p2pnode.learning.rounds import served_because
 
+from .doctor import relay_line
+
 __all__ = ["format_status", "format_fleet"]
 
 
@@ -142,6 +144,7 @@ def format_status(status: dict) -> str:
     ]
     if "reachability" in status:  # older nodes do not say
         lines.insert(1, f"reachability: {status['reachability']['state']} ({status['reachability']['why']})")
+    lines[2:2] = [line for line in (relay_line(status),) if line]
     excluded = (status.get("learning") or {}).get("excluded", {})
     if excluded:
         lines[-1] += f"  ({len(excluded)} not learning with this node: see below)"

@@ -75,8 +75,9 @@ async def test_hostile_frames_are_refused_and_counted_while_honest_peers_carry_o
 
 
 async def test_relaying_frames_from_a_peer_are_counted_and_go_no_further(tmp_path):
-    """This daemon neither relays nor is relayed yet (docs/daemon.md, "Client mode"): an admitted
-    peer's RESERVE or RELAY is refused as `not_relay`, never handed to the round driver."""
+    """Frames through relays are not built yet (docs/daemon.md, "Relays"): an admitted peer's RELAY
+    is refused as `not_relay`, never handed to the round driver; a RESERVE to a node that relays
+    for nobody gets RESERVED `not_relay`, which the asker, having asked nothing, counts too."""
     async with trio.open_nursery() as nursery:
         a, b = await start_chain(nursery, tmp_path, 2)
         await wait_until(lambda: full_mesh([a, b]), timeout=10)
@@ -84,9 +85,12 @@ async def test_relaying_frames_from_a_peer_are_counted_and_go_no_further(tmp_pat
             b.send((a.address,), Reserve(ttl_s=60))
             b.send((a.address,), Relay(target=b.identity.public_key, sealed=b"x" * 64))
             await trio.sleep(0.05)
-            if a.metrics.rejections.get("not_relay", 0) >= 2:
+            if a.metrics.rejections.get("not_relay", 0) >= 1 and b.metrics.rejections.get("reserved_unexpected"):
                 break
-        await wait_until(lambda: a.metrics.rejections.get("not_relay", 0) >= 2, timeout=5)
+        await wait_until(lambda: a.metrics.rejections.get("not_relay", 0) >= 1, timeout=5)
+        await wait_until(lambda: b.metrics.rejections.get("reserved_unexpected", 0) >= 1, timeout=5)
+        assert a.status()["relay"]["counts"]["reservation_refused_not_relay"] >= 1
         assert full_mesh([a, b]) and set(a.metrics.rejections) == {"not_relay"}
+        assert set(b.metrics.rejections) == {"reserved_unexpected"} and a.status()["relay"]["holders"] == []
         a.request_stop()
         b.request_stop()

@@ -1,0 +1,48 @@
+"""Relays (issue #46), so far their reservations: a client node holds places at two of its peers
+that relay, as their status and its own say, and replaces one that leaves."""
+
+import trio
+
+from p2pnode.operations.doctor import diagnose
+from p2pnode.operations.status import format_status
+
+from .helpers import bootstrap_entry, full_mesh, start_node, wait_until
+
+RELAY = {"relay": {"enabled": True, "reservation_ttl_s": 60}}
+
+
+async def test_a_client_node_holds_places_at_two_relays_and_replaces_one_that_leaves(tmp_path):
+    async with trio.open_nursery() as nursery:
+        first = await start_node(nursery, tmp_path / "a", **RELAY)
+        entry = [bootstrap_entry(first)]
+        relays = [first] + [await start_node(nursery, tmp_path / name, entry, **RELAY) for name in "bc"]
+        plain = await start_node(nursery, tmp_path / "d", entry)  # relays for nobody: never asked
+        client = await start_node(nursery, tmp_path / "e", entry, node={"client_mode": True})
+        await wait_until(lambda: full_mesh([*relays, plain, client]), 20)
+        await wait_until(lambda: len(client.status()["relay"]["relays"]) == 2, 10)
+        held = {relay["node_id"] for relay in client.status()["relay"]["relays"]}
+        for relay in relays:
+            holders = relay.status()["relay"]["holders"]
+            assert holders == ([client.identity.node_id] if relay.identity.node_id in held else [])
+            assert relay.status()["relay"]["enabled"]
+        assert plain.status()["relay"]["counts"] == {}  # not asked: its HELLO names no relay
+        assert all(0 < relay["expires_in_s"] <= 60 for relay in client.status()["relay"]["relays"])
+        shown = format_status(client.status())  # `p2pnode status`, and `doctor`
+        assert all(node_id in shown for node_id in held) and "relays: " in shown, shown
+        assert any(line.startswith("relays: ") for line in diagnose(client.status())[0])
+        assert "relay: holds places for" in format_status(first.status())
+        # One of its relays leaves (its BYE evicts it at once): the client holds a place at the third.
+        leaving = next(relay for relay in relays if relay.identity.node_id in held)
+        leaving.request_stop()
+        remaining = [relay for relay in relays if relay is not leaving]
+        await wait_until(
+            lambda: (
+                {r["node_id"] for r in client.status()["relay"]["relays"]}
+                == {relay.identity.node_id for relay in remaining}
+            ),
+            15,
+        )
+        counts = client.status()["relay"]["counts"]
+        assert counts["reservation_held"] == 3 and counts["relay_lost"] == 1, counts
+        assert not any(client.metrics.rejections.values()) and not any(r.metrics.rejections.values() for r in remaining)
+        nursery.cancel_scope.cancel()
