@@ -39,7 +39,6 @@ from protocol import (
     Envelope,
     Hello,
     MessageType,
-    ProtocolError,
     ReplayGuard,
 )
 from protocol.messages import CLIENT_CAPABILITY, RELAY_CAPABILITY
@@ -59,13 +58,15 @@ from .learning.learning_peers import LearningPeers
 from .memory import process_memory, trim_now
 from .metrics import NOT_LEARNING, UNKNOWN_PEER, Metrics
 from .operations.control import serve_control
+from .relay.link import RelayLink
 from .relay.service import RelayService
 from .serving.asking import Asking
 from .serving.predict import PREDICT, LiveModel, answer_predict, control_request_bytes
 from .wire import sequence, signing
 from .wire.gate import Gate
-from .wire.inbound.reader import Inbound, decode_all
-from .wire.inbound.routes import open_inbound, routes_for
+from .wire.inbound.circuits import routes_for
+from .wire.inbound.reader import Inbound
+from .wire.inbound.routes import open_inbound
 from .wire.inbound.supervisor import BindError, Ingress, ingress_fork_server
 from .wire.transport import DROPPED, SENT, Transport, TransportError
 from .wire.zap import PEERS, PUBLIC, Connections, PeerTransportKeys
@@ -161,13 +162,16 @@ class Node:
         self.inbound = Inbound(
             self.ingress, self.decoder, self.guard, self.gate, self.metrics, config.transport, clock_us
         )
-        self.transport.routes = routes_for(self.ingress, self.inbound, config, curve is not None, self._is_peer)
+        self.relay = RelayService(config.relay, config.node.client_mode)  # reservations and circuits (relay/)
+        link = (lambda: self.membership.peers, lambda body: self._sequence.next(body), clock_us, self.relay.counts)
+        self.link = RelayLink(self.encoder, self.transport, *link)  # frames to and from client nodes via relays
+        routes = routes_for(self.ingress, self.inbound, config, curve is not None, self._is_peer, self.link.send)
+        self.transport.routes, self.link.circuits, self.inbound.sealing = routes, routes, self.link.sealing
         self.membership: Membership | None = None
         self.membership_actions: MembershipActions | None = None  # carries out membership's actions
         self.address: str | None = None  # what peers dial: [node].advertise, or the bound endpoint
         self.peer_port: int | None = None  # of the peers' socket, announced in HELLO
-        # The round driver (learning/driver.py) takes the learning payloads here.
-        self.on_payload: Callable[[Envelope], None] | None = None
+        self.on_payload: Callable[[Envelope], None] | None = None  # the round driver's intake (learning/)
         self.driver: RoundDriver | None = None
         self.metrics_port: int | None = None  # where Prometheus metrics are served, if they are
         self._sequence: sequence.SequenceReservation | None = None  # reserved while the data dir is locked
@@ -175,17 +179,14 @@ class Node:
         self._stop, self._wake_maintain = trio.Event(), trio.Event()
         self._maintain_at = math.inf  # when `_maintain` wakes next; `_wake_maintain` sooner
         self._frames_waiting = trio.Event()  # set when a frame waits for a connection (`_send_waiting`)
-        self._start_problems: list[str] = []
-        self._started_at = 0.0
+        self._start_problems, self._started_at = [], 0.0
         self.learning_peers = LearningPeers(
             lambda: self.membership.ready(), config.algorithm.name, config.data, config.discovery.max_peers
         )
-        self.relay = RelayService(config.relay, config.node.client_mode)  # reservations (relay/)
         self.live_model = LiveModel(lambda: self.driver, config)  # what `predict` answers with
         asking = (self.learning_peers.chosen, self.send_payload, self.live_model, self.metrics.rejected)
         self.asking = Asking(config.node, *asking)  # --ask-peers, and the peers' asks (serving/asking.py)
-        # Bootstrap addresses by their entry's number in [discovery].bootstrap: their dials are
-        # watched, so that a wrong key in an entry is named as such (membership_actions.py).
+        # Bootstrap addresses by entry number: a dial there is watched, so a wrong key is named (membership_actions.py).
         self._bootstrap_entries = {
             address: number for number, (address, _) in enumerate(config.discovery.bootstrap_peers(), start=1)
         }
@@ -428,6 +429,7 @@ class Node:
                 known.update(entry.frame for entry in membership.passive.values())
                 known.add(membership.own_hello)
                 relayed = await self.inbound.verify_relayed(envelope.body.hellos, known)
+                self.link.announced(envelope.sender, relayed)  # a relay names the client nodes it reaches
             actions, refusal = membership.on_message(envelope, frame, now, self.clock_us(), relayed, source=source)
             self.membership_actions.carry_out(actions)
             if membership.next_due(now) < self._maintain_at:
@@ -435,8 +437,10 @@ class Node:
             return refusal
         if not membership.on_frame(envelope.sender, now):
             return UNKNOWN_PEER  # learning payloads and queries are taken from admitted peers only
+        if envelope.type is MessageType.RELAYED:  # its frame goes the receive path's way, as if direct
+            return await self.inbound.deliver_relayed(envelope.sender, envelope.body, self._handle)
         if envelope.type in RELAY_TYPES:  # never handed to the round driver
-            refusal, sends = self.relay.on_message(envelope, membership.peers[envelope.sender], now)
+            refusal, sends = self.relay.on_message(envelope, membership.peers[envelope.sender], membership.peers, now)
             for address, body in sends:
                 self.send((address,), body)
             return refusal
@@ -509,6 +513,7 @@ class Node:
             self.membership_actions.count_handshakes()
             self.transport.close_expired(time.monotonic())
             self.membership_actions.carry_out(self.membership.tick(now))
+            self.membership.relayed_clients = self.relay.holders(now)  # named in its PEERS
             for address, body in self.relay.tick(now, self.membership.peers, self.membership.ready()):
                 self.send((address,), body)
             due = self.membership.next_due(trio.current_time())
@@ -519,15 +524,9 @@ class Node:
 
     async def _beacon(self) -> None:
         async def heard(datagram: bytes) -> None:
-            (result,) = await trio.to_thread.run_sync(
-                decode_all, self.decoder, [datagram], limiter=self.inbound.verify_limiter
-            )
-            if isinstance(result, ProtocolError):
-                self.metrics.rejected(f"beacon_{result.reason.value}", len(datagram))
-            elif result.type is MessageType.HELLO:
-                self.membership_actions.carry_out(
-                    self.membership.on_announced(result, datagram, trio.current_time(), self.clock_us())
-                )
+            for hello, frame in await self.inbound.verify_relayed((datagram,), set(), counted_as="beacon"):
+                actions = self.membership.on_announced(hello, frame, trio.current_time(), self.clock_us())
+                self.membership_actions.carry_out(actions)
 
         def send_failed() -> None:
             self.metrics.beacon_sends_failed += 1

@@ -31,7 +31,7 @@ async def test_a_client_node_joins_through_the_connections_it_dials_and_is_reach
         for node in (first, second):  # nobody dialled it: it is reached over the connections it dialled
             peer = node.membership.peers[client.identity.public_key]
             assert peer.address == client.address
-            assert set(node.transport.routes.routes[client.address]) >= {"public"}  # a peer's from its admission
+            assert set(node.transport.routes.base.routes[client.address]) >= {"public"}  # a peer's from its admission
             assert not peer.relayable  # nobody else could dial it: peer exchange never names it
         nursery.cancel_scope.cancel()
 

@@ -6,6 +6,7 @@ import pytest
 
 from p2pnode.discovery.peer import Peer
 from p2pnode.relay.book import Reservations
+from p2pnode.relay.circuits import CircuitBook
 from p2pnode.relay.client import ANSWER_WITHIN_S, RelayChoice
 from p2pnode.relay.settings import RelaySettings
 from protocol.messages import CLIENT_CAPABILITY, RELAY_CAPABILITY, client_address
@@ -49,8 +50,8 @@ def test_a_thousand_keys_from_one_subnet_get_that_subnets_places_and_no_more():
     counts = Counter()
     book = Reservations(ON, counts)
     granted = [book.request(key(i), subnet(0), 600, 0.0)[0] > 0 for i in range(1000)]
-    assert sum(granted) == ON.max_reservations_per_subnet == 4
-    assert counts["reservation_refused_subnet"] == 996
+    assert sum(granted) == ON.max_reservations_per_subnet == 8
+    assert counts["reservation_refused_subnet"] == 992
     # Another subnet still gets its own places.
     assert book.request(key(5000), subnet(1), 600, 0.0) == (600, None)
 
@@ -61,7 +62,7 @@ def test_a_thousand_keys_from_many_subnets_fill_the_relay_but_never_take_a_held_
     honest = [key(100_000 + i) for i in range(10)]
     for i, holder in enumerate(honest):
         assert book.request(holder, subnet(10_000 + i), 600, 0.0) == (600, None)
-    sybils = [(key(i), subnet(i // 4)) for i in range(1000)]  # 250 subnets, 4 keys each
+    sybils = [(key(i), subnet(i // 4)) for i in range(1000)]  # 250 subnets, 4 keys each (under 8)
     granted = sum(book.request(k, s, 600, 1.0)[0] > 0 for k, s in sybils)
     assert len(book) == ON.max_reservations == 128 and granted == 128 - len(honest)
     assert counts["reservation_refused_full"] == 1000 - granted
@@ -125,3 +126,50 @@ def test_a_client_renews_halfway_and_replaces_a_relay_that_is_gone_or_silent():
     # Relay 3 stops being a peer: replaced at the next tick, by relay 2 once its rest is over.
     assert [k for k, _ in choice.due(peers[:2], 303.0)] == [key(2)]
     assert choice.counts["relay_lost"] == 1 and choice.counts["reservation_unanswered"] == 1
+
+
+def circuit_book(**settings):
+    counts = Counter()
+    config = RelaySettings(enabled=True, **settings)
+    book = Reservations(config, counts)
+    return book, CircuitBook(config, book, counts), counts
+
+
+def test_a_relay_forwards_only_to_holders_and_their_answers_and_each_circuit_at_its_rate():
+    places, circuits, counts = circuit_book(circuit_rate=1024 * 100, max_frame_bytes=64 * 1024, total_rate=1 << 30)
+    a, b, c = key(1), key(2), key(3)
+    peers = {a, b, c}
+    assert circuits.forward(a, b, 1000, peers, 0.0) == "no_reservation"  # b holds no place: no free pipe
+    places.request(b, None, 600, 0.0)
+    assert circuits.forward(a, b, 1000, peers, 0.0) is None  # opens the circuit a -> b
+    assert circuits.forward(b, a, 1000, peers, 0.1) is None  # b answers a: no place needed
+    assert circuits.forward(b, c, 1000, peers, 0.1) == "no_reservation"  # but to nobody else
+    assert circuits.forward(a, key(9), 1000, peers, 0.1) == "gone"  # not a peer of the relay
+    assert circuits.forward(a, b, 64 * 1024 + 1, peers, 0.2) == "too_large"
+    # Its burst is one largest frame, then 100 KiB a second.
+    assert circuits.forward(a, b, 63 * 1024, peers, 0.2) is None
+    assert circuits.forward(a, b, 10 * 1024, peers, 0.2) == "rate"
+    assert circuits.forward(a, b, 10 * 1024, peers, 0.4) is None  # 20 KiB back after 0.2 s
+    assert counts["relayed_frames"] == 4 and counts["circuits_opened"] == 2 and counts["unrelayed_rate"] == 1
+    circuits.close_idle(100.0, peers)  # idle past circuit_idle_s (60 s)
+    assert circuits.circuits == {} and counts["circuits_closed"] == 2
+    assert circuits.forward(b, a, 1000, peers, 100.0) == "no_reservation"  # no circuit to answer now
+
+
+def test_one_origin_opens_a_bounded_number_of_circuits_and_the_relay_a_bounded_total():
+    places, circuits, counts = circuit_book(max_circuits=10, max_circuits_per_peer=3, max_reservations=100)
+    sybil, holders = key(1), [key(100 + i) for i in range(20)]
+    peers = {sybil, *holders, *(key(200 + i) for i in range(20))}
+    for holder in holders:
+        places.request(holder, None, 600, 0.0)
+    opened = [circuits.forward(sybil, holder, 100, peers, 0.0) is None for holder in holders]
+    assert sum(opened) == 3 and counts["unrelayed_circuits_full"] == 17
+    for i in range(20):  # many origins, one circuit each: the relay's total
+        circuits.forward(key(200 + i), holders[i], 100, peers, 0.0)
+    assert len(circuits.circuits) == 10
+    # The relay's total rate is shared by all circuits.
+    _, shared, _ = circuit_book(total_rate=2048, max_frame_bytes=4096, circuit_rate=1 << 20)
+    shared.reservations.request(key(2), None, 600, 0.0)
+    shared.reservations.request(key(3), None, 600, 0.0)
+    assert shared.forward(key(1), key(2), 4000, {key(1), key(2), key(3)}, 0.0) is None
+    assert shared.forward(key(1), key(3), 4000, {key(1), key(2), key(3)}, 0.0) == "rate"

@@ -6,7 +6,7 @@ import trio
 from p2pnode.operations.doctor import diagnose
 from p2pnode.operations.status import format_status
 
-from .helpers import bootstrap_entry, full_mesh, start_node, wait_until
+from .helpers import bootstrap_entry, full_mesh, learning_sections, start_node, wait_until
 
 RELAY = {"relay": {"enabled": True, "reservation_ttl_s": 60}}
 
@@ -45,4 +45,49 @@ async def test_a_client_node_holds_places_at_two_relays_and_replaces_one_that_le
         counts = client.status()["relay"]["counts"]
         assert counts["reservation_held"] == 3 and counts["relay_lost"] == 1, counts
         assert not any(client.metrics.rejections.values()) and not any(r.metrics.rejections.values() for r in remaining)
+        nursery.cancel_scope.cancel()
+
+
+async def test_two_client_nodes_become_each_others_peers_through_a_relay(tmp_path):
+    """Neither can be dialled: each holds a place at the relay, which names both in its PEERS;
+    each reaches the other through it, sealed, and they admit each other."""
+    security = {"curve": True}
+    async with trio.open_nursery() as nursery:
+        relay = await start_node(nursery, tmp_path / "r", security=security, **RELAY)
+        entry = [bootstrap_entry(relay)]
+        client = {"node": {"client_mode": True}}
+        a = await start_node(nursery, tmp_path / "a", entry, security=security, **client)
+        b = await start_node(nursery, tmp_path / "b", entry, security=security, **client)
+        await wait_until(lambda: full_mesh([relay, a, b]), 30)
+        counts = relay.status()["relay"]["counts"]
+        assert counts["relayed_frames"] > 0 and counts["circuits_opened"] >= 2, counts
+        assert a.membership.peers[b.identity.public_key].address == b.address
+        assert not any(a.metrics.rejections.values()) and not any(b.metrics.rejections.values())
+        nursery.cancel_scope.cancel()
+
+
+async def test_two_client_nodes_learn_together_through_a_relay_and_every_payload_arrives(tmp_path):
+    """MAPL-Dual's MODEL and PROTOTYPES frames between two client nodes go through the relay,
+    sealed; the relay learns too, over its direct connections to them. Nothing goes missing."""
+    rounds, security = 4, {"curve": True}
+    sections = [learning_sections(i, 3, rounds=rounds, name="mapl-dual", round_deadline_s=5.0) for i in range(3)]
+    async with trio.open_nursery() as nursery:
+        relay = await start_node(nursery, tmp_path / "r", security=security, **RELAY, **sections[0])
+        entry = [bootstrap_entry(relay)]
+        clients = [
+            await start_node(
+                nursery, tmp_path / name, entry, security=security, **{**sections[i], "node": {"client_mode": True}}
+            )
+            for i, name in ((1, "a"), (2, "b"))
+        ]
+        nodes = [relay, *clients]
+        await wait_until(lambda: all(node.driver and node.driver.phase == "done" for node in nodes), 120)
+        for node in nodes:
+            history = node.status()["learning"]["history"]
+            assert len(history) == rounds
+            assert all(e["expected"] == e["arrived"] == 2 for e in history[:2]), history  # warm-up: all to all
+            assert not any(e["missing"] for e in history), history
+        counts = relay.status()["relay"]["counts"]
+        models = [c.metrics.messages_in["MODEL"] for c in clients]
+        assert counts["relayed_bytes"] > 2 * 20_000 and all(m >= 2 * 2 for m in models), (counts, models)
         nursery.cancel_scope.cancel()

@@ -117,6 +117,9 @@ class Membership:
             now=now,
         )
         self.own_hello: bytes | None = None
+        # Client peers this node relays for (relay/): their HELLOs go in its PEERS too, so that
+        # others reach them through it.
+        self.relayed_clients: list[bytes] = []
         # Strangers' latest direct HELLOs, kept for their PONG (least recently heard dropped).
         self._heard: OrderedDict[bytes, tuple[Envelope, bytes]] = OrderedDict()
         # Newcomers redirected lately (at most STRANGERS), with their HELLO where it names the
@@ -556,7 +559,8 @@ class Membership:
 
     def _peers_body(self, first: list[bytes] = ()) -> Peers:
         """Our own HELLO, the verified HELLOs `first`, then a random sample of our relayable peers'."""
-        others = [peer.hello for peer in self.peers.values() if peer.relayable]
+        relayed = set(self.relayed_clients)
+        others = [peer.hello for peer in self.peers.values() if peer.relayable or peer.key in relayed]
         head = ([self.own_hello] if self.own_hello is not None else []) + list(first)[: MAX_RELAYED_HELLOS - 1]
         sample = self.rng.sample(others, min(len(others), MAX_RELAYED_HELLOS - len(head)))
         return Peers(hellos=tuple(head + sample))

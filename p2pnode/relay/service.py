@@ -1,10 +1,8 @@
 """What a node does with relaying frames (protocol RELAY_TYPES) and what it sends of its own:
-the relay's reservations (book.py) and a client node's relays (client.py). Pure: it returns
-what to send, (address, body), and the node signs and sends it.
-
-So far reservations only: a client holds places at relays and a relay keeps them; frames
-through relays (RELAY, RELAYED, UNRELAYED), connection reversal (REVERSE) and REACH are refused
-as `not_relay` until they are built (docs/daemon.md, "Relays").
+the relay's reservations (book.py) and circuits (circuits.py), a client node's relays
+(client.py). Pure: it returns what to send, (address, body), and the node signs and sends it.
+A RELAYED is opened by the node itself (link.py): its frame goes the receive path's way.
+Connection reversal (REVERSE) and REACH are not built yet: refused as `not_relay`.
 """
 
 from __future__ import annotations
@@ -12,11 +10,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 
-from protocol import Body, Envelope, MessageType, Reserve, Reserved, node_id
+from protocol import Body, Envelope, MessageType, Relayed, Reserve, Reserved, Unrelayed, node_id
 
 from ..discovery.peer import Peer
 from ..metrics import NOT_RELAY, RESERVED_UNEXPECTED
 from .book import Reservations
+from .circuits import CircuitBook
 from .client import RelayChoice
 from .settings import RelaySettings
 
@@ -25,6 +24,7 @@ PURE = True  # no I/O and no clock: time comes in as arguments (tests/test_layer
 __all__ = ["RelayService"]
 
 Sends = list[tuple[str, Body]]
+UNRELAYED_EVERY_S = 1.0  # UNRELAYEDs to one origin about one target, at most
 
 
 class RelayService:
@@ -32,12 +32,24 @@ class RelayService:
         self.settings = settings
         self.counts: Counter[str] = Counter()
         self.book = Reservations(settings, self.counts)
+        self.circuits = CircuitBook(settings, self.book, self.counts)
+        self._unrelayed_at: dict[tuple[bytes, bytes], float] = {}
         wants = client_mode and settings.reservations > 0
         self.choice = RelayChoice(settings, self.counts) if wants else None
 
-    def on_message(self, envelope: Envelope, peer: Peer, now: float) -> tuple[str | None, Sends]:
-        """A relaying frame from admitted `peer`: the refusal to count (or None) and what to send."""
+    def on_message(
+        self, envelope: Envelope, peer: Peer, peers: Mapping[bytes, Peer], now: float
+    ) -> tuple[str | None, Sends]:
+        """A relaying frame from admitted `peer` (`peers`: all of them): the refusal to count (or
+        None) and what to send."""
         body = envelope.body
+        if envelope.type is MessageType.RELAY:
+            if not self.settings.enabled:  # refused unanswered: a node that relays for nobody says nothing
+                return NOT_RELAY, []
+            return None, self._relay(peer, body.target, body.sealed, peers, now)
+        if envelope.type is MessageType.UNRELAYED:
+            self.counts[f"unrelayed_by_relay_{body.reason}"] += 1
+            return None, []
         if envelope.type is MessageType.RESERVE:
             granted, refused = self.book.request(peer.key, peer.subnet, body.ttl_s, now)
             return None, [(peer.address, Reserved(ttl_s=granted, refused=refused))]
@@ -47,10 +59,27 @@ class RelayService:
             return None, []
         return NOT_RELAY, []
 
+    def _relay(self, origin: Peer, target: bytes, sealed: bytes, peers: Mapping[bytes, Peer], now: float) -> Sends:
+        refusal = self.circuits.forward(origin.key, target, len(sealed), peers, now)
+        if refusal is None:
+            return [(peers[target].address, Relayed(origin=origin.key, sealed=sealed))]
+        pair = (origin.key, target)
+        if now - self._unrelayed_at.get(pair, -UNRELAYED_EVERY_S) < UNRELAYED_EVERY_S:
+            return []
+        if len(self._unrelayed_at) >= 4 * self.settings.max_circuits:
+            self._unrelayed_at.clear()
+        self._unrelayed_at[pair] = now
+        return [(origin.address, Unrelayed(target=target, reason=refusal))]
+
+    def holders(self, now: float) -> list[bytes]:
+        """The client nodes this relay holds a live place for: it tells its peers of them (PEERS)."""
+        return [key for key in self.book.held if self.book.holds(key, now)]
+
     def tick(self, now: float, peers: Mapping[bytes, Peer], ready: list[Peer]) -> Sends:
         """Expire the places held here; on a client, the RESERVEs due (`peers`: the admitted
         peers; `ready`: those it may send to)."""
         self.book.expire(now, peers)
+        self.circuits.close_idle(now, peers)
         if self.choice is None:
             return []
         ttl = int(self.settings.reservation_ttl_s)
@@ -62,6 +91,7 @@ class RelayService:
         return {
             "enabled": self.settings.enabled,
             "holders": sorted(node_id(key) for key in self.book.held),
+            "circuits": len(self.circuits.circuits),
             "relays": [
                 {"node_id": node_id(key), "address": held.address, "expires_in_s": round(held.expires_at - now, 1)}
                 for key, held in sorted(relays)

@@ -21,10 +21,21 @@ class RelaySettings(Section):
     max_reservations: int = option(Integer(1, 4096), 128, "reservations held at once, over every holder")
     max_reservations_per_subnet: int = option(
         Integer(1, 4096),
-        4,
+        8,
         "reservations held at once for nodes of one subnet (/24 or /64, a client node in its connection's; "
-        "[discovery].subnet_limits_exempt as for peers): many keys behind one address get this many, not one each",
+        "[discovery].subnet_limits_exempt as for peers; libp2p's relays give one IP address 8): many keys behind "
+        "one address get this many, not one each",
     )
+    max_circuits: int = option(Integer(1, 65536), 256, "circuits (one origin, one target) open at once")
+    max_circuits_per_peer: int = option(Integer(1, 4096), 8, "circuits one origin opens at once")
+    circuit_rate: float = option(
+        Number(1024, 1 << 30), float(1 << 20), "bytes a second one circuit may forward (its burst: max_frame_bytes)"
+    )
+    total_rate: float = option(Number(1024, 1 << 34), float(8 << 20), "bytes a second the relay forwards in all")
+    max_frame_bytes: int = option(
+        Integer(1024, 4 << 20), 1 << 20, "the largest sealed frame forwarded (MAPL-Dual's small model: 97 KB)"
+    )
+    circuit_idle_s: float = option(Number(1, 3600), 60.0, "a circuit that forwarded nothing this long is closed")
     reservations: int = option(
         Integer(0, 4),
         2,
@@ -35,9 +46,11 @@ class RelaySettings(Section):
     )
 
     def check(self, context: CheckContext) -> list[str]:
-        if self.max_reservations_per_subnet > self.max_reservations:
-            return [
-                f"[relay].max_reservations_per_subnet: must not exceed max_reservations ({self.max_reservations}), "
-                f"got {self.max_reservations_per_subnet}"
-            ]
-        return []
+        problems = []
+        pairs = (("max_reservations_per_subnet", "max_reservations"), ("max_circuits_per_peer", "max_circuits"))
+        for part, whole in pairs:
+            if getattr(self, part) > getattr(self, whole):
+                problems.append(
+                    f"[relay].{part}: must not exceed {whole} ({getattr(self, whole)}), got {getattr(self, part)}"
+                )
+        return problems

@@ -252,24 +252,27 @@ class NatLab:
 class NatPlacement(LocalPlacement):
     """A launcher's placement (placement.py) of node i on `hosts[i]`, at `port` of its address
     (the namespaces are the lab's own, so a fixed port is free); with `client_mode`, a node not
-    on the internet bridge runs in client mode (`[node].client_mode`), and, since only the public
-    nodes can be its peers (no relay yet), waits for no more of them before its first round.
-    Without it, a node's own `client_mode` setting is left as it is."""
+    on the internet bridge runs in client mode (`[node].client_mode`). With `relay`, the first
+    node (every other's bootstrap) relays for them (`[relay].enabled`), so client nodes reach
+    each other; without one only the public nodes can be a client's peers, so it waits for no
+    more of them before its first round. Without `client_mode`, a node's own setting is left."""
 
-    def __init__(self, hosts: list[Host], port: int = 7000, client_mode: bool = False) -> None:
+    def __init__(self, hosts: list[Host], port: int = 7000, client_mode: bool = False, relay: bool = False) -> None:
         super().__init__(fork=False)  # a daemon runs in its host's namespace: started with exec there
-        self.hosts, self.port, self.client_mode = hosts, port, client_mode
+        self.hosts, self.port, self.client_mode, self.relay = hosts, port, client_mode, relay
 
     def place(self, specs, timeout: float) -> None:
         for spec in specs:
             host = self.hosts[spec.index]
             spec.prefix = host.prefix
             spec.settings["node"]["listen"] = f"tcp://{host.address}:{self.port}"
+            if self.relay and spec.index == 0:
+                spec.settings.setdefault("relay", {})["enabled"] = True
             if not (self.client_mode and host.site != "public"):
                 continue
             spec.settings["node"]["client_mode"] = True
             algorithm = spec.settings.get("algorithm")
-            if algorithm and "start_peers" in algorithm:
+            if algorithm and "start_peers" in algorithm and not self.relay:
                 public = sum(other.site == "public" for other in self.hosts)
                 algorithm["start_peers"] = min(algorithm["start_peers"], public)
 

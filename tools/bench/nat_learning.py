@@ -1,7 +1,7 @@
 """Learning from behind NATs (issue #46): a MAPL-Dual testnet on the NAT testbed, every node
 behind a NAT in client mode, beside the same nodes all on the internet bridge (the control).
 
-    python -m tools.bench.nat_learning [--rounds 40] [--seed 10] [--out bench-out/nat-learning] [--save NAME]
+    python -m tools.bench.nat_learning [--rounds 40] [--seed 10] [--relay] [--out bench-out/nat-learning] [--save NAME]
 
 The layout is tools.bench.nat's (a bootstrap and two more public nodes; two nodes behind one
 port-restricted home router, two behind one symmetric NAT, two behind a home router behind a
@@ -9,7 +9,9 @@ carrier-grade NAT, one behind a firewall), ten daemons on mnist5k Scenario 1 (tw
 five, node i in cluster i mod 2), 10 training and 80 test images per own class, CURVE on, the
 learning testnet's settings (testnet/launch/learning.py). The control runs the same spec with
 every host public. Per run: accuracy, within-cluster mass, payloads missing, `--check`; for the
-NAT run also each node's site. Needs root, `ip netns`, `iptables` and `conntrack`; it says what
+NAT run also each node's site. With `--relay` the bootstrap node relays for the client nodes
+(`[relay].enabled`), which then reach each other through it; the NAT run also reports what the
+relay forwarded and its memory. Needs root, `ip netns`, `iptables` and `conntrack`; it says what
 is missing otherwise and exits 2.
 """
 
@@ -23,8 +25,9 @@ from .nat import LAYOUT, PORT, lab_hosts
 from .results import capture, save
 
 
-def run(out: Path, rounds: int, seed: int, natted: bool) -> dict:
-    """One learning testnet on a fresh testbed: NATed (client mode behind the NATs) or all public."""
+def run(out: Path, rounds: int, seed: int, natted: bool, relay: bool = False) -> dict:
+    """One learning testnet on a fresh testbed: NATed (client mode behind the NATs, with a relay
+    or not) or all public."""
     from algorithms.data.setup import ScenarioSpec
     from testnet.launch.learning import run_learning_testnet
     from testnet.launch.nat import NatLab, NatPlacement
@@ -39,10 +42,11 @@ def run(out: Path, rounds: int, seed: int, natted: bool) -> dict:
     )
     with NatLab() as lab:
         hosts = lab_hosts(lab, natted)
-        placement = NatPlacement(hosts, PORT, client_mode=natted)
+        placement = NatPlacement(hosts, PORT, client_mode=natted, relay=natted and relay)
         code, report = run_learning_testnet(spec, out, placement=placement)
+    name = "behind NATs, client mode" + (", a relay" if relay else "") if natted else "all public (control)"
     return {
-        "run": "behind NATs, client mode" if natted else "all public (control)",
+        "run": name,
         "sites": [host.site for host in hosts],
         "exit_code": code,
         "check": report["check"],
@@ -89,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--seed", type=int, default=10)
+    parser.add_argument("--relay", action="store_true", help="the bootstrap node relays for the client nodes")
     parser.add_argument("--out", type=Path, default=Path("bench-out/nat-learning"))
     parser.add_argument("--save", metavar="NAME", help="write the result to tools/bench/results/NAME.json")
     args = parser.parse_args(argv)
@@ -97,11 +102,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     words = ["python", "-m", "tools.bench.nat_learning", *(sys.argv[1:] if argv is None else argv)]
     settings = {"node.client_mode": "true, behind a NAT (NAT run)"}
+    if args.relay:
+        settings["relay.enabled"] = "true on the bootstrap node (NAT run)"
     with capture(words, settings=settings, seeds=[args.seed], threads=1, runs=2) as provenance:
         runs = [
-            run(args.out / name, args.rounds, args.seed, natted) for name, natted in (("nat", True), ("control", False))
+            run(args.out / name, args.rounds, args.seed, natted, args.relay)
+            for name, natted in (("nat", True), ("control", False))
         ]
-    data = {"rounds": args.rounds, "seed": args.seed, "runs": runs}
+    data = {"rounds": args.rounds, "seed": args.seed, "relay": args.relay, "runs": runs}
     print(render({"data": data}))
     if args.save:
         print(f"saved {save(args.save, 'tools.bench.nat_learning', provenance, data)}", file=sys.stderr)

@@ -20,7 +20,19 @@ from dataclasses import dataclass, field
 
 import trio
 
-from protocol import Decoder, Envelope, MessageType, ProtocolError, Reason, ReplayGuard, node_id
+from protocol import (
+    Decoder,
+    Envelope,
+    MessageType,
+    ProtocolError,
+    Reason,
+    Relayed,
+    ReplayGuard,
+    Sealing,
+    node_id,
+    opened_header,
+)
+from protocol.curve import curve_public_from_ed25519
 
 from ...metrics import HANDSHAKE_FIRST, MULTIPART, UNKNOWN_PEER, Metrics
 from ..gate import CHALLENGE_TYPES, PARK, Gate
@@ -28,7 +40,7 @@ from ..settings import TransportSettings
 from ..zmqsetup import CLIENT, PEERS, PUBLIC
 from .supervisor import Ingress
 
-__all__ = ["Inbound", "decode_all"]
+__all__ = ["Inbound", "decode_all", "RELAYED"]
 
 log = logging.getLogger("p2pnode.inbound")
 
@@ -42,8 +54,11 @@ Handler = Callable[[Envelope, bytes, str | None], Awaitable[str | None]]
 # Told, before the handler, each accepted envelope and the socket and routing id of the
 # connection it came on (routes.py learns where client peers are from it).
 RouteSeen = Callable[[Envelope, str, bytes], None]
+# Frames that came through a relay, sealed (relay/link.py): each circuit, (relay, origin), is a
+# connection of its own for the gate, its routing id the two keys.
+RELAYED = "relayed"
 # Each socket's connections apart: a prefix of the connection's id in the gate.
-_PREFIXES = {PUBLIC: b"p", PEERS: b"P", CLIENT: b"c"}
+_PREFIXES = {PUBLIC: b"p", PEERS: b"P", CLIENT: b"c", RELAYED: b"v"}
 _SOCKETS = {prefix[0]: name for name, prefix in _PREFIXES.items()}
 
 
@@ -83,6 +98,7 @@ class Inbound:
         self.verify_limiter = trio.CapacityLimiter(settings.verify_threads)
         self._pending = 0  # frames read and passed to verification, not yet handled
         self.route_seen: RouteSeen | None = None
+        self.sealing: Sealing | None = None  # opens frames that came through a relay (`deliver_relayed`)
 
     @property
     def in_flight(self) -> int:
@@ -91,9 +107,12 @@ class Inbound:
         is counted once it leaves here."""
         return self._pending + self.gate.parked_frames
 
-    async def verify_relayed(self, hellos: tuple[bytes, ...], known: set[bytes]) -> list[tuple[Envelope, bytes]]:
-        """Check the HELLO frames a PEERS relays in a worker thread, skipping the `known` ones
-        (the same bytes were checked when they came); refused ones are counted as `relayed_*`."""
+    async def verify_relayed(
+        self, hellos: tuple[bytes, ...], known: set[bytes], counted_as: str = "relayed"
+    ) -> list[tuple[Envelope, bytes]]:
+        """Check the HELLO frames a PEERS relays (or a LAN beacon: `counted_as`) in a worker
+        thread, skipping the `known` ones (the same bytes were checked when they came); refused
+        ones are counted as `relayed_*` (`beacon_*`)."""
         fresh = [frame for frame in dict.fromkeys(hellos) if frame not in known]
         if not fresh:
             return []
@@ -101,12 +120,40 @@ class Inbound:
         relayed = []
         for frame, result in zip(fresh, results, strict=True):
             if isinstance(result, ProtocolError):
-                self.metrics.rejected(f"relayed_{result.reason.value}", len(frame))
+                self.metrics.rejected(f"{counted_as}_{result.reason.value}", len(frame))
             elif result.type is not MessageType.HELLO:
-                self.metrics.rejected("relayed_not_hello", len(frame))
+                self.metrics.rejected(f"{counted_as}_not_hello", len(frame))
             else:
                 relayed.append((result, frame))
         return relayed
+
+    async def deliver_relayed(self, relay: bytes, relayed: Relayed, handle: Handler) -> None:
+        """A frame that admitted peer `relay` forwarded from `origin` (RELAYED): opened, then judged
+        as one that came on a connection of its own, the circuit (relay, origin): the strangers'
+        budget (the relay standing for their subnet), the gate (handshake frames only until the
+        origin is a peer; with CURVE, the seal stands for the transport's proof of the key),
+        the signature, the origin's replay window, then `handle`. Every refusal is counted."""
+        now, origin, sealed = trio.current_time(), relayed.origin, relayed.sealed
+        connection = _PREFIXES[RELAYED] + relay + origin
+        circuit = {"Peer-Address": f"relay:{relay.hex()[:16]}"}
+        try:
+            seq, frame = self.sealing.open(origin, sealed)
+            circuit["User-Id"] = curve_public_from_ed25519(origin).hex()  # it opened: a key that has one
+            refusal = self.gate.budget(connection, circuit.get, now)
+            if refusal is None:
+                header = opened_header(self.decoder, origin, seq, frame)
+                refusal = self.gate.admit(connection, header, circuit.get, now)
+                if refusal == PARK and self.gate.park(connection, frame, header.seq, now):
+                    return
+        except ProtocolError as exc:
+            self.metrics.rejected(exc.reason.value, len(sealed))
+            return
+        if refusal is not None:
+            self.metrics.rejected(HANDSHAKE_FIRST if refusal == PARK else refusal, len(frame))
+            return
+        (result,) = await trio.to_thread.run_sync(decode_all, self.decoder, [frame], limiter=self.verify_limiter)
+        self._pending += 1
+        await self._deliver_counted(connection, frame, result, handle)
 
     async def run(self, handle: Handler) -> None:
         """Receive until cancelled, calling `handle(envelope, frame, source)` for every frame that passes."""

@@ -14,8 +14,8 @@
 Neither blocks, as transport.py's sends never do: a frame whose connection is not up yet waits
 for it (WAITING, `connect_wait_s`, as a DEALER's frame for a peers' socket still opening; sent
 by `send_waiting`); one with no route coming, or one the ingress refuses, is DROPPED.
-`open_inbound` starts a node's inbound sockets (or a client's one) and `routes_for` picks which
-of the two a node uses.
+`open_inbound` starts a node's inbound sockets (or a client's one); circuits.py's `routes_for`
+picks which of the two a node uses.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import hashlib
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
 from protocol import Envelope, MessageType
 from protocol.curve import curve_public_from_ed25519
@@ -32,10 +32,9 @@ from protocol.messages import CLIENT_CAPABILITY, client_address, is_client_addre
 
 from ..transport import DROPPED, SENT, WAITING
 from ..zmqsetup import CLIENT, PEERS, PUBLIC
-from .reader import Inbound
 from .supervisor import Ingress
 
-__all__ = ["Replies", "Dials", "open_inbound", "routes_for"]
+__all__ = ["Replies", "Dials", "open_inbound"]
 
 
 class _Holding:
@@ -231,18 +230,3 @@ async def open_inbound(
     peers_endpoint = await ingress[PEERS].start(node.peer_listen or f"{endpoint.rsplit(':', 1)[0]}:0")
     peer_port = node.peer_advertise_port or int(peers_endpoint.rsplit(":", 1)[1])
     return node.advertise or endpoint, peer_port, f"listening on {endpoint} (peers' socket {peers_endpoint})"
-
-
-def routes_for(
-    ingress: Mapping[str, Ingress], inbound: Inbound, config: Any, curve: bool, is_peer: Callable[[bytes], bool]
-) -> Replies | Dials:
-    """A client node's `Dials`, or `Replies` to client peers on a node that can be dialled, which
-    learn their routes from what `inbound` reads (`config`: the node's, config/loading.py)."""
-    public_bound, transport = config.limits.max_public_frame_bytes, config.transport
-    if CLIENT in ingress:
-        return Dials(ingress[CLIENT], public_bound, curve, transport.connect_wait_s, transport.send_hwm)
-    replies = Replies(
-        ingress, public_bound, config.discovery.max_peers, is_peer, transport.connect_wait_s, transport.send_hwm
-    )
-    inbound.route_seen = replies.seen
-    return replies

@@ -1,0 +1,108 @@
+"""Client nodes reached through a relay (issue #46): the routes of a node to the client nodes it
+cannot reach otherwise, wrapped around its own (`Replies` or `Dials`, routes.py).
+
+A client node is reached through a relay R once this node knows R holds a place for it: R named
+it in a PEERS (relays name the client nodes they hold places for), or a frame of the client's
+came through R (RELAYED). Its frames then go to R sealed (`relay_out`: relay/link.py) as long as
+the node's own routes have no connection to it; once they have one (the client dialled this
+node), that connection is used. Only client addresses go through a relay: others are dialled.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from protocol import Envelope
+from protocol.messages import client_address, is_client_address
+
+from ..transport import DROPPED
+from ..zmqsetup import CLIENT
+from .reader import RELAYED, Inbound
+from .routes import Dials, Replies
+from .supervisor import Ingress
+
+__all__ = ["Circuits", "routes_for"]
+
+# (the client's key, the relay's key, the frame) -> SENT or DROPPED
+RelayOut = Callable[[bytes, bytes, bytes], str]
+
+
+class Circuits:
+    def __init__(self, base: Replies | Dials, relay_out: RelayOut, max_known: int) -> None:
+        self.base, self.relay_out, self.max_known = base, relay_out, max_known
+        # Client address -> (its key, the relay that reaches it), the least recently learned forgotten first.
+        self.via: OrderedDict[str, tuple[bytes, bytes]] = OrderedDict()
+
+    @property
+    def held(self):
+        return self.base.held
+
+    def learn(self, client: bytes, relay: bytes) -> None:
+        address = client_address(client)
+        self.via[address] = (client, relay)
+        self.via.move_to_end(address)
+        while len(self.via) > self.max_known:
+            self.via.popitem(last=False)
+
+    def seen(self, envelope: Envelope, socket: str, routing_id: bytes) -> None:
+        """What the receive path tells routes (`Inbound.route_seen`): a frame through a relay
+        teaches the way back; the others go to the node's own routes."""
+        if socket == RELAYED:
+            self.learn(envelope.sender, routing_id[:32])
+        elif isinstance(self.base, Replies):
+            self.base.seen(envelope, socket, routing_id)
+
+    def through_relay(self, address: str) -> bool:
+        return address in self.via and not self.base._expects(address)
+
+    def owns(self, address: str) -> bool:
+        return address in self.via or self.base.owns(address)
+
+    def dial(self, address: str, key: bytes | None) -> None:
+        if not is_client_address(address):  # nobody dials a client: it is reached as it dialled, or through a relay
+            self.base.dial(address, key)
+
+    def dial_peers(self, address: str, peers_address: str) -> None:
+        if not self.through_relay(address):
+            self.base.dial_peers(address, peers_address)
+
+    def admitted(self, address: str) -> None:
+        self.base.admitted(address)
+
+    def hangup(self, address: str, flush: bool = False) -> None:
+        self.base.hangup(address, flush)
+
+    def send(self, address: str, frame: bytes, *, public: bool = False, tag: object = None) -> str:
+        if not self.through_relay(address):
+            return self.base.send(address, frame, public=public, tag=tag) if self.base.owns(address) else DROPPED
+        client, relay = self.via[address]
+        return self.relay_out(client, relay, frame)
+
+    def send_waiting(self) -> tuple[list[object], list[object]]:
+        return self.base.send_waiting()
+
+
+def routes_for(
+    ingress: Mapping[str, Ingress],
+    inbound: Inbound,
+    config: Any,
+    curve: bool,
+    is_peer: Callable[[bytes], bool],
+    relay_out: Callable[[bytes, bytes, bytes], str],
+):
+    """A client node's `Dials`, or `Replies` to client peers on a node that can be dialled, which
+    learn their routes from what `inbound` reads (`config`: the node's, config/loading.py); both
+    inside `Circuits` (circuits.py), which reach other client nodes through relays (`relay_out`)."""
+    from .circuits import Circuits
+
+    public_bound, transport = config.limits.max_public_frame_bytes, config.transport
+    if CLIENT in ingress:
+        base = Dials(ingress[CLIENT], public_bound, curve, transport.connect_wait_s, transport.send_hwm)
+    else:
+        max_peers = config.discovery.max_peers
+        base = Replies(ingress, public_bound, max_peers, is_peer, transport.connect_wait_s, transport.send_hwm)
+    circuits = Circuits(base, relay_out, max_known=4 * config.discovery.max_peers)
+    inbound.route_seen = circuits.seen
+    return circuits
