@@ -302,6 +302,7 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "python -m tools.bench.nat --seconds 30 --save nat": NAT,
     "python -m tools.bench.nat --seconds 30 --client-mode --save nat-client": NAT_CLIENT,
     "python -m tools.bench.nat_learning --rounds 40 --seed 10 --save nat-learning": NAT_LEARNING,
+    "python -m tools.bench.nat_learning --rounds 40 --seed 10 --relay --save nat-learning-relay": NAT_LEARNING,
 }
 
 _MAKE = "a Makefile target (it builds .venv first): its commands are listed here and run quick"
