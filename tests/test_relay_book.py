@@ -146,10 +146,10 @@ def test_a_relay_forwards_only_to_holders_and_their_answers_and_each_circuit_at_
     assert circuits.forward(b, c, 1000, peers, 0.1) == "no_reservation"  # but to nobody else
     assert circuits.forward(a, key(9), 1000, peers, 0.1) == "gone"  # not a peer of the relay
     assert circuits.forward(a, b, 64 * 1024 + 1, peers, 0.2) == "too_large"
-    # Its burst is one largest frame, then 100 KiB a second.
+    # Its burst is a second of its rate (100 KiB), then 100 KiB a second.
     assert circuits.forward(a, b, 63 * 1024, peers, 0.2) is None
-    assert circuits.forward(a, b, 10 * 1024, peers, 0.2) == "rate"
-    assert circuits.forward(a, b, 10 * 1024, peers, 0.4) is None  # 20 KiB back after 0.2 s
+    assert circuits.forward(a, b, 40 * 1024, peers, 0.2) == "rate"  # 37 KiB left
+    assert circuits.forward(a, b, 40 * 1024, peers, 0.4) is None  # 20 KiB back after 0.2 s
     assert counts["relayed_frames"] == 4 and counts["circuits_opened"] == 2 and counts["unrelayed_rate"] == 1
     circuits.close_idle(100.0, peers)  # idle past circuit_idle_s (60 s)
     assert circuits.circuits == {} and counts["circuits_closed"] == 2
@@ -168,7 +168,7 @@ def test_one_origin_opens_a_bounded_number_of_circuits_and_the_relay_a_bounded_t
         circuits.forward(key(200 + i), holders[i], 100, peers, 0.0)
     assert len(circuits.circuits) == 10
     # The relay's total rate is shared by all circuits.
-    _, shared, _ = circuit_book(total_rate=2048, max_frame_bytes=4096, circuit_rate=1 << 20)
+    _, shared, _ = circuit_book(total_rate=4096, max_frame_bytes=4096, circuit_rate=1 << 20)
     shared.reservations.request(key(2), None, 600, 0.0)
     shared.reservations.request(key(3), None, 600, 0.0)
     assert shared.forward(key(1), key(2), 4000, {key(1), key(2), key(3)}, 0.0) is None

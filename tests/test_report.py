@@ -79,6 +79,7 @@ def test_every_node_every_round():
         "ingress_rss_mb",
         "ingress_restarts",
         "reachability",
+        "relay",
     )
     later = ("churn", "restarts", "restarted_after", "exits", "timeout_s", "timed_out")
     assert report["processes"] == dict.fromkeys((*processes, *later))

@@ -40,7 +40,7 @@ class CircuitBook:
         self.settings, self.reservations, self.counts = settings, reservations, counts
         self.circuits: dict[tuple[bytes, bytes], Circuit] = {}
         self._opened_by: Counter[bytes] = Counter()
-        self._total = (float(settings.max_frame_bytes), None)  # relay-wide bucket: (tokens, when)
+        self._total = (max(float(settings.max_frame_bytes), settings.total_rate), None)  # relay-wide: (tokens, when)
 
     def forward(self, origin: bytes, target: bytes, size: int, peers, now: float) -> str | None:
         """A RELAY of `size` sealed bytes from peer `origin` to `target`: None if it is forwarded
@@ -76,17 +76,22 @@ class CircuitBook:
         settings = self.settings
         if len(self.circuits) >= settings.max_circuits or self._opened_by[origin] >= settings.max_circuits_per_peer:
             return None
-        circuit = self.circuits[(origin, target)] = Circuit(now, now, float(settings.max_frame_bytes), now)
+        burst = max(float(settings.max_frame_bytes), settings.circuit_rate)
+        circuit = self.circuits[(origin, target)] = Circuit(now, now, burst, now)
         self._opened_by[origin] += 1
         self.counts["circuits_opened"] += 1
         return circuit
 
     def _spend(self, circuit: Circuit, size: int, now: float) -> bool:
-        settings, burst = self.settings, float(self.settings.max_frame_bytes)
+        """Each bucket holds a second of its rate, and at least the largest frame: a round's
+        payloads leave every node at once, and a burst within a second's rate is no abuse."""
+        settings = self.settings
+        burst = max(float(settings.max_frame_bytes), settings.circuit_rate)
         circuit.tokens = min(burst, circuit.tokens + (now - circuit.refilled_at) * settings.circuit_rate)
         circuit.refilled_at = now
         total, then = self._total
-        total = min(burst, total + (now - (then if then is not None else now)) * settings.total_rate)
+        total_burst = max(float(settings.max_frame_bytes), settings.total_rate)
+        total = min(total_burst, total + (now - (then if then is not None else now)) * settings.total_rate)
         if circuit.tokens < size or total < size:
             self._total = (total, now)
             return False

@@ -42,7 +42,8 @@ class RelayLink:
             self.counts["relay_out_no_relay"] += 1
             return DROPPED
         try:
-            sealed = self.sealing.seal(client, self._own_frames.peek(frame).seq, frame)
+            header = self._own_frames.peek(frame)
+            sealed = self.sealing.seal(client, header.seq, frame)
             body = Relay(target=client, sealed=sealed)
             seq = self.next_seq(body)
             if seq is None:
@@ -55,8 +56,11 @@ class RelayLink:
         if self.transport.send(peer.address, outer) is DROPPED:
             self.counts["relay_out_dropped"] += 1
             return DROPPED
+        # What the relay's hop costs: the RELAY's bytes against the frame's own, learning frames apart.
+        kind = "learning" if header.type.is_learning else "other"
         self.counts["relay_out_frames"] += 1
-        self.counts["relay_out_bytes"] += len(outer)
+        self.counts[f"relay_out_{kind}_bytes"] += len(outer)
+        self.counts[f"relay_out_{kind}_frame_bytes"] += len(frame)
         return SENT
 
     def announced(self, informant: bytes, relayed: list[tuple[Envelope, bytes]]) -> None:

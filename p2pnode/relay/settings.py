@@ -29,9 +29,15 @@ class RelaySettings(Section):
     max_circuits: int = option(Integer(1, 65536), 256, "circuits (one origin, one target) open at once")
     max_circuits_per_peer: int = option(Integer(1, 4096), 8, "circuits one origin opens at once")
     circuit_rate: float = option(
-        Number(1024, 1 << 30), float(1 << 20), "bytes a second one circuit may forward (its burst: max_frame_bytes)"
+        Number(1024, 1 << 30),
+        float(1 << 20),
+        "bytes a second one circuit may forward (in bursts of a second's worth, at least max_frame_bytes)",
     )
-    total_rate: float = option(Number(1024, 1 << 34), float(8 << 20), "bytes a second the relay forwards in all")
+    total_rate: float = option(
+        Number(1024, 1 << 34),
+        float(8 << 20),
+        "bytes a second the relay forwards in all (in bursts of a second's worth)",
+    )
     max_frame_bytes: int = option(
         Integer(1024, 4 << 20), 1 << 20, "the largest sealed frame forwarded (MAPL-Dual's small model: 97 KB)"
     )

@@ -405,6 +405,8 @@ def testnet_report(header: dict[str, Any], partition, statuses: list[dict | None
         "ingress_restarts": [ingress_restarts(s) for s in statuses],
         # What each daemon says of being reachable at its address (discovery/reachability.py).
         "reachability": [((s or {}).get("reachability") or {}).get("state") for s in statuses],
+        # Its relaying counts: places, circuits, frames forwarded and sent through relays (p2pnode/relay/).
+        "relay": [((s or {}).get("relay") or {}).get("counts") for s in statuses],
     }
     report = assemble(
         header,

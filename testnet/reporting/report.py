@@ -69,7 +69,7 @@ REQUIRED_KEYS = (
 # their own and stayed down (testnet/launch/churn.py), and the run's timeout and whether it ran out.
 PROCESS_KEYS = (
     *("engine", "addresses", "exit_codes", "logs", "resumed_from", "catch_ups", "rss_mb", "peak_rss_mb"),
-    *("ingress_rss_mb", "ingress_restarts", "reachability"),
+    *("ingress_rss_mb", "ingress_restarts", "reachability", "relay"),
     *("churn", "restarts", "restarted_after", "exits", "timeout_s", "timed_out"),
 )
 

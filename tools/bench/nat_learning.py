@@ -57,6 +57,30 @@ def run(out: Path, rounds: int, seed: int, natted: bool, relay: bool = False) ->
         "rounds_completed_per_node": report["rounds_completed_per_node"],
         "messages": report["comm"]["messages"],
         "wall_s": round(report["wall_s"], 1),
+        **(_relaying(report["processes"]) if natted and relay else {}),
+    }
+
+
+def _relaying(processes: dict) -> dict:
+    """What the relay (node 0) forwarded and held, and what the hop cost its senders: RELAY bytes
+    against the bytes of the frames inside, learning frames apart (p2pnode/relay/link.py)."""
+    counts = [each or {} for each in processes["relay"]]
+
+    def total(key: str) -> int:
+        return sum(each.get(key, 0) for each in counts)
+
+    learning, other = total("relay_out_learning_frame_bytes"), total("relay_out_other_frame_bytes")
+    return {
+        "relayed_frames": counts[0].get("relayed_frames", 0),
+        "relayed_bytes": counts[0].get("relayed_bytes", 0),
+        "unrelayed": {key: value for key, value in counts[0].items() if key.startswith("unrelayed_")},
+        "relay_learning_ratio": total("relay_out_learning_bytes") / learning if learning else None,
+        "relay_all_ratio": (total("relay_out_learning_bytes") + total("relay_out_other_bytes")) / (learning + other)
+        if learning + other
+        else None,
+        "relay_rss_mb": processes["rss_mb"][0],
+        "relay_peak_rss_mb": processes["peak_rss_mb"][0],
+        "relay_ingress_rss_mb": processes["ingress_rss_mb"][0],
     }
 
 
@@ -76,6 +100,17 @@ def render(result: dict) -> str:
             f"| {run['run']} | {100 * run['accuracy']:.1f} | {100 * _mean(behind):.1f} / {100 * _mean(public):.1f} "
             f"| {run['within_cluster_mass']:.3f} | {run['missing_payloads']} | {min(run['rounds_completed_per_node'])} "
             f"| {verdict} | {run['wall_s']:.0f} |"
+        )
+    relayed = next((run for run in data["runs"] if "relayed_frames" in run), None)
+    if relayed is not None:
+        rows.append(
+            f"\nThe relay forwarded {relayed['relayed_frames']} frames, "
+            f"{relayed['relayed_bytes'] / 2**20:.1f} MiB sealed "
+            f"(refused: {relayed['unrelayed'] or 'none'}); its senders' RELAY bytes were "
+            f"{relayed['relay_learning_ratio']:.3f}× the learning frames inside, {relayed['relay_all_ratio']:.3f}× all "
+            f"frames (PINGs too); the relay daemon's memory {relayed['relay_rss_mb']:.0f} MB "
+            f"(peak {relayed['relay_peak_rss_mb']:.0f} MB, a learning node's), its inbound processes "
+            f"{relayed['relay_ingress_rss_mb']:.0f} MB."
         )
     return "\n".join(rows) + (
         f"\n\nmnist5k Scenario 1, {len(natted_sites)} MAPL-Dual daemons, {data['rounds']} rounds, seed {data['seed']};"
