@@ -163,9 +163,8 @@ class Node:
             self.ingress, self.decoder, self.guard, self.gate, self.metrics, config.transport, clock_us
         )
         self.relay = RelayService(config.relay, config.node.client_mode)  # reservations and circuits (relay/)
-        link = (lambda: self.membership.peers, lambda body: self._sequence.next(body), clock_us, self.relay.counts)
-        self.link = RelayLink(self.encoder, self.transport, *link)  # frames to and from client nodes via relays
-        routes = routes_for(self.ingress, self.inbound, config, curve is not None, self._is_peer, self.link.send)
+        self.link = RelayLink(self, lambda body: self._sequence.next(body))  # to and from client nodes via relays
+        routes = routes_for(self.ingress, self.inbound, config, curve is not None, self._is_peer, self.link)
         self.transport.routes, self.link.circuits, self.inbound.sealing = routes, routes, self.link.sealing
         self.membership: Membership | None = None
         self.membership_actions: MembershipActions | None = None  # carries out membership's actions
@@ -437,8 +436,8 @@ class Node:
             return refusal
         if not membership.on_frame(envelope.sender, now):
             return UNKNOWN_PEER  # learning payloads and queries are taken from admitted peers only
-        if envelope.type is MessageType.RELAYED:  # its frame goes the receive path's way, as if direct
-            return await self.inbound.deliver_relayed(envelope.sender, envelope.body, self._handle)
+        if envelope.type in (MessageType.RELAYED, MessageType.REVERSE):  # a frame inside: the link's
+            return await self.link.receive(envelope, self._handle, now)
         if envelope.type in RELAY_TYPES:  # never handed to the round driver
             refusal, sends = self.relay.on_message(envelope, membership.peers[envelope.sender], membership.peers, now)
             for address, body in sends:

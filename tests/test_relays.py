@@ -91,3 +91,24 @@ async def test_two_client_nodes_learn_together_through_a_relay_and_every_payload
         models = [c.metrics.messages_in["MODEL"] for c in clients]
         assert counts["relayed_bytes"] > 2 * 20_000 and all(m >= 2 * 2 for m in models), (counts, models)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_public_node_that_hears_of_a_client_through_a_relay_asks_it_to_dial_and_then_talks_directly(tmp_path):
+    """Connection reversal: the relay names its client to the public node, which asks the relay
+    (REVERSE, with its own HELLO) to have the client dial it; once the client has, their frames
+    go over that connection, not through the relay."""
+    async with trio.open_nursery() as nursery:
+        relay = await start_node(nursery, tmp_path / "r", **RELAY)
+        client = await start_node(nursery, tmp_path / "c", [bootstrap_entry(relay)], node={"client_mode": True})
+        await wait_until(lambda: relay.status()["relay"]["holders"] == [client.identity.node_id], 10)
+        public = await start_node(nursery, tmp_path / "p", [bootstrap_entry(relay)])
+        await wait_until(lambda: full_mesh([relay, client, public]), 20)
+        address = client.address
+        await wait_until(lambda: public.transport.routes.base._expects(address), 10)
+        assert not public.transport.routes.through_relay(address)  # direct now
+        assert public.status()["relay"]["counts"].get("reversals_asked", 0) >= 1
+        assert relay.status()["relay"]["counts"].get("reversals", 0) >= 1
+        out = public.status()["relay"]["counts"].get("relay_out_frames", 0)
+        await trio.sleep(1.0)  # pings go on, directly
+        assert public.status()["relay"]["counts"].get("relay_out_frames", 0) == out
+        nursery.cancel_scope.cancel()

@@ -1,8 +1,9 @@
 """What a node does with relaying frames (protocol RELAY_TYPES) and what it sends of its own:
 the relay's reservations (book.py) and circuits (circuits.py), a client node's relays
 (client.py). Pure: it returns what to send, (address, body), and the node signs and sends it.
-A RELAYED is opened by the node itself (link.py): its frame goes the receive path's way.
-Connection reversal (REVERSE) and REACH are not built yet: refused as `not_relay`.
+A RELAYED, and a REVERSE, are the link's (link.py): the frame inside is the receive path's or
+membership's; the relay's bookkeeping of reversals is here. REACH is not built yet: refused
+as `not_relay`.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 
-from protocol import Body, Envelope, MessageType, Relayed, Reserve, Reserved, Unrelayed, node_id
+from protocol import Body, Envelope, MessageType, Relayed, Reserve, Reserved, Reverse, Unrelayed, node_id
 
 from ..discovery.peer import Peer
 from ..metrics import NOT_RELAY, RESERVED_UNEXPECTED
@@ -25,6 +26,8 @@ __all__ = ["RelayService"]
 
 Sends = list[tuple[str, Body]]
 UNRELAYED_EVERY_S = 1.0  # UNRELAYEDs to one origin about one target, at most
+REVERSAL_EVERY_S = 30.0  # reversals one node asks of one client, at most
+MAX_REVERSALS = 64  # reversals the relay passes on per minute, in all
 
 
 class RelayService:
@@ -34,6 +37,7 @@ class RelayService:
         self.book = Reservations(settings, self.counts)
         self.circuits = CircuitBook(settings, self.book, self.counts)
         self._unrelayed_at: dict[tuple[bytes, bytes], float] = {}
+        self._reversed_at: dict[tuple[bytes, bytes], float] = {}  # (asker, client) -> when last passed on
         wants = client_mode and settings.reservations > 0
         self.choice = RelayChoice(settings, self.counts) if wants else None
 
@@ -70,6 +74,25 @@ class RelayService:
             self._unrelayed_at.clear()
         self._unrelayed_at[pair] = now
         return [(origin.address, Unrelayed(target=target, reason=refusal))]
+
+    def reversal(
+        self, source: Peer, target: bytes, hello: bytes, peers: Mapping[bytes, Peer], now: float
+    ) -> tuple[str | None, Sends]:
+        """REVERSE from peer `source` (its own HELLO frame `hello`, checked by the link): passed on
+        to `target` if it holds a place here, once per REVERSAL_EVERY_S per asker and client and
+        MAX_REVERSALS a minute in all; else the refusal to count."""
+        if not self.settings.enabled:
+            return NOT_RELAY, []
+        if target not in peers or not self.book.holds(target, now):
+            return "reversal_no_reservation", []
+        pair = (source.key, target)
+        recent = {pair: at for pair, at in self._reversed_at.items() if now - at < 60.0}
+        self._reversed_at = recent
+        if now - recent.get(pair, -REVERSAL_EVERY_S) < REVERSAL_EVERY_S or len(recent) >= MAX_REVERSALS:
+            return "reversal_rate", []
+        self._reversed_at[pair] = now
+        self.counts["reversals"] += 1
+        return None, [(peers[target].address, Reverse(target=target, hello=hello))]
 
     def holders(self, now: float) -> list[bytes]:
         """The client nodes this relay holds a live place for: it tells its peers of them (PEERS)."""

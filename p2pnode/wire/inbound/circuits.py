@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from protocol import Envelope
 from protocol.messages import client_address, is_client_address
@@ -25,13 +25,20 @@ from .supervisor import Ingress
 
 __all__ = ["Circuits", "routes_for"]
 
-# (the client's key, the relay's key, the frame) -> SENT or DROPPED
-RelayOut = Callable[[bytes, bytes, bytes], str]
+
+class Link(Protocol):
+    """The node's side of relays (relay/link.py)."""
+
+    def send(self, client: bytes, relay: bytes, frame: bytes) -> str:
+        """`frame` sealed to `client`, through `relay`: SENT or DROPPED."""
+
+    def reverse(self, client: bytes, relay: bytes) -> None:
+        """Ask `relay` to have `client` dial this node."""
 
 
 class Circuits:
-    def __init__(self, base: Replies | Dials, relay_out: RelayOut, max_known: int) -> None:
-        self.base, self.relay_out, self.max_known = base, relay_out, max_known
+    def __init__(self, base: Replies | Dials, link: Link, max_known: int) -> None:
+        self.base, self.link, self.max_known = base, link, max_known
         # Client address -> (its key, the relay that reaches it), the least recently learned forgotten first.
         self.via: OrderedDict[str, tuple[bytes, bytes]] = OrderedDict()
 
@@ -61,8 +68,12 @@ class Circuits:
         return address in self.via or self.base.owns(address)
 
     def dial(self, address: str, key: bytes | None) -> None:
-        if not is_client_address(address):  # nobody dials a client: it is reached as it dialled, or through a relay
+        """Nobody dials a client node: it is reached as it dialled, or through a relay, and a node
+        that can be dialled asks the relay to have it dial (connection reversal)."""
+        if not is_client_address(address):
             self.base.dial(address, key)
+        elif isinstance(self.base, Replies) and self.through_relay(address):
+            self.link.reverse(*self.via[address])
 
     def dial_peers(self, address: str, peers_address: str) -> None:
         if not self.through_relay(address):
@@ -77,8 +88,7 @@ class Circuits:
     def send(self, address: str, frame: bytes, *, public: bool = False, tag: object = None) -> str:
         if not self.through_relay(address):
             return self.base.send(address, frame, public=public, tag=tag) if self.base.owns(address) else DROPPED
-        client, relay = self.via[address]
-        return self.relay_out(client, relay, frame)
+        return self.link.send(*self.via[address], frame)
 
     def send_waiting(self) -> tuple[list[object], list[object]]:
         return self.base.send_waiting()
@@ -90,11 +100,11 @@ def routes_for(
     config: Any,
     curve: bool,
     is_peer: Callable[[bytes], bool],
-    relay_out: Callable[[bytes, bytes, bytes], str],
+    link: Link,
 ):
     """A client node's `Dials`, or `Replies` to client peers on a node that can be dialled, which
     learn their routes from what `inbound` reads (`config`: the node's, config/loading.py); both
-    inside `Circuits` (circuits.py), which reach other client nodes through relays (`relay_out`)."""
+    inside `Circuits`, which reach other client nodes through relays (`link`)."""
     from .circuits import Circuits
 
     public_bound, transport = config.limits.max_public_frame_bytes, config.transport
@@ -103,6 +113,6 @@ def routes_for(
     else:
         max_peers = config.discovery.max_peers
         base = Replies(ingress, public_bound, max_peers, is_peer, transport.connect_wait_s, transport.send_hwm)
-    circuits = Circuits(base, relay_out, max_known=4 * config.discovery.max_peers)
+    circuits = Circuits(base, link, max_known=4 * config.discovery.max_peers)
     inbound.route_seen = circuits.seen
     return circuits
