@@ -251,6 +251,8 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "--save fleets-one-model": FLEETS,
     "python -m tools.bench.fleets --nodes 3 4 10 --datasets mnist5k --seeds 29 30 32 --workers 2 "
     "--save fleets-nothing-held-out": FLEETS,
+    "python -m tools.bench.fleets --nodes 3 4 10 --datasets mnist5k digits --seeds 33 34 35 --workers 2 "
+    "--save fleets-keep-local": FLEETS,
     "python -m tools.bench.fleets --out bench-out/fleets-folder --datasets folder --nodes 3 4 10 --seeds 7 8 9 "
     "--save fleets-folder": FLEETS_FOLDER,
     "python -m tools.bench.scool --out bench-out/scool --save scool": SCOOL,
