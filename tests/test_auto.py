@@ -35,6 +35,11 @@ def _nodes(digits, backbones, **settings):
     return nodes
 
 
+def dataset_images(digits) -> torch.Tensor:
+    dataset, partition = digits
+    return node_data(dataset, partition, 0, pooled=False).test_images[:2]
+
+
 def _models(outbound) -> dict[str, Model]:
     """Recipient → the MODEL it gets."""
     return {peer: each.body for each in outbound if isinstance(each.body, Model) for peer in each.to}
@@ -185,6 +190,7 @@ def test_a_node_alone_in_its_cluster_of_a_one_model_fleet_serves_what_training_a
         assert torch.equal(mine, theirs[name]), name  # what Local gives, to the bit
     for node in mixing:
         assert node.alone is False and node.predictors().chosen == "personal" and not node._trains_local()
+        assert "local" not in node.predictors().all(dataset_images(digits))  # stale: neither served nor reported
         before = [p.clone() for p in node.local.model.parameters()]
         node.local_step(4)
         assert all(torch.equal(a, b) for a, b in zip(before, node.local.model.parameters(), strict=True))

@@ -283,10 +283,15 @@ class MaplAuto(MaplDual):
         return "no peer runs its model" if self.same_model else "no peer heard from yet"
 
     def predictors(self) -> AutoPredictors:
+        """What the node may serve: MAPL-Dual's three, and the local-only model and its mix with
+        the own model while it trains (a stale one is neither served, chosen nor reported)."""
         chosen = self.config.predict
         if chosen == "auto":
             chosen = self._collaborative() if self.choice is None else self.choice.chosen
-        return AutoPredictors(self.model, self.small, None if self.local is None else self.local.model, chosen)
+        local = self.local.model if self._trains_local() else None
+        if local is None and chosen in ("local", "personal_local"):  # chosen while it trained
+            chosen = self._collaborative()
+        return AutoPredictors(self.model, self.small, local, chosen)
 
     def evaluate(self) -> Evaluation:
         models = nn.ModuleList([self.trainer.model, *([] if self.local is None else [self.local.model])])
@@ -315,10 +320,7 @@ class MaplAuto(MaplDual):
             return
         models = nn.ModuleList([self.trainer.model, *([] if self.local is None else [self.local.model])])
         right = held_out_right(self.predictors(), models, self.checked)
-        # A local-only model that no longer trains (the node mixes with others) is no alternative.
-        fresh = self._trains_local()
-        alternatives = tuple(each for each in ALTERNATIVES if fresh or each not in ("local", "personal_local"))
-        self.choice = self.chooser.update(right, self._collaborative(), alternatives)
+        self.choice = self.chooser.update(right, self._collaborative(), ALTERNATIVES)
 
     # -- publish and receive ----------------------------------------------------------------
 
