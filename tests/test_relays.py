@@ -112,3 +112,34 @@ async def test_a_public_node_that_hears_of_a_client_through_a_relay_asks_it_to_d
         await trio.sleep(1.0)  # pings go on, directly
         assert public.status()["relay"]["counts"].get("relay_out_frames", 0) == out
         nursery.cancel_scope.cancel()
+
+
+async def test_many_keys_from_one_subnet_get_that_subnets_places_at_a_live_relay_and_no_more(tmp_path):
+    """Five client nodes from one /24 (loopback, not exempt here) ask one relay that gives a subnet
+    three places: three hold one, two are refused (`subnet`) and keep asking; no holder is pushed
+    out for them, and when a holder leaves, one of them takes its place."""
+    relay_sections = {
+        "relay": {"enabled": True, "max_reservations_per_subnet": 3},
+        "discovery": {"subnet_limits_exempt": []},
+    }
+    async with trio.open_nursery() as nursery:
+        relay = await start_node(nursery, tmp_path / "r", **relay_sections)
+        client = {"node": {"client_mode": True}, "relay": {"retry_s": 1}}
+        clients = [await start_node(nursery, tmp_path / f"c{i}", [bootstrap_entry(relay)], **client) for i in range(5)]
+
+        def holders() -> set[str]:
+            return set(relay.status()["relay"]["holders"])
+
+        await wait_until(lambda: len(holders()) == 3, 15)
+        refused = [c for c in clients if c.identity.node_id not in holders()]
+        await wait_until(
+            lambda: all(c.status()["relay"]["counts"].get("reservation_refused_subnet") for c in refused), 10
+        )
+        first = holders()
+        await trio.sleep(2.0)  # they keep asking: the holders keep their places
+        assert holders() == first and relay.status()["relay"]["counts"]["reservation_refused_subnet"] >= 2
+        leaving = next(c for c in clients if c.identity.node_id in first)
+        leaving.request_stop()
+        await wait_until(lambda: len(holders()) == 3 and leaving.identity.node_id not in holders(), 15)
+        assert holders() - first <= {c.identity.node_id for c in refused}
+        nursery.cancel_scope.cancel()

@@ -246,3 +246,14 @@ def test_status_and_the_report_say_what_a_node_serves_and_why():
     learning["history"] = [{"predictor": "personal", "predictor_why": mixed}]  # nothing held out
     (line,) = _learning_lines(learning, "n0")
     assert f"predicting with: personal ({mixed})" in line
+
+
+def test_a_predictor_the_node_no_longer_holds_is_never_chosen():
+    """MAPL-Auto's local model leaves the predictors once it stops training; the rounds that
+    scored it are still in the window, and it was clearly better there, yet it is not chosen."""
+    chooser = Chooser(window=5, margin=0.1)
+    for _ in range(3):
+        chooser.update({"personal": [False] * 20, "local": [True] * 20}, "personal", ("local",))
+    assert chooser.update({"personal": [False] * 20, "local": [True] * 20}, "personal", ("local",)).chosen == "local"
+    choice = chooser.update({"personal": [False] * 20}, "personal", ("local",))
+    assert choice.chosen == "personal" and "local" not in choice.accuracy

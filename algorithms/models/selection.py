@@ -155,7 +155,9 @@ class Chooser:
         self.scores.append({name: [bool(x) for x in each] for name, each in right.items()})
         images = len(right[collaborative])
         means = {name: statistics.fmean(_share(s[name]) for s in self.scores if name in s) for name in right}
-        better = [name for name in alternatives if name != collaborative and self._clearly_better(name, collaborative)]
+        # Only predictors the node holds this round (MAPL-Auto's local model leaves once it stops training).
+        candidates = [name for name in alternatives if name in right and name != collaborative]
+        better = [name for name in candidates if self._clearly_better(name, collaborative)]
         chosen = max(better, key=lambda name: means[name]) if better else collaborative  # ties: the first listed
         return Choice(chosen, means, images, len(self.scores))
 
