@@ -278,11 +278,18 @@ class NatPlacement(LocalPlacement):
 
 
 def cluster_on(
-    hosts: list[Host], out: Path, *, port: int = 7000, discovery: dict | None = None, client_mode: bool = False
+    hosts: list[Host],
+    out: Path,
+    *,
+    port: int = 7000,
+    discovery: dict | None = None,
+    client_mode: bool = False,
+    relay: bool = False,
 ) -> Cluster:
     """A launcher's cluster of one daemon per host, node i on `hosts[i]` at `port`, with
-    `client_mode` behind the NATs (`NatPlacement`); the first started is the others' bootstrap."""
-    placement = NatPlacement(hosts, port, client_mode)
+    `client_mode` behind the NATs and the first node relaying with `relay` (`NatPlacement`);
+    the first started is the others' bootstrap."""
+    placement = NatPlacement(hosts, port, client_mode, relay)
     return Cluster.prepare(out, len(hosts), discovery=discovery, placement=placement)
 
 

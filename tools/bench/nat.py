@@ -1,6 +1,6 @@
 """Who joins from behind a NAT (issue #46): discovery daemons on the NAT testbed, each node's peers.
 
-    python -m tools.bench.nat [--seconds 30] [--client-mode] [--out bench-out/nat] [--save nat]
+    python -m tools.bench.nat [--seconds 30] [--client-mode [--relay] [--flush]] [--out bench-out/nat] [--save nat]
 
 The testbed (testnet/launch/nat.py): a bootstrap node and two more public nodes on the internet
 bridge; two nodes behind one port-restricted home router, two behind one symmetric NAT, two
@@ -13,8 +13,11 @@ many peers, whether the bootstrap admitted them, and what each says of its reach
 punching between each pair of sites (`simultaneous_open`: TCP simultaneous open, each host at
 the address and port its NAT would show if it kept the port). With `--client-mode` every node
 that is not on the internet bridge runs with `[node].client_mode` (and no hole punching is
-tried). Needs root, `ip netns`, `iptables` and `conntrack`; it says what is missing otherwise
-and exits 2.
+tried); with `--relay` the bootstrap relays for them (`[relay].enabled`), and the table also says
+what it forwarded and its memory (the daemon and its inbound processes: a relay that does not
+learn). With `--flush`, after `--seconds` every router's mappings are expired (`conntrack -F`)
+and the nodes are watched for up to 60 s until each has its peers of before again. Needs root,
+`ip netns`, `iptables` and `conntrack`; it says what is missing otherwise and exits 2.
 """
 
 from __future__ import annotations
@@ -58,20 +61,26 @@ def lab_hosts(lab, natted: bool = True) -> list:
     return hosts
 
 
-def run(out: Path, seconds: float, client_mode: bool = False) -> tuple[list[dict], list[dict]]:
+def run(
+    out: Path, seconds: float, client_mode: bool = False, relay: bool = False, flush: bool = False
+) -> tuple[list[dict], list[dict], dict]:
     """One run on a fresh testbed: each node's site, address and the sites of its peers; then
-    hole punching between the first host of each pair of sites (not with `client_mode`)."""
+    hole punching between the first host of each pair of sites (not with `client_mode`); and,
+    with `relay`, the relay's counts and memory, with `flush` how long the peers took to return."""
     from testnet.launch.learning import DISCOVERY
     from testnet.launch.nat import NatLab, cluster_on
 
     with NatLab() as lab:
         hosts = lab_hosts(lab)
-        cluster = cluster_on(hosts, out, port=PORT, discovery=DISCOVERY, client_mode=client_mode)
+        cluster = cluster_on(hosts, out, port=PORT, discovery=DISCOVERY, client_mode=client_mode, relay=relay)
         with cluster:
             for spec in cluster.specs:
                 cluster.start(spec)
             time.sleep(seconds)
             statuses = cluster.statuses()
+            extra = _flushed(lab, cluster, statuses) if flush else {}
+            if relay:
+                extra["relay"] = _relay(cluster.statuses()[0])
         site_of = {spec.node_id: host.site for spec, host in zip(cluster.specs, hosts, strict=True)}
         bootstrap = cluster.specs[0].node_id
         bootstrap_peers = set(_peers(statuses[0]))
@@ -87,7 +96,38 @@ def run(out: Path, seconds: float, client_mode: bool = False) -> tuple[list[dict
             }
             for spec, host, status in zip(cluster.specs, hosts, statuses, strict=True)
         ]
-        return nodes, [] if client_mode else _punches(hosts)
+        return nodes, [] if client_mode else _punches(hosts), extra
+
+
+FLUSH_WATCH_S = 60.0
+
+
+def _flushed(lab, cluster, before: list[dict | None]) -> dict:
+    """Expire every router's mappings, then watch until every node has each peer it had again."""
+    lab.flush()
+    flushed_at = time.monotonic()
+    wanted = [set(_peers(status)) for status in before]
+    while time.monotonic() - flushed_at < FLUSH_WATCH_S:
+        time.sleep(1.0)
+        now = cluster.statuses()
+        if all(peers <= set(_peers(status)) for peers, status in zip(wanted, now, strict=True)):
+            return {"flush_recovered_s": round(time.monotonic() - flushed_at, 1)}
+    return {"flush_recovered_s": None}
+
+
+def _relay(status: dict | None) -> dict:
+    """The relay's places, circuits and counts, and its memory: the daemon and its inbound processes."""
+    from testnet.reporting.overlay import ingress_rss_mb
+
+    relay = (status or {}).get("relay") or {}
+    return {
+        "holders": len(relay.get("holders", [])),
+        "circuits": relay.get("circuits"),
+        "counts": relay.get("counts", {}),
+        "rss_mb": (status or {}).get("rss_mb"),
+        "peak_rss_mb": (status or {}).get("peak_rss_mb"),
+        "ingress_rss_mb": ingress_rss_mb(status),
+    }
 
 
 def _punches(hosts: list) -> list[dict]:
@@ -128,8 +168,34 @@ def render(result: dict) -> str:
         row = f"| {site} | {len(nodes)} | {admitted_text} | {min(counts)}–{max(counts)} | {', '.join(seen)} | {says} |"
         rows.append(row)
     mode = "; every node off the internet bridge in client mode" if result.get("client_mode") else ""
+    mode += ", the bootstrap relaying for them" if result.get("relay") else ""
     table = "\n".join(rows) + f"\n\nAfter {result['seconds']:g} s of discovery{mode}.\n"
-    return table + _render_punches(result.get("punches", []))
+    return table + _render_relay(result) + _render_punches(result.get("punches", []))
+
+
+def _render_relay(result: dict) -> str:
+    lines = []
+    relay = result.get("extra", {}).get("relay")
+    if relay:
+        counts = relay["counts"]
+        lines.append(
+            f"\nThe relay held {relay['holders']} places and {relay['circuits']} circuits, forwarded "
+            f"{counts.get('relayed_frames', 0)} frames ({counts.get('relayed_bytes', 0) / 2**20:.1f} MiB sealed), "
+            f"refused {sum(v for k, v in counts.items() if k.startswith('unrelayed_'))}; its memory: the daemon "
+            f"{relay['rss_mb']:.0f} MB (peak {relay['peak_rss_mb']:.0f} MB), its inbound processes "
+            f"{relay['ingress_rss_mb']:.0f} MB, {relay['rss_mb'] + relay['ingress_rss_mb']:.0f} MB in all.\n"
+        )
+    if "flush_recovered_s" in result.get("extra", {}):
+        recovered = result["extra"]["flush_recovered_s"]
+        lines.append(
+            "\nAfter `conntrack -F` on every router, "
+            + (
+                f"every node had all its peers again within {recovered:g} s.\n"
+                if recovered is not None
+                else f"not every node had its peers again within {FLUSH_WATCH_S:g} s.\n"
+            )
+        )
+    return "".join(lines)
 
 
 def _render_punches(punches: list[dict]) -> str:
@@ -148,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--client-mode", action="store_true", help="nodes off the internet bridge in client mode")
+    parser.add_argument("--relay", action="store_true", help="with --client-mode: the bootstrap relays for them")
+    parser.add_argument("--flush", action="store_true", help="then expire every router's mappings and watch")
     parser.add_argument("--out", type=Path, default=Path("bench-out/nat"))
     parser.add_argument("--save", metavar="NAME", help="write the result to tools/bench/results/NAME.json")
     args = parser.parse_args(argv)
@@ -156,9 +224,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     words = ["python", "-m", "tools.bench.nat", *(sys.argv[1:] if argv is None else argv)]
     settings = {"algorithm.name": "none", **({"node.client_mode": "true, behind a NAT"} if args.client_mode else {})}
+    if args.relay:
+        settings["relay.enabled"] = "true on the bootstrap node"
     with capture(words, settings=settings, runs=1) as provenance:
-        nodes, punches = run(args.out, args.seconds, args.client_mode)
-    data = {"seconds": args.seconds, "client_mode": args.client_mode, "nodes": nodes, "punches": punches}
+        nodes, punches, extra = run(args.out, args.seconds, args.client_mode, args.relay, args.flush)
+    data = {
+        "seconds": args.seconds,
+        "client_mode": args.client_mode,
+        "relay": args.relay,
+        "nodes": nodes,
+        "punches": punches,
+        "extra": extra,
+    }
     print(render({"data": data}))
     if args.save:
         print(f"saved {save(args.save, 'tools.bench.nat', provenance, data)}", file=sys.stderr)
