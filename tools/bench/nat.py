@@ -16,7 +16,8 @@ that is not on the internet bridge runs with `[node].client_mode` (and no hole p
 tried); with `--relay` the bootstrap relays for them (`[relay].enabled`), and the table also says
 what it forwarded and its memory (the daemon and its inbound processes: a relay that does not
 learn). With `--flush`, after `--seconds` every router's mappings are expired (`conntrack -F`)
-and the nodes are watched for up to 60 s until each has its peers of before again. Needs root,
+and the nodes are watched for up to 60 s until each has heard from every peer it had since the
+flush. Needs root,
 `ip netns`, `iptables` and `conntrack`; it says what is missing otherwise and exits 2.
 """
 
@@ -66,7 +67,8 @@ def run(
 ) -> tuple[list[dict], list[dict], dict]:
     """One run on a fresh testbed: each node's site, address and the sites of its peers; then
     hole punching between the first host of each pair of sites (not with `client_mode`); and,
-    with `relay`, the relay's counts and memory, with `flush` how long the peers took to return."""
+    with `relay`, the relay's counts and memory, with `flush` how long until every node heard
+    from its peers again."""
     from testnet.launch.learning import DISCOVERY
     from testnet.launch.nat import NatLab, cluster_on
 
@@ -103,16 +105,23 @@ FLUSH_WATCH_S = 60.0
 
 
 def _flushed(lab, cluster, before: list[dict | None]) -> dict:
-    """Expire every router's mappings, then watch until every node has each peer it had again."""
+    """Expire every router's mappings, then watch until every node has heard from each peer it
+    had, since the flush: frames cross every NAT (and the relay) again."""
     lab.flush()
     flushed_at = time.monotonic()
     wanted = [set(_peers(status)) for status in before]
     while time.monotonic() - flushed_at < FLUSH_WATCH_S:
         time.sleep(1.0)
-        now = cluster.statuses()
-        if all(peers <= set(_peers(status)) for peers, status in zip(wanted, now, strict=True)):
+        elapsed, now = time.monotonic() - flushed_at, cluster.statuses()
+        heard = [_heard_within(status, elapsed) for status in now]
+        if all(peers <= since for peers, since in zip(wanted, heard, strict=True)):
             return {"flush_recovered_s": round(time.monotonic() - flushed_at, 1)}
     return {"flush_recovered_s": None}
+
+
+def _heard_within(status: dict | None, seconds: float) -> set[str]:
+    """The peers `status` says it last heard from less than `seconds` ago."""
+    return {peer["node_id"] for peer in (status or {}).get("peers", []) if peer["last_seen_s"] < seconds}
 
 
 def _relay(status: dict | None) -> dict:
