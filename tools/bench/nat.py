@@ -199,9 +199,9 @@ def _render_relay(result: dict) -> str:
         lines.append(
             "\nAfter `conntrack -F` on every router, "
             + (
-                f"every node had all its peers again within {recovered:g} s.\n"
+                f"every node heard from every peer it had again within {recovered:g} s.\n"
                 if recovered is not None
-                else f"not every node had its peers again within {FLUSH_WATCH_S:g} s.\n"
+                else f"not every node heard from all its peers again within {FLUSH_WATCH_S:g} s.\n"
             )
         )
     return "".join(lines)
