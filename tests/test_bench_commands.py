@@ -209,6 +209,9 @@ CAMPAIGN = Quick("python -m tools.bench.campaign --seconds 3 --sources 8", 180, 
 NAT = Quick("python -m tools.bench.nat --seconds 2 --out DIR", 120, heavy=True, needs=nat_missing)
 NAT_LEARNING = Quick("python -m tools.bench.nat_learning --rounds 2 --out DIR", 300, heavy=True, needs=nat_missing)
 NAT_CLIENT = Quick("python -m tools.bench.nat --seconds 2 --client-mode --out DIR", 120, heavy=True, needs=nat_missing)
+NAT_RELAY = Quick(
+    "python -m tools.bench.nat --seconds 2 --client-mode --relay --flush --out DIR", 180, heavy=True, needs=nat_missing
+)
 # On the CPU alone: the CUDA runs need a GPU, and the CPU runs take the same path.
 GPU = Quick("python -m tools.bench.gpu --rounds 1 --methods local --devices cpu --out DIR")
 
@@ -303,6 +306,7 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "python -m tools.bench.nat": NAT,
     "python -m tools.bench.nat --seconds 30 --save nat": NAT,
     "python -m tools.bench.nat --seconds 30 --client-mode --save nat-client": NAT_CLIENT,
+    "python -m tools.bench.nat --seconds 30 --client-mode --relay --flush --save nat-relay": NAT_RELAY,
     "python -m tools.bench.nat_learning --rounds 40 --seed 10 --save nat-learning": NAT_LEARNING,
     "python -m tools.bench.nat_learning --rounds 40 --seed 10 --relay --save nat-learning-relay": NAT_LEARNING,
 }
