@@ -1,7 +1,8 @@
 """Learning from behind NATs (issue #46): a MAPL-Dual testnet on the NAT testbed, every node
 behind a NAT in client mode, beside the same nodes all on the internet bridge (the control).
 
-    python -m tools.bench.nat_learning [--rounds 40] [--seed 10] [--relay] [--out bench-out/nat-learning] [--save NAME]
+    python -m tools.bench.nat_learning [--rounds 40] [--seed 10] [--relay] [--flush-after S]
+        [--out bench-out/nat-learning] [--save NAME]
 
 The layout is tools.bench.nat's (a bootstrap and two more public nodes; two nodes behind one
 port-restricted home router, two behind one symmetric NAT, two behind a home router behind a
@@ -11,7 +12,9 @@ learning testnet's settings (testnet/launch/learning.py). The control runs the s
 every host public. Per run: accuracy, within-cluster mass, payloads missing, `--check`; for the
 NAT run also each node's site. With `--relay` the bootstrap node relays for the client nodes
 (`[relay].enabled`), which then reach each other through it; the NAT run also reports what the
-relay forwarded and its memory. Needs root, `ip netns`, `iptables` and `conntrack`; it says what
+relay forwarded and its memory. With `--flush-after S`, S seconds into the NAT run every router's
+mappings are expired (`conntrack -F`), mid-run; `--check` and the payloads missing say whether
+delivery resumed. Needs root, `ip netns`, `iptables` and `conntrack`; it says what
 is missing otherwise and exits 2.
 """
 
@@ -19,13 +22,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 from pathlib import Path
 
 from .nat import LAYOUT, PORT, lab_hosts
 from .results import capture, save
 
 
-def run(out: Path, rounds: int, seed: int, natted: bool, relay: bool = False) -> dict:
+def run(out: Path, rounds: int, seed: int, natted: bool, relay: bool = False, flush_after: float | None = None) -> dict:
     """One learning testnet on a fresh testbed: NATed (client mode behind the NATs, with a relay
     or not) or all public."""
     from algorithms.data.setup import ScenarioSpec
@@ -43,8 +47,17 @@ def run(out: Path, rounds: int, seed: int, natted: bool, relay: bool = False) ->
     with NatLab() as lab:
         hosts = lab_hosts(lab, natted)
         placement = NatPlacement(hosts, PORT, client_mode=natted, relay=natted and relay)
-        code, report = run_learning_testnet(spec, out, placement=placement)
+        flush = threading.Timer(flush_after, lab.flush) if natted and flush_after is not None else None
+        if flush is not None:
+            flush.start()  # mid-run, from beside the launcher: every router forgets its connections
+        try:
+            code, report = run_learning_testnet(spec, out, placement=placement)
+        finally:
+            if flush is not None:
+                flush.cancel()
     name = "behind NATs, client mode" + (", a relay" if relay else "") if natted else "all public (control)"
+    if natted and flush_after is not None:
+        name += f", conntrack -F at {flush_after:g} s"
     return {
         "run": name,
         "sites": [host.site for host in hosts],
@@ -129,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--seed", type=int, default=10)
     parser.add_argument("--relay", action="store_true", help="the bootstrap node relays for the client nodes")
+    parser.add_argument(
+        "--flush-after", type=float, metavar="S", help="conntrack -F on every router S s into the NAT run"
+    )
     parser.add_argument("--out", type=Path, default=Path("bench-out/nat-learning"))
     parser.add_argument("--save", metavar="NAME", help="write the result to tools/bench/results/NAME.json")
     args = parser.parse_args(argv)
@@ -139,12 +155,20 @@ def main(argv: list[str] | None = None) -> int:
     settings = {"node.client_mode": "true, behind a NAT (NAT run)"}
     if args.relay:
         settings["relay.enabled"] = "true on the bootstrap node (NAT run)"
+    if args.flush_after is not None:
+        settings["conntrack -F"] = f"on every router {args.flush_after:g} s into the NAT run"
     with capture(words, settings=settings, seeds=[args.seed], threads=1, runs=2) as provenance:
         runs = [
-            run(args.out / name, args.rounds, args.seed, natted, args.relay)
+            run(args.out / name, args.rounds, args.seed, natted, args.relay, args.flush_after)
             for name, natted in (("nat", True), ("control", False))
         ]
-    data = {"rounds": args.rounds, "seed": args.seed, "relay": args.relay, "runs": runs}
+    data = {
+        "rounds": args.rounds,
+        "seed": args.seed,
+        "relay": args.relay,
+        "flush_after": args.flush_after,
+        "runs": runs,
+    }
     print(render({"data": data}))
     if args.save:
         print(f"saved {save(args.save, 'tools.bench.nat_learning', provenance, data)}", file=sys.stderr)
