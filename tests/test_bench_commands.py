@@ -309,6 +309,8 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "python -m tools.bench.nat --seconds 30 --client-mode --relay --flush --save nat-relay": NAT_RELAY,
     "python -m tools.bench.nat_learning --rounds 40 --seed 10 --save nat-learning": NAT_LEARNING,
     "python -m tools.bench.nat_learning --rounds 40 --seed 10 --relay --save nat-learning-relay": NAT_LEARNING,
+    "python -m tools.bench.nat_learning --rounds 40 --seed 10 --relay --flush-after 60 "
+    "--save nat-learning-relay-flush": NAT_LEARNING,
 }
 
 _MAKE = "a Makefile target (it builds .venv first): its commands are listed here and run quick"
