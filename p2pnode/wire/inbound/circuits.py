@@ -3,7 +3,7 @@ cannot reach otherwise, wrapped around its own (`Replies` or `Dials`, routes.py)
 
 A client node is reached through a relay R once this node knows R holds a place for it: R named
 it in a PEERS (relays name the client nodes they hold places for), or a frame of the client's
-came through R (RELAYED). Its frames then go to R sealed (`relay_out`: relay/link.py) as long as
+came through R (RELAYED). Its frames then go to R sealed (the link: relay/link.py) as long as
 the node's own routes have no connection to it; once they have one (the client dialled this
 node), that connection is used. Only client addresses go through a relay: others are dialled.
 """
