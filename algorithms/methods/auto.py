@@ -102,7 +102,7 @@ class AutoConfig(DualConfig):
     # alone in its cluster mixes its own model with nobody after warm-up, yet ended under training
     # alone: 0.5 points on the mean, 4.0 at worst (mnist5k, 3 nodes, one backbone, tuning seeds
     # 0-9; 9.0 on seed 29). Not in fleets that mix models: there the ensemble with the small model
-    # served such a node 11 points above its Local on the mean (four backbones, same seeds).
+    # served such a node 12 points above its Local on the mean (four backbones, same seeds).
     keep_local: bool = True
     # From this round on the held-out images train every model too and the choice made by then
     # stays (holding out a fifth of ten images a class for the whole run cost the own model 1.2
