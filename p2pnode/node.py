@@ -557,7 +557,9 @@ class Node:
             "max_peers": self.config.discovery.max_peers,
             "active_view": membership.target,  # the peers it seeks
             "passive_count": len(membership.passive),
-            "peers": membership.snapshot(now),
+            "peers": [
+                {**peer, "route": self.transport.routes.route(peer["address"])} for peer in membership.snapshot(now)
+            ],
             "dialing": sorted(membership.dialing),
             "membership": dict(sorted(membership.counts.items())),
             "traffic": self.metrics.snapshot(),

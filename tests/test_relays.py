@@ -63,6 +63,12 @@ async def test_two_client_nodes_become_each_others_peers_through_a_relay(tmp_pat
         assert counts["relayed_frames"] > 0 and counts["circuits_opened"] >= 2, counts
         assert a.membership.peers[b.identity.public_key].address == b.address
         assert not any(a.metrics.rejections.values()) and not any(b.metrics.rejections.values())
+        # status and doctor say how each peer is reached
+        routes = {peer["node_id"]: peer["route"] for peer in a.status()["peers"]}
+        assert routes == {relay.identity.node_id: "dialled", b.identity.node_id: f"relay:{relay.identity.node_id}"}
+        assert f"through relay {relay.identity.node_id}" in format_status(a.status())
+        assert any(line.startswith(f"peer {b.identity.node_id}: through relay") for line in diagnose(a.status())[0])
+        assert relay.status()["peers"][0]["route"] == "connection"  # each client dialled the relay
         nursery.cancel_scope.cancel()
 
 
@@ -106,6 +112,7 @@ async def test_a_public_node_that_hears_of_a_client_through_a_relay_asks_it_to_d
         address = client.address
         await wait_until(lambda: public.transport.routes.base._expects(address), 10)
         assert not public.transport.routes.through_relay(address)  # direct now
+        assert {peer["route"] for peer in public.status()["peers"]} == {"dialled", "connection"}
         assert public.status()["relay"]["counts"].get("reversals_asked", 0) >= 1
         assert relay.status()["relay"]["counts"].get("reversals", 0) >= 1
         out = public.status()["relay"]["counts"].get("relay_out_frames", 0)

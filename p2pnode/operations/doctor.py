@@ -39,7 +39,8 @@ def diagnose(status: dict) -> tuple[list[str], int]:
         problems += reachability["state"] == "private"
     relay = relay_line(status)
     if relay:
-        lines.append(relay + ("; frames through them: not built yet (issue #46)" if status.get("client_mode") else ""))
+        lines.append(relay)
+    lines += _relayed_peers(status)
     for entry in status.get("bootstraps", []):
         line, problem = _bootstrap(entry, status["address"])
         lines.append(line)
@@ -56,7 +57,7 @@ def _address(address: str) -> tuple[str, int]:
     if is_client_address(address):
         return (
             f"{said}: client mode, reached over the connections it dials; the nodes it can dial (public ones) "
-            "are its peers, other client nodes are not (that takes a relay, not built yet: issue #46)",
+            "are its peers, other client nodes are reached through relays ([relay].enabled on a public node)",
             0,
         )
     host = host_of(address)
@@ -111,3 +112,19 @@ def relay_line(status: dict) -> str:
         return ""
     held = ", ".join(f"{r['node_id']} (expires in {r['expires_in_s']:.0f} s)" for r in relay["relays"])
     return f"relays: {held}" if held else "relays: none held (no peer announces `relay`: [relay].enabled)"
+
+
+def _relayed_peers(status: dict) -> list[str]:
+    """A line for each peer reached through a relay: why, and what would reach it directly."""
+    lines = []
+    for peer in status.get("peers", []):
+        route = peer.get("route") or ""
+        if route.startswith("relay:"):
+            lines.append(
+                f"peer {peer['node_id']}: through relay {route.removeprefix('relay:')}, sealed end to end: neither "
+                "this node nor it can be dialled (a forwarded port and [node].advertise on either one makes it direct)"
+                if status.get("client_mode")
+                else f"peer {peer['node_id']}: through relay {route.removeprefix('relay:')} until it dials this node "
+                "(connection reversal asked; if it never does, a firewall on its side drops outbound connections here)"
+            )
+    return lines

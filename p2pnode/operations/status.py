@@ -86,15 +86,25 @@ def _peer_lines(status: dict) -> list[str]:
     if status["peers"]:
         # As wide as the longest address: a client node's (tcp://<32 hex>.client.invalid:1) is 49 characters.
         width = max(28, *(len(peer["address"]) + 2 for peer in status["peers"]))
-        lines.append(f"  {'node id':<18}{'address':<{width}}{'last seen':>10}{'rtt':>10}")
+        lines.append(f"  {'node id':<18}{'address':<{width}}{'last seen':>10}{'rtt':>10}  reached")
         for peer in status["peers"]:
             rtt = "-" if peer["rtt_ms"] is None else f"{peer['rtt_ms']:.2f} ms"
             why = excluded.get(peer["node_id"])
             lines.append(
                 f"  {peer['node_id']:<18}{peer['address']:<{width}}{_seconds(peer['last_seen_s']):>10}{rtt:>10}"
+                + f"  {_reached(peer.get('route'))}"
                 + (f"  not learning with it: it {why}" if why else "")
             )
     return lines
+
+
+def _reached(route: str | None) -> str:
+    """How a peer is reached (`Circuits.route`); older nodes do not say."""
+    if route is None:
+        return "-"
+    if route.startswith("relay:"):
+        return f"through relay {route.removeprefix('relay:')}"
+    return {"connection": "over its connection", "dialled": "dialled"}.get(route, route)
 
 
 def _is_failure(reason: str) -> bool:

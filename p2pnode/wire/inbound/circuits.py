@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from protocol import Envelope
+from protocol import Envelope, node_id
 from protocol.messages import client_address, is_client_address
 
 from ..transport import DROPPED
@@ -63,6 +63,13 @@ class Circuits:
 
     def through_relay(self, address: str) -> bool:
         return address in self.via and not self.base._expects(address)
+
+    def route(self, address: str) -> str:
+        """How this node reaches `address` (for `status` and `doctor`): `relay:<node id>`, over
+        the `connection` the client dialled to this node, or `dialled` by this node."""
+        if self.through_relay(address):
+            return f"relay:{node_id(self.via[address][1])}"
+        return "connection" if isinstance(self.base, Replies) and self.base._expects(address) else "dialled"
 
     def owns(self, address: str) -> bool:
         return address in self.via or self.base.owns(address)
