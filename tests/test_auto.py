@@ -93,7 +93,8 @@ def test_the_own_backbone_is_shared_equally_by_the_same_model_peers_and_then_pre
         torch.testing.assert_close(tensor, (before[name] + torch.tensor(sent[name])) / 2, rtol=1e-5, atol=1e-6)
     # The small model is mixed over all three, as in MAPL-Dual.
     assert any(not torch.equal(small_before[n], t) for n, t in a.share.mixed.state().items())
-    assert a.predictors().chosen == "personal" and nodes[2].predictors().chosen == "ensemble"
+    # The fleet mixes models: the ensemble, the own model mixed with its same-model peer's inside.
+    assert a.mixes_own and a.predictors().chosen == "ensemble" and nodes[2].predictors().chosen == "ensemble"
     restored = _nodes(digits, ["convnet", "convnet", "mlp"], validation_fraction="0", own_uniform_share="1")[0]
     restored.load_state_dict(a.state_dict())
     assert restored.mixes_own and restored.same_model == {"n1": (0, True), "n2": (0, False)}
@@ -149,7 +150,8 @@ def test_the_small_model_teaches_an_own_model_shared_with_same_model_peers_only_
 
 def test_in_a_one_model_fleet_a_node_serves_its_own_model_even_where_it_mixes_it_with_nobody(digits):
     """Round 0 sends no own modules, so after it no node mixes its own model; where every peer
-    announced the node's model it serves that model, where one runs another the ensemble."""
+    announced the node's model it serves that model, where one runs another the ensemble, and
+    the ensemble still once it mixes its own model with its same-model peer's."""
     for backbones, served in ((["convnet"] * 3, "personal"), (["convnet", "convnet", "mlp"], "ensemble")):
         nodes = _nodes(digits, backbones, validation_fraction="0")
         first = nodes[0]
@@ -162,9 +164,12 @@ def test_in_a_one_model_fleet_a_node_serves_its_own_model_even_where_it_mixes_it
         assert first.evaluate().why.startswith(why)
         _exchange(nodes, 1)  # now the same-model peers send their own modules
         first.end_round(1)
-        assert first.predictors().chosen == "personal" and first.mixes_own
+        assert first.predictors().chosen == served and first.mixes_own
         peers = len(backbones) - 1 if served == "personal" else 1
-        assert first.evaluate().why == f"mixed with {peers} same-model peer{'s' if peers > 1 else ''}"
+        mixed = f"mixed with {peers} same-model peer{'s' if peers > 1 else ''}"
+        assert first.evaluate().why == (
+            mixed if served == "personal" else f"{mixed}, with the small model: the fleet mixes models"
+        )
 
 
 def test_a_node_alone_in_its_cluster_of_a_one_model_fleet_serves_what_training_alone_gives(digits):

@@ -258,26 +258,32 @@ class MaplAuto(MaplDual):
         return bool(self.same_model) and all(same for _, same in self.same_model.values())
 
     def _collaborative(self) -> str:
-        """The predictor the network's models give: the own model where same-model peers share it
-        or every peer runs it, MAPL-Dual's ensemble otherwise. A node alone in its cluster of a
+        """The predictor the network's models give: the own model where every peer runs it,
+        MAPL-Dual's ensemble where the fleet mixes models, even where the node mixes its own model
+        with same-model peers: there the own model of a ResNet pair ended 15 points under Local
+        where the ensemble was 9 under, and served its nodes 2.7 points over Local on the mean
+        where the ensemble served 4.2 (convnet pairs: 1.3 and 1.1; four backbones, tuning seeds
+        7-9, 11, 12, 16-18, 20, 26-28; docs/learning.md). A node alone in its cluster of a
         one-model fleet mixes its own model with nobody, and its small model, mixed with nobody
         either, is a weaker local model: averaged in, it cost that node 1 to 1.3 points (mnist5k,
         3 nodes, seeds 0-2; docs/learning.md); its own model, mixed with other classes during
         warm-up, ended under Local too, so it serves the local-only model (`keep_local`)."""
-        if self.alone and self.one_model_fleet() and self.held_out is None and self.local is not None:
+        if not self.one_model_fleet():
+            return "ensemble"  # with same-model peers too: a weak backbone's pair fell far under Local alone
+        if self.alone and self.held_out is None and self.local is not None:
             return "local"
-        return "personal" if self.mixes_own or self.one_model_fleet() else "ensemble"
+        return "personal"
 
     def _why(self) -> str:
         """Why `_collaborative` gives what it gives, for `status` and the report."""
         if self._collaborative() == "local":
             own = self.graph.weights().get(self.node_id, 1.0)
             return f"collaborates with nobody: its learned row keeps {own * 100:.0f} % on itself"
-        if self.mixes_own:
-            peers = self.own_mixed_with
-            return f"mixed with {peers} same-model peer{'' if peers == 1 else 's'}"
+        mixed = f"mixed with {self.own_mixed_with} same-model peer{'' if self.own_mixed_with == 1 else 's'}"
         if self.one_model_fleet():
-            return "every peer runs its model, none shares it this round"
+            return mixed if self.mixes_own else "every peer runs its model, none shares it this round"
+        if self.mixes_own:
+            return f"{mixed}, with the small model: the fleet mixes models"
         if any(same for _, same in self.same_model.values()):
             return "no same-model peer shares its model this round"
         return "no peer runs its model" if self.same_model else "no peer heard from yet"
