@@ -18,8 +18,9 @@ should not have to know which fits the fleet, so the node finds out from what it
   alike and their average is a model from the first round (with separate starts, the average
   of the first rounds mixed unrelated features: digits, 8 rounds, the convnet nodes ended at
   53 and 77 % against Local's 79 and 88).
-- It serves its own model where same-model peers share it this round (`SHARED_MIN`) or every
-  peer runs it (one model everywhere), MAPL-Dual's ensemble otherwise; in a one-model fleet, a
+- It serves its own model where every peer runs it (one model everywhere), MAPL-Dual's
+  ensemble where the fleet mixes models (its own model mixed with its same-model peers' inside,
+  where it has some); in a one-model fleet, a
   local-only model trained as `local` trains where its learned row gives nobody else `SHARED_MIN`
   (`keep_local`: it gains nothing from the others, so it ends at Local, not below); and not that
   either where another is clearly better (`predict = "auto"`, selection.py). By default nothing is held out:
@@ -59,8 +60,10 @@ __all__ = ["ARCH_KEY", "AutoConfig", "MaplAuto", "OWN_PREFIX"]
 ARCH_KEY = "arch"
 OWN_PREFIX = "own."
 ARCH_BYTES = 16
-# The share of same-model peers in a round's mix of the own model from which the node serves that
-# model: a node alone in its cluster keeps 1 % on the others in its learned row (mnist5k, 3 nodes).
+# The share of the others in a learned row, or of same-model peers in a round's mix of the own
+# model, from which the node counts as collaborating (`alone`) or mixing its own model
+# (`mixes_own`: the small model then teaches only where it is better): a node alone in its
+# cluster keeps 1 % on the others in its learned row (mnist5k, 3 nodes).
 SHARED_MIN = 0.05
 # Its predictors, in the order a tie on the held-out images goes: the collaborative ones first.
 AUTO_PREDICTORS = ("personal", "ensemble", "personal_local", "shared", "local")
@@ -83,12 +86,12 @@ class AutoConfig(DualConfig):
     # and the worst node: digits, one backbone, β = 1 +0.6 / -3.8, β = 0 +1.9 / -2.3; mnist5k,
     # four backbones, -2.2 / -19.2 and +2.4 / -9.0, with SHARED_MIN; docs/learning.md).
     own_uniform_share: float = 0.0
-    # "auto": the own model (`personal`) where same-model peers share it this round or every peer
-    # runs it, the ensemble of the own and the small model otherwise, unless another is clearly
-    # better (below). On one backbone everywhere the ensemble was 1.4-2.0 points below the own
-    # model (mnist5k, 4 nodes, 40 rounds, seeds 0-2): the small model, 5-7 points weaker, pulls
-    # it down; on resnet and mobilenet nodes without one to share with, the own model was far
-    # below the ensemble (docs/learning.md).
+    # "auto": the own model (`personal`) where every peer runs it, the ensemble of the own and the
+    # small model where the fleet mixes models, unless another is clearly better (below). On one
+    # backbone everywhere the ensemble was 1.4-2.0 points below the own model (mnist5k, 4 nodes,
+    # 40 rounds, seeds 0-2): the small model, 5-7 points weaker, pulls it down; on resnet and
+    # mobilenet nodes, mixed with a same-model peer or not, the ensemble was the higher
+    # (docs/learning.md).
     predict: str = "auto"
     # The share of each class's training images held out to choose the predictor on; the node
     # also trains a local-only model on the rest, so it can serve that where its neighbours do
@@ -405,8 +408,7 @@ class MaplAuto(MaplDual):
             _normalised({peer: 1.0 for peer in members if peer not in distrusted}),
             share,
         )
-        # Served where it is shared this round: on resnet and mobilenet nodes an own model mixed
-        # with no one of its cluster was far below MAPL-Dual's ensemble (docs/learning.md).
+        # Whether it is shared this round: the small model then teaches it only where it is better.
         self.mixes_own = sum(weight for peer, weight in weights.items() if peer in owns) >= SHARED_MIN
         self.own_mixed_with = sum(1 for peer in owns if weights.get(peer, 0.0) > 0)
         if not any(weights.get(peer, 0.0) > 0 for peer in owns):
