@@ -256,6 +256,8 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "--save fleets-nothing-held-out": FLEETS,
     "python -m tools.bench.fleets --nodes 3 4 10 --datasets mnist5k digits --seeds 33 34 35 --workers 2 "
     "--save fleets-keep-local": FLEETS,
+    "python -m tools.bench.fleets --nodes 3 4 10 --backbones four --datasets mnist5k digits --methods "
+    "local mapl-dual mapl-auto --seeds 36 37 38 --workers 2 --save fleets-mixed-ensemble": FLEETS,
     "python -m tools.bench.fleets --out bench-out/fleets-folder --datasets folder --nodes 3 4 10 --seeds 7 8 9 "
     "--save fleets-folder": FLEETS_FOLDER,
     "python -m tools.bench.scool --out bench-out/scool --save scool": SCOOL,
