@@ -436,13 +436,8 @@ class Node:
             return refusal
         if not membership.on_frame(envelope.sender, now):
             return UNKNOWN_PEER  # learning payloads and queries are taken from admitted peers only
-        if envelope.type in (MessageType.RELAYED, MessageType.REVERSE):  # a frame inside: the link's
+        if envelope.type in RELAY_TYPES:  # the link's (relay/link.py), never the round driver's
             return await self.link.receive(envelope, self._handle, now)
-        if envelope.type in RELAY_TYPES:  # never handed to the round driver
-            refusal, sends = self.relay.on_message(envelope, membership.peers[envelope.sender], membership.peers, now)
-            for address, body in sends:
-                self.send((address,), body)
-            return refusal
         if envelope.type in QUERY_TYPES:
             if self.config.algorithm.name == "none":
                 return NOT_LEARNING
@@ -512,9 +507,7 @@ class Node:
             self.membership_actions.count_handshakes()
             self.transport.close_expired(time.monotonic())
             self.membership_actions.carry_out(self.membership.tick(now))
-            self.membership.relayed_clients = self.relay.holders(now)  # named in its PEERS
-            for address, body in self.relay.tick(now, self.membership.peers, self.membership.ready()):
-                self.send((address,), body)
+            self.link.tick(now)  # relay places and a client's reservations
             due = self.membership.next_due(trio.current_time())
             self._maintain_at = min(due, now + MAINTAIN_MAX_SLEEP_S, next_refresh)
             self._wake_maintain = trio.Event()

@@ -303,8 +303,7 @@ class MaplAuto(MaplDual):
         return AutoPredictors(self.model, self.small, local, chosen)
 
     def evaluate(self) -> Evaluation:
-        models = nn.ModuleList([self.trainer.model, *([] if self.local is None else [self.local.model])])
-        evaluation = evaluate_predictors(self.predictors(), models, self.data)
+        evaluation = evaluate_predictors(self.predictors(), self._models(), self.data)
         chose_by_peers = self.config.predict == "auto" and evaluation.predictor == self._collaborative()
         why = self._why() if chose_by_peers else self._unfit_why(evaluation.predictor)
         if self.choice is None or self.held_out is None:  # training images are no held-out score
@@ -312,6 +311,10 @@ class MaplAuto(MaplDual):
         return dataclasses.replace(
             evaluation, validation=self.choice.accuracy, validation_total=self.choice.images, why=why
         )
+
+    def _models(self) -> nn.ModuleList:
+        """The models the predictors run on, for evaluation mode: the own and the local-only one."""
+        return nn.ModuleList([self.trainer.model, *([] if self.local is None else [self.local.model])])
 
     def _unfit_why(self, served: str) -> str:
         """Where nothing is held out and the check on the training images chose `served`."""
@@ -327,8 +330,7 @@ class MaplAuto(MaplDual):
         """After the round's aggregation, until the refit: the predictor the node serves."""
         if self.refitted:
             return
-        models = nn.ModuleList([self.trainer.model, *([] if self.local is None else [self.local.model])])
-        right = held_out_right(self.predictors(), models, self.checked)
+        right = held_out_right(self.predictors(), self._models(), self.checked)
         self.choice = self.chooser.update(right, self._collaborative(), ALTERNATIVES)
 
     # -- publish and receive ----------------------------------------------------------------

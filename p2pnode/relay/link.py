@@ -22,6 +22,7 @@ from ..wire.transport import DROPPED, SENT
 
 if TYPE_CHECKING:
     from ..discovery.membership_actions import MembershipActions
+    from ..discovery.peer import Peer
     from ..discovery.peers import Membership
     from ..wire.inbound.reader import Handler, Inbound
     from ..wire.transport import Transport
@@ -102,13 +103,35 @@ class RelayLink:
                 self.circuits.learn(hello.sender, informant)
 
     async def receive(self, envelope: Envelope, handle: Handler, now: float) -> str | None:
-        """A RELAYED or a REVERSE from an admitted peer: the frame inside is taken in, passed on,
-        or acted on. Returns the refusal to count, if any."""
-        if envelope.type is MessageType.RELAYED:  # its frame goes the receive path's way, as if direct
-            await self.node.inbound.deliver_relayed(envelope.sender, envelope.body, handle)
+        """A relaying frame (protocol RELAY_TYPES) from an admitted peer: a RELAYED's frame goes
+        the receive path's way, as if direct; a REVERSE is passed on or acted on; the others are
+        the relay service's. Returns the refusal to count, if any."""
+        node = self.node
+        peers = node.membership.peers
+        if envelope.type is MessageType.RELAYED:
+            await node.inbound.deliver_relayed(envelope.sender, envelope.body, handle)
             return None
+        if envelope.type is MessageType.REVERSE:
+            return await self._reverse(envelope, peers[envelope.sender], now)
+        refusal, sends = node.relay.on_message(envelope, peers[envelope.sender], peers, now)
+        self._send(sends)
+        return refusal
+
+    def tick(self, now: float) -> None:
+        """The relay service's timed work: places expired, a client's RESERVEs due; and the
+        client nodes this relay holds places for, which its PEERS names."""
+        membership = self.node.membership
+        membership.relayed_clients = self.node.relay.holders(now)
+        self._send(self.node.relay.tick(now, membership.peers, membership.ready()))
+
+    def _send(self, sends: list[tuple[str, Body]]) -> None:
+        for address, body in sends:
+            self.node.send((address,), body)
+
+    async def _reverse(self, envelope: Envelope, peer: Peer, now: float) -> str | None:
+        """REVERSE: at the relay, passed on to its client; at the client, the HELLO inside is
+        taken as its relay's word for the node that asked, which it then dials."""
         body, node = envelope.body, self.node
-        peer = node.membership.peers[envelope.sender]
         if body.target != self.own_key:  # at the relay: pass it on to its client
             try:
                 header = self._frames.peek(body.hello)
@@ -117,8 +140,7 @@ class RelayLink:
             if header.sender != peer.key or header.type is not MessageType.HELLO:
                 return REVERSE_BAD_HELLO
             refusal, sends = node.relay.reversal(peer, body.target, body.hello, node.membership.peers, now)
-            for address, outbound in sends:
-                node.send((address,), outbound)
+            self._send(sends)
             return refusal
         if RELAY_CAPABILITY not in peer.capabilities:
             return REVERSE_UNEXPECTED

@@ -108,12 +108,10 @@ def routes_for(
     curve: bool,
     is_peer: Callable[[bytes], bool],
     link: Link,
-):
+) -> Circuits:
     """A client node's `Dials`, or `Replies` to client peers on a node that can be dialled, which
     learn their routes from what `inbound` reads (`config`: the node's, config/loading.py); both
     inside `Circuits`, which reach other client nodes through relays (`link`)."""
-    from .circuits import Circuits
-
     public_bound, transport = config.limits.max_public_frame_bytes, config.transport
     if CLIENT in ingress:
         base = Dials(ingress[CLIENT], public_bound, curve, transport.connect_wait_s, transport.send_hwm)
