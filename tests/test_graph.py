@@ -205,3 +205,16 @@ def test_a_graph_step_never_throws_the_row_onto_peers_unlike_the_node():
         losses.append(cgl_loss(w, normalise_similarities(similarity, 0), confidence, 0, GraphConfig()))
     assert w[0] > 0.95 and w.sum() == pytest.approx(1.0)
     assert losses == sorted(losses, reverse=True)
+
+
+def test_a_learned_row_whose_every_neighbour_left_puts_the_node_alone_not_a_division_by_zero():
+    """A row that gives the node itself nothing (the optimizer may), and its neighbours all gone at
+    once (every router forgot its connections: tools/bench/nat_fleet.py found this crash a daemon's
+    learning): the node weighs itself alone and sends to nobody until its next step."""
+    from algorithms.graphs.collaboration import LearnedGraph
+
+    graph = LearnedGraph("me", GraphConfig(), warmup_rounds=0, explore_every=1, explore_peers=0, seed=0)
+    graph.set_peers(["a", "b"])
+    graph.w, graph.learned = {"me": 0.0, "a": 0.6, "b": 0.4}, True
+    graph.set_peers([])
+    assert graph.weights() == {"me": 1.0} and graph.neighbours() == () and graph.targets(5) == ((), ())

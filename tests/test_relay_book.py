@@ -162,8 +162,9 @@ def test_one_origin_opens_a_bounded_number_of_circuits_and_the_relay_a_bounded_t
     peers = {sybil, *holders, *(key(200 + i) for i in range(20))}
     for holder in holders:
         places.request(holder, None, 600, 0.0)
-    opened = [circuits.forward(sybil, holder, 100, peers, 0.0) is None for holder in holders]
-    assert sum(opened) == 3 and counts["unrelayed_circuits_full"] == 17
+    for holder in holders:  # none answers: each new one closes the origin's oldest
+        assert circuits.forward(sybil, holder, 100, peers, 0.0) is None
+    assert [pair[1] for pair in circuits.circuits] == holders[-3:] and counts["circuits_unanswered_closed"] == 17
     for i in range(20):  # many origins, one circuit each: the relay's total
         circuits.forward(key(200 + i), holders[i], 100, peers, 0.0)
     assert len(circuits.circuits) == 10
@@ -173,3 +174,20 @@ def test_one_origin_opens_a_bounded_number_of_circuits_and_the_relay_a_bounded_t
     shared.reservations.request(key(3), None, 600, 0.0)
     assert shared.forward(key(1), key(2), 4000, {key(1), key(2), key(3)}, 0.0) is None
     assert shared.forward(key(1), key(3), 4000, {key(1), key(2), key(3)}, 0.0) == "rate"
+
+
+def test_circuits_to_holders_that_never_answer_do_not_keep_an_origin_from_those_that_do():
+    """A stranger's keys hold places (within their subnet's bound) and never answer: an honest
+    origin's circuits to them fill its bound, yet it still opens one to an honest holder, by
+    closing its oldest unanswered circuit; a circuit its target answered is never the one closed."""
+    places, circuits, counts = circuit_book(max_circuits_per_peer=3)
+    origin, honest, silent = key(1), key(2), [key(100 + i) for i in range(5)]
+    peers = {origin, honest, *silent}
+    for holder in (honest, *silent):
+        places.request(holder, None, 600, 0.0)
+    assert circuits.forward(origin, honest, 100, peers, 0.0) is None
+    assert circuits.forward(honest, origin, 100, peers, 0.1) is None  # answered
+    for i, holder in enumerate(silent):
+        assert circuits.forward(origin, holder, 100, peers, 1.0 + i) is None
+    assert (origin, honest) in circuits.circuits and counts["unrelayed_circuits_full"] == 0
+    assert sum(pair[0] == origin for pair in circuits.circuits) == 3 and counts["circuits_unanswered_closed"] == 3

@@ -1,5 +1,8 @@
-"""Relays (issue #46), so far their reservations: a client node holds places at two of its peers
-that relay, as their status and its own say, and replaces one that leaves."""
+"""Relays (issue #46): reservations, circuits between client nodes, connection reversal, and the
+bounds a relay holds against many clients of one subnet and a stranger with many keys."""
+
+import json
+import sys
 
 import trio
 
@@ -96,6 +99,9 @@ async def test_two_client_nodes_learn_together_through_a_relay_and_every_payload
         counts = relay.status()["relay"]["counts"]
         models = [c.metrics.messages_in["MODEL"] for c in clients]
         assert counts["relayed_bytes"] > 2 * 20_000 and all(m >= 2 * 2 for m in models), (counts, models)
+        # what the hop costs a sender: its RELAY bytes against the tensors inside its learning frames
+        sent = [client.status()["relay"]["counts"] for client in clients]
+        assert all(c["relay_out_learning_bytes"] <= 1.1 * c["relay_out_learning_payload_bytes"] for c in sent), sent
         nursery.cancel_scope.cancel()
 
 
@@ -150,3 +156,30 @@ async def test_many_keys_from_one_subnet_get_that_subnets_places_at_a_live_relay
         await wait_until(lambda: len(holders()) == 3 and leaving.identity.node_id not in holders(), 15)
         assert holders() - first <= {c.identity.node_id for c in refused}
         nursery.cancel_scope.cancel()
+
+
+async def test_a_stranger_whose_forty_keys_each_complete_admission_gets_its_subnets_places_less_the_held_ones(tmp_path):
+    """tools/sybil.py, a program of its own: forty keys from one /24 each complete a client's
+    admission over CURVE, dial the relay's peers' socket and ask for a place. The relay admits the
+    subnet's `max_peers_per_subnet` less the honest client, gives the subnet's three places less
+    the one held, and the honest holder keeps its place."""
+    curve = {"curve": True}
+    relay_sections = {
+        "relay": {"enabled": True, "max_reservations_per_subnet": 3},
+        "discovery": {"subnet_limits_exempt": [], "max_peers_per_subnet": 8},
+    }
+    async with trio.open_nursery() as nursery:
+        relay = await start_node(nursery, tmp_path / "r", security=curve, **relay_sections)
+        honest = await start_node(
+            nursery, tmp_path / "c", [bootstrap_entry(relay)], security=curve, node={"client_mode": True}
+        )
+        await wait_until(lambda: relay.status()["relay"]["holders"] == [honest.identity.node_id], 15)
+        target = ["--target", relay.address, "--target-key", relay.identity.public_key.hex(), "--network", "test"]
+        command = [sys.executable, "-m", "tools.sybil", *target, "--keys", "40", "--rate", "20", "--seconds", "6"]
+        stranger = json.loads((await trio.run_process(command, capture_stdout=True)).stdout)
+        holders = relay.status()["relay"]["holders"]
+        nursery.cancel_scope.cancel()
+    assert stranger["tried"] == 40 and 0 < stranger["answered"] <= 7, stranger  # admitted: the /24's 8 less one
+    assert stranger["granted"] == stranger["held_at_end"] == 2 and stranger["pongs"] > 0, stranger
+    assert stranger["refused_subnet"] == stranger["answered"] - 2, stranger
+    assert len(holders) == 3 and honest.identity.node_id in holders

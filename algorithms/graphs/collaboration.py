@@ -60,6 +60,10 @@ class UniformGraph:
     def weights(self) -> dict[str, float]:
         row = fold_into_self(self.w, self.node_id, self.distrusted)
         total = sum(row.values())
+        if total <= 0:
+            # A learned row that gave the node itself nothing, and whose neighbours have all left
+            # (every router forgot its connections at once): the node alone until the next step.
+            return {self.node_id: 1.0}
         return {node: weight / total for node, weight in row.items()}
 
     def neighbours(self) -> tuple[str, ...]:

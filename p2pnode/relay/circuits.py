@@ -4,8 +4,9 @@ A RELAY from an admitted peer (the origin) to a target is forwarded where the ta
 place here (book.py), or where the target itself opened a circuit to the origin (the answer to
 it): a circuit is one (origin, target) pair. Each is bounded in bytes a second (`circuit_rate`,
 its burst the largest frame), the relay in all (`total_rate`), in number (`max_circuits`,
-`max_circuits_per_peer` opened by one origin) and in frame size (`max_frame_bytes`); one that
-forwarded nothing for `circuit_idle_s` closes. So a peer with many keys gets a bounded share of
+`max_circuits_per_peer` opened by one origin: one at that bound makes room by closing its oldest
+circuit never answered) and in frame size (`max_frame_bytes`); one that forwarded nothing for
+`circuit_idle_s` closes. So a peer with many keys gets a bounded share of
 a bounded pipe, only to nodes that asked the relay for a place, and never a free one.
 """
 
@@ -74,6 +75,8 @@ class CircuitBook:
         if not (self.reservations.holds(target, now) or (target, origin) in self.circuits):
             return None
         settings = self.settings
+        if self._opened_by[origin] >= settings.max_circuits_per_peer:
+            self._close_unanswered(origin)
         if len(self.circuits) >= settings.max_circuits or self._opened_by[origin] >= settings.max_circuits_per_peer:
             return None
         burst = max(float(settings.max_frame_bytes), settings.circuit_rate)
@@ -81,6 +84,20 @@ class CircuitBook:
         self._opened_by[origin] += 1
         self.counts["circuits_opened"] += 1
         return circuit
+
+    def _close_unanswered(self, origin: bytes) -> None:
+        """Make room among `origin`'s circuits: close its oldest one that its target never answered
+        (no circuit back). A node that holds a place and never answers (a stranger's key) would
+        otherwise keep every origin's circuits to it open until idle, and with a few such places
+        its peers could open none to the clients that do answer; an answered circuit stays."""
+        unanswered = [
+            (circuit.opened_at, pair)
+            for pair, circuit in self.circuits.items()
+            if pair[0] == origin and (pair[1], origin) not in self.circuits
+        ]
+        if unanswered:
+            self._close(min(unanswered)[1])
+            self.counts["circuits_unanswered_closed"] += 1
 
     def _spend(self, circuit: Circuit, size: int, now: float) -> bool:
         """Each bucket holds a second of its rate, and at least the largest frame: a round's

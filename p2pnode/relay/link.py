@@ -57,8 +57,9 @@ class RelayLink:
         self._frames = Decoder(encoder.network_id, encoder.limits)  # reads headers, this node's frames too
         self.circuits: Circuits | None = None  # set once the node's routes are built
 
-    def send(self, client: bytes, relay: bytes, frame: bytes) -> str:
-        """`frame`, one of this node's, sealed to `client` and sent in a RELAY to peer `relay`."""
+    def send(self, client: bytes, relay: bytes, frame: bytes, tag: object = None) -> str:
+        """`frame`, one of this node's, sealed to `client` and sent in a RELAY to peer `relay`
+        (`tag`: the node's (type, frame bytes, payload bytes) of it, where it counts them)."""
         peer = self.node.membership.peers.get(relay)
         if peer is None:
             self.counts["relay_out_no_relay"] += 1
@@ -77,11 +78,14 @@ class RelayLink:
         if self.node.transport.send(peer.address, outer) is DROPPED:
             self.counts["relay_out_dropped"] += 1
             return DROPPED
-        # What the relay's hop costs: the RELAY's bytes against the frame's own, learning frames apart.
+        # What the relay's hop costs: the RELAY's bytes against the frame's own and its payload's
+        # (the tensors inside), learning frames apart.
         kind = "learning" if header.type.is_learning else "other"
         self.counts["relay_out_frames"] += 1
         self.counts[f"relay_out_{kind}_bytes"] += len(outer)
         self.counts[f"relay_out_{kind}_frame_bytes"] += len(frame)
+        if isinstance(tag, tuple):
+            self.counts[f"relay_out_{kind}_payload_bytes"] += tag[2]
         return SENT
 
     def reverse(self, client: bytes, relay: bytes) -> None:

@@ -31,6 +31,7 @@ import shutil
 import subprocess
 import sys
 import uuid
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +40,7 @@ from .placement import LocalPlacement
 
 __all__ = [
     "SITES",
+    "STRANGER_PREFIX",
     "Host",
     "NatLab",
     "NatPlacement",
@@ -52,6 +54,7 @@ __all__ = [
 
 SITES = ("public", "firewall", "port-restricted", "symmetric", "double")
 INTERNET_PREFIX = "198.51.100"  # TEST-NET-2: never routed outside this testbed
+STRANGER_PREFIX = "203.0.113"  # TEST-NET-3: a /24 of the bridge's that no node but a stranger's is in
 COMMAND_TIMEOUT_S = 10
 # Inbound only what belongs to a connection opened from inside: a router's FORWARD, a firewall's INPUT.
 ESTABLISHED = ("-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT")
@@ -93,7 +96,7 @@ class NatLab:
     _lan: dict[str, str] = field(default_factory=dict)  # a router → its inside network's first three octets
     _wan: dict[str, str] = field(default_factory=dict)  # a router on the bridge → its address there
     _namespaces: list[str] = field(default_factory=list)
-    _outside: int = 10  # the next address on the internet bridge
+    _outside: dict[str, int] = field(default_factory=lambda: defaultdict(lambda: 10))  # the next address, per /24
 
     def __post_init__(self) -> None:
         self.internet = self._namespace("inet")
@@ -113,13 +116,15 @@ class NatLab:
 
     # --- hosts -------------------------------------------------------------------------------
 
-    def add(self, name: str, site: str, router: str | None = None) -> Host:
-        """A host at `site`; behind a NAT, behind `router` (from `add_router`) or a router of its own."""
+    def add(self, name: str, site: str, router: str | None = None, *, prefix: str = INTERNET_PREFIX) -> Host:
+        """A host at `site`; behind a NAT, behind `router` (from `add_router`) or a router of its own;
+        on the bridge (public, firewall), in the /24 `prefix` (another one than the others': a
+        stranger's subnet of its own)."""
         if site not in SITES:
             raise ValueError(f"unknown site {site!r}; choose from {', '.join(SITES)}")
         namespace = self._namespace(name)
         if site in ("public", "firewall"):
-            address = self._on_internet(namespace)
+            address = self._on_internet(namespace, prefix)
             if site == "firewall":
                 self._firewall(namespace)
             host = Host(name, site, namespace, address, seen_from=address)
@@ -172,12 +177,14 @@ class NatLab:
         self._ip(namespace, "link", "set", "lo", "up")
         return namespace
 
-    def _on_internet(self, namespace: str) -> str:
-        """Join `namespace` to the bridge; its address there."""
+    def _on_internet(self, namespace: str, prefix: str = INTERNET_PREFIX) -> str:
+        """Join `namespace` to the bridge, at the next address of /24 `prefix`; its address there.
+        Every address is on the bridge's one link: a default route onto it reaches other /24s too."""
         self._link(self.internet, f"p{len(self._namespaces)}", namespace, "out0", bridge="br0")
-        address = f"{INTERNET_PREFIX}.{self._outside}"
-        self._outside += 1
+        address = f"{prefix}.{self._outside[prefix]}"
+        self._outside[prefix] += 1
         self._ip(namespace, "addr", "add", f"{address}/24", "dev", "out0")
+        self._ip(namespace, "route", "add", "default", "dev", "out0")
         return address
 
     def _router(self, namespace: str, *, inside: str, random_ports: bool, outside_done: bool = False) -> str:
@@ -255,18 +262,28 @@ class NatPlacement(LocalPlacement):
     on the internet bridge runs in client mode (`[node].client_mode`). With `relay`, the first
     node (every other's bootstrap) relays for them (`[relay].enabled`), so client nodes reach
     each other; without one only the public nodes can be a client's peers, so it waits for no
-    more of them before its first round. Without `client_mode`, a node's own setting is left."""
+    more of them before its first round. `relaying`: the node that relays (None: a relay that is
+    none of these nodes', started apart and named in their bootstrap lists). Without
+    `client_mode`, a node's own setting is left."""
 
-    def __init__(self, hosts: list[Host], port: int = 7000, client_mode: bool = False, relay: bool = False) -> None:
+    def __init__(
+        self,
+        hosts: list[Host],
+        port: int = 7000,
+        client_mode: bool = False,
+        relay: bool = False,
+        relaying: int | None = 0,
+    ) -> None:
         super().__init__(fork=False)  # a daemon runs in its host's namespace: started with exec there
         self.hosts, self.port, self.client_mode, self.relay = hosts, port, client_mode, relay
+        self.relaying = relaying
 
     def place(self, specs, timeout: float) -> None:
         for spec in specs:
             host = self.hosts[spec.index]
             spec.prefix = host.prefix
             spec.settings["node"]["listen"] = f"tcp://{host.address}:{self.port}"
-            if self.relay and spec.index == 0:
+            if self.relay and spec.index == self.relaying:
                 spec.settings.setdefault("relay", {})["enabled"] = True
             if not (self.client_mode and host.site != "public"):
                 continue

@@ -49,12 +49,12 @@ PORT = 7000
 PUNCH_TIMEOUT_S = 6.0
 
 
-def lab_hosts(lab, natted: bool = True) -> list:
-    """The hosts of LAYOUT on `lab`, each behind its site's router (those of a group behind one);
+def lab_hosts(lab, natted: bool = True, layout: tuple = LAYOUT) -> list:
+    """The hosts of `layout` on `lab`, each behind its site's router (those of a group behind one);
     all on the internet bridge unless `natted` (a control run's)."""
     routers: dict[str, str] = {}
     hosts = []
-    for name, site, group in LAYOUT:
+    for name, site, group in layout:
         site = site if natted else "public"
         if natted and group is not None and group not in routers:
             routers[group] = lab.add_router(site)

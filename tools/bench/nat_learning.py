@@ -61,6 +61,16 @@ def run(out: Path, rounds: int, seed: int, natted: bool, relay: bool = False, fl
     return {
         "run": name,
         "sites": [host.site for host in hosts],
+        **learned(code, report),
+        "messages": report["comm"]["messages"],
+        **(_relaying(report["processes"]) if natted and relay else {}),
+    }
+
+
+def learned(code: int, report: dict) -> dict:
+    """What a learning testnet's run on the testbed is judged by: its exit code and `--check`,
+    accuracy, within-cluster mass, payloads missing, rounds completed, wall time."""
+    return {
         "exit_code": code,
         "check": report["check"],
         "accuracy": report["accuracy"]["mean"],
@@ -68,9 +78,7 @@ def run(out: Path, rounds: int, seed: int, natted: bool, relay: bool = False, fl
         "within_cluster_mass": report["graph"]["within_cluster_mass"],
         "missing_payloads": report["missing_payloads"],
         "rounds_completed_per_node": report["rounds_completed_per_node"],
-        "messages": report["comm"]["messages"],
         "wall_s": round(report["wall_s"], 1),
-        **(_relaying(report["processes"]) if natted and relay else {}),
     }
 
 

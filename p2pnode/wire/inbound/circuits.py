@@ -29,8 +29,9 @@ __all__ = ["Circuits", "routes_for"]
 class Link(Protocol):
     """The node's side of relays (relay/link.py)."""
 
-    def send(self, client: bytes, relay: bytes, frame: bytes) -> str:
-        """`frame` sealed to `client`, through `relay`: SENT or DROPPED."""
+    def send(self, client: bytes, relay: bytes, frame: bytes, tag: object = None) -> str:
+        """`frame` sealed to `client`, through `relay`: SENT or DROPPED (`tag`: the node's
+        (type, frame bytes, payload bytes) of it, if it has one)."""
 
     def reverse(self, client: bytes, relay: bytes) -> None:
         """Ask `relay` to have `client` dial this node."""
@@ -95,7 +96,7 @@ class Circuits:
     def send(self, address: str, frame: bytes, *, public: bool = False, tag: object = None) -> str:
         if not self.through_relay(address):
             return self.base.send(address, frame, public=public, tag=tag) if self.base.owns(address) else DROPPED
-        return self.link.send(*self.via[address], frame)
+        return self.link.send(*self.via[address], frame, tag)
 
     def send_waiting(self) -> tuple[list[object], list[object]]:
         return self.base.send_waiting()
