@@ -212,6 +212,13 @@ NAT_CLIENT = Quick("python -m tools.bench.nat --seconds 2 --client-mode --out DI
 NAT_RELAY = Quick(
     "python -m tools.bench.nat --seconds 2 --client-mode --relay --flush --out DIR", 180, heavy=True, needs=nat_missing
 )
+NAT_FLEET = Quick(
+    "python -m tools.bench.nat_fleet --rounds 3 --flush-after 2 --sybil-after 1 --sybil-keys 20 --sybil-seconds 3 "
+    "--out DIR",
+    300,
+    heavy=True,
+    needs=nat_missing,
+)
 # On the CPU alone: the CUDA runs need a GPU, and the CPU runs take the same path.
 GPU = Quick("python -m tools.bench.gpu --rounds 1 --methods local --devices cpu --out DIR")
 
@@ -310,6 +317,8 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "python -m tools.bench.nat --seconds 30 --client-mode --save nat-client": NAT_CLIENT,
     "python -m tools.bench.nat --seconds 30 --client-mode --relay --flush --save nat-relay": NAT_RELAY,
     "python -m tools.bench.nat_learning --rounds 40 --seed 10 --save nat-learning": NAT_LEARNING,
+    "python -m tools.bench.nat_fleet --rounds 40 --seed 40 --save nat-fleet": NAT_FLEET,
+    "python -m tools.bench.nat_fleet --rounds 40 --seed 41 --out bench-out/nat-fleet-41 --save nat-fleet-41": NAT_FLEET,
     "python -m tools.bench.nat_learning --rounds 40 --seed 10 --relay --save nat-learning-relay": NAT_LEARNING,
     "python -m tools.bench.nat_learning --rounds 40 --seed 10 --relay --flush-after 60 "
     "--save nat-learning-relay-flush": NAT_LEARNING,

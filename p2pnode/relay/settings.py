@@ -27,7 +27,11 @@ class RelaySettings(Section):
         "one address get this many, not one each",
     )
     max_circuits: int = option(Integer(1, 65536), 256, "circuits (one origin, one target) open at once")
-    max_circuits_per_peer: int = option(Integer(1, 4096), 8, "circuits one origin opens at once")
+    max_circuits_per_peer: int = option(
+        Integer(1, 4096),
+        8,
+        "circuits one origin opens at once (at the bound, its oldest one never answered is closed for a new one)",
+    )
     circuit_rate: float = option(
         Number(1024, 1 << 30),
         float(1 << 20),
