@@ -158,8 +158,9 @@ NOT_RUN = {
     "barrage), with more asserted of its report; test_cli.py checks the CLI's flags reach it",
     "p2pnode doctor --config node.toml": "needs a running node: tests/test_diagnostics.py runs doctor's diagnosis "
     "on three daemons, tests/test_nat.py the command on a daemon behind a NAT",
-    "python -m tools.bench.nat": "a benchmark (root, iptables, conntrack): tests/test_bench_commands.py runs its "
-    "quick variant where P2PNODE_BENCH_COMMANDS=all, and tests/test_nat.py the testbed and a daemon behind a NAT",
+    "python -m tools.bench.nat_fleet": "a benchmark (root, iptables, conntrack): tests/test_bench_commands.py runs "
+    "its quick variant where P2PNODE_BENCH_COMMANDS=all, tests/test_nat.py the testbed and a daemon behind a NAT, "
+    "tests/test_relays.py the relay and tools/sybil.py against it",
     "python -m tools.bench.hostile --seconds 60": "a benchmark: ten minute-long raw-ZMTP attacks on fresh 4-daemon "
     "testnets for BENCHMARKS.md; tests/adversarial/test_ingress.py runs each for 1.5 to 4 s",
     "p2pnode predict --config node.toml photo.png": "needs a node that has learned; tests/test_predict.py trains "

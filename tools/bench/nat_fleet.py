@@ -237,8 +237,11 @@ def _resumed(watcher: Watcher, missing: dict, learners: int) -> tuple[float | No
 
 def judge(nat: dict, control: dict) -> list[dict]:
     """Each of the issue's conditions: what it asks, what the NAT run measured, met or not."""
-    from p2pnode.relay.settings import RelaySettings
+    return [*_reach_checks(nat), *_learning_checks(nat, control), *_relay_checks(nat)]
 
+
+def _reach_checks(nat: dict) -> list[dict]:
+    """Who is admitted, who talks directly, and what doctor says of each node."""
     watched, sites = nat["watched"], nat["sites"]
     ids, routes = watched["ids"], watched["routes"]
     site_of = dict(zip(ids, sites, strict=True))
@@ -252,31 +255,37 @@ def judge(nat: dict, control: dict) -> list[dict]:
         if (route or "").startswith("relay:") and "public" in (site_of[me], site_of.get(peer))
     ]
     doctor = [_doctor_state(said["lines"]) for said in watched["doctor"]]
-    expected = ["public" if site == "public" else "client" for site in sites]
-    relayed = watched["relayed"]
-    ratio = (
-        relayed["relay_out_learning_bytes"] / relayed["relay_out_learning_payload_bytes"]
-        if relayed["relay_out_learning_payload_bytes"]
-        else None
+    said = "; ".join(
+        f"{site} ({len(says)}): {', '.join(sorted(set(says), key=str))}"
+        for site, says in _by_site(sites, doctor).items()
     )
-    gap = nat["accuracy"] - control["accuracy"]
-    sybil, per_subnet = watched["sybil"], RelaySettings().max_reservations_per_subnet
-    clients = sum(site != "public" for site in sites)
-    peak = watched["relay_memory_mb"]["peak"]
     return [
         _check(
             "every node admitted", f"the relay and every learner have every learner as a peer: {admitted}", admitted
         ),
         _check(
+            "every pair with a public side talks directly",
+            f"through the relay: {relayed_public or 'none'}",
+            not relayed_public,
+        ),
+        _check(
+            "doctor names every node's reachability correctly",
+            f"{said} (expected: public where public, client behind a NAT; exit codes {_exit_codes(watched['doctor'])})",
+            doctor == ["public" if site == "public" else "client" for site in sites],
+        ),
+    ]
+
+
+def _learning_checks(nat: dict, control: dict) -> list[dict]:
+    """Payloads, accuracy against the control, and delivery after the flush."""
+    watched, gap = nat["watched"], nat["accuracy"] - control["accuracy"]
+    check = nat["check"]
+    return [
+        _check(
             "every edge of the learned graph delivers its payloads",
             f"{nat['missing_payloads']} payloads missing, {watched['missing_in_flush_rounds']} in the flush's rounds, "
             f"elsewhere: {watched['missing_elsewhere'] or 'none'}",
             not watched["missing_elsewhere"],
-        ),
-        _check(
-            "every pair with a public side talks directly",
-            f"through the relay: {relayed_public or 'none'}",
-            not relayed_public,
         ),
         _check(
             "accuracy within 1 point of the all-public control, within-cluster mass >= 0.95",
@@ -287,9 +296,23 @@ def judge(nat: dict, control: dict) -> list[dict]:
         _check(
             "after conntrack -F on every router, delivery resumes within 30 s and --check passes",
             f"flushed {watched['flushed_at_s'] or 0:.0f} s in, delivery resumed {watched['resumed_s']} s after; "
-            "--check " + ("passed" if nat["check"]["passed"] else "failed: " + "; ".join(nat["check"]["failures"])),
-            watched["resumed_s"] is not None and watched["resumed_s"] <= RESUME_WITHIN_S and nat["check"]["passed"],
+            "--check " + ("passed" if check["passed"] else "failed: " + "; ".join(check["failures"])),
+            watched["resumed_s"] is not None and watched["resumed_s"] <= RESUME_WITHIN_S and check["passed"],
         ),
+    ]
+
+
+def _relay_checks(nat: dict) -> list[dict]:
+    """The relay's memory, what its hop costs, and the stranger's share."""
+    from p2pnode.relay.settings import RelaySettings
+
+    watched = nat["watched"]
+    relayed, peak = watched["relayed"], watched["relay_memory_mb"]["peak"]
+    payload = relayed["relay_out_learning_payload_bytes"]
+    ratio = relayed["relay_out_learning_bytes"] / payload if payload else None
+    sybil, per_subnet = watched["sybil"], RelaySettings().max_reservations_per_subnet
+    clients = sum(site != "public" for site in nat["sites"])
+    return [
         _check(
             "the relay's RSS <= 150 MB",
             f"at most {peak:.0f} MB (the daemon and its inbound processes)",
@@ -307,15 +330,6 @@ def judge(nat: dict, control: dict) -> list[dict]:
             f"its subnet's bound {per_subnet}); honest clients holding a place throughout: at least "
             f"{watched['honest_holders_min']} of {clients}",
             (watched["stranger_holders_max"] or 0) <= per_subnet and watched["honest_holders_min"] == clients,
-        ),
-        _check(
-            "doctor names every node's reachability correctly",
-            "; ".join(
-                f"{site} ({len(says)}): {', '.join(sorted(set(says), key=str))}"
-                for site, says in _by_site(sites, doctor).items()
-            )
-            + f" (expected: public where public, client behind a NAT; exit codes {_exit_codes(watched['doctor'])})",
-            doctor == expected,
         ),
     ]
 
