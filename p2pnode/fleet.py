@@ -251,8 +251,10 @@ def _config_text(
     per_address = CONNECTIONS_PER_NEIGHBOUR * (on_host - 1)
     if per_address > DEFAULT_PER_ADDRESS:  # the fleet's nodes on one host connect from one address
         security["max_connections_per_address"] = per_address
-    # A client's peers are the reachable nodes (not the other clients); a reachable node's, every other.
-    peers = spec.nodes - len(spec.behind_nat) if client else spec.nodes - 1
+    # Clients reach each other through the reachable nodes, which relay for them where there are
+    # two or more; where there is one, its peers are the reachable nodes.
+    relays = len(spec.behind_nat) >= 2
+    peers = spec.nodes - len(spec.behind_nat) if client and not relays else spec.nodes - 1
     algorithm = {"name": spec.algorithm, "rounds": spec.rounds, "start_peers": min(peers, 64)}
     if spec.local_baseline:
         algorithm["local_baseline"] = True
@@ -264,6 +266,15 @@ def _config_text(
         "# Every other node of the fleet, with its public key: CURVE derives the connection's key from it.\n"
         + tomli_w.dumps({"discovery": {"bootstrap": bootstrap}}),
         tomli_w.dumps({"security": security}),
+        *(
+            [
+                "# The nodes behind NATs (--behind-nat) reach each other through this one: it holds places for them\n"
+                '# and forwards their frames, sealed end to end (docs/deploy.md, "Behind a NAT or a firewall").\n'
+                + tomli_w.dumps({"relay": {"enabled": True}})
+            ]
+            if relays and not client
+            else []
+        ),
         _data_text(spec, index, data, class_names),
         tomli_w.dumps({"model": _model_settings(spec, index, on_host)}),
         "# start_peers: round 0 waits for the other nodes (or [algorithm].start_timeout_s).\n"

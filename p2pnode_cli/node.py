@@ -239,6 +239,19 @@ def _init(args: argparse.Namespace) -> int:
         + ("" if args.data_per_node else " (edit [data] first to learn from your own images)"),
         file=sys.stderr,
     )
+    if spec.behind_nat:
+        clients = ", ".join(map(str, sorted(spec.behind_nat)))
+        relays = ", ".join(str(i) for i in range(spec.nodes) if i not in spec.behind_nat)
+        print(
+            f"nodes {clients} are behind NATs (client mode): they dial the others and are reached over those "
+            "connections"
+            + (
+                f"; they reach each other through nodes {relays}, which relay for them"
+                if len(spec.behind_nat) > 1
+                else ""
+            ),
+            file=sys.stderr,
+        )
     if spec.algorithm == "mapl-auto":
         print(
             "each node learns with mapl-auto: its own model is averaged with the peers that run the same one "
@@ -460,7 +473,8 @@ def _add_init_layout_arguments(init) -> None:
         type=node_numbers,
         metavar="I,J,...",
         help="nodes nobody can dial (behind a NAT or a firewall that forwards nothing): [node].client_mode, "
-        "reached over the connections they dial to the others; they are not the others' bootstrap entries",
+        "reached over the connections they dial to the others; they are not the others' bootstrap entries; with "
+        "two or more, every other node relays for them ([relay].enabled)",
     )
     init.add_argument("--network", default="p2pnode", help="[node].network of every node (default p2pnode)")
 

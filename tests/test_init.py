@@ -237,9 +237,9 @@ def test_three_daemons_from_init_find_each_other_and_learn_as_rehearsed(tmp_path
 
 def test_a_fleet_with_nodes_behind_nats_writes_them_in_client_mode_and_they_learn_with_the_others(tmp_path, capsys):
     """`init --behind-nat 2,3`: those nodes bind nothing (client mode), nobody names them as a
-    bootstrap entry, they name the others and wait only for those before round 0; started as
-    written, each client has the two reachable nodes as peers (not the other client: that takes a
-    relay), every reachable node all three, and every node finishes its rounds."""
+    bootstrap entry, and the two reachable nodes relay for them; started as written, every node
+    has the three others as peers, the two clients each other through a relay, and every node
+    finishes its rounds."""
     for index in range(4):
         write_digit_pngs(tmp_path / "images" / f"device{index}", (0, 1, 2), part=index, parts=4, per_class=12)
     code, paths, err = init(
@@ -256,9 +256,11 @@ def test_a_fleet_with_nodes_behind_nats_writes_them_in_client_mode_and_they_lear
         assert config.node.client_mode is client and (config.node.listen is None) is client
         named = {key for _, key in config.discovery.bootstrap_peers()}
         assert named == reachable - {config.identity.public_key}
-        assert config.algorithm.start_peers == (2 if client else 3)  # a client: the reachable two
+        assert config.algorithm.start_peers == 3 and config.relay.enabled is not client
     statuses = run_fleet([tmp_path / "fleet" / f"node{index}" for index in range(4)])
-    assert [status["peer_count"] for status in statuses] == [3, 3, 2, 2]
+    assert [status["peer_count"] for status in statuses] == [3, 3, 3, 3]
+    routes = [{peer["route"] for peer in status["peers"]} for status in statuses[2:]]
+    assert all(any(route.startswith("relay:") for route in each) for each in routes), routes
     assert [status["reachability"]["state"] for status in statuses][2:] == ["client", "client"]
     assert all(len(status["learning"]["history"]) == 2 for status in statuses)
     assert main(["init", "--nodes", "2", "--out", str(tmp_path / "x"), "--behind-nat", "0,1"]) == 2
