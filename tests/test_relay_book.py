@@ -1,6 +1,7 @@
 """A relay's reservations and a client's choice of relays (p2pnode/relay/): pure, on simulated time."""
 
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 
@@ -9,6 +10,7 @@ from p2pnode.relay.book import Reservations
 from p2pnode.relay.circuits import CircuitBook
 from p2pnode.relay.client import ANSWER_WITHIN_S, RelayChoice
 from p2pnode.relay.settings import RelaySettings
+from protocol import node_id
 from protocol.messages import CLIENT_CAPABILITY, RELAY_CAPABILITY, client_address
 
 pytestmark = pytest.mark.quick  # no daemons, no training: make test-quick runs it
@@ -191,3 +193,38 @@ def test_circuits_to_holders_that_never_answer_do_not_keep_an_origin_from_those_
         assert circuits.forward(origin, holder, 100, peers, 1.0 + i) is None
     assert (origin, honest) in circuits.circuits and counts["unrelayed_circuits_full"] == 0
     assert sum(pair[0] == origin for pair in circuits.circuits) == 3 and counts["circuits_unanswered_closed"] == 3
+
+
+def test_a_relays_word_does_not_replace_the_way_a_clients_own_frames_came():
+    """A peer announcing `relay` that names a client it does not reach (to have this node's frames
+    for it go nowhere) is believed only until a frame of the client's, sealed by it, comes through
+    another relay; then only another such frame, or that relay leaving, changes the way."""
+    from p2pnode.wire.inbound.circuits import Circuits
+    from p2pnode.wire.inbound.reader import RELAYED
+
+    class NoRoutes:  # a client node's own routes, with no connection to the client
+        held = ()
+
+        def _expects(self, address):
+            return False
+
+    sent = []
+
+    class Link:
+        def send(self, client, relay, frame, tag=None):
+            sent.append(relay)
+
+    circuits = Circuits(NoRoutes(), Link(), max_known=8)
+    client, honest, hostile = key(1), key(2), key(3)
+    address = client_address(client)
+    circuits.learn(client, honest)
+    circuits.learn(client, hostile)  # a word replaces a word
+    assert circuits.route(address).endswith(node_id(hostile))
+    frame_of_client = SimpleNamespace(sender=client)  # an accepted frame's envelope: its sender is what counts
+    circuits.seen(frame_of_client, RELAYED, honest + client)  # the client's own frame came through `honest`
+    circuits.learn(client, hostile)
+    circuits.send(address, b"frame")
+    assert sent == [honest] and circuits.route(address).endswith(node_id(honest))
+    circuits.relay_gone(honest)  # it left: a word may show the way again
+    circuits.learn(client, hostile)
+    assert circuits.route(address).endswith(node_id(hostile))

@@ -63,6 +63,8 @@ class RelayLink:
         peer = self.node.membership.peers.get(relay)
         if peer is None:
             self.counts["relay_out_no_relay"] += 1
+            if self.circuits is not None:
+                self.circuits.relay_gone(relay)  # another relay's word may show the way now
             return DROPPED
         try:
             header = self._frames.peek(frame)
@@ -98,7 +100,8 @@ class RelayLink:
 
     def announced(self, informant: bytes, relayed: list[tuple[Envelope, bytes]]) -> None:
         """A peer's PEERS named client nodes: a relay names those it holds a place for, so it
-        reaches them (others' word for it is not taken: they could route us into nowhere)."""
+        reaches them (others' word for it is not taken: they could route us into nowhere; nor a
+        relay's against a way the client's own frames came: `Circuits.learn`)."""
         peer = self.node.membership.peers.get(informant)
         if self.circuits is None or peer is None or RELAY_CAPABILITY not in peer.capabilities:
             return

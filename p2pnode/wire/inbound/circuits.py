@@ -6,6 +6,11 @@ it in a PEERS (relays name the client nodes they hold places for), or a frame of
 came through R (RELAYED). Its frames then go to R sealed (the link: relay/link.py) as long as
 the node's own routes have no connection to it; once they have one (the client dialled this
 node), that connection is used. Only client addresses go through a relay: others are dialled.
+
+A relay's word is only its word: one that names a client it does not reach would have this
+node's frames for it go nowhere. So a way the client's own frames came (sealed by it, accepted:
+no relay can forge or replay one) is not replaced by another relay's word, only by another way
+its frames came, or once the relay it came through is no longer a peer.
 """
 
 from __future__ import annotations
@@ -42,23 +47,36 @@ class Circuits:
         self.base, self.link, self.max_known = base, link, max_known
         # Client address -> (its key, the relay that reaches it), the least recently learned forgotten first.
         self.via: OrderedDict[str, tuple[bytes, bytes]] = OrderedDict()
+        self.proven: set[str] = set()  # the client addresses whose route a frame of theirs came by
 
     @property
     def held(self):
         return self.base.held
 
-    def learn(self, client: bytes, relay: bytes) -> None:
+    def learn(self, client: bytes, relay: bytes, *, proven: bool = False) -> None:
+        """`relay` reaches `client`: its word (a PEERS), or `proven` (a frame of the client's came
+        through it), which a relay's word does not replace."""
         address = client_address(client)
+        if not proven and address in self.proven and self.via[address][1] != relay:
+            return
+        if proven:
+            self.proven.add(address)
+        elif self.via.get(address, (None, relay))[1] != relay:
+            self.proven.discard(address)
         self.via[address] = (client, relay)
         self.via.move_to_end(address)
         while len(self.via) > self.max_known:
-            self.via.popitem(last=False)
+            self.proven.discard(self.via.popitem(last=False)[0])
+
+    def relay_gone(self, relay: bytes) -> None:
+        """`relay` is no longer a peer: the ways through it prove nothing any more."""
+        self.proven -= {address for address in self.proven if self.via[address][1] == relay}
 
     def seen(self, envelope: Envelope, socket: str, routing_id: bytes) -> None:
         """What the receive path tells routes (`Inbound.route_seen`): a frame through a relay
         teaches the way back; the others go to the node's own routes."""
         if socket == RELAYED:
-            self.learn(envelope.sender, routing_id[:32])
+            self.learn(envelope.sender, routing_id[:32], proven=True)
         elif isinstance(self.base, Replies):
             self.base.seen(envelope, socket, routing_id)
 
