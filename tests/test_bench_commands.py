@@ -267,6 +267,8 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "local mapl-dual mapl-auto --seeds 36 37 38 --workers 2 --save fleets-mixed-ensemble": FLEETS,
     "python -m tools.bench.fleets --out bench-out/fleets-folder --datasets folder --nodes 3 4 10 --seeds 7 8 9 "
     "--save fleets-folder": FLEETS_FOLDER,
+    "python -m tools.bench.fleets --datasets folder --nodes 3 4 10 --seeds 42 43 44 --workers 2 --out "
+    "bench-out/fleets-folder-42 --save fleets-folder-fresh": FLEETS_FOLDER,
     "python -m tools.bench.scool --out bench-out/scool --save scool": SCOOL,
     "python -m tools.bench.scool --out DIR --seeds 13 14 15 --workers 2 --save scool-fresh": SCOOL,
     "python -m tools.bench.pretrained --out DIR --seeds 3 4 --workers 1 --save pretrained": PRETRAINED,
