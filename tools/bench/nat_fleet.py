@@ -211,6 +211,10 @@ def _watched(watcher: Watcher, report: dict, sites: list[str]) -> dict:
     return {
         "relay_memory_mb": {"peak": max(watcher.memory_mb, default=None), "last": (watcher.memory_mb or [None])[-1]},
         "relay_counts": ((watcher.finals[0] or {}).get("relay") or {}).get("counts", {}),
+        # frames each node (the relay first) could not hand to a connection (queue full or not
+        # connected), by type, and what each refused: where a late payload may have gone
+        "send_dropped": [((s or {}).get("traffic") or {}).get("send_dropped", {}) for s in watcher.finals],
+        "rejections": [((s or {}).get("traffic") or {}).get("rejections", {}) for s in watcher.finals],
         "relayed": total,
         "flushed_at_s": watcher.flushed_at,
         "resumed_s": resumed_s,
