@@ -61,8 +61,6 @@ class Circuits:
             return
         if proven:
             self.proven.add(address)
-        elif self.via.get(address, (None, relay))[1] != relay:
-            self.proven.discard(address)
         self.via[address] = (client, relay)
         self.via.move_to_end(address)
         while len(self.via) > self.max_known:
