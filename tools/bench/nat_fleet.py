@@ -215,6 +215,16 @@ def _watched(watcher: Watcher, report: dict, sites: list[str]) -> dict:
         # connected), by type, and what each refused: where a late payload may have gone
         "send_dropped": [((s or {}).get("traffic") or {}).get("send_dropped", {}) for s in watcher.finals],
         "rejections": [((s or {}).get("traffic") or {}).get("rejections", {}) for s in watcher.finals],
+        # ... and what an inbound process could not send over a connection a client dialled
+        # (sends.py: gone, queue full, over the bytes held), the relay's RELAYED to clients among them
+        "routed_unsent": [
+            {
+                k: v
+                for k, v in ((s or {}).get("traffic") or {}).get("connections", {}).items()
+                if k.startswith("routed_send")
+            }
+            for s in watcher.finals
+        ],
         "relayed": total,
         "flushed_at_s": watcher.flushed_at,
         "resumed_s": resumed_s,
