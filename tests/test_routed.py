@@ -248,3 +248,17 @@ async def test_a_refused_dial_is_dialled_again_once_allowed_and_the_client_s_oth
             assert client.restarts == 0
             nursery.cancel_scope.cancel()
         await refusing.close()
+
+
+async def test_frames_waiting_for_the_process_are_bounded_per_connection_not_in_all():
+    """What the node queues for its ingress process is bounded per connection (`send_hwm`
+    frames) and in bytes, not in frames for all: a relay's burst for one client (a round's
+    payloads of every other client) is not dropped because its other connections keep the
+    process busy (tools/bench/nat_fleet.py lost 80 RELAYED so while a stranger's keys were pinged)."""
+    counts: Counter = Counter()
+    client = _ingress(CLIENT, None, counts, send_hwm=3)
+    assert all(client.send(b"busy", b"frame") for _ in range(3))
+    assert not client.send(b"busy", b"frame") and counts["routed_send_queue_full"] == 1  # its own bound
+    assert all(client.send(b"burst", b"frame") for _ in range(3))  # another connection's room is its own
+    bytes_bound = _ingress(CLIENT, None, Counter(), send_hwm=1000, max_routed_send_bytes=1 << 16)
+    assert bytes_bound.send(b"a", bytes(60_000)) and not bytes_bound.send(b"b", bytes(10_000))  # in all, in bytes

@@ -31,6 +31,7 @@ back-to-back failures to start are spaced out (`RESTART_BACKOFF_S`).
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -108,8 +109,8 @@ class _Part:
         return self.size
 
 
-# Counted, beside sends.py's: the node queued `send_hwm` frames for the process already; a frame
-# over the socket's frame bound.
+# Counted, beside sends.py's: the node queued `send_hwm` frames for that connection already, or
+# `routed_bound()` bytes for the process in all; a frame over the socket's frame bound.
 SEND_QUEUE_FULL, SEND_TOO_LARGE = "routed_send_queue_full", "routed_send_too_large"
 
 
@@ -157,9 +158,13 @@ class Ingress:
         self.dials: dict[str, tuple[bytes, bytes | None]] = {}  # CLIENT: endpoint -> routing id, server key
         self._server_keys: dict[bytes, str] = {}  # CLIENT, with CURVE: routing id -> server key (hex)
         self.connected: set[str] = set()  # CLIENT: the endpoints whose connection is up (handshake done)
-        # In order, for the process: (generation, or None for any; [kind, *arguments]).
-        self._to_send, self._outbound = trio.open_memory_channel[tuple[int | None, list]](settings.send_hwm)
-        self._backlog: list[tuple[int | None, list]] = []  # dials that found the queue full
+        # In order, for the process: (generation, or None for any; [kind, *arguments]). Bounded per
+        # connection, not in all: a relay's frames for one client (a round's payloads of every other
+        # client at once) must not be dropped because its other connections keep the process busy
+        # (a stranger's many keys being pinged: 80 RELAYED lost so, tools/bench/nat_fleet.py).
+        self._to_send, self._outbound = trio.open_memory_channel[tuple[int | None, list]](math.inf)
+        self._waiting_by: Counter[bytes] = Counter()  # routing id -> frames queued for it
+        self._waiting_bytes = 0
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -248,7 +253,14 @@ class Ingress:
         if len(frame) > self.max_frame_bytes:  # the public socket sends handshakes, not models
             self.counts[SEND_TOO_LARGE] += 1
             return False
-        return self._queue(generation, ["send", routing_id, frame])
+        full = self._waiting_by[routing_id] >= self.settings.send_hwm
+        if full or self._waiting_bytes + len(frame) > self.routed_bound():
+            self.counts[SEND_QUEUE_FULL] += 1
+            return False
+        self._waiting_by[routing_id] += 1
+        self._waiting_bytes += len(frame)
+        self._queue(generation, ["send", routing_id, frame])
+        return True
 
     def connect(self, endpoint: str, routing_id: bytes, server_key: bytes | None = None) -> None:
         """CLIENT: dial `endpoint` (with CURVE, where the X25519 `server_key` is expected), its
@@ -256,13 +268,13 @@ class Ingress:
         self.dials[endpoint] = (routing_id, server_key)
         if server_key is not None:  # CURVE proved it: what the gate takes a frame's User-Id for
             self._server_keys[routing_id] = server_key.hex()
-        self._queue(None, ["connect", endpoint, routing_id, server_key], always=True)
+        self._queue(None, ["connect", endpoint, routing_id, server_key])
 
     def disconnect(self, endpoint: str) -> None:
         routing_id, _ = self.dials.get(endpoint, (None, None))
         self._server_keys.pop(routing_id, None)
         if self.dials.pop(endpoint, None) is not None:
-            self._queue(None, ["disconnect", endpoint], always=True)
+            self._queue(None, ["disconnect", endpoint])
 
     def _follow_dial(self, event: int, endpoint: str) -> None:
         if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
@@ -270,28 +282,33 @@ class Ingress:
         elif event == zmq.EVENT_DISCONNECTED or event in FAILED_EVENTS:
             self.connected.discard(endpoint)
 
-    def _queue(self, generation: int | None, action: list, always: bool = False) -> bool:
-        try:
-            self._to_send.send_nowait((generation, action))
-        except trio.WouldBlock:
-            if not always:
-                self.counts[SEND_QUEUE_FULL] += 1
-                return False
-            self._backlog.append((generation, action))  # a dial is never dropped; rare and small
-        return True
+    def _queue(self, generation: int | None, action: list) -> None:
+        """For the process, in order: the channel is unbounded, its frames bounded by `_send`
+        (dials and hang-ups are few and small)."""
+        self._to_send.send_nowait((generation, action))
+
+    def _sent(self, action: list) -> None:
+        """`action` has left the queue (to the process, or dropped): its frame waits no more."""
+        if action[0] == "send":
+            routing_id, size = action[1], len(action[2])
+            self._waiting_bytes -= size
+            self._waiting_by[routing_id] -= 1
+            if self._waiting_by[routing_id] <= 0:
+                del self._waiting_by[routing_id]
 
     async def _pump(self, child: _Child) -> None:
         """What the node queued for the process, to it, in order; a reply meant for an earlier
         process is dropped (counted)."""
         try:
             while True:
-                while self._backlog:
-                    await child.outbound.send(self._backlog.pop(0)[1])
                 generation, action = await self._outbound.receive()
-                if generation is not None and generation != child.generation:
-                    self.counts[SEND_GONE] += 1
-                    continue
-                await child.outbound.send(action)
+                try:
+                    if generation is not None and generation != child.generation:
+                        self.counts[SEND_GONE] += 1
+                        continue
+                    await child.outbound.send(action)
+                finally:
+                    self._sent(action)
         except (PipeError, trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # it has ended: supervise() starts the next one
 
