@@ -322,6 +322,9 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "python -m tools.bench.nat_fleet --rounds 40 --seed 40 --save nat-fleet": NAT_FLEET,
     "python -m tools.bench.nat_fleet --rounds 40 --seed 45 --out bench-out/nat-fleet-45 --save nat-fleet-45": NAT_FLEET,
     "python -m tools.bench.nat_fleet --rounds 40 --seed 46 --out bench-out/nat-fleet-46 --save nat-fleet-46": NAT_FLEET,
+    "python -m tools.bench.nat_fleet --rounds 40 --seed 51 --out bench-out/nat-fleet-51 --save nat-fleet-51": NAT_FLEET,
+    "python -m tools.bench.nat_fleet --rounds 40 --seed 52 --out bench-out/nat-fleet-52 --save nat-fleet-52": NAT_FLEET,
+    "python -m tools.bench.nat_fleet --rounds 40 --seed 53 --out bench-out/nat-fleet-53 --save nat-fleet-53": NAT_FLEET,
     "python -m tools.bench.nat_fleet --rounds 40 --seed 41 --out bench-out/nat-fleet-41 --save nat-fleet-41": NAT_FLEET,
     "python -m tools.bench.nat_learning --rounds 40 --seed 10 --relay --save nat-learning-relay": NAT_LEARNING,
     "python -m tools.bench.nat_learning --rounds 40 --seed 10 --relay --flush-after 60 "
