@@ -111,7 +111,10 @@ class SecuritySettings(Section):
 @dataclass(frozen=True, kw_only=True)
 class TransportSettings(Section):
     send_hwm: int = option(
-        Integer(1, 1_000_000), 100, "frames queued per outbound peer socket; beyond it sends are dropped and counted"
+        Integer(1, 1_000_000),
+        100,
+        "frames queued per outbound peer socket, and per connection an inbound socket replies over; "
+        "beyond it sends are dropped and counted",
     )
     max_routed_send_bytes: int = option(
         Integer(1 << 16, 1 << 40),
