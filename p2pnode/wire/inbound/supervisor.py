@@ -114,6 +114,29 @@ class _Part:
 SEND_QUEUE_FULL, SEND_TOO_LARGE = "routed_send_queue_full", "routed_send_too_large"
 
 
+class _Waiting:
+    """The frames the node has queued for an ingress process and it has not taken yet: how many
+    per connection (routing id) and how many bytes in all."""
+
+    def __init__(self) -> None:
+        self.by: Counter[bytes] = Counter()
+        self.bytes = 0
+
+    def admit(self, routing_id: bytes, size: int, per_connection: int, in_all: int) -> bool:
+        """Count one more frame of `size` bytes for `routing_id`, if both bounds allow it."""
+        if self.by[routing_id] >= per_connection or self.bytes + size > in_all:
+            return False
+        self.by[routing_id] += 1
+        self.bytes += size
+        return True
+
+    def left(self, routing_id: bytes, size: int) -> None:
+        self.bytes -= size
+        self.by[routing_id] -= 1
+        if self.by[routing_id] <= 0:
+            del self.by[routing_id]
+
+
 @dataclass
 class _Child:
     pid: int
@@ -163,8 +186,7 @@ class Ingress:
         # client at once) must not be dropped because its other connections keep the process busy
         # (a stranger's many keys being pinged: 80 RELAYED lost so, tools/bench/nat_fleet.py).
         self._to_send, self._outbound = trio.open_memory_channel[tuple[int | None, list]](math.inf)
-        self._waiting_by: Counter[bytes] = Counter()  # routing id -> frames queued for it
-        self._waiting_bytes = 0
+        self._waiting = _Waiting()
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -253,12 +275,9 @@ class Ingress:
         if len(frame) > self.max_frame_bytes:  # the public socket sends handshakes, not models
             self.counts[SEND_TOO_LARGE] += 1
             return False
-        full = self._waiting_by[routing_id] >= self.settings.send_hwm
-        if full or self._waiting_bytes + len(frame) > self.routed_bound():
+        if not self._waiting.admit(routing_id, len(frame), self.settings.send_hwm, self.routed_bound()):
             self.counts[SEND_QUEUE_FULL] += 1
             return False
-        self._waiting_by[routing_id] += 1
-        self._waiting_bytes += len(frame)
         self._queue(generation, ["send", routing_id, frame])
         return True
 
@@ -287,15 +306,6 @@ class Ingress:
         (dials and hang-ups are few and small)."""
         self._to_send.send_nowait((generation, action))
 
-    def _sent(self, action: list) -> None:
-        """`action` has left the queue (to the process, or dropped): its frame waits no more."""
-        if action[0] == "send":
-            routing_id, size = action[1], len(action[2])
-            self._waiting_bytes -= size
-            self._waiting_by[routing_id] -= 1
-            if self._waiting_by[routing_id] <= 0:
-                del self._waiting_by[routing_id]
-
     async def _pump(self, child: _Child) -> None:
         """What the node queued for the process, to it, in order; a reply meant for an earlier
         process is dropped (counted)."""
@@ -308,7 +318,8 @@ class Ingress:
                         continue
                     await child.outbound.send(action)
                 finally:
-                    self._sent(action)
+                    if action[0] == "send":  # it waits no more: gone to the process, or dropped
+                        self._waiting.left(action[1], len(action[2]))
         except (PipeError, trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # it has ended: supervise() starts the next one
 
