@@ -266,21 +266,20 @@ def _config_text(
         "# Every other node of the fleet, with its public key: CURVE derives the connection's key from it.\n"
         + tomli_w.dumps({"discovery": {"bootstrap": bootstrap}}),
         tomli_w.dumps({"security": security}),
-        *(
-            [
-                "# The nodes behind NATs (--behind-nat) reach each other through this one: it holds places for them\n"
-                '# and forwards their frames, sealed end to end (docs/deploy.md, "Behind a NAT or a firewall").\n'
-                + tomli_w.dumps({"relay": {"enabled": True}})
-            ]
-            if relays and not client
-            else []
-        ),
+        *([RELAY_TEXT] if relays and not client else []),
         _data_text(spec, index, data, class_names),
         tomli_w.dumps({"model": _model_settings(spec, index, on_host)}),
         "# start_peers: round 0 waits for the other nodes (or [algorithm].start_timeout_s).\n"
         + tomli_w.dumps({"algorithm": algorithm}),
     ]
     return "\n".join(part.rstrip("\n") + "\n" for part in parts)
+
+
+RELAY_TEXT = (
+    "# The nodes behind NATs (--behind-nat) reach each other through this one: it holds places for them\n"
+    '# and forwards their frames, sealed end to end (docs/deploy.md, "Behind a NAT or a firewall").\n'
+    + tomli_w.dumps({"relay": {"enabled": True}})
+)
 
 
 def _model_settings(spec: FleetSpec, index: int, on_host: int) -> dict:

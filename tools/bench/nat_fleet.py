@@ -440,8 +440,7 @@ def main(argv: list[str] | None = None) -> int:
         "sybil_after": args.sybil_after,
         "sybil_keys": args.sybil_keys,
         "sybil_seconds": args.sybil_seconds,
-        "runs": runs,
-        "checks": judge(*runs),
+        "runs": runs,  # render judges them (`judge`): the checks are derived, not stored
     }
     print(render({"data": data}))
     if args.save:
