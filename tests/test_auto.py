@@ -78,6 +78,15 @@ def test_the_own_backbone_goes_only_to_peers_that_announced_the_same_model(digit
     also_same.inspect("n0", 1, later["n1"])
 
 
+def test_the_own_backbone_travels_as_float16_by_default_as_the_small_model_does(digits):
+    same, also_same = _nodes(digits, ["convnet", "convnet"])
+    _exchange([same, also_same], 0)
+    small, arch, own = split_model(_models(same.publish(1))["n1"])
+    assert own and all(array.dtype == np.float16 for array in own.values())
+    assert all(array.dtype == np.float16 for array in small.values()) and arch.dtype == np.uint8
+    also_same.inspect("n0", 1, _models(same.publish(1))["n1"])  # a float16 own model is taken
+
+
 def test_the_own_backbone_is_shared_equally_by_the_same_model_peers_and_then_predicts(digits):
     # Nothing held out: the predictor follows the mixing (test_selection.py: chosen on held-out images).
     nodes = _nodes(digits, ["convnet", "convnet", "mlp"], validation_fraction="0", own_uniform_share="1")
