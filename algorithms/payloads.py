@@ -113,6 +113,24 @@ def average_states(
         tensor.copy_(mixed)
 
 
+ENCODINGS = ("float32", "float16")
+FLOAT16_MAX = float(np.finfo(np.float16).max)
+
+
+def encode_state(state: dict[str, torch.Tensor], encoding: str) -> dict[str, np.ndarray]:
+    """Tensors as they go on the wire in `encoding` ("float32" as trained; "float16", half the bytes: a
+    tensor with a value beyond float16's range goes as float32 instead of overflowing)."""
+    if encoding not in ENCODINGS:
+        raise ValueError(f"unknown encoding {encoding!r}; choose from {', '.join(ENCODINGS)}")
+    arrays = {name: to_numpy(tensor) for name, tensor in state.items()}
+    if encoding == "float32":
+        return arrays
+    return {
+        name: array.astype(np.float16) if np.abs(array).max(initial=0.0) <= FLOAT16_MAX else array
+        for name, array in arrays.items()
+    }
+
+
 class SharedModules:
     """Modules whose floating-point state (parameters and BatchNorm statistics) travels as one
     MODEL payload and is mixed with collaboration weights: MAPL+'s backbone and projector,
@@ -125,8 +143,8 @@ class SharedModules:
     def state(self) -> dict[str, torch.Tensor]:
         return shared_state(self.modules)
 
-    def body(self) -> Model:
-        return Model(kind="params", tensors={name: to_numpy(tensor) for name, tensor in self.state().items()})
+    def body(self, encoding: str = "float32") -> Model:
+        return Model(kind="params", tensors=encode_state(self.state(), encoding))
 
     def check(self, body: Model) -> None:
         check_model(body, self.state())

@@ -15,7 +15,8 @@ from algorithms.methods.dual import DualConfig
 from algorithms.methods.fedmrl import Matryoshka
 from algorithms.models.losses import better_on_label, distillation, ensemble_logits
 from algorithms.models.personal import SmallModel
-from algorithms.models.small import HEAD_KEY, SmallShare, encode_state
+from algorithms.models.small import HEAD_KEY, SmallShare
+from algorithms.payloads import encode_state
 from algorithms.registry import make_algorithm
 from protocol.messages import MessageType, Model
 from testnet.simulation.simulator import SimulationSpec, run_simulation

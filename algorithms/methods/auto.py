@@ -49,7 +49,6 @@ from protocol.messages import Body, MessageType, Model
 from ..interface import Evaluation, Frame, LocalReport, NodeSetup, Outbound, PayloadRejected
 from ..models.losses import ensemble_logits
 from ..models.selection import Choice, Chooser, held_out_right, hold_out, training_sample
-from ..models.small import encode_state
 from ..models.training import evaluate_predictors
 from ..outliers import Scale
 from ..payloads import SharedModules
@@ -354,7 +353,7 @@ class MaplAuto(MaplDual):
         else:
             same = ()
         tensors = {**small.body.tensors, ARCH_KEY: self.arch}
-        own_state = encode_state(self.own.state(), self.config.encoding)
+        own_state = self.own.body(self.config.encoding).tensors
         own = {f"{OWN_PREFIX}{name}": array for name, array in own_state.items()}
         others = tuple(peer for peer in recipients if peer not in same)
         bodies = ((same, {**tensors, **own}), (others, tensors))

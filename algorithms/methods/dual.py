@@ -34,9 +34,10 @@ from protocol.messages import Body, MessageType, Model
 from ..graphs.graph import GraphConfig
 from ..interface import Evaluation, LocalReport, NodeSetup, Outbound, Predictors
 from ..models.losses import better_on_label, distillation, ensemble_logits
-from ..models.small import ENCODINGS, SmallShare, shared_small_model
+from ..models.small import SmallShare, shared_small_model
 from ..models.training import LocalTrainer, evaluate_predictors
 from ..outliers import Scale
+from ..payloads import ENCODINGS
 from .mapl import Mapl, MaplConfig
 
 __all__ = ["DISTILL_WHERE", "DualConfig", "DualPredictors", "MaplDual", "PREDICTORS"]

@@ -38,9 +38,10 @@ from ..graphs.collaboration import InNeighbourhood, LearnedGraph
 from ..graphs.graph import GraphConfig
 from ..interface import Algorithm, Evaluation, LocalReport, NeighbourView, NodeSetup, Outbound, Predictors
 from ..models.personal import SmallModel, make_backbone
-from ..models.small import ENCODINGS, SmallShare, shared_small_model
+from ..models.small import SmallShare, shared_small_model
 from ..models.training import LocalTrainer, TrainedLocally, TrainingConfig, evaluate_predictors
 from ..outliers import OutlierConfig, Scale, ScaleGuard
+from ..payloads import ENCODINGS
 
 __all__ = ["FedMrlConfig", "FedMrl", "Matryoshka", "MatryoshkaPredictors"]
 

@@ -26,14 +26,12 @@ from protocol.messages import Model
 
 from ..graphs.graph import head_similarity
 from ..interface import NodeSetup
-from ..payloads import SharedModules, check_model, state_norm, to_numpy
+from ..payloads import ENCODINGS, SharedModules, check_model, encode_state, state_norm, to_numpy
 from .personal import SmallModel
 
-__all__ = ["ENCODINGS", "HEAD_KEY", "SmallShare", "encode_state", "shared_small_model"]
+__all__ = ["HEAD_KEY", "SmallShare", "shared_small_model"]
 
-ENCODINGS = ("float32", "float16")
 HEAD_KEY = "head.weight"
-FLOAT16_MAX = float(np.finfo(np.float16).max)
 
 
 def shared_small_model(setup: NodeSetup, latent_dim: int) -> SmallModel:
@@ -44,19 +42,6 @@ def shared_small_model(setup: NodeSetup, latent_dim: int) -> SmallModel:
         torch.manual_seed(setup.shared_seed)
         model = SmallModel(tuple(data.train_images.shape[1:]), data.num_classes, latent_dim)
     return model.to(setup.device)
-
-
-def encode_state(state: dict[str, torch.Tensor], encoding: str) -> dict[str, np.ndarray]:
-    """Tensors as they go on the wire in `encoding` (see the module docstring)."""
-    if encoding not in ENCODINGS:
-        raise ValueError(f"unknown encoding {encoding!r}; choose from {', '.join(ENCODINGS)}")
-    arrays = {name: to_numpy(tensor) for name, tensor in state.items()}
-    if encoding == "float32":
-        return arrays
-    return {
-        name: array.astype(np.float16) if np.abs(array).max(initial=0.0) <= FLOAT16_MAX else array
-        for name, array in arrays.items()
-    }
 
 
 class SmallShare:

@@ -202,6 +202,7 @@ def _watched(watcher: Watcher, report: dict, sites: list[str]) -> dict:
         if entry["missing"]
     }
     resumed_s, flush_rounds = _resumed(watcher, missing, len(learners))
+    traffics = [(status or {}).get("traffic") or {} for status in watcher.finals]  # the relay first
     counts = [each or {} for each in report["processes"]["relay"]]
     total = {
         key: sum(c.get(key, 0) for c in counts)
@@ -213,17 +214,13 @@ def _watched(watcher: Watcher, report: dict, sites: list[str]) -> dict:
         "relay_counts": ((watcher.finals[0] or {}).get("relay") or {}).get("counts", {}),
         # frames each node (the relay first) could not hand to a connection (queue full or not
         # connected), by type, and what each refused: where a late payload may have gone
-        "send_dropped": [((s or {}).get("traffic") or {}).get("send_dropped", {}) for s in watcher.finals],
-        "rejections": [((s or {}).get("traffic") or {}).get("rejections", {}) for s in watcher.finals],
+        "send_dropped": [traffic.get("send_dropped", {}) for traffic in traffics],
+        "rejections": [traffic.get("rejections", {}) for traffic in traffics],
         # ... and what an inbound process could not send over a connection a client dialled
         # (sends.py: gone, queue full, over the bytes held), the relay's RELAYED to clients among them
         "routed_unsent": [
-            {
-                k: v
-                for k, v in ((s or {}).get("traffic") or {}).get("connections", {}).items()
-                if k.startswith("routed_send")
-            }
-            for s in watcher.finals
+            {k: v for k, v in traffic.get("connections", {}).items() if k.startswith("routed_send")}
+            for traffic in traffics
         ],
         "relayed": total,
         "flushed_at_s": watcher.flushed_at,
