@@ -20,11 +20,12 @@ should not have to know which fits the fleet, so the node finds out from what it
   53 and 77 % against Local's 79 and 88).
 - It serves its own model where every peer runs it (one model everywhere), MAPL-Dual's
   ensemble where the fleet mixes models (its own model mixed with its same-model peers' inside,
-  where it has some); in a one-model fleet, a
-  local-only model trained as `local` trains where its learned row gives nobody else `SHARED_MIN`
-  (`keep_local`: it gains nothing from the others, so it ends at Local, not below); and not that
-  either where another is clearly better (`predict = "auto"`, selection.py). By default nothing is held out:
-  after each round it checks its predictors on its own training images and serves another only
+  where it has some). Where its learned row gives nobody else `SHARED_MIN` it gains nothing from
+  the others, so it trains a local-only model as `local` trains (`keep_local`) and serves that
+  in a one-model fleet (it ends at Local, not below), or adds it to the ensemble in a mixed one.
+  And none of these where another is clearly better (`predict = "auto"`, selection.py). By
+  default nothing is held out: after each round it checks its predictors on its own training
+  images and serves another only
   where it fits 20 points more of them, sign-tested (`fit_margin`, `switch_p`): a model that
   learns too slowly. With `validation_fraction` > 0 it holds out that share of its training
   images, trains a local-only model beside the others on the rest, and serves whichever
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -66,7 +68,9 @@ ARCH_BYTES = 16
 # cluster keeps 1 % on the others in its learned row (mnist5k, 3 nodes).
 SHARED_MIN = 0.05
 # Its predictors, in the order a tie on the held-out images goes: the collaborative ones first.
-AUTO_PREDICTORS = ("personal", "ensemble", "personal_local", "shared", "local")
+AUTO_PREDICTORS = ("personal", "ensemble", "ensemble_local", "personal_local", "shared", "local")
+# The predictors that need the local-only model.
+WITH_LOCAL = ("local", "personal_local", "ensemble_local")
 # What may replace the collaborative predictor where it is clearly worse, ties to the first:
 # training alone, then the small shared model, then mixes.
 ALTERNATIVES = ("local", "shared", "ensemble", "personal", "personal_local")
@@ -99,13 +103,16 @@ class AutoConfig(DualConfig):
     # training images instead (`fit_margin`). A fifth held out cost 1.5 and 2.1 points on four
     # backbones and never switched (mnist5k, 3 and 4 nodes, seeds 3-9; docs/learning.md).
     validation_fraction: float = 0.0
-    # With nothing held out, in a one-model fleet: train a local-only model beside the others (as
-    # the `local` baseline trains, on every training image) while the node may serve it, during
-    # warm-up and while its learned row gives nobody else SHARED_MIN, and serve it there. A node
-    # alone in its cluster mixes its own model with nobody after warm-up, yet ended under training
-    # alone: 0.5 points on the mean, 4.0 at worst (mnist5k, 3 nodes, one backbone, tuning seeds
-    # 0-9; 9.0 on seed 29). Not in fleets that mix models: there the ensemble with the small model
-    # served such a node 12 points above its Local on the mean (four backbones, same seeds).
+    # With nothing held out: train a local-only model beside the others (as the `local` baseline
+    # trains, on every training image) while the node may serve it, during warm-up and while its
+    # learned row gives nobody else SHARED_MIN. In a one-model fleet such a node serves it: alone in
+    # its cluster it mixes its own model with nobody after warm-up, yet ended under training alone,
+    # 0.5 points on the mean, 4.0 at worst (mnist5k, 3 nodes, one backbone, tuning seeds 0-9; 9.0
+    # on seed 29). In a fleet that mixes models it serves the ensemble of its own, small and
+    # local-only models (`ensemble_local`): the ensemble of the first two served such a node 12
+    # points above its Local on the mean (four backbones, same seeds), but 4.5 under on seed 57
+    # (a MobileNet: own model 65 %, small 72, Local 75); with the local-only model in it 77
+    # (mean over the lone nodes of seeds 3-9, 57, 58: 81.8 → 82.2; docs/learning.md).
     keep_local: bool = True
     # From this round on the held-out images train every model too and the choice made by then
     # stays (holding out a fifth of ten images a class for the whole run cost the own model 1.2
@@ -126,12 +133,17 @@ class AutoConfig(DualConfig):
     # ShuffleNet from scratch that learns too slowly (selection.training_sample).
     fit_margin: float = 0.2
     fit_images: int = 200
-    # "auto": where the own model is mixed with same-model peers (MAPL+'s regime) the small model
-    # teaches it only on the samples where it is better on the label, elsewhere on every sample
-    # (MAPL-Dual's). On one backbone everywhere the own model is the stronger: distilling the
-    # small one into it on every sample cost 0.6 points (mnist5k, 3 and 4 nodes, 40 rounds, seeds
-    # 0-2: 93.6 and 94.4 %; gated 94.4 and 95.2, "auto" 93.9 and 95.2, MAPL+ 94.5 and 95.4); on four
-    # backbones (no same-model peer) gating cost the ensemble 0.6 and 0.7 (docs/learning.md).
+    # "auto": the small model teaches the own model only on the samples where it is better on the
+    # label where the own model is the stronger: where it is mixed with same-model peers (MAPL+'s
+    # regime), or where it fits at least as many of the images the node chooses on as the small
+    # model does (`own_fits_better`); elsewhere on every sample (MAPL-Dual's). On one backbone
+    # everywhere distilling the small model into the own one on every sample cost 0.6 points
+    # (mnist5k, 3 and 4 nodes, 40 rounds, seeds 0-2: 93.6 and 94.4 %; gated 94.4 and 95.2, MAPL+
+    # 94.5 and 95.4). On four backbones gating every node cost the ensemble 0.6 and 0.7: a
+    # MobileNet that fits its images slowly, or an MLP, needs the teacher everywhere; yet a ResNet
+    # taught everywhere by a small model 8 points weaker ended 5 points under its Local. Gating
+    # where the own model fits better: mean gain over Local +4.6 → +5.1 (3 nodes) and +5.9 → +6.0
+    # (4 nodes), worst node −5.5 → −4.8 and −4.5 → −1.0 (tuning seeds 3-9, 57, 58; docs/learning.md).
     distill_where: str = "auto"
     # The small model and the own modules travel as float16: half the bytes, at no cost measured
     # (mnist5k, 10 nodes, four backbones, 80 rounds, seeds 0-2: 1,080 KiB a node and round and
@@ -146,7 +158,7 @@ class AutoConfig(DualConfig):
             raise ValueError(f"own_uniform_share must be in [0, 1], got {self.own_uniform_share}")
         if not 0 <= self.validation_fraction < 1:
             raise ValueError(f"validation_fraction must be in [0, 1), got {self.validation_fraction}")
-        if self.predict in ("local", "personal_local") and self.validation_fraction == 0 and not self.keep_local:
+        if self.predict in WITH_LOCAL and self.validation_fraction == 0 and not self.keep_local:
             raise ValueError(f"predict = {self.predict!r} needs the local model: keep_local or validation_fraction > 0")
         if self.refit_round is not None and self.refit_round < 0:
             raise ValueError(f"refit_round must be ≥ 0, got {self.refit_round}")
@@ -174,7 +186,8 @@ def split_model(body: Model) -> tuple[dict[str, np.ndarray], np.ndarray | None, 
 
 
 class AutoPredictors(DualPredictors):
-    """MAPL-Dual's three, the local-only model, and the ensemble of the own and the local model."""
+    """MAPL-Dual's three, the local-only model, and its ensembles: with the own model, and with
+    the own and the small model (`ensemble_local`)."""
 
     def __init__(self, personal: nn.Module, shared: nn.Module, local: nn.Module | None, chosen: str) -> None:
         super().__init__(personal, shared, chosen)
@@ -185,7 +198,12 @@ class AutoPredictors(DualPredictors):
         if self.local is None:
             return dual
         local = self.local.head(self.local.backbone(images))
-        return {**dual, "local": local, "personal_local": ensemble_logits(dual["personal"], local)}
+        return {
+            **dual,
+            "local": local,
+            "personal_local": ensemble_logits(dual["personal"], local),
+            "ensemble_local": ensemble_logits(dual["personal"], dual["shared"], local),
+        }
 
 
 class MaplAuto(MaplDual):
@@ -237,14 +255,13 @@ class MaplAuto(MaplDual):
 
     def _trains_local(self) -> bool:
         """Whether the local-only model trains this round: always where it is chosen on held-out
-        images or asked for, else while the node may serve it: in what may be a one-model fleet,
-        before its row is learned or while it is alone."""
+        images or asked for, else while the node may serve it: before its row is learned, and
+        while it is alone."""
         if self.local is None:
             return False
-        if self.held_out is not None or self.config.predict in ("local", "personal_local"):
+        if self.held_out is not None or self.config.predict in WITH_LOCAL:
             return True
-        one_model = self.one_model_fleet() or not self.same_model  # nobody heard from yet
-        return one_model and self.alone is not False
+        return self.alone is not False
 
     def _refit(self) -> None:
         """The choice is made: the held-out images train every model from now on (a resumed
@@ -257,7 +274,15 @@ class MaplAuto(MaplDual):
     def distill_where(self) -> str:
         if self.config.distill_where != "auto":
             return self.config.distill_where
-        return "teacher_better" if self.mixes_own else "all"
+        return "teacher_better" if self.mixes_own or self.own_fits_better() else "all"
+
+    def own_fits_better(self) -> bool:
+        """Whether the own model got at least as many of the images the node chooses on right as
+        the small model, over the chooser's window: the small model is then the weaker teacher."""
+        if self.choice is None:
+            return False
+        accuracy = self.choice.accuracy
+        return "personal" in accuracy and accuracy["personal"] >= accuracy.get("shared", math.inf)
 
     def one_model_fleet(self) -> bool:
         """Whether every peer heard from announced our model (one backbone everywhere, what `init`
@@ -274,18 +299,21 @@ class MaplAuto(MaplDual):
         one-model fleet mixes its own model with nobody, and its small model, mixed with nobody
         either, is a weaker local model: averaged in, it cost that node 1 to 1.3 points (mnist5k,
         3 nodes, seeds 0-2; docs/learning.md); its own model, mixed with other classes during
-        warm-up, ended under Local too, so it serves the local-only model (`keep_local`)."""
+        warm-up, ended under Local too, so it serves the local-only model (`keep_local`). Alone in
+        a fleet that mixes models, it adds the local-only model to the ensemble (`keep_local`)."""
+        alone = self.alone and self.held_out is None and self.local is not None
         if not self.one_model_fleet():
-            return "ensemble"  # with same-model peers too: a weak backbone's pair fell far under Local alone
-        if self.alone and self.held_out is None and self.local is not None:
-            return "local"
-        return "personal"
+            # With same-model peers too: a weak backbone's pair fell far under Local alone.
+            return "ensemble_local" if alone else "ensemble"
+        return "local" if alone else "personal"
 
     def _why(self) -> str:
         """Why `_collaborative` gives what it gives, for `status` and the report."""
-        if self._collaborative() == "local":
+        collaborative = self._collaborative()
+        if collaborative in WITH_LOCAL:
             own = self.graph.weights().get(self.node_id, 1.0)
-            return f"collaborates with nobody: its learned row keeps {own * 100:.0f} % on itself"
+            why = f"collaborates with nobody: its learned row keeps {own * 100:.0f} % on itself"
+            return why if collaborative == "local" else f"{why}; with its local-only model: the fleet mixes models"
         mixed = f"mixed with {self.own_mixed_with} same-model peer{'' if self.own_mixed_with == 1 else 's'}"
         if self.one_model_fleet():
             return mixed if self.mixes_own else "every peer runs its model, none shares it this round"
@@ -302,7 +330,7 @@ class MaplAuto(MaplDual):
         if chosen == "auto":
             chosen = self._collaborative() if self.choice is None else self.choice.chosen
         local = self.local.model if self._trains_local() else None
-        if local is None and chosen in ("local", "personal_local"):  # chosen while it trained
+        if local is None and chosen in WITH_LOCAL:  # chosen while it trained
             chosen = self._collaborative()
         return AutoPredictors(self.model, self.small, local, chosen)
 
