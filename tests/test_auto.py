@@ -92,7 +92,7 @@ def test_the_own_backbone_is_shared_equally_by_the_same_model_peers_and_then_pre
     nodes = _nodes(digits, ["convnet", "convnet", "mlp"], validation_fraction="0", own_uniform_share="1")
     _exchange(nodes, 0)  # they learn who runs what
     a = nodes[0]
-    assert a.predictors().chosen == "ensemble"  # nothing of its own model mixed yet
+    assert a.predictors().chosen == "ensemble_local"  # nothing of its own model mixed yet
     _exchange(nodes, 1)
     before = {name: tensor.clone() for name, tensor in a.own.state().items()}
     sent = split_model(a.view.fresh(MessageType.MODEL, 1)["n1"])[2]
@@ -102,9 +102,10 @@ def test_the_own_backbone_is_shared_equally_by_the_same_model_peers_and_then_pre
         torch.testing.assert_close(tensor, (before[name] + torch.tensor(sent[name])) / 2, rtol=1e-5, atol=1e-6)
     # The small model is mixed over all three, as in MAPL-Dual.
     assert any(not torch.equal(small_before[n], t) for n, t in a.share.mixed.state().items())
-    # The fleet mixes models: the ensemble, the own model mixed with its same-model peer's inside.
+    # The fleet mixes models: the ensemble with the local-only model, the own model mixed with its
+    # same-model peer's inside.
     # (What it serves may still be another predictor, that fits 20 points more of its images.)
-    assert a.mixes_own and a._collaborative() == "ensemble" and nodes[2]._collaborative() == "ensemble"
+    assert a.mixes_own and a._collaborative() == nodes[2]._collaborative() == "ensemble_local"
     restored = _nodes(digits, ["convnet", "convnet", "mlp"], validation_fraction="0", own_uniform_share="1")[0]
     restored.load_state_dict(a.state_dict())
     assert restored.mixes_own and restored.same_model == {"n1": (0, True), "n2": (0, False)}
@@ -158,43 +159,48 @@ def test_the_small_model_teaches_an_own_model_shared_with_same_model_peers_only_
     assert everywhere.distill_where() == "all"
 
 
-def test_in_a_one_model_fleet_a_node_serves_its_own_model_even_where_it_mixes_it_with_nobody(digits):
+@pytest.mark.parametrize("keep_local", ["true", "false"])
+def test_in_a_one_model_fleet_a_node_serves_its_own_model_even_where_it_mixes_it_with_nobody(digits, keep_local):
     """Round 0 sends no own modules, so after it no node mixes its own model; where every peer
     announced the node's model it serves that model, where one runs another the ensemble, and
-    the ensemble still once it mixes its own model with its same-model peer's."""
+    the ensemble still once it mixes its own model with its same-model peer's; each with its
+    local-only model where it keeps one."""
+    suffix = "_local" if keep_local == "true" else ""
+    because = "; with its local-only model" if suffix else ""
     for backbones, served in ((["convnet"] * 3, "personal"), (["convnet", "convnet", "mlp"], "ensemble")):
-        nodes = _nodes(digits, backbones, validation_fraction="0")
+        nodes = _nodes(digits, backbones, keep_local=keep_local)
         first = nodes[0]
-        assert first.predictors().chosen == "ensemble"  # nobody heard from yet
+        assert first.predictors().chosen == f"ensemble{suffix}"  # nobody heard from yet
         _exchange(nodes, 0)
         first.end_round(0)
         assert not first.mixes_own and first.one_model_fleet() == (served == "personal")
-        assert first.predictors().chosen == served, backbones
+        assert first.predictors().chosen == served + suffix, backbones
         why = "every peer runs its model" if served == "personal" else "no same-model peer shares its model"
-        assert first.evaluate().why.startswith(why)
+        assert first.evaluate().why.startswith(why) and first.evaluate().why.endswith(because)
         _exchange(nodes, 1)  # now the same-model peers send their own modules
         first.end_round(1)
-        assert first.predictors().chosen == served and first.mixes_own
+        assert first.predictors().chosen == served + suffix and first.mixes_own
         peers = len(backbones) - 1 if served == "personal" else 1
         mixed = f"mixed with {peers} same-model peer{'s' if peers > 1 else ''}"
-        assert first.evaluate().why == (
-            mixed if served == "personal" else f"{mixed}, with the small model: the fleet mixes models"
-        )
+        mixed = mixed if served == "personal" else f"{mixed}, with the small model: the fleet mixes models"
+        assert first.evaluate().why == mixed + because
 
 
-def test_a_node_alone_in_its_cluster_of_a_one_model_fleet_serves_what_training_alone_gives(digits):
+def test_every_node_keeps_a_local_only_model_and_one_alone_in_its_cluster_says_so(digits):
     """Node n2 holds classes neither other node holds: its learned row keeps all but 1 % on
-    itself, so it serves its local-only model, trained exactly as the `local` baseline trains;
-    the others mix with each other, serve their own models and stop training theirs. In a fleet
-    that mixes models such a node adds it to the ensemble of its own and small models."""
+    itself. Every node trains a local-only model exactly as the `local` baseline trains and
+    serves it beside its own model (one model everywhere) or beside its own and small models
+    (a fleet that mixes models); the lone node's report says that nobody else helps it."""
     nodes = _nodes(digits, ["convnet"] * 3, warmup_rounds="2")
     for round in range(4):
         _exchange(nodes, round)
         for node in nodes:
             node.end_round(round)
     mixing, alone = nodes[:2], nodes[2]
-    assert alone.alone and alone.predictors().chosen == "local" and alone._trains_local()
-    assert alone.evaluate().why.startswith("collaborates with nobody: its learned row keeps 99 % on itself")
+    assert alone.alone and alone.predictors().chosen == "personal_local"
+    assert alone.evaluate().why == (
+        "collaborates with nobody: its learned row keeps 99 % on itself; with its local-only model"
+    )
     dataset, partition = digits
     setup = NodeSetup(node_id="n2", data=node_data(dataset, partition, 2, pooled=False), backbone="convnet", seed=2)
     baseline = make_algorithm("local", setup)
@@ -204,22 +210,20 @@ def test_a_node_alone_in_its_cluster_of_a_one_model_fleet_serves_what_training_a
     for name, mine in alone.local.model.state_dict().items():
         assert torch.equal(mine, theirs[name]), name  # what Local gives, to the bit
     for node in mixing:
-        assert node.alone is False and node.predictors().chosen == "personal" and not node._trains_local()
-        assert "local" not in node.predictors().all(dataset_images(digits))  # stale: neither served nor reported
+        assert node.alone is False and node.predictors().chosen == "personal_local"
+        assert node.evaluate().why == "mixed with 1 same-model peer; with its local-only model"
         before = [p.clone() for p in node.local.model.parameters()]
         node.local_step(4)
-        assert all(torch.equal(a, b) for a, b in zip(before, node.local.model.parameters(), strict=True))
+        assert not all(torch.equal(a, b) for a, b in zip(before, node.local.model.parameters(), strict=True))
     mixed = _nodes(digits, ["convnet", "convnet", "mlp"], warmup_rounds="2")
     for round in range(4):
         _exchange(mixed, round)
         for node in mixed:
             node.end_round(round)
     *pair, lone = mixed
-    assert all(node.alone is False and not node._trains_local() for node in pair)
-    assert lone.alone and lone._trains_local() and lone._collaborative() == "ensemble_local"
+    assert all(node.alone is False and node.predictors().chosen == "ensemble_local" for node in pair)
+    assert lone.alone and lone.predictors().chosen == "ensemble_local"
     assert set(lone.predictors().all(dataset_images(digits))) >= {"ensemble_local", "local", "ensemble"}
-    assert lone.predictors().chosen == "ensemble_local"
     assert lone.evaluate().why == (
-        "collaborates with nobody: its learned row keeps 99 % on itself; "
-        "with its local-only model: the fleet mixes models"
+        "collaborates with nobody: its learned row keeps 99 % on itself; with its local-only model"
     )

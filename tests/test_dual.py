@@ -213,9 +213,12 @@ def test_a_digits_simulation_and_a_four_daemon_testnet_learn_the_same(tmp_path, 
     simulated = run_simulation(spec)
     assert simulated["accuracy"]["mean"] >= floor
     assert simulated["graph"]["within_cluster_mass"] >= 0.95 and simulated["graph"]["community_agreement"] == 1.0
-    # MAPL-Auto holds nothing out by default, and a fleet that mixes models trains no local model
-    # past its first round: MAPL-Dual's three predictors
-    predictors = {"fedmrl": {"mix-large", "mix-small"}}
+    # MAPL-Auto holds nothing out by default and keeps a local-only model: MAPL-Dual's three
+    # predictors, that model, and its mixes
+    predictors = {
+        "fedmrl": {"mix-large", "mix-small"},
+        "mapl-auto": {"personal", "shared", "ensemble", "local", "personal_local", "ensemble_local"},
+    }
     assert set(simulated["accuracy_by_predictor"]) == predictors.get(algorithm, {"personal", "shared", "ensemble"})
     assert simulated["comm"]["by_type"]["MODEL"]["messages"] > 0 and simulated["rejections"] == {}
 
@@ -242,8 +245,11 @@ def test_a_digits_simulation_and_a_four_daemon_testnet_learn_the_same(tmp_path, 
     served = report["accuracy"]["predictor_per_node"]
     assert served == simulated["accuracy"]["predictor_per_node"]
     if algorithm == "mapl-auto":  # each node's same-model peer is in the other cluster: after warm-up
-        # the learned row keeps the own model to its node, which serves the ensemble (or, where
-        # that could not fit its training images, the small model), and says why
-        assert set(served) <= {"ensemble", "shared"}
+        # the learned row keeps the own model to its node, which serves the ensemble with its
+        # local-only model (or, where that could not fit its training images, another), and says why
+        assert set(served) <= {"ensemble_local", "shared", "local"}
         whys = report["accuracy"]["predictor_why_per_node"]
-        assert all(why.startswith(("ensemble (no same-model peer shares", "shared (fits ")) for why in whys), whys
+        assert all(
+            why.startswith(("ensemble_local (no same-model peer shares", "shared (fits ", "local (fits "))
+            for why in whys
+        ), whys

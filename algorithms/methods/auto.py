@@ -18,11 +18,11 @@ should not have to know which fits the fleet, so the node finds out from what it
   alike and their average is a model from the first round (with separate starts, the average
   of the first rounds mixed unrelated features: digits, 8 rounds, the convnet nodes ended at
   53 and 77 % against Local's 79 and 88).
-- It serves its own model where every peer runs it (one model everywhere), MAPL-Dual's
-  ensemble where the fleet mixes models (its own model mixed with its same-model peers' inside,
-  where it has some). Where its learned row gives nobody else `SHARED_MIN` it gains nothing from
-  the others, so it trains a local-only model as `local` trains (`keep_local`) and serves that
-  in a one-model fleet (it ends at Local, not below), or adds it to the ensemble in a mixed one.
+- It trains a local-only model beside them, as `local` trains (`keep_local`), and serves its own
+  model and the local-only one where every peer runs its model (one model everywhere), MAPL-Dual's
+  ensemble of the own and the small model with the local-only one where the fleet mixes models
+  (its own model mixed with its same-model peers' inside, where it has some): a node the others
+  cannot help, or whose own model they led astray, ends near its Local, not under it.
   And none of these where another is clearly better (`predict = "auto"`, selection.py). By
   default nothing is held out: after each round it checks its predictors on its own training
   images and serves another only
@@ -90,7 +90,8 @@ class AutoConfig(DualConfig):
     # four backbones, -2.2 / -19.2 and +2.4 / -9.0, with SHARED_MIN; docs/learning.md).
     own_uniform_share: float = 0.0
     # "auto": the own model (`personal`) where every peer runs it, the ensemble of the own and the
-    # small model where the fleet mixes models, unless another is clearly better (below). On one
+    # small model where the fleet mixes models, each with the local-only model where it is kept
+    # (`keep_local`), unless another is clearly better (below). On one
     # backbone everywhere the ensemble was 1.4-2.0 points below the own model (mnist5k, 4 nodes,
     # 40 rounds, seeds 0-2): the small model, 5-7 points weaker, pulls it down; on resnet and
     # mobilenet nodes, mixed with a same-model peer or not, the ensemble was the higher
@@ -98,20 +99,19 @@ class AutoConfig(DualConfig):
     predict: str = "auto"
     # The share of each class's training images held out to choose the predictor on; the node
     # also trains a local-only model on the rest, so it can serve that where its neighbours do
-    # not help. 0: nothing held out, no local model: the node checks its predictors on its
-    # training images instead (`fit_margin`). A fifth held out cost 1.5 and 2.1 points on four
+    # not help. 0: nothing held out: the node checks its predictors on its training images
+    # instead (`fit_margin`). A fifth held out cost 1.5 and 2.1 points on four
     # backbones and never switched (mnist5k, 3 and 4 nodes, seeds 3-9; docs/learning.md).
     validation_fraction: float = 0.0
-    # With nothing held out: train a local-only model beside the others (as the `local` baseline
-    # trains, on every training image) while the node may serve it, during warm-up and while its
-    # learned row gives nobody else SHARED_MIN. In a one-model fleet such a node serves it: alone in
-    # its cluster it mixes its own model with nobody after warm-up, yet ended under training alone,
-    # 0.5 points on the mean, 4.0 at worst (mnist5k, 3 nodes, one backbone, tuning seeds 0-9; 9.0
-    # on seed 29). In a fleet that mixes models it serves the ensemble of its own, small and
-    # local-only models (`ensemble_local`): the ensemble of the first two served such a node 12
-    # points above its Local on the mean (four backbones, same seeds), but 4.5 under on seed 57
-    # (a MobileNet: own model 64 %, small 72, Local 75); with the local-only model in it 77
-    # (mean over the lone nodes of seeds 3-9, 57, 58: 81.8 → 82.5; docs/learning.md).
+    # With nothing held out: train a local-only model beside the others all run (as the `local`
+    # baseline trains, on every training image) and serve it in the mix: with the own model in a
+    # one-model fleet (`personal_local`), with the own and small models in a mixed one
+    # (`ensemble_local`). Against the two-model predictors, gain over Local and the worst node
+    # (40 rounds, tuning seeds: mnist5k 3-9, 57, 58; folder 3-6; docs/learning.md): mnist5k 3 nodes
+    # four backbones +4.6 / -5.2 → +5.5 / +0.0, 4 nodes +5.7 / -4.2 → +5.7 / +0.0, one backbone
+    # +0.9 / -4.2 → +1.5 / -0.7 and +2.1 / -2.2 → +2.1 / -0.5; folder 10 nodes four backbones
+    # +6.5 / +0.0 → +5.8 / +0.7; heterogeneous benchmark 95.07 → 94.89 %. A third model's training
+    # (20-40 % longer rounds); nothing on the wire.
     keep_local: bool = True
     # From this round on the held-out images train every model too and the choice made by then
     # stays (holding out a fifth of ten images a class for the whole run cost the own model 1.2
@@ -244,21 +244,11 @@ class MaplAuto(MaplDual):
         if self.held_out is not None and refit is not None and round >= refit and not self.refitted:
             self._refit()
         report = super().local_step(round)
-        if not self._trains_local():
+        if self.local is None:
             return report
         alone = self.local.local_step(round)
         parts = {**report.parts, "local_loss": alone.loss}
         return dataclasses.replace(report, parts=parts, steps=report.steps + alone.steps)
-
-    def _trains_local(self) -> bool:
-        """Whether the local-only model trains this round: always where it is chosen on held-out
-        images or asked for, else while the node may serve it: before its row is learned, and
-        while it is alone."""
-        if self.local is None:
-            return False
-        if self.held_out is not None or self.config.predict in WITH_LOCAL:
-            return True
-        return self.alone is not False
 
     def _refit(self) -> None:
         """The choice is made: the held-out images train every model from now on (a resumed
@@ -280,29 +270,30 @@ class MaplAuto(MaplDual):
 
     def _collaborative(self) -> str:
         """The predictor the network's models give: the own model where every peer runs it,
-        MAPL-Dual's ensemble where the fleet mixes models, even where the node mixes its own model
-        with same-model peers: there the own model of a ResNet pair ended 15 points under Local
-        where the ensemble was 9 under, and served its nodes 2.7 points over Local on the mean
-        where the ensemble served 4.2 (convnet pairs: 1.3 and 1.1; four backbones, tuning seeds
-        7-9, 11, 12, 16-18, 20, 26-28; docs/learning.md). A node alone in its cluster of a
-        one-model fleet mixes its own model with nobody, and its small model, mixed with nobody
-        either, is a weaker local model: averaged in, it cost that node 1 to 1.3 points (mnist5k,
-        3 nodes, seeds 0-2; docs/learning.md); its own model, mixed with other classes during
-        warm-up, ended under Local too, so it serves the local-only model (`keep_local`). Alone in
-        a fleet that mixes models, it adds the local-only model to the ensemble (`keep_local`)."""
-        alone = self.alone and self.held_out is None and self.local is not None
-        if not self.one_model_fleet():
-            # With same-model peers too: a weak backbone's pair fell far under Local alone.
-            return "ensemble_local" if alone else "ensemble"
-        return "local" if alone else "personal"
+        MAPL-Dual's ensemble of the own and the small model where the fleet mixes models, even
+        where the node mixes its own model with same-model peers: there the own model of a ResNet
+        pair ended 15 points under Local where the ensemble was 9 under, and served its nodes 2.7
+        points over Local on the mean where the ensemble served 4.2 (convnet pairs: 1.3 and 1.1;
+        four backbones, tuning seeds 7-9, 11, 12, 16-18, 20, 26-28; docs/learning.md). With the
+        local-only model kept (`keep_local`, nothing held out), that model joins either mix: a
+        node whose neighbours cannot help it, or whose own model the small one or the shared
+        start led astray, then ends near its Local, not under it (docs/learning.md, "Every node
+        keeps its local-only model")."""
+        with_local = self.local is not None and self.held_out is None
+        if self.one_model_fleet():
+            return "personal_local" if with_local else "personal"
+        return "ensemble_local" if with_local else "ensemble"
 
     def _why(self) -> str:
         """Why `_collaborative` gives what it gives, for `status` and the report."""
-        collaborative = self._collaborative()
-        if collaborative in WITH_LOCAL:
+        why = self._peers_why()
+        return f"{why}; with its local-only model" if self._collaborative() in WITH_LOCAL else why
+
+    def _peers_why(self) -> str:
+        """What the node's peers give it."""
+        if self.alone:
             own = self.graph.weights().get(self.node_id, 1.0)
-            why = f"collaborates with nobody: its learned row keeps {own * 100:.0f} % on itself"
-            return why if collaborative == "local" else f"{why}; with its local-only model: the fleet mixes models"
+            return f"collaborates with nobody: its learned row keeps {own * 100:.0f} % on itself"
         mixed = f"mixed with {self.own_mixed_with} same-model peer{'' if self.own_mixed_with == 1 else 's'}"
         if self.one_model_fleet():
             return mixed if self.mixes_own else "every peer runs its model, none shares it this round"
@@ -313,13 +304,13 @@ class MaplAuto(MaplDual):
         return "no peer runs its model" if self.same_model else "no peer heard from yet"
 
     def predictors(self) -> AutoPredictors:
-        """What the node may serve: MAPL-Dual's three, and the local-only model and its mix with
-        the own model while it trains (a stale one is neither served, chosen nor reported)."""
+        """What the node may serve: MAPL-Dual's three, and the local-only model and its mixes
+        where the node keeps one."""
         chosen = self.config.predict
         if chosen == "auto":
             chosen = self._collaborative() if self.choice is None else self.choice.chosen
-        local = self.local.model if self._trains_local() else None
-        if local is None and chosen in WITH_LOCAL:  # chosen while it trained
+        local = None if self.local is None else self.local.model
+        if local is None and chosen in WITH_LOCAL:  # chosen before a resume without it
             chosen = self._collaborative()
         return AutoPredictors(self.model, self.small, local, chosen)
 
