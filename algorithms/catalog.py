@@ -47,7 +47,8 @@ ALGORITHMS: Mapping[str, Entry] = {
     ),
     "mapl-auto": Entry(
         "methods.auto:MaplAuto",
-        "MAPL-Auto: MAPL-Dual, plus MAPL+'s backbone averaging with neighbours that run the same model",
+        "MAPL-Auto: MAPL-Dual, plus MAPL+'s backbone averaging with neighbours that run the same model, "
+        "served with a local-only model",
         graph_learning=True,
     ),
     "fedmrl": Entry(

@@ -255,10 +255,11 @@ def _init(args: argparse.Namespace) -> int:
     if spec.algorithm == "mapl-auto":
         print(
             "each node learns with mapl-auto: its own model is averaged with the peers that run the same one "
-            f"(here {spec.backbone}: every node) and is what it predicts with, and a small shared model with the "
-            "peers it learns are alike, which it predicts with instead where its own model cannot fit its "
-            "training images; a node alike with none of the others predicts with a model trained on its own "
-            "data alone; `p2pnode status` and the report say which model each node predicts with and why",
+            f"(here {spec.backbone}: every node), a small shared model with the peers it learns are alike, and "
+            "a third model trains on its own data alone; it predicts with its own and that third model together "
+            "(never far under training alone, even where the others cannot help it), or with another where "
+            "that cannot fit its training images; `p2pnode status` and the report say which model each node "
+            "predicts with and why",
             file=sys.stderr,
         )
     return EXIT_OK
@@ -423,7 +424,8 @@ def _add_init_parser(commands) -> None:
         choices=[a for a in ALGORITHM_NAMES if a != "oracle"],
         default=DEFAULT_ALGORITHM,
         help=f"[algorithm].name (default {DEFAULT_ALGORITHM}: each node shares its own model with the peers that "
-        "run the same one, and a small model with all; docs/learning.md)",
+        "run the same one, and a small model with all, and predicts with them and a model trained on its data "
+        "alone; docs/learning.md)",
     )
     init.add_argument("--rounds", type=positive_int, default=60, help="[algorithm].rounds (default 60)")
     _add_init_model_arguments(init)
