@@ -256,6 +256,8 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "--scenarios 1 --seeds 54 55 56 --workers 2 --save heterogeneous-auto-float16": HETEROGENEOUS,
     "python -m tools.bench.heterogeneous --out bench-out/het-lone --methods local oracle mapl-auto --samples 10 "
     "--scenarios 1 --seeds 78 79 80 --workers 2 --save heterogeneous-auto-lone-local": HETEROGENEOUS,
+    "python -m tools.bench.heterogeneous --out bench-out/het-keep --methods local oracle mapl-auto --samples 10 "
+    "--scenarios 1 --seeds 87 88 89 --workers 2 --save heterogeneous-auto-local-in-mix": HETEROGENEOUS,
     "python -m tools.bench.fleets --nodes 3 4 10 --datasets mnist5k digits --seeds 7 8 9 --save fleets": FLEETS,
     "python -m tools.bench.fleets --nodes 3 4 10 --datasets mnist5k digits --seeds 16 17 18 --workers 1 "
     "--save fleets-fresh": FLEETS,
@@ -281,6 +283,10 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "74 --workers 2 --save fleets-lone-local": FLEETS,
     "python -m tools.bench.fleets --out bench-out/fleets-folder-lone --datasets folder --nodes 3 4 10 --seeds 75 76 "
     "77 --workers 2 --save fleets-folder-lone-local": FLEETS_FOLDER,
+    "python -m tools.bench.fleets --out bench-out/fleets-keep --nodes 3 4 10 --datasets mnist5k digits --seeds 81 82 "
+    "83 --workers 2 --save fleets-local-in-mix": FLEETS,
+    "python -m tools.bench.fleets --out bench-out/fleets-folder-keep --datasets folder --nodes 3 4 10 --seeds 84 85 "
+    "86 --workers 2 --save fleets-folder-local-in-mix": FLEETS_FOLDER,
     "python -m tools.bench.scool --out bench-out/scool --save scool": SCOOL,
     "python -m tools.bench.scool --out DIR --seeds 13 14 15 --workers 2 --save scool-fresh": SCOOL,
     "python -m tools.bench.pretrained --out DIR --seeds 3 4 --workers 1 --save pretrained": PRETRAINED,
