@@ -1,5 +1,11 @@
 import os
 
+# Before torch loads MKL: MKL's own allocator is not fork-safe. The simulator forks its workers
+# (testnet/simulation/workers.py) from this process, where earlier tests' daemons ran torch in
+# worker threads; twice in a day a forked worker spun for good in MKL's allocator
+# (`mm_account_ptr_by_tid`, seen with py-spy) and its test timed out. malloc is fork-safe.
+os.environ.setdefault("MKL_DISABLE_FAST_MM", "1")
+
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import HealthCheck, settings
