@@ -227,7 +227,8 @@ class MaplAuto(MaplDual):
         self.own_mixed_with = 0  # how many same-model peers had a share of it
         keep = self.held_out is not None or config.keep_local
         self.local = Local(fit, config) if keep else None  # what training alone gives
-        # Whether the learned row gives nobody else SHARED_MIN: None until the graph is learned.
+        # Whether the learned row gives nobody else SHARED_MIN (what `status` says of it): None
+        # until the graph is learned.
         self.alone: bool | None = None
         # What the choice is made on: the held-out images, or (nothing held out) training images.
         held = self.held_out is not None
@@ -246,9 +247,9 @@ class MaplAuto(MaplDual):
         report = super().local_step(round)
         if self.local is None:
             return report
-        alone = self.local.local_step(round)
-        parts = {**report.parts, "local_loss": alone.loss}
-        return dataclasses.replace(report, parts=parts, steps=report.steps + alone.steps)
+        trained_alone = self.local.local_step(round)
+        parts = {**report.parts, "local_loss": trained_alone.loss}
+        return dataclasses.replace(report, parts=parts, steps=report.steps + trained_alone.steps)
 
     def _refit(self) -> None:
         """The choice is made: the held-out images train every model from now on (a resumed
