@@ -124,8 +124,8 @@ HETEROGENEOUS = Quick(
     "--test-per-class 1 --workers 1 --out DIR"
 )
 FLEETS = Quick(
-    "python -m tools.bench.fleets --nodes 2 --backbones one --datasets digits --methods local mapl-auto --seeds 3 "
-    "--rounds 2 --samples 1 --workers 1 --out DIR"
+    "python -m tools.bench.fleets --nodes 2 --backbones one --datasets digits --methods local mapl-auto oracle "
+    "--seeds 3 --rounds 2 --samples 1 --workers 1 --out DIR"
 )
 FLEETS_FOLDER = Quick(
     "python -m tools.bench.fleets --nodes 2 --backbones one --datasets folder --methods local --seeds 3 "

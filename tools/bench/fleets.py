@@ -2,16 +2,18 @@
 number of nodes, one backbone everywhere (the convnet: what `p2pnode init` writes) or four
 different ones (the CPU backbones, node i the i-th modulo 4), and a dataset; in each, every
 method runs on the same partitions and is paired with Local on the same nodes. Scenario 1 (two
-classes per node, in clusters), 10 training images per class, `--rounds` rounds.
+clusters, each with its own classes), 10 training images per class, `--rounds` rounds.
 
     python -m tools.bench.fleets --out bench-out/fleets [--nodes 3 4 10] [--backbones one four]
-        [--datasets mnist5k digits folder] [--methods local mapl+ mapl-dual mapl-auto] [--seeds 3 4 5]
+        [--datasets mnist5k digits folder] [--methods local mapl+ mapl-dual mapl-auto oracle] [--seeds 3 4 5]
         [--rounds 40] [--workers 2] [--save fleets]
 
 Per cell and method: accuracy per seed and its mean; the gain over Local with its interval,
 resampling the seeds and then the nodes within each (testnet/reporting/intervals.py `runs_bootstrap`:
 nodes of one run share its luck); the worst node against its own Local; traffic. MAPL+ needs one
-backbone everywhere and is left out of the four-backbone cells. Seeds 0, 1 and 2 chose settings
+backbone everywhere and is left out of the four-backbone cells. `oracle` (run only when asked):
+each node's own model trained on its true cluster's pooled data, as if its cluster-mates'
+images were its own, the reference for what collaboration can give. Seeds 0, 1 and 2 chose settings
 (MAPL-Dual's defaults, MAPL-Auto's): a table is saved only from others. Each run is one process
 with one torch thread; a finished run of the same spec and commit is reused (runs.py).
 """
@@ -30,7 +32,8 @@ from testnet.simulation.simulator import SimulationSpec
 from .results import capture, publish
 from .runs import simulate_all, write_summary
 
-METHODS = ("local", "mapl+", "mapl-dual", "mapl-auto")
+DEFAULT_METHODS = ("local", "mapl+", "mapl-dual", "mapl-auto")
+METHODS = (*DEFAULT_METHODS, "oracle")
 SHAPES = {"one": ("convnet",), "four": CPU_BACKBONES}
 HOMOGENEOUS = ("mapl+",)
 TEST_PER_CLASS = {"mnist5k": 80, "digits": 30, "folder": 80}  # digits has ~180 images a class: 10 nodes must fit
@@ -47,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--nodes", nargs="+", type=int, default=[3, 4, 10])
     parser.add_argument("--backbones", nargs="+", choices=sorted(SHAPES), default=["one", "four"])
     parser.add_argument("--datasets", nargs="+", choices=sorted(TEST_PER_CLASS), default=["mnist5k", "digits"])
-    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(DEFAULT_METHODS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[3, 4, 5])
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--samples", type=int, default=10, help="training images per class per node")
