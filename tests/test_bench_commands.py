@@ -287,6 +287,10 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "83 --workers 2 --save fleets-local-in-mix": FLEETS,
     "python -m tools.bench.fleets --out bench-out/fleets-folder-keep --datasets folder --nodes 3 4 10 --seeds 84 85 "
     "86 --workers 2 --save fleets-folder-local-in-mix": FLEETS_FOLDER,
+    "python -m tools.bench.fleets --out bench-out/fleets-oracle --nodes 3 4 10 --datasets mnist5k digits --methods "
+    "local oracle --seeds 81 82 83 --workers 2 --save fleets-oracle": FLEETS,
+    "python -m tools.bench.fleets --out bench-out/fleets-folder-oracle --datasets folder --nodes 3 4 10 --methods "
+    "local oracle --seeds 84 85 86 --workers 2 --save fleets-folder-oracle": FLEETS_FOLDER,
     "python -m tools.bench.scool --out bench-out/scool --save scool": SCOOL,
     "python -m tools.bench.scool --out DIR --seeds 13 14 15 --workers 2 --save scool-fresh": SCOOL,
     "python -m tools.bench.pretrained --out DIR --seeds 3 4 --workers 1 --save pretrained": PRETRAINED,
