@@ -9,7 +9,9 @@ from algorithms.data.datasets import load_dataset
 from algorithms.data.partitions import PartitionSpec, make_partition
 from algorithms.data.setup import node_data
 from algorithms.interface import NodeSetup, PayloadRejected
-from algorithms.methods.auto import ARCH_KEY, OWN_PREFIX, split_model
+from algorithms.methods.auto import ARCH_KEY, OWN_PREFIX, AutoPredictors, split_model
+from algorithms.models.inference import EvaluatedModel
+from algorithms.models.losses import ensemble_logits
 from algorithms.registry import apply_overrides, default_config, make_algorithm
 from protocol.messages import MessageType, Model
 
@@ -176,14 +178,15 @@ def test_in_a_one_model_fleet_a_node_serves_its_own_model_even_where_it_mixes_it
         assert not first.mixes_own and first.one_model_fleet() == (served == "personal")
         assert first.predictors().chosen == served + suffix, backbones
         why = "every peer runs its model" if served == "personal" else "no same-model peer shares its model"
-        assert first.evaluate().why.startswith(why) and first.evaluate().why.endswith(because)
+        assert first.evaluate().why.startswith(why) and because in first.evaluate().why
         _exchange(nodes, 1)  # now the same-model peers send their own modules
         first.end_round(1)
         assert first.predictors().chosen == served + suffix and first.mixes_own
         peers = len(backbones) - 1 if served == "personal" else 1
         mixed = f"mixed with {peers} same-model peer{'s' if peers > 1 else ''}"
         mixed = mixed if served == "personal" else f"{mixed}, with the small model: the fleet mixes models"
-        assert first.evaluate().why == mixed + because
+        votes = "" if served + suffix == "personal" else "; votes own "  # what mixes models says their votes
+        assert first.evaluate().why.startswith(f"{mixed}{because}{votes}")
 
 
 def test_every_node_keeps_a_local_only_model_and_one_alone_in_its_cluster_says_so(digits):
@@ -199,7 +202,8 @@ def test_every_node_keeps_a_local_only_model_and_one_alone_in_its_cluster_says_s
     mixing, alone = nodes[:2], nodes[2]
     assert alone.alone and alone.predictors().chosen == "personal_local"
     assert alone.evaluate().why == (
-        "collaborates with nobody: its learned row keeps 99 % on itself; with its local-only model"
+        "collaborates with nobody: its learned row keeps 99 % on itself; with its local-only model; "
+        "votes own 1.0, local-only 1.0"  # nobody else's images behind its own model: an equal say
     )
     dataset, partition = digits
     setup = NodeSetup(node_id="n2", data=node_data(dataset, partition, 2, pooled=False), backbone="convnet", seed=2)
@@ -211,7 +215,12 @@ def test_every_node_keeps_a_local_only_model_and_one_alone_in_its_cluster_says_s
         assert torch.equal(mine, theirs[name]), name  # what Local gives, to the bit
     for node in mixing:
         assert node.alone is False and node.predictors().chosen == "personal_local"
-        assert node.evaluate().why == "mixed with 1 same-model peer; with its local-only model"
+        own, small, local = node.votes()
+        assert 1.5 < own <= 2 and small == pytest.approx(own) and local == 1  # two nodes' images behind it
+        assert (
+            node.evaluate().why
+            == f"mixed with 1 same-model peer; with its local-only model; votes own {own:.1f}, local-only 1.0"
+        )
         before = [p.clone() for p in node.local.model.parameters()]
         node.local_step(4)
         assert not all(torch.equal(a, b) for a, b in zip(before, node.local.model.parameters(), strict=True))
@@ -225,5 +234,27 @@ def test_every_node_keeps_a_local_only_model_and_one_alone_in_its_cluster_says_s
     assert lone.alone and lone.predictors().chosen == "ensemble_local"
     assert set(lone.predictors().all(dataset_images(digits))) >= {"ensemble_local", "local", "ensemble"}
     assert lone.evaluate().why == (
-        "collaborates with nobody: its learned row keeps 99 % on itself; with its local-only model"
+        "collaborates with nobody: its learned row keeps 99 % on itself; with its local-only model; "
+        "votes own 1.0, small 1.0, local-only 1.0"
     )
+
+
+def test_a_mix_weighs_each_model_by_its_votes_and_a_copy_of_the_predictors_keeps_the_round_s_votes(digits):
+    """Equal votes give the plain mean of the members' probabilities; a member with all the say
+    decides alone; and what `predict` and `export` serve (a copy of the evaluated predictors'
+    state, inference.EvaluatedModel) weighs as the node did in the round it copies."""
+    node = _nodes(digits, ["convnet", "convnet", "mlp"])[0]
+    images = dataset_images(digits)
+    equal = AutoPredictors(node.model, node.small, node.local.model, "ensemble_local")
+    outputs = equal.all(images)
+    plain = ensemble_logits(outputs["personal"], outputs["shared"], outputs["local"])
+    assert torch.allclose(outputs["ensemble_local"], plain, atol=1e-6)
+    leaning = AutoPredictors(node.model, node.small, node.local.model, "ensemble_local", (1.0, 1e9, 1.0))
+    assert torch.equal(leaning.all(images)["ensemble_local"].argmax(1), outputs["shared"].argmax(1))
+    evaluated = EvaluatedModel()
+    evaluated.keep(equal, 0)
+    evaluated.keep(leaning, 1)
+    round, served = evaluated.latest()
+    assert round == 1 and served.votes.tolist() == [1.0, 1e9, 1.0]
+    with torch.no_grad():  # the copy runs in evaluation mode
+        assert torch.equal(served(images).argmax(1), served.all(images)["shared"].argmax(1))

@@ -70,6 +70,12 @@ SHARED_MIN = 0.05
 AUTO_PREDICTORS = ("personal", "ensemble", "ensemble_local", "personal_local", "shared", "local")
 # The predictors that need the local-only model.
 WITH_LOCAL = ("local", "personal_local", "ensemble_local")
+# The members of each mix, as `_why` names them (in AutoPredictors' order: own, small, local-only).
+MIX_MEMBERS = {
+    "ensemble": ("own", "small"),
+    "personal_local": ("own", "local-only"),
+    "ensemble_local": ("own", "small", "local-only"),
+}
 # What may replace the collaborative predictor where it is clearly worse, ties to the first:
 # training alone, then the small shared model, then mixes.
 ALTERNATIVES = ("local", "shared", "ensemble", "personal", "personal_local")
@@ -113,6 +119,16 @@ class AutoConfig(DualConfig):
     # +6.5 / +0.0 → +5.8 / +0.7; heterogeneous benchmark 95.07 → 94.89 %. A third model's training
     # (20-40 % longer rounds); nothing on the wire.
     keep_local: bool = True
+    # How much each model's vote counts in the node's mixes (`ensemble`, `personal_local`,
+    # `ensemble_local`). "evidence": the number of nodes whose images trained it, counted over
+    # the weights it is mixed with (`MaplAuto.votes`): the small model is the mix of the node's
+    # cluster, the own model of its same-model peers there, the local-only model of the node
+    # alone. "equal": the plain mean. Gain over Local and the worst node (40 rounds, tuning seeds
+    # 3-6; docs/learning.md, "Votes by evidence"): mnist5k 10 nodes four backbones +5.2 / -0.2 →
+    # +6.3 / -0.5, one backbone +2.8 / +0.0 → +3.6 / -0.5, folder 10 nodes four +5.8 / +0.7 → +7.2
+    # / +0.0, mnist5k 4 nodes four +5.8 / +0.2 → +7.0 / -0.5; heterogeneous benchmark (seeds 0-2)
+    # 94.9 → 95.6 %.
+    member_weights: str = "evidence"
     # From this round on the held-out images train every model too and the choice made by then
     # stays (holding out a fifth of ten images a class for the whole run cost the own model 1.2
     # points, mnist5k, 4 nodes, seeds 0-2). None: they are never trained on; a run's
@@ -148,6 +164,7 @@ class AutoConfig(DualConfig):
     encoding: str = "float16"
     predict_choices: ClassVar[tuple[str, ...]] = (*AUTO_PREDICTORS, "auto")
     distill_where_choices: ClassVar[tuple[str, ...]] = (*DISTILL_WHERE, "auto")
+    member_weights_choices: ClassVar[tuple[str, ...]] = ("evidence", "equal")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -163,6 +180,9 @@ class AutoConfig(DualConfig):
             raise ValueError("choice_window must be ≥ 1, switch_margin in [0, 1] and switch_p in (0, 1]")
         if not 0 <= self.fit_margin <= 1 or self.fit_images < 1:
             raise ValueError("fit_margin must be in [0, 1] and fit_images ≥ 1")
+        if self.member_weights not in self.member_weights_choices:
+            choices = ", ".join(self.member_weights_choices)
+            raise ValueError(f"member_weights must be one of {choices}, got {self.member_weights!r}")
 
 
 def architecture(modules: SharedModules) -> np.ndarray:
@@ -183,23 +203,40 @@ def split_model(body: Model) -> tuple[dict[str, np.ndarray], np.ndarray | None, 
 
 
 class AutoPredictors(DualPredictors):
-    """MAPL-Dual's three, the local-only model, and its ensembles: with the own model, and with
-    the own and the small model (`ensemble_local`)."""
+    """The own and the small model, the local-only model, and their mixes: `ensemble` (own and
+    small), `personal_local` (own and local-only), `ensemble_local` (all three), each member's
+    probabilities weighed by its vote (own, small, local-only: `MaplAuto.votes`)."""
 
-    def __init__(self, personal: nn.Module, shared: nn.Module, local: nn.Module | None, chosen: str) -> None:
+    def __init__(
+        self,
+        personal: nn.Module,
+        shared: nn.Module,
+        local: nn.Module | None,
+        chosen: str,
+        votes: tuple[float, float, float] = (1.0, 1.0, 1.0),
+    ) -> None:
         super().__init__(personal, shared, chosen)
         self.local = local
+        # A buffer: a copy of the predictors' state (inference.EvaluatedModel) and an export
+        # carry the votes of the round they were evaluated in.
+        device = next(personal.parameters()).device
+        self.register_buffer("votes", torch.tensor(votes, dtype=torch.float32, device=device))
 
     def all(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
-        dual = super().all(images)
+        personal, shared = self.head(self.backbone(images)), self.shared(images)
+        mixes = {
+            "personal": personal,
+            "shared": shared,
+            "ensemble": ensemble_logits(personal, shared, weights=self.votes[:2]),
+        }
         if self.local is None:
-            return dual
+            return mixes
         local = self.local.head(self.local.backbone(images))
         return {
-            **dual,
+            **mixes,
             "local": local,
-            "personal_local": ensemble_logits(dual["personal"], local),
-            "ensemble_local": ensemble_logits(dual["personal"], dual["shared"], local),
+            "personal_local": ensemble_logits(personal, local, weights=self.votes[::2]),
+            "ensemble_local": ensemble_logits(personal, shared, local, weights=self.votes),
         }
 
 
@@ -287,8 +324,26 @@ class MaplAuto(MaplDual):
 
     def _why(self) -> str:
         """Why `_collaborative` gives what it gives, for `status` and the report."""
-        why = self._peers_why()
-        return f"{why}; with its local-only model" if self._collaborative() in WITH_LOCAL else why
+        why, served = self._peers_why(), self._collaborative()
+        if served in WITH_LOCAL:
+            why = f"{why}; with its local-only model"
+        if self.config.member_weights == "equal" or served not in MIX_MEMBERS:
+            return why
+        votes = dict(zip(("own", "small", "local-only"), self.votes(), strict=True))
+        return f"{why}; votes " + ", ".join(f"{member} {votes[member]:.1f}" for member in MIX_MEMBERS[served])
+
+    def votes(self) -> tuple[float, float, float]:
+        """How much the own, the small and the local-only model's votes count in the node's mixes:
+        with `member_weights = "evidence"` the number of nodes whose images trained each, counted
+        over the weights it is mixed with (1 / Σ w²: two equal shares make 2, a row that keeps
+        99 % on the node 1.0): the small model's over the learned row, the own model's over its
+        share of that row among the same-model peers (1 where it mixes with none), the local-only
+        model's 1."""
+        if self.config.member_weights == "equal":
+            return (1.0, 1.0, 1.0)
+        row = self.graph.weights()
+        same = (peer for peer, (_, is_same) in self.same_model.items() if is_same)
+        return (_effective(self._own_weights((self.node_id, *same), row)), _effective(row), 1.0)
 
     def _peers_why(self) -> str:
         """What the node's peers give it."""
@@ -313,7 +368,7 @@ class MaplAuto(MaplDual):
         local = None if self.local is None else self.local.model
         if local is None and chosen in WITH_LOCAL:  # chosen before a resume without it
             chosen = self._collaborative()
-        return AutoPredictors(self.model, self.small, local, chosen)
+        return AutoPredictors(self.model, self.small, local, chosen, self.votes())
 
     def evaluate(self) -> Evaluation:
         evaluation = evaluate_predictors(self.predictors(), self._models(), self.data)
@@ -416,14 +471,7 @@ class MaplAuto(MaplDual):
     def _mix_own(self, round: int) -> None:
         models, row = self.mixing(MessageType.MODEL, round)
         owns = {peer: own for peer, body in models.items() if (own := split_model(body)[2])}
-        members = (self.node_id, *owns)
-        distrusted = self.guard.distrusted()  # out of the equal shares, as the learned row leaves them out
-        share = self.config.own_uniform_share
-        weights = _blend(
-            _normalised({peer: row.get(peer, 0.0) for peer in members}),
-            _normalised({peer: 1.0 for peer in members if peer not in distrusted}),
-            share,
-        )
+        weights = self._own_weights((self.node_id, *owns), row)
         # Whether it is shared this round: the small model then teaches it only where it is better.
         self.mixes_own = sum(weight for peer, weight in weights.items() if peer in owns) >= SHARED_MIN
         self.own_mixed_with = sum(1 for peer in owns if weights.get(peer, 0.0) > 0)
@@ -433,6 +481,16 @@ class MaplAuto(MaplDual):
             (weight, Model(kind="params", tensors=owns[peer])) for peer, weight in weights.items() if peer in owns
         ]
         self.own.mix(weights.get(self.node_id, 0.0), others)
+
+    def _own_weights(self, members: tuple[str, ...], row: dict[str, float]) -> dict[str, float]:
+        """The own model's mix over `members` (the node first): `own_uniform_share` of equal
+        shares over those not distrusted, the rest of `row` renormalised over them."""
+        distrusted = self.guard.distrusted()  # out of the equal shares, as the learned row leaves them out
+        return _blend(
+            _normalised({peer: row.get(peer, 0.0) for peer in members}),
+            _normalised({peer: 1.0 for peer in members if peer not in distrusted}),
+            self.config.own_uniform_share,
+        )
 
     def state_dict(self) -> dict[str, Any]:
         same_model = {peer: [since, same] for peer, (since, same) in self.same_model.items()}
@@ -469,6 +527,13 @@ class MaplAuto(MaplDual):
 def _verdict(held: Any) -> tuple[int, bool]:
     """A saved `same_model` entry: [round, same], or a bare bool (checkpoints before the round was kept)."""
     return (-1, bool(held)) if isinstance(held, bool) else (int(held[0]), bool(held[1]))
+
+
+def _effective(weights: dict[str, float]) -> float:
+    """The effective number of members of a mix (1 / Σ w², w summing to 1): how many nodes'
+    images a model mixed with these weights learned from, counted as equal shares; 1 for none."""
+    squares = sum(weight * weight for weight in weights.values())
+    return 1.0 / squares if squares > 0 else 1.0
 
 
 def _normalised(weights: dict[str, float]) -> dict[str, float]:

@@ -120,7 +120,7 @@ class Prediction(NamedTuple):
     """What the chosen predictor says of one image."""
 
     label: int  # the class it gives the image, over all classes
-    probability: float  # that class's softmax probability (an ensemble's: its members' mean)
+    probability: float  # that class's softmax probability (a mix's: its members' weighted mean)
     own_probability: float  # the best of the node's own classes, softmaxed over those alone
 
 

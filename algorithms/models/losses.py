@@ -88,8 +88,12 @@ def better_on_label(teacher: torch.Tensor, student: torch.Tensor, labels: torch.
         return (F.log_softmax(teacher, dim=1)[rows, labels] > F.log_softmax(student, dim=1)[rows, labels]).float()
 
 
-def ensemble_logits(*logits: torch.Tensor) -> torch.Tensor:
+def ensemble_logits(*logits: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
     """log of the mean of the members' class probabilities: the ensemble's prediction, in a
-    form that argmax and cross-entropy take like any logits."""
+    form that argmax and cross-entropy take like any logits. `weights` (one positive number a
+    member, as a tensor so that it travels with a module's state): a weighted mean instead."""
     log_probabilities = torch.stack([F.log_softmax(each, dim=1) for each in logits])
-    return torch.logsumexp(log_probabilities, dim=0) - math.log(len(logits))
+    if weights is None:
+        return torch.logsumexp(log_probabilities, dim=0) - math.log(len(logits))
+    log_weights = torch.log(weights / weights.sum()).to(log_probabilities.dtype)
+    return torch.logsumexp(log_probabilities + log_weights[:, None, None], dim=0)
