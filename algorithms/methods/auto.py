@@ -22,7 +22,8 @@ should not have to know which fits the fleet, so the node finds out from what it
   model and the local-only one where every peer runs its model (one model everywhere), MAPL-Dual's
   ensemble of the own and the small model with the local-only one where the fleet mixes models
   (its own model mixed with its same-model peers' inside, where it has some): a node the others
-  cannot help, or whose own model they led astray, ends near its Local, not under it.
+  cannot help, or whose own model they led astray, ends near its Local, not under it. Each
+  model's vote in a mix weighs the nodes whose images trained it (`member_weights`).
   And none of these where another is clearly better (`predict = "auto"`, selection.py). By
   default nothing is held out: after each round it checks its predictors on its own training
   images and serves another only
