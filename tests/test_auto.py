@@ -242,7 +242,8 @@ def test_every_node_keeps_a_local_only_model_and_one_alone_in_its_cluster_says_s
 def test_a_mix_weighs_each_model_by_its_votes_and_a_copy_of_the_predictors_keeps_the_round_s_votes(digits):
     """Equal votes give the plain mean of the members' probabilities; a member with all the say
     decides alone; and what `predict` and `export` serve (a copy of the evaluated predictors'
-    state, inference.EvaluatedModel) weighs as the node did in the round it copies."""
+    state, inference.EvaluatedModel; the exported program) weighs as the node did in the round
+    it copies."""
     node = _nodes(digits, ["convnet", "convnet", "mlp"])[0]
     images = dataset_images(digits)
     equal = AutoPredictors(node.model, node.small, node.local.model, "ensemble_local")
@@ -258,3 +259,5 @@ def test_a_mix_weighs_each_model_by_its_votes_and_a_copy_of_the_predictors_keeps
     assert round == 1 and served.votes.tolist() == [1.0, 1e9, 1.0]
     with torch.no_grad():  # the copy runs in evaluation mode
         assert torch.equal(served(images).argmax(1), served.all(images)["shared"].argmax(1))
+        exported = torch.export.export(served, (images[:2],), dynamic_shapes=({0: torch.export.Dim.DYNAMIC},))
+        assert torch.allclose(exported.module()(images), served(images))  # what `export` writes weighs alike
