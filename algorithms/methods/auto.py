@@ -71,12 +71,10 @@ SHARED_MIN = 0.05
 AUTO_PREDICTORS = ("personal", "ensemble", "ensemble_local", "personal_local", "shared", "local")
 # The predictors that need the local-only model.
 WITH_LOCAL = ("local", "personal_local", "ensemble_local")
-# The members of each mix, as `_why` names them (in AutoPredictors' order: own, small, local-only).
-MIX_MEMBERS = {
-    "ensemble": ("own", "small"),
-    "personal_local": ("own", "local-only"),
-    "ensemble_local": ("own", "small", "local-only"),
-}
+# The models a mix can hold, in the order of their votes (`MaplAuto.votes`), and what each mix
+# holds of them: one table for what AutoPredictors computes and what `_why` says.
+MEMBERS = ("own", "small", "local-only")
+MIXES = {"ensemble": (0, 1), "personal_local": (0, 2), "ensemble_local": (0, 1, 2)}
 # What may replace the collaborative predictor where it is clearly worse, ties to the first:
 # training alone, then the small shared model, then mixes.
 ALTERNATIVES = ("local", "shared", "ensemble", "personal", "personal_local")
@@ -224,21 +222,16 @@ class AutoPredictors(DualPredictors):
         self.register_buffer("votes", torch.tensor(votes, dtype=torch.float32, device=device))
 
     def all(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
-        personal, shared = self.head(self.backbone(images)), self.shared(images)
+        models = {"personal": self.head(self.backbone(images)), "shared": self.shared(images)}
+        if self.local is not None:
+            models["local"] = self.local.head(self.local.backbone(images))
+        held = list(models.values())  # in MEMBERS' order
         mixes = {
-            "personal": personal,
-            "shared": shared,
-            "ensemble": ensemble_logits(personal, shared, weights=self.votes[:2]),
+            name: ensemble_logits(*(held[member] for member in members), weights=self.votes[list(members)])
+            for name, members in MIXES.items()
+            if max(members) < len(held)
         }
-        if self.local is None:
-            return mixes
-        local = self.local.head(self.local.backbone(images))
-        return {
-            **mixes,
-            "local": local,
-            "personal_local": ensemble_logits(personal, local, weights=self.votes[::2]),
-            "ensemble_local": ensemble_logits(personal, shared, local, weights=self.votes),
-        }
+        return {**models, **mixes}
 
 
 class MaplAuto(MaplDual):
@@ -328,10 +321,10 @@ class MaplAuto(MaplDual):
         why, served = self._peers_why(), self._collaborative()
         if served in WITH_LOCAL:
             why = f"{why}; with its local-only model"
-        if self.config.member_weights == "equal" or served not in MIX_MEMBERS:
+        if self.config.member_weights == "equal" or served not in MIXES:
             return why
-        votes = dict(zip(("own", "small", "local-only"), self.votes(), strict=True))
-        return f"{why}; votes " + ", ".join(f"{member} {votes[member]:.1f}" for member in MIX_MEMBERS[served])
+        votes = self.votes()
+        return f"{why}; votes " + ", ".join(f"{MEMBERS[member]} {votes[member]:.1f}" for member in MIXES[served])
 
     def votes(self) -> tuple[float, float, float]:
         """How much the own, the small and the local-only model's votes count in the node's mixes:
