@@ -311,3 +311,33 @@ def test_default_augment_by_image_shape():
     digits, mnist, cifar = (default_augment(shape) for shape in SHAPES)
     assert not digits.horizontal_flip and not mnist.horizontal_flip and cifar.horizontal_flip
     assert digits.max_shift * 8 <= 0.5 and mnist.max_shift * 28 >= 3
+
+
+def test_evaluation_statistics_are_those_of_the_current_weights_on_the_training_images():
+    """statistics.refresh_statistics: every BatchNorm layer the predictors run through ends with
+    the mean and variance of what it sees on the training images under the current weights (the
+    running averages of training trail them), whatever it held before; again, the same; a layer
+    they do not run (the projector) and the momentum keep theirs; one image changes nothing."""
+    from algorithms.models.statistics import refresh_statistics
+    from algorithms.models.training import ModelPredictor
+
+    net = model("convnet", (1, 8, 8), 4)
+    predictors, images = ModelPredictor(net), torch.rand(6, 1, 8, 8)
+    first = net.backbone.features[2]  # the first convolution's BatchNorm (after ChannelsLast)
+    assert isinstance(first, nn.BatchNorm2d)
+    unused = next(m for m in net.projector.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm))
+    projector_before = unused.running_mean.clone()
+    first.running_mean.fill_(5.0)  # stale, as after many rounds of mixing
+    with torch.no_grad():
+        seen = net.backbone.features[0](images)
+    net.eval()
+    refresh_statistics(predictors.all, net, images[:1])
+    assert torch.all(first.running_mean == 5.0)  # a batch of one has no variance
+    refresh_statistics(predictors.all, net, images)
+    assert not net.training and first.momentum == 0.1
+    torch.testing.assert_close(first.running_mean, seen.mean(dim=(0, 2, 3)))
+    torch.testing.assert_close(first.running_var, seen.var(dim=(0, 2, 3), unbiased=True))
+    again = {name: tensor.clone() for name, tensor in net.state_dict().items()}
+    refresh_statistics(predictors.all, net, images)
+    assert all(torch.equal(tensor, again[name]) for name, tensor in net.state_dict().items())
+    assert torch.equal(unused.running_mean, projector_before)

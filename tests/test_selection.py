@@ -124,6 +124,7 @@ def test_mapl_auto_trains_nothing_on_what_it_holds_out_until_it_has_chosen(digit
         node.local_step(round)
         alone.local_step(round)
         node.end_round(round)
+    alone.evaluate()  # its BatchNorm statistics recomputed, as the node's were when it chose
     for name, tensor in alone.model.state_dict().items():
         torch.testing.assert_close(node.local.model.state_dict()[name], tensor)
     chosen = node.choice

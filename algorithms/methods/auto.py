@@ -51,6 +51,7 @@ from protocol.messages import Body, MessageType, Model
 from ..interface import Evaluation, Frame, LocalReport, NodeSetup, Outbound, PayloadRejected
 from ..models.losses import ensemble_logits
 from ..models.selection import Choice, Chooser, held_out_right, hold_out, training_sample
+from ..models.statistics import refresh_statistics
 from ..models.training import evaluate_predictors
 from ..outliers import Scale
 from ..payloads import SharedModules
@@ -392,7 +393,9 @@ class MaplAuto(MaplDual):
         """After the round's aggregation, until the refit: the predictor the node serves."""
         if self.refitted:
             return
-        right = held_out_right(self.predictors(), self._models(), self.checked)
+        predictors = self.predictors()
+        refresh_statistics(predictors.all, self._models(), self.data.train_images)  # as evaluation will
+        right = held_out_right(predictors, self._models(), self.checked)
         self.choice = self.chooser.update(right, self._collaborative(), ALTERNATIVES)
 
     # -- publish and receive ----------------------------------------------------------------

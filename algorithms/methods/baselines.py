@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from protocol.messages import Body, MessageType, Model, Prototypes
 
 from ..interface import Algorithm, LocalReport, NeighbourView, NodeSetup, Outbound, uniform_row
+from ..models.statistics import refresh_statistics
 from ..models.training import LocalTrainer, TrainedLocally, TrainingConfig, node_model
 from ..outliers import OutlierConfig, Scale, ScaleGuard, fold_into_self, row_scale
 from ..payloads import SharedModules, check_prototypes, to_numpy
@@ -92,6 +93,10 @@ class FedProto(_AllPeersUniform):
 
     @torch.no_grad()
     def _class_means(self) -> tuple[tuple[int, ...], tuple[int, ...], np.ndarray]:
+        # With the statistics evaluation uses (statistics.py): from the first round, not only once
+        # evaluated, else round 0's prototypes stand far off the next rounds' and a neighbourhood
+        # that heard both refuses them as off its scale.
+        refresh_statistics(self.model.latent, self.model, self.data.train_images)
         self.model.eval()
         latent = self.model.latent(self.data.train_images)
         self.model.train()

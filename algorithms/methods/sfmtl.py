@@ -38,8 +38,8 @@ Where and why this deviates from the paper:
 - **Round 0 has no anchor term** (the paper draws h^(0) ~ N(0, I)); the MSE is averaged over
   the feature dimension as well (λ absorbs the scale).
 - **BatchNorm statistics are recomputed on the shard** before the anchors are taken
-  (`refresh_batch_norm`): with the lagging moving averages, anchors and features fed each
-  other and grew without bound (measured; see there).
+  (statistics.refresh_statistics): with the lagging moving averages, anchors and features fed each
+  other and grew without bound (measured: `_class_means`).
 - **Augmented local steps** (`augment`, on by default): one random affine view per batch, as
   MAPL's PML. On mnist5k (10 nodes, 10 samples per class, 80 rounds) accuracy was 0.884 without
   it and 0.933 with it, level with `local` (0.932), which augments too (docs/learning.md).
@@ -55,13 +55,13 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from protocol.messages import Body, Head, MessageType, Prototypes
 
 from ..data.augment import augment, default_augment
 from ..graphs.graph import communities
 from ..interface import Algorithm, LocalReport, NeighbourView, NodeSetup, Outbound, PayloadRejected
+from ..models.statistics import refresh_statistics
 from ..models.training import LocalTrainer, TrainedLocally, TrainingConfig, node_model
 from ..outliers import OutlierConfig, Scale, ScaleGuard, row_scale, state_scale
 from ..payloads import check_head, check_prototypes, to_numpy
@@ -208,33 +208,6 @@ def pull_coefficients(similarities: Mapping[str, float], head_pull: float) -> di
     return {name: value / scale for name, value in raw.items()}
 
 
-@torch.no_grad()
-def refresh_batch_norm(module: nn.Module, batches: Sequence[torch.Tensor]) -> None:
-    """Recompute the running statistics of `module`'s BatchNorm layers as the plain average over
-    `batches` (one pass in train mode), instead of the moving average of the training steps.
-
-    Why: eval-mode features are the anchors, and the anchor loss pulls train-mode features to
-    them. Running statistics lag the training (the variance grows round after round), which
-    makes eval-mode features systematically larger; pulled towards them, features grow further:
-    on mnist5k the anchors' norm doubled every three rounds after round 30 and accuracy fell
-    from 0.92 to 0.5. Statistics of the shard itself break that loop (and evaluation uses them).
-    """
-    layers = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    if not layers:
-        return
-    momenta = [layer.momentum for layer in layers]
-    for layer in layers:
-        layer.reset_running_stats()
-        layer.momentum = None  # a cumulative average over the batches of this pass
-    was_training = module.training
-    module.train()
-    for batch in batches:
-        module(batch)
-    module.train(was_training)
-    for layer, momentum in zip(layers, momenta, strict=True):
-        layer.momentum = momentum
-
-
 # -- one node -----------------------------------------------------------------------------------
 
 
@@ -288,12 +261,15 @@ class Sfmtl(TrainedLocally, Algorithm):
     @torch.no_grad()
     def _class_means(self, batch_size: int = 512) -> np.ndarray:
         """Mean backbone features of each own class over the training shard, in eval mode, with
-        BatchNorm statistics of the shard itself (see `refresh_batch_norm`)."""
+        BatchNorm statistics of the shard itself (statistics.refresh_statistics)."""
         images, labels = self.data.train_images, self.data.train_labels
+        # Eval-mode features are the anchors, and the anchor loss pulls train-mode features to them.
+        # Running statistics lag the training (the variance grows round after round), which makes
+        # eval-mode features systematically larger; pulled towards them, features grow further: on
+        # mnist5k the anchors' norm doubled every three rounds after round 30 and accuracy fell from
+        # 0.92 to 0.5. Statistics of the whole shard itself break that loop.
+        refresh_statistics(self.model.backbone, self.model.backbone, images, batch_size, limit=None)
         chunks = list(images.split(batch_size))
-        if len(chunks) > 1 and len(chunks[-1]) < 2:  # a batch of one breaks BatchNorm in train mode
-            chunks[-2:] = [torch.cat(chunks[-2:])]
-        refresh_batch_norm(self.model.backbone, chunks)
         was_training = self.model.training
         self.model.eval()
         features = torch.cat([self.model.latent(chunk) for chunk in chunks])

@@ -14,6 +14,7 @@ from torch import nn
 
 from ..interface import Evaluation, LocalData, LocalReport, NodeSetup, Predictors
 from .personal import ModelSpec, PersonalModel, make_model
+from .statistics import refresh_statistics
 
 __all__ = [
     "TrainingConfig",
@@ -249,7 +250,9 @@ def evaluate_predictors(predictors: Predictors, model: nn.Module, data: LocalDat
     """Accuracy on the node's own test split of `predictors.chosen`, also restricted to its own
     classes (SCooL's measure); with several predictors (one forward pass feeds them all), the
     accuracy of each goes into `by_predictor`. `model` holds every parameter they use: it is put
-    in evaluation mode meanwhile."""
+    in evaluation mode meanwhile, after the BatchNorm statistics the predictors run on are
+    recomputed from the node's training images (statistics.py says why)."""
+    refresh_statistics(predictors.all, model, data.train_images)
     was_training = model.training
     model.eval()
     own = torch.zeros(data.num_classes, dtype=torch.bool, device=data.test_labels.device)
