@@ -20,8 +20,8 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
 	@touch $@
 
-# Ten daemons of the default algorithm learning over TCP on real MNIST digits (the testnet 188 s), then Local simulated
-# on the same nodes (28 s; 4 minutes in all on 2 cores: BENCHMARKS.md, "`make demo`"); tools/demo.py --baselines adds Oracle.
+# Ten daemons of the default algorithm learning over TCP on real MNIST digits (the testnet 251 s), then Local simulated
+# on the same nodes (36 s; 5 minutes in all on 2 cores: BENCHMARKS.md, "`make demo`"); tools/demo.py --baselines adds Oracle.
 demo: venv
 	$(BIN)/python -m tools.demo --out demo-out
 

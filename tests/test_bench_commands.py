@@ -260,6 +260,8 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "--scenarios 1 --seeds 87 88 89 --workers 2 --save heterogeneous-auto-local-in-mix": HETEROGENEOUS,
     "python -m tools.bench.heterogeneous --out bench-out/het-votes --methods local oracle mapl-auto --samples 10 "
     "--scenarios 1 --seeds 99 100 101 --save heterogeneous-auto-votes": HETEROGENEOUS,
+    "python -m tools.bench.heterogeneous --out bench-out/het-bn --methods local oracle mapl-auto --samples 10 "
+    "--scenarios 1 --seeds 108 109 110 --save heterogeneous-auto-bn": HETEROGENEOUS,
     "python -m tools.bench.fleets --nodes 3 4 10 --datasets mnist5k digits --seeds 7 8 9 --save fleets": FLEETS,
     "python -m tools.bench.fleets --nodes 3 4 10 --datasets mnist5k digits --seeds 16 17 18 --workers 1 "
     "--save fleets-fresh": FLEETS,
@@ -297,6 +299,10 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "local mapl+ mapl-dual mapl-auto oracle --seeds 90 91 92 --workers 2 --save fleets-votes": FLEETS,
     "python -m tools.bench.fleets --out bench-out/fleets-folder-votes --datasets folder --nodes 3 4 10 --methods "
     "local mapl+ mapl-dual mapl-auto oracle --seeds 93 94 95 --workers 2 --save fleets-folder-votes": FLEETS_FOLDER,
+    "python -m tools.bench.fleets --out bench-out/fleets-bn --nodes 3 4 10 --datasets mnist5k digits --methods "
+    "local mapl+ mapl-dual mapl-auto oracle --seeds 102 103 104 --workers 2 --save fleets-bn": FLEETS,
+    "python -m tools.bench.fleets --out bench-out/fleets-folder-bn --datasets folder --nodes 3 4 10 --methods "
+    "local mapl+ mapl-dual mapl-auto oracle --seeds 105 106 107 --workers 2 --save fleets-folder-bn": FLEETS_FOLDER,
     "python -m tools.bench.scool --out bench-out/scool --save scool": SCOOL,
     "python -m tools.bench.scool --out DIR --seeds 13 14 15 --workers 2 --save scool-fresh": SCOOL,
     "python -m tools.bench.pretrained --out DIR --seeds 3 4 --workers 1 --save pretrained": PRETRAINED,

@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="demo-out")
     parser.add_argument("--nodes", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=80)
-    # Local by default (28 s in BENCHMARKS.md's `make demo`); Oracle, the ceiling, on request: it took
+    # Local by default (36 s in BENCHMARKS.md's `make demo`); Oracle, the ceiling, on request: it took
     # 160 s more in the learning benchmark's Scenario 1.
     parser.add_argument("--baselines", nargs="*", choices=BASELINES, default=["local"])
     parser.add_argument("--quick", action="store_true", help="warm-up 1 round, no thresholds: a smoke test")
