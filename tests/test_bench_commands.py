@@ -301,6 +301,8 @@ RUN: dict[str, Quick | tuple[Quick, ...]] = {
     "local mapl+ mapl-dual mapl-auto oracle --seeds 93 94 95 --workers 2 --save fleets-folder-votes": FLEETS_FOLDER,
     "python -m tools.bench.fleets --out bench-out/fleets-bn --nodes 3 4 10 --datasets mnist5k digits --methods "
     "local mapl+ mapl-dual mapl-auto oracle --seeds 102 103 104 --workers 2 --save fleets-bn": FLEETS,
+    "python -m tools.bench.fleets --out bench-out/fleets-folder-bn --datasets folder --nodes 3 4 10 --methods "
+    "local mapl+ mapl-dual mapl-auto oracle --seeds 105 106 107 --workers 2 --save fleets-folder-bn": FLEETS_FOLDER,
     "python -m tools.bench.scool --out bench-out/scool --save scool": SCOOL,
     "python -m tools.bench.scool --out DIR --seeds 13 14 15 --workers 2 --save scool-fresh": SCOOL,
     "python -m tools.bench.pretrained --out DIR --seeds 3 4 --workers 1 --save pretrained": PRETRAINED,
