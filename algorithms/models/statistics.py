@@ -6,9 +6,9 @@ averages. A node with 50 training images takes two batches a round, so the avera
 weights by many rounds, and a mix of peers' models averages statistics each measured under
 other weights than the mix's. Evaluated with them, a node's models were far under what their
 weights give: after 40 rounds (mnist5k, 10 nodes, four backbones, seed 90) a ResNet pair's own
-model, mixed, scored 58.8 and 65.0 % with its running statistics and 93.5 and 94.2 % with statistics
-recomputed on its 50 training images; a Local MobileNet 80.5 % against 88.5.
-So before every evaluation the statistics the predictors run on are recomputed, from the
+model, mixed, scored 58.8 and 65.0 % with its running statistics and 93.5 and 94.2 % with
+statistics recomputed on its 50 training images; a Local MobileNet 80.5 % against 88.5. So
+before every evaluation the statistics the predictors run on are recomputed, from the
 node's training images under the current weights (as `torch.optim.swa_utils.update_bn` does
 after averaging weights): what is evaluated, served and exported is what the weights give.
 """
